@@ -1,0 +1,1 @@
+"""Backends of pallas-sim: `sim` (the simulator) and `mosaic` (the real lowering)."""

@@ -1,0 +1,1 @@
+"""The simulator backend: capture -> interpret (rules call into machine) -> report."""

@@ -1,0 +1,203 @@
+"""User function -> kernel launches. The one module that hooks into JAX.
+
+How kernels reach the simulator (jax 0.11.2): kernels traced while
+`config.pallas_tpu_interpret_mode_context_manager` holds an InterpretGPUParams
+carry `interpret=params`. Off a real Mosaic lowering, `_pallas_call_lowering`
+then calls `interpret_pallas_call.interpret_pallas_call(*args, jaxpr=...,
+grid_mapping=..., mesh=..., interpret_params=...)`, looked up at lowering time.
+We wrap that function: for our own `SimParams` it lowers to one ordered
+`io_callback` into the simulator, so plain `plgpu` code runs simulated under
+`jax.jit` too; any other params go to JAX's own interpreter unchanged.
+"""
+import dataclasses
+import logging
+import os
+
+import jax
+import numpy as np
+from jax._src import callback as jax_callback
+from jax._src import config as jax_config
+from jax._src import source_info_util
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as _jax_interp
+from jax._src.pallas.mosaic_gpu.interpret import params as _jax_interp_params
+
+import pallas_sim.errors as _errors
+from pallas_sim.errors import SimError
+
+KNOWN_JAX = "0.11.2"
+if jax.__version__ != KNOWN_JAX:
+  raise ImportError(
+      f"pallas-sim reads JAX's internal kernel representation and knows jax "
+      f"{KNOWN_JAX}; found jax {jax.__version__}. Install jax=={KNOWN_JAX}.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimParams(_jax_interp_params.InterpretGPUParams):
+  """Marks kernels traced for the simulator. Part of the jit cache key."""
+  sim_tag: str = "pallas-sim"
+
+
+SIM_PARAMS = SimParams()
+
+
+def force_sim():
+  """Context manager: kernels traced inside are routed to the simulator."""
+  return _jax_interp_params.force_gpu_interpret_mode(SIM_PARAMS)
+
+
+def sim_forced() -> bool:
+  return isinstance(jax_config.pallas_tpu_interpret_mode_context_manager.value,
+                    SimParams)
+
+
+@dataclasses.dataclass
+class KernelLaunch:
+  """Everything the simulator needs about one kernel launch."""
+  name: str
+  jaxpr: object                 # the kernel body (jax.core.Jaxpr)
+  grid: tuple
+  grid_names: tuple
+  cluster: tuple
+  cluster_names: tuple
+  num_threads: int
+  thread_name: object
+  num_inputs: int
+  num_outputs: int
+  out_avals: tuple
+  aliases: tuple               # (input index, output index) pairs
+  block_mappings: tuple = ()   # pallas_call BlockSpecs (grid_mapping), if any
+  where: str = ""              # user file:line of the launch
+
+
+# --- executing launches: the active executor receives them ----------------
+# io_callbacks may run on an XLA runtime thread, so the active executor is
+# process-wide (a stack), not thread-local: one simulation at a time.
+
+_active = []
+
+
+def push_executor(ex):
+  _active.append(ex)
+
+
+def pop_executor(ex):
+  _active.remove(ex)
+
+
+def _execute(launch, *arrays):
+  if not _active:
+    raise SimError(f"kernel {launch.name} was traced for the simulator but runs "
+                   "outside ps.simulate / ps.backend('sim'): re-trace it there "
+                   "(a jitted function keeps the backend it was traced for)",
+                   where=launch.where)
+  ex = _active[-1]
+  try:
+    return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
+  except BaseException as e:  # the API re-raises the original, not XLA's wrap
+    ex.record_error(e)
+    raise
+
+
+class _QuietSimErrors(logging.Filter):
+  """JAX logs every exception raised in an io_callback with its traceback;
+  ours are re-raised, with their own message, by the API."""
+
+  def filter(self, record):
+    exc = record.exc_info[1] if record.exc_info else None
+    return not any(exc is e for ex in _active for e in ex.errors)
+
+
+logging.getLogger("jax._src.callback").addFilter(_QuietSimErrors())
+
+
+def force_real():
+  """Context manager: kernels traced inside use the real lowering."""
+  return _jax_interp_params.force_gpu_interpret_mode(None)
+
+
+def _mesh_info(mesh, grid_mapping):
+  if mesh is not None:
+    nt = mesh.num_threads or 1
+    return (tuple(mesh.grid), tuple(mesh.grid_names), tuple(mesh.cluster),
+            tuple(mesh.cluster_names), nt, mesh.thread_name)
+  grid = tuple(grid_mapping.grid)
+  names = tuple(grid_mapping.grid_names or ())
+  return grid, names, (), (), 1, None
+
+
+def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
+                               input_output_aliases, out_avals, name=None,
+                               **kw):
+  grid, grid_names, cluster, cluster_names, nt, thread_name = _mesh_info(
+      mesh, grid_mapping)
+  block_mappings = ()
+  if mesh is None:
+    block_mappings = tuple(grid_mapping.block_mappings)
+  launch = KernelLaunch(
+      name=name or "kernel", jaxpr=jaxpr, grid=grid, grid_names=grid_names,
+      cluster=cluster, cluster_names=cluster_names, num_threads=nt,
+      thread_name=thread_name, num_inputs=grid_mapping.num_inputs,
+      num_outputs=grid_mapping.num_outputs, out_avals=tuple(out_avals),
+      aliases=tuple(input_output_aliases), block_mappings=block_mappings,
+      where=kernel_location(jaxpr))
+  shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
+  outs = jax_callback.io_callback(
+      lambda *xs: _execute(launch, *xs), shapes, *args, ordered=True)
+  return list(outs)
+
+
+_orig_interpret = _jax_interp.interpret_pallas_call
+
+
+def _dispatch(*args, interpret_params, **kw):
+  if isinstance(interpret_params, SimParams):
+    return _sim_interpret_pallas_call(*args, **kw)
+  return _orig_interpret(*args, interpret_params=interpret_params, **kw)
+
+
+_jax_interp.interpret_pallas_call = _dispatch
+
+
+# --- source locations --------------------------------------------------------
+
+# Frames inside pallas-sim itself are never "the user's".
+_OUR_DIRS = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(os.path.abspath(_errors.__file__)) + os.sep,
+)
+
+
+def eqn_location(eqn):
+  """The user's file:line that created a jaxpr equation, or None when its
+  recorded traceback stops inside JAX (equations traced by JAX helpers such
+  as emit_pipeline): the caller then uses the enclosing equation's."""
+  tb = getattr(eqn.source_info, "traceback", None)
+  for fr in source_info_util.user_frames(tb):
+    if not fr.file_name.startswith(_OUR_DIRS):
+      return _short(fr.file_name) + f":{fr.start_line}"
+  return None
+
+
+def kernel_location(jaxpr):
+  """Where the user's kernel body is defined, from the jaxpr's debug info
+  (plgpu.kernel wraps the body; its scratch run_scoped traces the user's)."""
+  candidates = [jaxpr] + [e.params["jaxpr"] for e in jaxpr.eqns[:1]
+                          if e.primitive.name == "run_scoped"]
+  for j in candidates:
+    src = getattr(getattr(j, "debug_info", None), "func_src_info", None) or ""
+    name, _, loc = src.rpartition(" at ")
+    path, _, line = loc.rpartition(":")
+    if path and source_info_util.is_user_filename(path) and not path.startswith(
+        _OUR_DIRS):
+      return f"{_short(path)}:{line}"
+  return "<unknown location>"
+
+
+def _short(path):
+  try:
+    rel = os.path.relpath(path)
+  except ValueError:
+    return path
+  return rel if not rel.startswith("..") else path
+
+

@@ -1,0 +1,165 @@
+"""Runs kernel launches: static checks, then every block on its own scheduler,
+then the cost model's kernel time. Blocks of one launch are unordered on real
+hardware; here each runs to completion in turn (deterministically)."""
+import itertools
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from pallas_sim import gpus
+from pallas_sim.backends.sim import refview, resources
+from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
+from pallas_sim.backends.sim.interpret import Compiler, run_gen
+from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.machine.state import BlockState, ThreadCtx
+from pallas_sim.backends.sim.report import KernelReport, Report
+from pallas_sim.errors import UnsupportedPrimitiveError
+
+CUDA_RESERVED_SMEM_PER_BLOCK = 1024
+
+
+class Progress:
+  """A progress line on a terminal for simulations longer than a few
+  seconds; silent when stderr is not a TTY or under CI."""
+
+  def __init__(self, name, total, after_s=2.0):
+    self.name, self.total, self.after = name, total, after_s
+    self.t0 = time.perf_counter()
+    self.on = sys.stderr.isatty() and not os.environ.get("CI")
+    self.shown = False
+
+  def update(self, done):
+    if not self.on:
+      return
+    el = time.perf_counter() - self.t0
+    if el < self.after:
+      return
+    self.shown = True
+    frac = done / self.total
+    bar = "#" * int(30 * frac)
+    sys.stderr.write(f"\r[pallas-sim] {self.name}: [{bar:<30}] {done}/{self.total} "
+                     f"blocks {el:.1f}s")
+    sys.stderr.flush()
+
+  def close(self):
+    if self.shown:
+      sys.stderr.write("\n")
+
+
+class Executor:
+  """Receives launches from capture; accumulates a Report."""
+
+  def __init__(self, gpu="h100", trace_blocks=2):
+    self.gpu = gpus.get(gpu)
+    self.report = Report(self.gpu.name)
+    self.trace_blocks = trace_blocks
+    self.errors = []
+
+  def record_error(self, e):
+    self.errors.append(e)
+
+  def execute(self, launch, arrays):
+    with np.errstate(all="ignore"):
+      return self._execute(launch, arrays)
+
+  def _execute(self, launch, arrays):
+    gpu = self.gpu
+    if math.prod(launch.cluster or (1,)) > 1:
+      raise UnsupportedPrimitiveError(
+          f"kernel {launch.name}: clusters {launch.cluster} are not modelled yet",
+          where=launch.where)
+    if any(not bm.has_trivial_window() for bm in launch.block_mappings):
+      raise UnsupportedPrimitiveError(
+          f"kernel {launch.name}: pallas_call BlockSpecs with index maps are not "
+          "modelled; use plgpu.kernel with emit_pipeline", where=launch.where)
+    jaxpr = launch.jaxpr
+    smem = resources.smem_bytes(jaxpr)
+    resources.check_smem(smem, gpu, where=launch.where)
+    cx = Compiler(gpu, launch)
+    prog = cx.compile(jaxpr)
+
+    n_in, n_out = launch.num_inputs, launch.num_outputs
+    in_bufs = [memory.Buffer(f"in{i}", "gmem", np.array(a, copy=True))
+               for i, a in enumerate(arrays[:n_in])]
+    aliases = dict((o, i) for i, o in launch.aliases)
+    out_bufs = []
+    for j, aval in enumerate(launch.out_avals):
+      if j in aliases:
+        out_bufs.append(in_bufs[aliases[j]])
+      else:
+        out_bufs.append(memory.Buffer(f"out{j}", "gmem",
+                                      memory.poison(aval.shape, aval.dtype)))
+    extra = len(jaxpr.invars) - n_in - n_out
+    if extra:
+      raise UnsupportedPrimitiveError(
+          f"kernel {launch.name}: {extra} kernel-level scratch operands "
+          "(pallas_call scratch_shapes) are not modelled", where=launch.where)
+    gmem_refs = [refview.root_ref(b) for b in in_bufs + out_bufs]
+
+    grid = tuple(launch.grid) or ()
+    names = tuple(launch.grid_names)
+    nt = launch.num_threads
+    blocks = list(itertools.product(*[range(g) for g in grid]))
+    cycles = np.empty(len(blocks))
+    stats = dict(tma_load_bytes=0, tma_store_bytes=0, wgmma_flops=0)
+    trace = []
+    progress = Progress(launch.name, len(blocks))
+    t0 = time.perf_counter()
+    for bi, idx in enumerate(blocks):
+      blk = BlockState(idx, gpu, trace if bi < self.trace_blocks else None)
+      axes = {}
+      for d, (i, g) in enumerate(zip(idx, grid)):
+        if d < len(names):
+          axes[names[d]] = (i, g)
+        axes[("grid", d)] = (i, g)
+      for tid in range(nt):
+        t_axes = dict(axes)
+        if launch.thread_name is not None:
+          t_axes[launch.thread_name] = (tid, nt)
+        label = f"block {idx}" + (f" thread {tid}" if nt > 1 else "")
+        t = ThreadCtx(blk, tid, t_axes, label)
+        blk.sched.spawn(t, run_gen(prog, gmem_refs, t))
+      cycles[bi] = blk.sched.run()
+      st = blk.stats
+      stats["tma_load_bytes"] += st.tma_load_bytes
+      stats["tma_store_bytes"] += st.tma_store_bytes
+      stats["wgmma_flops"] += st.wgmma_flops
+      if bi & 63 == 63:
+        progress.update(bi + 1)
+    progress.close()
+    wall = time.perf_counter() - t0
+
+    per_sm, waves, seconds = self._kernel_time(cycles, smem, nt, stats, arrays,
+                                               launch.out_avals)
+    self.report.kernels.append(KernelReport(
+        name=launch.name, where=launch.where, grid=grid, num_threads=nt,
+        num_blocks=len(blocks), smem_bytes=smem, blocks_per_sm=per_sm,
+        waves=waves, block_cycles_min=float(cycles.min(initial=0)),
+        block_cycles_mean=float(cycles.mean()) if len(cycles) else 0.0,
+        block_cycles_max=float(cycles.max(initial=0)), time_s=seconds,
+        wall_s=wall, clock_hz=gpu.clock_hz, trace=trace, **stats))
+    return [b.data for b in out_bufs]
+
+  def _kernel_time(self, cycles, smem, nt, stats, arrays, out_avals):
+    """Blocks fill SMs by occupancy; each SM runs its blocks' cycles (shared
+    engines: no overlap credit between co-resident blocks); the kernel also
+    cannot beat HBM bandwidth for the bytes it moves (calibrate)."""
+    gpu = self.gpu
+    by_smem = gpu.smem_per_sm // (smem + CUDA_RESERVED_SMEM_PER_BLOCK)
+    by_threads = gpu.max_threads_per_sm // (128 * nt)
+    per_sm = max(1, min(by_smem, by_threads, 32))
+    n = len(cycles)
+    waves = -(-n // (gpu.num_sms * per_sm)) if n else 0
+    sm_cycles = np.zeros(gpu.num_sms)
+    for i, c in enumerate(cycles):
+      sm_cycles[i % gpu.num_sms] += c / per_sm
+    compute_s = sm_cycles.max(initial=0) / gpu.clock_hz
+    traffic = stats["tma_load_bytes"] + stats["tma_store_bytes"]
+    if not traffic:  # kernels without TMA move their operands with plain ld/st
+      traffic = sum(np.asarray(a).nbytes for a in arrays) + sum(
+          math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in out_avals)
+    memory_s = traffic / gpu.hbm_bytes_per_s
+    return per_sm, waves, max(compute_s, memory_s) + gpu.launch_overhead_s

@@ -1,0 +1,228 @@
+"""Evaluates one Pallas thread's jaxpr.
+
+A jaxpr is compiled once per launch shape into a `Program`: a flat list of
+steps, each holding the rule's closure, the env slots it reads and writes, and
+its issue cost. Rules are registered per primitive name by the modules in
+`rules/`; a rule is a *builder* `(eqn, cx) -> fn`, so that parameters are
+decoded once, not at every block. A step whose rule may block (barrier waits,
+async waits, control flow around them) runs as a generator that yields wait
+requests to the scheduler; all other steps are plain calls.
+"""
+import numpy as np
+
+from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
+from pallas_sim.backends.sim import capture
+
+RULES = {}
+
+
+def rule(*names):
+  """Registers a builder for the given primitive names."""
+  def deco(builder):
+    for n in names:
+      RULES[n] = builder
+    return builder
+  return deco
+
+
+class Gen:
+  """Marks a rule function that is a generator (may block)."""
+  __slots__ = ("fn",)
+
+  def __init__(self, fn):
+    self.fn = fn
+
+
+class Step:
+  __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "cost", "where")
+
+
+class Program:
+  __slots__ = ("steps", "invars", "outvars", "template", "blocking", "jaxpr")
+
+
+def literal_value(v):
+  aval = v.aval
+  return np.asarray(v.val, dtype=aval.dtype) if aval.shape else (
+      np.asarray(v.val, dtype=aval.dtype)[()])
+
+
+class Compiler:
+  """Compiles jaxprs to Programs; one per launch (rules may close over launch
+  facts such as the GPU model)."""
+
+  def __init__(self, gpu, launch=None):
+    self.gpu = gpu
+    self.launch = launch
+    self._cache = {}
+    self._where = [launch.where if launch is not None else "<unknown location>"]
+
+  def where(self, eqn):
+    """The user's file:line for `eqn`; equations JAX helpers traced for the
+    user take the location of the user's call that contains them."""
+    return capture.eqn_location(eqn) or self._where[-1]
+
+  def compile(self, jaxpr, consts=None):
+    """A ClosedJaxpr's consts are baked in; an open Jaxpr's constvars must be
+    none (use compile_open)."""
+    if hasattr(jaxpr, "consts"):
+      jaxpr, consts = jaxpr.jaxpr, [np.asarray(c) for c in jaxpr.consts]
+    return self._cached(jaxpr, consts or (), False)
+
+  def compile_open(self, jaxpr):
+    """Compiles a Jaxpr whose constvars are bound at run time, before its
+    invars (run_scoped's closed-over operands)."""
+    return self._cached(jaxpr, (), True)
+
+  def _cached(self, jaxpr, consts, open_consts):
+    key = (id(jaxpr), open_consts)
+    hit = self._cache.get(key)
+    if hit is not None and hit[0] is jaxpr:
+      return hit[1]
+    prog = self._compile(jaxpr, consts, open_consts)
+    self._cache[key] = (jaxpr, prog)
+    return prog
+
+  def _compile(self, jaxpr, consts, open_consts):
+    slots = {}
+    template = []
+
+    def slot(v):
+      s = slots.get(v)
+      if s is None:
+        s = slots[v] = len(template)
+        template.append(None)
+      return s
+
+    def read(v):
+      if hasattr(v, "val") and not hasattr(v, "count"):  # Literal
+        template.append(literal_value(v))
+        return len(template) - 1
+      return slot(v)
+
+    if not open_consts:
+      if len(consts) != len(jaxpr.constvars):
+        raise SimError(f"jaxpr has {len(jaxpr.constvars)} constvars, "
+                       f"{len(consts)} values given")
+      for v, c in zip(jaxpr.constvars, consts):
+        template[slot(v)] = c
+    prog = Program()
+    prog.jaxpr = jaxpr
+    leading = list(jaxpr.constvars) if open_consts else []
+    prog.invars = [slot(v) for v in leading + list(jaxpr.invars)]
+    prog.steps = []
+    blocking = False
+    for eqn in jaxpr.eqns:
+      where = self.where(eqn)
+      builder = RULES.get(eqn.primitive.name)
+      if builder is None:
+        raise UnsupportedPrimitiveError(
+            f"primitive '{eqn.primitive.name}' is not modelled by the simulator "
+            "(see README: supported primitives)", primitive=eqn.primitive.name,
+            where=where)
+      self._where.append(where)
+      try:
+        fn = builder(eqn, self)
+      except SimError as e:
+        raise _located(e, eqn, where)
+      finally:
+        self._where.pop()
+      st = Step()
+      st.eqn = eqn
+      st.where = where
+      st.gen = isinstance(fn, Gen)
+      st.fn = fn.fn if st.gen else fn
+      blocking |= st.gen
+      st.ins = tuple(read(v) for v in eqn.invars)
+      st.outs = tuple(slot(v) for v in eqn.outvars)
+      st.multi = eqn.primitive.multiple_results
+      st.cost = self.issue_cost(eqn)
+      prog.steps.append(st)
+    prog.outvars = [read(v) for v in jaxpr.outvars]
+    prog.template = template
+    prog.blocking = blocking
+    return prog
+
+  def issue_cost(self, eqn):
+    """Cycles one warpgroup spends issuing this equation (calibrate)."""
+    size = 1
+    for v in eqn.outvars:
+      shape = getattr(v.aval, "shape", ())
+      n = 1
+      for d in shape:
+        n *= d
+      size = max(size, n)
+    g = self.gpu
+    return g.op_overhead_cycles + g.alu_cycles_per_vector * (-(-size // 128))
+
+
+def _located(e, eqn, where):
+  """Attach the user's file:line to an error raised inside a rule; anything
+  that is not a SimError is a bug of ours, kept as the cause."""
+  if isinstance(e, SimError):
+    if e.where is None:
+      e.where = where
+      e.primitive = e.primitive or eqn.primitive.name
+      e.args = (f"{e.where}: [{e.primitive}] {e.args[0]}",)
+    e.__suppress_context__ = True
+    return e
+  err = SimInternalError(
+      f"internal error while simulating this equation: {type(e).__name__}: {e}",
+      primitive=eqn.primitive.name, where=where)
+  err.__cause__ = e
+  return err
+
+
+def run_plain(prog, args, t):
+  """Evaluates a non-blocking program; returns its outputs."""
+  env = prog.template.copy()
+  for i, a in zip(prog.invars, args):
+    env[i] = a
+  st = None
+  try:
+    for st in prog.steps:
+      out = st.fn(t, *[env[i] for i in st.ins])
+      t.time += st.cost
+      if st.multi:
+        for o, v in zip(st.outs, out):
+          env[o] = v
+      elif st.outs:
+        env[st.outs[0]] = out
+  except Exception as e:
+    raise _located(e, st.eqn, st.where)
+  return [env[i] for i in prog.outvars]
+
+
+def run_gen(prog, args, t):
+  """Evaluates a program that may block: a generator yielding wait requests."""
+  if not prog.blocking:
+    return run_plain(prog, args, t)
+  env = prog.template.copy()
+  for i, a in zip(prog.invars, args):
+    env[i] = a
+  st = None
+  try:
+    for st in prog.steps:
+      if st.gen:
+        out = yield from st.fn(t, *[env[i] for i in st.ins])
+      else:
+        out = st.fn(t, *[env[i] for i in st.ins])
+      t.time += st.cost
+      if st.multi:
+        for o, v in zip(st.outs, out):
+          env[o] = v
+      elif st.outs:
+        env[st.outs[0]] = out
+  except GeneratorExit:
+    raise
+  except Exception as e:
+    raise _located(e, st.eqn, st.where)
+  return [env[i] for i in prog.outvars]
+
+
+def run(prog, args, t):
+  """Runs `prog` from a rule: `outs = yield from run(...)` for blocking
+  programs, a plain call otherwise (see `Program.blocking`)."""
+  if prog.blocking:
+    return run_gen(prog, args, t)
+  return run_plain(prog, args, t)

@@ -1,0 +1,1 @@
+"""The simulated machine: memory, scheduler, cost model. No JAX imports here."""

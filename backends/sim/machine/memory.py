@@ -1,0 +1,64 @@
+"""Buffers of GMEM, SMEM and accumulators, and the barrier objects in SMEM."""
+import numpy as np
+
+SPACES = ("gmem", "smem", "regs")
+
+
+def poison(shape, dtype):
+  """Uninitialized memory: NaN for floats, an unlikely sentinel for ints, so a
+  kernel that reads too early gets garbage, not a lucky right answer."""
+  dtype = np.dtype(dtype)
+  if dtype.kind == "f" or dtype.name in ("bfloat16",) or "float" in dtype.name:
+    return np.full(shape, np.nan, dtype)
+  if dtype.kind == "b":
+    return np.ones(shape, dtype)
+  if dtype.kind in "iu":
+    return np.full(shape, np.iinfo(dtype).min + 0x5A5A if dtype.kind == "i"
+                   else np.iinfo(dtype).max - 0x5A, dtype)
+  return np.zeros(shape, dtype)
+
+
+class Buffer:
+  """One allocation. `data` holds the logical (untiled) contents; `tiling` and
+  `swizzle` record the physical layout the lowering would use."""
+  __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes")
+
+  def __init__(self, name, space, data, tiling=None, swizzle=None):
+    self.name = name
+    self.space = space
+    self.data = data
+    self.tiling = tiling
+    self.swizzle = swizzle
+    self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
+
+  def __repr__(self):
+    return f"<{self.space} {self.name} {self.data.dtype}{list(self.data.shape)}>"
+
+
+class BarrierSlot:
+  """One mbarrier. A phase completes when `num_arrivals` arrivals are in and
+  no transaction bytes are pending; `completions` counts completed phases."""
+  __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
+               "waiters", "orders_tensor_core")
+
+  def __init__(self, name, num_arrivals, orders_tensor_core=False):
+    self.name = name
+    self.num_arrivals = num_arrivals
+    self.orders_tensor_core = orders_tensor_core
+    self.arrivals = 0
+    self.tx = 0
+    self.completions = 0
+    self.waiters = []
+
+  def __repr__(self):
+    return (f"<barrier {self.name}: {self.arrivals}/{self.num_arrivals} arrivals, "
+            f"{self.tx} tx bytes pending, {self.completions} completions>")
+
+
+def barrier_array(name, shape, num_arrivals, orders_tensor_core=False):
+  arr = np.empty(shape, dtype=object)
+  flat = arr.reshape(-1)
+  for i in range(flat.size):
+    label = name if flat.size == 1 else f"{name}[{i}]"
+    flat[i] = BarrierSlot(label, num_arrivals, orders_tensor_core)
+  return arr

@@ -1,0 +1,143 @@
+"""Ref values in the interpreter and the ref transforms (indexing, transpose,
+reshape, bitcast, tiling, swizzle) applied to them.
+
+A `Ref` is a buffer plus a NumPy view into its data, so writes through any
+chain of transforms land in the buffer. Buffers hold logical (untiled) data:
+tiling and swizzling change only where bytes live in real SMEM, not which
+logical element a (transformed) ref names, so `UntilingTransform` and
+`UnswizzleRef` at the head of a chain are identities here.
+"""
+import numpy as np
+from jax._src.state import indexing as jax_indexing
+from jax._src.state import types as jax_state_types
+from jax._src.pallas.mosaic_gpu import core as gpu_core
+from jax import tree_util
+
+from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
+
+
+class Ref:
+  __slots__ = ("buf", "view", "raw_tiled")
+
+  def __init__(self, buf, view, raw_tiled=False):
+    self.buf = buf
+    self.view = view
+    # True while a tiled buffer's root ref has not yet been untiled.
+    self.raw_tiled = raw_tiled
+
+  @property
+  def shape(self):
+    return self.view.shape
+
+  def __repr__(self):
+    return f"Ref({self.buf!r} view{list(self.view.shape)})"
+
+
+def root_ref(buf):
+  return Ref(buf, buf.data, raw_tiled=buf.tiling is not None)
+
+
+def _as_int(x):
+  return int(x)
+
+
+def _index(view, indexer, bufname):
+  shape = view.shape
+  idx = []
+  for d, (ix, dim) in enumerate(zip(indexer.indices, shape)):
+    if isinstance(ix, jax_indexing.Slice):
+      start, size, stride = _as_int(ix.start), int(ix.size), int(ix.stride)
+      last = start + (size - 1) * stride if size else start
+      if start < 0 or (size and last >= dim):
+        raise OutOfBoundsError(
+            f"index {start}:{start + size * stride}"
+            f"{'' if stride == 1 else ':' + str(stride)} on axis {d} is out of "
+            f"bounds for ref {bufname} of shape {tuple(shape)}")
+      idx.append(slice(start, start + size * stride, stride))
+    else:
+      a = np.asarray(ix)
+      if a.ndim:
+        raise UnsupportedPrimitiveError(
+            f"array (gather) indexing of ref {bufname} is not modelled")
+      i = int(a)
+      if not 0 <= i < dim:
+        raise OutOfBoundsError(
+            f"index {i} on axis {d} is out of bounds for ref {bufname} of "
+            f"shape {tuple(shape)}")
+      idx.append(i)
+  return view[tuple(idx)]
+
+
+def apply(ref, transforms):
+  """Applies a sequence of JAX ref transforms to `ref`; returns a new Ref."""
+  view = ref.view
+  raw = ref.raw_tiled
+  buf = ref.buf
+  for tr in transforms:
+    if isinstance(tr, gpu_core.UntilingTransform):
+      if not raw:
+        raise UnsupportedPrimitiveError(
+            f"untiling a ref of {buf.name} that is not tiled")
+      raw = False
+      continue
+    if isinstance(tr, gpu_core.UnswizzleRef):
+      continue
+    if raw:
+      raise UnsupportedPrimitiveError(
+          f"transform {type(tr).__name__} on the raw tiled layout of "
+          f"{buf.name}: only access through the untiled ref is modelled")
+    if isinstance(tr, jax_indexing.NDIndexer):
+      view = _index(view, tr, buf.name)
+    elif isinstance(tr, jax_state_types.TransposeTransform):
+      view = view.transpose(tr.permutation)
+    elif isinstance(tr, jax_state_types.ReshapeTransform):
+      v = view.view()
+      try:
+        v.shape = tr.shape
+      except AttributeError:
+        raise UnsupportedPrimitiveError(
+            f"reshape of a non-contiguous view of {buf.name} to {tr.shape}")
+      view = v
+    elif isinstance(tr, jax_state_types.BitcastTransform):
+      view = view.view(tr.dtype)
+    else:
+      raise UnsupportedPrimitiveError(
+          f"ref transform {type(tr).__name__} is not modelled")
+  return Ref(buf, view, raw)
+
+
+def unflatten(treedef, leaves):
+  """Transforms from a primitive's treedef param and its flat operands."""
+  if treedef is None:
+    return ()
+  return tree_util.tree_unflatten(treedef, list(leaves))
+
+
+def compile_transforms(treedef):
+  """Decodes a primitive's transform treedef once: returns f(ref, leaves) -> Ref.
+  Static transforms (no dynamic leaves) are unflattened here, not per call."""
+  if treedef is None:
+    return lambda ref, leaves: ref
+  if treedef.num_leaves == 0:
+    trs = unflatten(treedef, [])
+    if not trs:
+      return lambda ref, leaves: ref
+    return lambda ref, leaves: apply(ref, trs)
+  return lambda ref, leaves: apply(ref, unflatten(treedef, leaves))
+
+
+def num_leaves(treedef):
+  return 0 if treedef is None else treedef.num_leaves
+
+
+def barrier_of(ref, what):
+  """The single mbarrier a (transformed) barrier ref names."""
+  v = ref.view
+  if isinstance(v, np.ndarray):
+    if v.dtype != object:
+      raise KernelError(f"{what}: {ref.buf.name} is not a barrier ref")
+    if v.ndim:
+      raise KernelError(f"{what}: barrier ref {ref.buf.name} of shape "
+                        f"{v.shape} must be indexed down to one barrier")
+    return v[()]
+  return v

@@ -1,0 +1,104 @@
+"""Static resource checks, before anything runs, with the real lowering's
+rules and numbers (jax 0.11.2, jax/_src/pallas/mosaic_gpu/lowering.py
+`_estimate_resources`, and mosaic/gpu/core.py `_launch`):
+
+- each SMEM allocation of a run_scoped is rounded up to 1024 bytes;
+- a run_scoped needs its own allocations plus the most its body needs;
+  equations in sequence, cond branches and loop bodies reuse the same bytes
+  (max), nested scopes add up;
+- barriers are counted apart, 8 bytes each; identical barrier allocations of
+  scopes in sequence share space (a multiset union), nested ones add up;
+- reductions (reduce_sum/max/min) need `reduction_scratch_bytes` (2048);
+- ACC (registers) and GMEM take no SMEM; tiling and swizzle change no size.
+The error message is the lowering's, word for word.
+"""
+import collections
+import math
+
+from pallas_sim.errors import SmemOverflowError
+
+SMEM_ALIGNMENT = 1024
+MBARRIER_BYTES = 8
+REDUCTION_SCRATCH_BYTES = 2048
+
+
+def _align(x, a=SMEM_ALIGNMENT):
+  return -(-x // a) * a
+
+
+class _Need:
+  __slots__ = ("smem", "barriers")
+
+  def __init__(self, smem=0, barriers=None):
+    self.smem = _align(smem)
+    self.barriers = barriers if barriers is not None else collections.Counter()
+
+  def __add__(self, o):
+    return _Need(self.smem + o.smem, self.barriers + o.barriers)
+
+  def union(self, o):
+    return _Need(max(self.smem, o.smem), self.barriers | o.barriers)
+
+
+def _inner(j):
+  return j.jaxpr if hasattr(j, "consts") else j
+
+
+def _alloc_need(aval):
+  dt = aval.inner_aval.dtype if hasattr(aval, "inner_aval") else aval.dtype
+  shape = aval.inner_aval.shape if hasattr(aval, "inner_aval") else aval.shape
+  if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
+    return _Need(barriers=collections.Counter({(dt, math.prod(shape)): 1}))
+  if str(getattr(aval, "memory_space", "")) == "smem":
+    return _Need(smem=math.prod(shape) * dt.itemsize)
+  return _Need()
+
+
+def _jaxpr_need(jaxpr, reduction_bytes):
+  need = _Need()
+  for eqn in jaxpr.eqns:
+    need = need.union(_eqn_need(eqn, reduction_bytes))
+  return need
+
+
+def _eqn_need(eqn, reduction_bytes):
+  name = eqn.primitive.name
+  p = eqn.params
+  if name == "run_scoped":
+    body = _inner(p["jaxpr"])
+    own = _Need()
+    for v in body.invars:
+      own = own + _alloc_need(v.aval)
+    return own + _jaxpr_need(body, reduction_bytes)
+  if name in ("reduce_sum", "reduce_max", "reduce_min"):
+    return _Need(smem=reduction_bytes)
+  need = _Need()
+  # Only these are looked into by the real estimator (custom_jvp_call etc.
+  # are not: their allocations count for nothing there, and so here).
+  for key in _SUBJAXPRS.get(name, ()):
+    sub = p[key]
+    for j in (sub if isinstance(sub, (tuple, list)) else (sub,)):
+      need = need.union(_jaxpr_need(_inner(j), reduction_bytes))
+  return need
+
+
+_SUBJAXPRS = {"cond": ("branches",), "scan": ("jaxpr",), "jit": ("jaxpr",),
+              "pjit": ("jaxpr",), "run_state": ("jaxpr",),
+              "while": ("cond_jaxpr", "body_jaxpr")}
+
+
+def smem_bytes(kernel_jaxpr, reduction_bytes=REDUCTION_SCRATCH_BYTES):
+  """The `smem_bytes` the real lowering requests for this kernel body."""
+  need = _jaxpr_need(kernel_jaxpr, reduction_bytes)
+  size = need.smem
+  for (_, count), times in need.barriers.items():
+    size += times * count * MBARRIER_BYTES
+  return size
+
+
+def check_smem(nbytes, gpu, where=None):
+  if nbytes > gpu.max_smem_per_block:
+    raise SmemOverflowError(
+        "Mosaic GPU kernel exceeds available shared memory: "
+        f"smem_bytes={nbytes} > max_smem_bytes={gpu.max_smem_per_block}",
+        smem_bytes=nbytes, max_smem_bytes=gpu.max_smem_per_block, where=where)

@@ -1,0 +1,57 @@
+"""Barriers and fences: barrier_arrive, barrier_wait, commit_smem,
+set_max_registers. A barrier_wait by a thread waits for the next completion
+of that barrier it has not yet observed (the phase it tracks)."""
+from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim.interpret import Gen, rule
+from pallas_sim.backends.sim.machine import barriers
+from pallas_sim.backends.sim.machine.scheduler import Wait
+
+
+@rule("barrier_arrive")
+def _barrier_arrive(eqn, cx):
+  at = refview.compile_transforms(eqn.params["transforms_treedef"])
+  has_pred = eqn.params.get("has_user_predicate", False)
+
+  def arrive(t, ref, *rest):
+    if has_pred:
+      *rest, pred = rest
+      if not pred:
+        return []
+    slot = refview.barrier_of(at(ref, rest), "barrier_arrive")
+    barriers.arrive(slot, t.block.sched)
+    return []
+  return arrive
+
+
+@rule("barrier_wait")
+def _barrier_wait(eqn, cx):
+  at = refview.compile_transforms(eqn.params["transforms_treedef"])
+  where = cx.where(eqn)
+  lat = cx.gpu.barrier_latency
+
+  def wait(t, ref, *leaves):
+    slot = refview.barrier_of(at(ref, leaves), "barrier_wait")
+    key = id(slot)
+    n = t.bar_waits.get(key, 0) + 1
+    t.bar_waits[key] = n
+    t.block.stats.barrier_waits += 1
+    if slot.completions < n:
+      start = t.time
+      yield Wait(lambda: slot.completions >= n, (slot,),
+                 f"barrier_wait on {slot.name} (completion #{n})", where)
+      t.block.event(t.name, f"wait {slot.name}", start, t.time)
+    t.time += lat
+    return []
+  return Gen(wait)
+
+
+@rule("commit_smem")
+def _commit_smem(eqn, cx):
+  # Async-proxy fence + warpgroup barrier: no effect on values here (plain
+  # stores are immediate); ordering is what race detection checks.
+  return lambda t: []
+
+
+@rule("set_max_registers_p", "set_max_registers")
+def _set_max_registers(eqn, cx):
+  return lambda t: []

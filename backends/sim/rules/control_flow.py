@@ -1,0 +1,117 @@
+"""Control flow inside kernels: scan / fori_loop, while, cond, and the call
+wrappers (jit, custom_jvp/vjp, checkpoint) that just run their body.
+
+Each rule compiles its bodies once; when no body can block, the loop runs as
+a plain function, otherwise as a generator that forwards the body's waits.
+"""
+import numpy as np
+
+from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
+
+
+def _maybe_gen(blocking, plain, gen):
+  return Gen(gen) if blocking else plain
+
+
+@rule("scan")
+def _scan(eqn, cx):
+  p = eqn.params
+  body = cx.compile(p["jaxpr"])
+  length, reverse = p["length"], p["reverse"]
+  # jax 0.11: ft_in is a FlatTree packing (consts, carry, xs).
+  consts_i, carry_i, _ = p["ft_in"].update(list(range(len(eqn.invars)))).unpack()
+  nc, ncarry = len(list(consts_i)), len(list(carry_i))
+  order = range(length - 1, -1, -1) if reverse else range(length)
+
+  def split(args):
+    return list(args[:nc]), list(args[nc:nc + ncarry]), args[nc + ncarry:]
+
+  def finish(carry, ys):
+    if not ys:
+      return carry
+    stacked = [np.stack(y) if not reverse else np.stack(y[::-1]) for y in ys]
+    return carry + stacked
+
+  def plain(t, *args):
+    consts, carry, xs = split(args)
+    ys = None
+    for i in order:
+      outs = run_plain(body, consts + carry + [x[i] for x in xs], t)
+      carry = outs[:ncarry]
+      if len(outs) > ncarry:
+        ys = ys or [[] for _ in outs[ncarry:]]
+        for acc, y in zip(ys, outs[ncarry:]):
+          acc.append(y)
+    return finish(carry, ys or [])
+
+  def gen(t, *args):
+    consts, carry, xs = split(args)
+    ys = None
+    for i in order:
+      outs = yield from run_gen(body, consts + carry + [x[i] for x in xs], t)
+      carry = outs[:ncarry]
+      if len(outs) > ncarry:
+        ys = ys or [[] for _ in outs[ncarry:]]
+        for acc, y in zip(ys, outs[ncarry:]):
+          acc.append(y)
+    return finish(carry, ys or [])
+
+  return _maybe_gen(body.blocking, plain, gen)
+
+
+@rule("while")
+def _while(eqn, cx):
+  p = eqn.params
+  cond = cx.compile(p["cond_jaxpr"])
+  body = cx.compile(p["body_jaxpr"])
+  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+
+  def plain(t, *args):
+    cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
+    while run_plain(cond, cc + carry, t)[0]:
+      carry = run_plain(body, bc + carry, t)
+    return carry
+
+  def gen(t, *args):
+    cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
+    while (yield from run_gen(cond, cc + carry, t))[0]:
+      carry = yield from run_gen(body, bc + carry, t)
+    return carry
+
+  return _maybe_gen(cond.blocking or body.blocking, plain, gen)
+
+
+@rule("cond")
+def _cond(eqn, cx):
+  branches = [cx.compile(b) for b in eqn.params["branches"]]
+  last = len(branches) - 1
+
+  def pick(i):
+    return branches[min(max(int(i), 0), last)]  # lax.switch clamps
+
+  def plain(t, i, *args):
+    return run_plain(pick(i), list(args), t)
+
+  def gen(t, i, *args):
+    return (yield from run_gen(pick(i), list(args), t))
+
+  return _maybe_gen(any(b.blocking for b in branches), plain, gen)
+
+
+def _call(param):
+  def build(eqn, cx):
+    body = cx.compile(eqn.params[param])
+
+    def plain(t, *args):
+      return run_plain(body, list(args), t)
+
+    def gen(t, *args):
+      return (yield from run_gen(body, list(args), t))
+    return _maybe_gen(body.blocking, plain, gen)
+  return build
+
+
+rule("pjit", "jit")(_call("jaxpr"))
+rule("closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+     "custom_vjp_call_jaxpr")(_call("call_jaxpr"))
+rule("checkpoint", "remat")(_call("jaxpr"))

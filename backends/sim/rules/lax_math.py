@@ -1,0 +1,349 @@
+"""Register-level math: lax element-wise ops, casts, shapes, reductions.
+
+Computed with NumPy in the operands' own dtypes (f16/bf16 ops round per op,
+as the hardware's). Integer division and remainder follow lax (truncation
+toward zero), not NumPy's floor semantics.
+"""
+import math
+
+import ml_dtypes
+import numpy as np
+
+from pallas_sim.backends.sim.interpret import rule
+from pallas_sim.errors import UnsupportedPrimitiveError
+
+
+def _np_dtype(d):
+  return np.dtype(d)
+
+
+def _unary(name, f):
+  rule(name)(lambda eqn, cx: (lambda t, x: f(x)))
+
+
+def _binary(name, f):
+  rule(name)(lambda eqn, cx: (lambda t, x, y: f(x, y)))
+
+
+def _keep_dtype(f):
+  """NumPy may promote (e.g. ints in np.sqrt); lax keeps the operand dtype."""
+  def g(*xs):
+    r = f(*xs)
+    dt = np.result_type(xs[0])
+    return r.astype(dt, copy=False) if np.result_type(r) != dt else r
+  return g
+
+
+def _float_op(f):
+  """Transcendentals on f16/bf16: evaluate in f32, round once (as the GPU's
+  approximate functions do on half types)."""
+  def g(x):
+    x = np.asarray(x)
+    if x.dtype.itemsize < 4 and x.dtype.kind != "i":
+      return f(x.astype(np.float32)).astype(x.dtype)
+    return f(x)
+  return g
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def _div(x, y):
+  dt = np.result_type(x)
+  if dt.kind in "iu":
+    xa, ya = np.asarray(x, np.int64), np.asarray(y, np.int64)
+    q = np.where(ya == 0, -1, np.abs(xa) // np.where(ya == 0, 1, np.abs(ya))
+                 * np.sign(xa) * np.sign(ya))
+    return q.astype(dt)[()] if np.ndim(q) == 0 else q.astype(dt)
+  return np.true_divide(x, y).astype(dt, copy=False)
+
+
+def _rem(x, y):
+  dt = np.result_type(x)
+  if dt.kind in "iu":
+    xa, ya = np.asarray(x, np.int64), np.asarray(y, np.int64)
+    r = np.fmod(xa, np.where(ya == 0, 1, ya))
+    return r.astype(dt)[()] if np.ndim(r) == 0 else r.astype(dt)
+  return np.fmod(x, y).astype(dt, copy=False)
+
+
+def _logistic(x):
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def _round(x, rounding_method=0):
+  if int(rounding_method) == 1:  # TO_NEAREST_EVEN
+    return np.round(x)
+  return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)).astype(x.dtype)
+
+
+for _name, _f in {
+    "neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.floor,
+    "ceil": np.ceil, "not": np.invert, "is_finite": np.isfinite,
+    "exp": _float_op(np.exp), "exp2": _float_op(np.exp2),
+    "log": _float_op(np.log), "log1p": _float_op(np.log1p),
+    "expm1": _float_op(np.expm1), "tanh": _float_op(np.tanh),
+    "logistic": _float_op(_logistic), "sin": _float_op(np.sin),
+    "cos": _float_op(np.cos), "tan": _float_op(np.tan),
+    "sqrt": _float_op(np.sqrt), "rsqrt": _float_op(lambda x: 1.0 / np.sqrt(x)),
+    "cbrt": _float_op(np.cbrt), "square": np.square,
+    "erf": _float_op(lambda x: _erf(x).astype(x.dtype)),
+    "population_count": _keep_dtype(
+        lambda x: np.bitwise_count(x).astype(np.result_type(x))),
+    "copy": np.copy, "copy_p": np.copy, "real": np.real, "imag": np.imag,
+    "optimization_barrier": lambda x: x,
+}.items():
+  _unary(_name, _f)
+
+for _name, _f in {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div,
+    "rem": _rem, "max": np.maximum, "min": np.minimum, "pow": np.power,
+    "atan2": np.arctan2,
+    "nextafter": np.nextafter,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+    "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+    "shift_left": _keep_dtype(np.left_shift),
+    "shift_right_arithmetic": _keep_dtype(np.right_shift),
+}.items():
+  _binary(_name, _f)
+
+
+@rule("shift_right_logical")
+def _srl(eqn, cx):
+  dt = np.dtype(eqn.invars[0].aval.dtype)
+  udt = np.dtype(f"u{dt.itemsize}")
+  return lambda t, x, y: np.right_shift(
+      np.asarray(x).view(udt), np.asarray(y).view(udt)).view(dt)
+
+
+@rule("integer_pow")
+def _ipow(eqn, cx):
+  y = eqn.params["y"]
+  return lambda t, x: _keep_dtype(lambda a: a ** y)(x)
+
+
+@rule("round")
+def _round_rule(eqn, cx):
+  m = eqn.params.get("rounding_method", 0)
+  return lambda t, x: _round(x, m)
+
+
+@rule("clamp")
+def _clamp(eqn, cx):
+  return lambda t, lo, x, hi: np.minimum(np.maximum(x, lo), hi)
+
+
+@rule("select_n")
+def _select_n(eqn, cx):
+  if len(eqn.invars) == 3:
+    def sel2(t, p, a, b):
+      if np.ndim(p) == 0:
+        return b if p else a
+      return np.where(p, b, a)
+    return sel2
+  return lambda t, p, *cases: np.choose(np.asarray(p, np.int32), cases)
+
+
+def _cast_fn(new_dtype):
+  nd = _np_dtype(new_dtype)
+
+  def cast(t, x):
+    x = np.asarray(x)
+    if x.dtype == nd:
+      return x.copy() if x.ndim else x[()]
+    if nd.kind in "iu" and x.dtype.kind == "f":
+      # lax: float->int truncates toward zero and saturates; NaN -> 0.
+      info = np.iinfo(nd)
+      with np.errstate(invalid="ignore"):
+        y = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+        y = np.clip(y, info.min, info.max).astype(nd)
+    elif nd.kind == "b":
+      y = x != 0
+    else:
+      with np.errstate(over="ignore", invalid="ignore"):
+        y = x.astype(nd)
+    return y if y.ndim else y[()]
+  return cast
+
+
+@rule("convert_element_type")
+def _convert(eqn, cx):
+  return _cast_fn(eqn.params["new_dtype"])
+
+
+@rule("bitcast_convert_type")
+def _bitcast(eqn, cx):
+  nd = _np_dtype(eqn.params["new_dtype"])
+  return lambda t, x: np.asarray(x).view(nd)
+
+
+@rule("iota")
+def _iota(eqn, cx):
+  p = eqn.params
+  shape, dim, dt = p["shape"], p["dimension"], _np_dtype(p["dtype"])
+  r = np.arange(shape[dim], dtype=dt).reshape(
+      [shape[dim] if i == dim else 1 for i in range(len(shape))])
+  val = np.broadcast_to(r, shape).copy()
+  return lambda t: val
+
+
+@rule("broadcast_in_dim")
+def _bid(eqn, cx):
+  shape, bdims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
+
+  def f(t, x, *dyn):
+    x = np.asarray(x)
+    exp = [1] * len(shape)
+    for src, dst in enumerate(bdims):
+      exp[dst] = x.shape[src]
+    return np.broadcast_to(x.reshape(exp), shape).copy()
+  return f
+
+
+@rule("reshape")
+def _reshape(eqn, cx):
+  shape = eqn.params["new_sizes"]
+  return lambda t, x, *dyn: np.reshape(x, shape)
+
+
+@rule("squeeze")
+def _squeeze(eqn, cx):
+  dims = tuple(eqn.params["dimensions"])
+  return lambda t, x: np.squeeze(x, dims)
+
+
+@rule("expand_dims")
+def _expand(eqn, cx):
+  dims = tuple(eqn.params["dimensions"])
+  return lambda t, x: np.expand_dims(x, dims)
+
+
+@rule("transpose")
+def _transpose(eqn, cx):
+  perm = tuple(eqn.params["permutation"])
+  return lambda t, x: np.ascontiguousarray(np.transpose(x, perm))
+
+
+@rule("rev")
+def _rev(eqn, cx):
+  dims = tuple(eqn.params["dimensions"])
+  return lambda t, x: np.flip(x, dims).copy()
+
+
+@rule("concatenate")
+def _concat(eqn, cx):
+  d = eqn.params["dimension"]
+  return lambda t, *xs: np.concatenate(xs, axis=d)
+
+
+@rule("slice")
+def _slice(eqn, cx):
+  p = eqn.params
+  strides = p["strides"] or (1,) * len(p["start_indices"])
+  idx = tuple(slice(s, e, st) for s, e, st in
+              zip(p["start_indices"], p["limit_indices"], strides))
+  return lambda t, x: x[idx].copy()
+
+
+def _clamped_starts(x, starts, sizes):
+  return [min(max(int(s), 0), d - z) for s, d, z in zip(starts, x.shape, sizes)]
+
+
+@rule("dynamic_slice")
+def _dslice(eqn, cx):
+  sizes = eqn.params["slice_sizes"]
+
+  def f(t, x, *starts):
+    st = _clamped_starts(x, starts, sizes)
+    return x[tuple(slice(s, s + z) for s, z in zip(st, sizes))].copy()
+  return f
+
+
+@rule("dynamic_update_slice")
+def _dus(eqn, cx):
+  def f(t, x, upd, *starts):
+    st = _clamped_starts(x, starts, upd.shape)
+    y = x.copy()
+    y[tuple(slice(s, s + z) for s, z in zip(st, upd.shape))] = upd
+    return y
+  return f
+
+
+@rule("pad")
+def _pad(eqn, cx):
+  cfg = eqn.params["padding_config"]
+  if any(i for _, _, i in cfg) or any(lo < 0 or hi < 0 for lo, hi, _ in cfg):
+    raise UnsupportedPrimitiveError("pad with interior or negative padding")
+  return lambda t, x, v: np.pad(x, [(lo, hi) for lo, hi, _ in cfg],
+                                constant_values=v)
+
+
+def _acc_dtype(dt):
+  """Reductions of half types accumulate in f32 and round once at the end."""
+  dt = np.dtype(dt)
+  return np.float32 if dt.kind == "f" and dt.itemsize < 4 or dt in (
+      np.dtype(ml_dtypes.bfloat16),) else None
+
+
+def _reduce(np_fn, use_acc):
+  def build(eqn, cx):
+    axes = tuple(eqn.params["axes"])
+    out_dt = np.dtype(eqn.outvars[0].aval.dtype)
+
+    def f(t, x):
+      acc = _acc_dtype(x.dtype) if use_acc else None
+      r = np_fn(x.astype(acc) if acc else x, axis=axes)
+      r = np.asarray(r).astype(out_dt, copy=False)
+      return r if r.ndim else r[()]
+    return f
+  return build
+
+
+rule("reduce_sum")(_reduce(np.sum, True))
+rule("reduce_prod")(_reduce(np.prod, True))
+rule("reduce_max")(_reduce(np.max, False))
+rule("reduce_min")(_reduce(np.min, False))
+rule("reduce_and")(_reduce(np.all, False))
+rule("reduce_or")(_reduce(np.any, False))
+rule("reduce_xor")(_reduce(lambda x, axis: np.bitwise_xor.reduce(x, axis=axis), False))
+
+
+def _arg(np_fn):
+  def build(eqn, cx):
+    axis = eqn.params["axes"][0]
+    idt = np.dtype(eqn.params["index_dtype"])
+    return lambda t, x: np.asarray(np_fn(x, axis=axis)).astype(idt)
+  return build
+
+
+rule("argmax")(_arg(np.argmax))
+rule("argmin")(_arg(np.argmin))
+
+
+@rule("cumsum", "cumprod", "cummax", "cummin")
+def _cum(eqn, cx):
+  name = eqn.primitive.name
+  axis, rev = eqn.params["axis"], eqn.params["reverse"]
+  fn = {"cumsum": np.cumsum, "cumprod": np.cumprod,
+        "cummax": np.maximum.accumulate, "cummin": np.minimum.accumulate}[name]
+
+  def f(t, x):
+    y = np.flip(x, axis) if rev else x
+    y = np.asarray(fn(y, axis=axis)).astype(x.dtype)
+    return np.flip(y, axis).copy() if rev else y
+  return f
+
+
+@rule("dot_general")
+def _dot_general(eqn, cx):
+  (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+  out_dt = np.dtype(eqn.outvars[0].aval.dtype)
+  if lb or rb:
+    raise UnsupportedPrimitiveError("batched dot_general in registers")
+
+  def f(t, x, y):
+    acc = np.float32 if out_dt.kind == "f" else np.int64
+    r = np.tensordot(x.astype(acc), y.astype(acc), axes=(tuple(lc), tuple(rc)))
+    return r.astype(out_dt)
+  return f

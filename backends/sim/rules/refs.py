@@ -1,0 +1,122 @@
+"""Refs: plain loads and stores (get/swap/addupdate) and scoped allocation
+(run_scoped), which allocates SMEM per block and accumulators per thread."""
+import math
+
+import numpy as np
+from jax._src.pallas.mosaic_gpu import core as gpu_core
+
+from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim.interpret import Gen, rule, run, run_plain
+from pallas_sim.backends.sim.machine import memory
+from pallas_sim.errors import UnsupportedPrimitiveError
+
+
+def _value(a):
+  return a.copy() if a.ndim else a[()]
+
+
+@rule("get")
+def _get(eqn, cx):
+  at = refview.compile_transforms(eqn.params["tree"])
+  return lambda t, ref, *idx: _value(at(ref, idx).view)
+
+
+@rule("swap")
+def _swap(eqn, cx):
+  at = refview.compile_transforms(eqn.params["tree"])
+
+  def swap(t, ref, val, *idx):
+    view = at(ref, idx).view
+    old = _value(view)
+    view[...] = val
+    return old
+  return swap
+
+
+@rule("addupdate")
+def _addupdate(eqn, cx):
+  at = refview.compile_transforms(eqn.params["tree"])
+
+  def addupdate(t, ref, val, *idx):
+    view = at(ref, idx).view
+    view[...] = view + val
+    return []
+  return addupdate
+
+
+def _tiling_of(transforms):
+  """(tiling, swizzle) named by the user-visible transforms of an allocation."""
+  tiling = swizzle = None
+  for tr in transforms:
+    if isinstance(tr, gpu_core.UntilingTransform):
+      tiling = tr.tiling
+    elif isinstance(tr, gpu_core.UnswizzleRef):
+      swizzle = tr.swizzle
+  return tiling, swizzle
+
+
+def _allocator(aval, transforms, label):
+  """Returns (shared?, make()) for one run_scoped allocation."""
+  space = str(aval.memory_space)
+  inner = aval.inner_aval
+  dt = inner.dtype
+  if isinstance(dt, gpu_core.BarrierType):
+    return True, lambda: memory.Buffer(
+        label, "smem", memory.barrier_array(label, inner.shape, dt.num_arrivals,
+                                            dt.orders_tensor_core))
+  if isinstance(dt, gpu_core.ClusterBarrierType):
+    raise UnsupportedPrimitiveError("cluster barriers are not modelled yet")
+  shape = tuple(inner.shape)
+  tiling, swizzle = _tiling_of(transforms)
+  if tiling is not None:
+    shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
+  if space == "smem":
+    return True, lambda: memory.Buffer(label, "smem", memory.poison(shape, dt),
+                                       tiling, swizzle)
+  if space == "regs":
+    # Accumulators start at zero: the lowering allocates them with
+    # WGMMAAccumulator.zero. Registers belong to one warpgroup.
+    return False, lambda: memory.Buffer(label, "regs", np.zeros(shape, dt))
+  if space == "gmem":
+    return True, lambda: memory.Buffer(label, "gmem", np.zeros(shape, dt))
+  raise UnsupportedPrimitiveError(f"run_scoped allocation in memory space {space}")
+
+
+def _names(jaxpr, n):
+  info = getattr(jaxpr, "debug_info", None)
+  names = list(getattr(info, "arg_names", None) or ())
+  names = names[-n:] if len(names) >= n else [None] * n
+  return [nm for nm in names]
+
+
+@rule("run_scoped")
+def _run_scoped(eqn, cx):
+  jaxpr = eqn.params["jaxpr"]
+  ref_transforms = eqn.params.get("ref_transforms") or ()
+  prog = cx.compile_open(jaxpr)
+  n = len(jaxpr.invars)
+  labels = _names(jaxpr, n)
+  allocs = []
+  for i, v in enumerate(jaxpr.invars):
+    label = labels[i] or f"scratch{i}"
+    trs = ref_transforms[i] if i < len(ref_transforms) else ()
+    allocs.append(_allocator(v.aval, trs, label))
+  key = id(eqn)
+
+  def allocate(t):
+    count = t.scope_counts.get(key, 0)
+    t.scope_counts[key] = count + 1
+    shared = t.block.shared
+    skey = (key, count)
+    bufs = shared.get(skey)
+    if bufs is None:
+      bufs = shared[skey] = [make() if sh else None for sh, make in allocs]
+    return [refview.root_ref(b if sh else make())
+            for b, (sh, make) in zip(bufs, allocs)]
+
+  if prog.blocking:
+    def scoped_gen(t, *operands):
+      outs = yield from run(prog, list(operands) + allocate(t), t)
+      return outs
+    return Gen(scoped_gen)
+  return lambda t, *operands: run_plain(prog, list(operands) + allocate(t), t)

@@ -1,0 +1,207 @@
+"""TMA: copy_gmem_to_smem (async load completing on a barrier),
+copy_smem_to_gmem (async store, in bulk groups), commit_group and
+wait_smem_to_gmem.
+
+A load is its own agent: it arrives on its barrier at issue (announcing its
+bytes), writes SMEM when it completes and only then completes the barrier's
+transaction. A store reads SMEM when its read finishes and writes GMEM when it
+completes, so a kernel that reuses the SMEM too early, or reads the GMEM too
+early, sees what real hardware could.
+"""
+import numpy as np
+
+from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim.interpret import Gen, rule
+from pallas_sim.backends.sim.machine import barriers
+from pallas_sim.backends.sim.machine.scheduler import Wait
+from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
+
+
+def _bytes_per_cycle(gpu):
+  # Each SM's share of HBM bandwidth when all SMs stream (calibrate).
+  return gpu.hbm_bytes_per_s / gpu.clock_hz / gpu.num_sms
+
+
+def _engine_slot(t, nbytes, gpu):
+  """Serializes transfers on the SM's TMA engine: (start, transfer end)."""
+  b = t.block
+  start = max(t.time, b.tma_free)
+  end = start + nbytes / _bytes_per_cycle(gpu)
+  b.tma_free = end
+  return start, end
+
+
+def _check_shapes(src, dst, what):
+  if src.view.shape != dst.view.shape:
+    raise KernelError(f"{what}: source {src.buf.name}{list(src.view.shape)} and "
+                      f"destination {dst.buf.name}{list(dst.view.shape)} differ "
+                      "in shape")
+  if src.view.dtype != dst.view.dtype:
+    raise KernelError(f"{what}: source dtype {src.view.dtype} != destination "
+                      f"dtype {dst.view.dtype}")
+
+
+def _space(ref, want, what, role):
+  if ref.buf.space != want:
+    raise KernelError(f"{what}: {role} {ref.buf.name} is in {ref.buf.space}, "
+                      f"expected {want}")
+
+
+@rule("copy_gmem_to_smem")
+def _copy_gmem_to_smem(eqn, cx):
+  p = eqn.params
+  if p.get("collective_axes"):
+    raise UnsupportedPrimitiveError("multicast (collective) TMA loads are not "
+                                    "modelled yet")
+  has_barrier = p.get("has_barrier", True)
+  if not has_barrier:
+    raise KernelError("copy_gmem_to_smem without a barrier is only supported on "
+                      "pre-Hopper GPUs, which use the cp.async implementation")
+  src_at = refview.compile_transforms(p["src_transforms_treedef"])
+  dst_at = refview.compile_transforms(p["dst_transforms_treedef"])
+  bar_at = refview.compile_transforms(p["barrier_transforms_treedef"])
+  ns = refview.num_leaves(p["src_transforms_treedef"])
+  nd = refview.num_leaves(p["dst_transforms_treedef"])
+  nb = refview.num_leaves(p["barrier_transforms_treedef"])
+  has_pred = p.get("has_user_predicate", False)
+  gpu = cx.gpu
+  what = "copy_gmem_to_smem"
+
+  def load(t, src, dst, bar, *leaves):
+    s = src_at(src, leaves[:ns])
+    d = dst_at(dst, leaves[ns:ns + nd])
+    b = bar_at(bar, leaves[ns + nd:ns + nd + nb])
+    pred = leaves[ns + nd + nb] if has_pred else True
+    _space(s, "gmem", what, "source")
+    _space(d, "smem", what, "destination")
+    _check_shapes(s, d, what)
+    slot = refview.barrier_of(b, what)
+    sched = t.block.sched
+    if not pred:
+      barriers.arrive(slot, sched)
+      return []
+    nbytes = d.view.nbytes
+    start, end = _engine_slot(t, nbytes, gpu)
+    done = end + gpu.tma_latency
+    t.block.stats.tma_load_bytes += nbytes
+    barriers.arrive(slot, sched, expect_tx=nbytes)
+    sview, dview = s.view, d.view
+
+    def land():
+      dview[...] = sview
+      barriers.complete_tx(slot, nbytes, sched)
+    sched.at(done, land)
+    t.block.event(f"{t.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
+    return []
+  return load
+
+
+class _StoreGroup:
+  __slots__ = ("unread", "unwritten")
+
+  def __init__(self, n):
+    self.unread = n
+    self.unwritten = n
+
+
+_REDUCE = {None: None, "add": np.add, "min": np.minimum, "max": np.maximum,
+           "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
+
+
+@rule("copy_smem_to_gmem")
+def _copy_smem_to_gmem(eqn, cx):
+  p = eqn.params
+  src_at = refview.compile_transforms(p["src_transforms_treedef"])
+  dst_at = refview.compile_transforms(p["dst_transforms_treedef"])
+  ns = refview.num_leaves(p["src_transforms_treedef"])
+  nd = refview.num_leaves(p["dst_transforms_treedef"])
+  has_pred = p.get("has_user_predicate", False)
+  commit = p.get("commit_group", True)
+  op = p.get("reduction_op")
+  if op not in _REDUCE:
+    raise UnsupportedPrimitiveError(f"TMA store reduction {op!r}")
+  reduce = _REDUCE[op]
+  gpu = cx.gpu
+  what = "copy_smem_to_gmem"
+
+  def store(t, src, dst, *leaves):
+    s = src_at(src, leaves[:ns])
+    d = dst_at(dst, leaves[ns:ns + nd])
+    pred = leaves[ns + nd] if has_pred else True
+    _space(s, "smem", what, "source")
+    _space(d, "gmem", what, "destination")
+    _check_shapes(s, d, what)
+    if pred:
+      t.open_group.append((s.view, d.view, s.buf.name, d.buf.name, reduce))
+    if commit:
+      _commit(t, gpu)
+    return []
+  return store
+
+
+def _commit(t, gpu):
+  copies, t.open_group = t.open_group, []
+  group = _StoreGroup(len(copies))
+  t.stores.append(group)
+  sched = t.block.sched
+  res = t.store_res
+  for sview, dview, sname, dname, reduce in copies:
+    nbytes = sview.nbytes
+    start, read_done = _engine_slot(t, nbytes, gpu)
+    done = read_done + gpu.tma_latency
+    t.block.stats.tma_store_bytes += nbytes
+    snap = []
+
+    def read(sview=sview, snap=snap):
+      snap.append(sview.copy())
+      group.unread -= 1
+      sched.notify(res)
+
+    def write(dview=dview, snap=snap, reduce=reduce):
+      if reduce is None:
+        dview[...] = snap[0]
+      else:
+        dview[...] = reduce(dview, snap[0])
+      group.unwritten -= 1
+      sched.notify(res)
+    sched.at(read_done, read)
+    sched.at(done, write)
+    t.block.event(f"{t.name} TMA", f"store {sname}->{dname}", start, done)
+
+
+@rule("commit_group")
+def _commit_group(eqn, cx):
+  gpu = cx.gpu
+
+  def commit(t):
+    _commit(t, gpu)
+    return []
+  return commit
+
+
+@rule("wait_smem_to_gmem")
+def _wait_smem_to_gmem(eqn, cx):
+  n = eqn.params["n"]
+  read_only = eqn.params.get("wait_read_only", False)
+  where = cx.where(eqn)
+  field = "unread" if read_only else "unwritten"
+
+  def ready_fn(t):
+    def ready():
+      groups = t.stores
+      while groups and groups[0].unwritten == 0:
+        groups.popleft()
+      older = len(groups) - n
+      for i in range(max(older, 0)):
+        if getattr(groups[i], field):
+          return False
+      return True
+    return ready
+
+  def wait(t):
+    ready = ready_fn(t)
+    if not ready():
+      yield Wait(ready, (t.store_res,),
+                 f"wait_smem_to_gmem({n}, wait_read_only={read_only})", where)
+    return []
+  return Gen(wait)

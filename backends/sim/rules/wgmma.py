@@ -1,0 +1,135 @@
+"""wgmma: asynchronous warpgroup matmul-accumulate into an ACC, wgmma_wait,
+and reading/writing the accumulator.
+
+Each `wgmma` is one committed group with its own end time from the SM's
+tensor-core timeline. The group reads its SMEM operands and updates the
+accumulator when it completes, so operands overwritten while it is in flight
+corrupt the result here as on hardware. Numerics follow the hardware: f16/bf16
+and fp8 products are exact in f32 and accumulate in f32; f32 operands are
+truncated to tf32 (the tensor core ignores the low 13 mantissa bits); int8
+accumulates in int32.
+"""
+import ml_dtypes
+import numpy as np
+
+from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim.interpret import Gen, rule
+from pallas_sim.backends.sim.machine.scheduler import Wait
+from pallas_sim.errors import KernelError
+
+_HALF = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
+         np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
+
+
+def to_tf32(x):
+  """f32 -> the tf32 value the tensor core uses (low 13 mantissa bits dropped)."""
+  x = np.ascontiguousarray(x, dtype=np.float32)
+  return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def operand(x, acc_dtype):
+  """A wgmma operand as the tensor core sees it, in the accumulation type."""
+  dt = x.dtype
+  if dt == np.float32:
+    return to_tf32(x)
+  if dt in _HALF:
+    return x.astype(np.float32)
+  if dt.kind in "iu":
+    return x.astype(np.int32)
+  raise KernelError(f"wgmma operand dtype {dt} is not supported on Hopper")
+
+
+def mma(acc_view, a, b):
+  """acc += a @ b with the tensor core's operand handling."""
+  r = np.matmul(operand(a, acc_view.dtype), operand(b, acc_view.dtype))
+  acc_view[...] = acc_view + r.astype(acc_view.dtype)
+
+
+@rule("wgmma_ref")
+def _wgmma_ref(eqn, cx):
+  p = eqn.params
+  trees = (p["acc_transforms_tree"], p["a_transforms_tree"], p["b_transforms_tree"])
+  ats = [refview.compile_transforms(tr) for tr in trees]
+  counts = [refview.num_leaves(tr) for tr in trees]
+  gpu = cx.gpu
+  a_is_ref = hasattr(eqn.invars[1].aval, "inner_aval")
+
+  def wgmma(t, acc, a, b, *leaves):
+    i0, i1 = counts[0], counts[0] + counts[1]
+    acc_r = ats[0](acc, leaves[:i0])
+    b_r = ats[2](b, leaves[i1:i1 + counts[2]])
+    if a_is_ref:
+      a_r = ats[1](a, leaves[i0:i1])
+      if a_r.buf.space != "smem":
+        raise KernelError(f"wgmma lhs {a_r.buf.name} must be in SMEM or registers")
+      a_val = None
+      m, k = a_r.view.shape
+    else:
+      a_r, a_val = None, np.asarray(a)  # registers: read at issue
+      m, k = a_val.shape
+    if b_r.buf.space != "smem":
+      raise KernelError(f"wgmma rhs {b_r.buf.name} must be in SMEM")
+    if acc_r.buf.space != "regs":
+      raise KernelError(f"wgmma accumulator {acc_r.buf.name} must be a plgpu.ACC")
+    k2, n = b_r.view.shape
+    if k != k2 or acc_r.view.shape != (m, n):
+      raise KernelError(f"wgmma shapes do not match: acc {acc_r.view.shape}, "
+                        f"lhs {(m, k)}, rhs {(k2, n)}")
+    flops = 2 * m * n * k
+    blk = t.block
+    blk.stats.wgmma_flops += flops
+    start = max(t.time, blk.tc_free)
+    busy = flops / gpu.tensor_flop_per_clk_per_sm
+    blk.tc_free = start + busy
+    done = start + busy + gpu.wgmma_latency
+    if t.wgmma:
+      done = max(done, t.wgmma[-1][0])  # groups retire in order
+    acc_view, b_view = acc_r.view, b_r.view
+    a_view = a_r.view if a_r is not None else a_val
+    group = [done]
+    t.wgmma.append(group)
+    sched = blk.sched
+
+    def finish():
+      mma(acc_view, a_view, b_view)
+      t.wgmma.remove(group)
+      sched.notify(t.wgmma_res)
+    sched.at(done, finish)
+    blk.event(f"{t.name} wgmma", f"wgmma {m}x{n}x{k}", start, done)
+    return []
+  return wgmma
+
+
+def _wait_groups(t, n, where, what):
+  if len(t.wgmma) > n:
+    yield Wait(lambda: len(t.wgmma) <= n, (t.wgmma_res,), what, where)
+
+
+@rule("wgmma_wait")
+def _wgmma_wait(eqn, cx):
+  n = eqn.params["n"]
+  where = cx.where(eqn)
+
+  def wait(t):
+    yield from _wait_groups(t, n, where, f"wgmma_wait({n})")
+    return []
+  return Gen(wait)
+
+
+@rule("wgmma_accumulator_deref_p", "wgmma_accumulator_deref")
+def _acc_deref(eqn, cx):
+  n = eqn.params.get("wait_n", 0)
+  where = cx.where(eqn)
+
+  def deref(t, acc):
+    yield from _wait_groups(t, n, where, "accumulator read (acc[...])")
+    return acc.view.copy()
+  return Gen(deref)
+
+
+@rule("wgmma_accumulator_store_p", "wgmma_accumulator_store")
+def _acc_store(eqn, cx):
+  def store(t, acc, val):
+    acc.view[...] = val
+    return []
+  return store

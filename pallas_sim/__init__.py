@@ -1,0 +1,27 @@
+"""pallas-sim: write a Pallas Mosaic GPU kernel once; simulate it on a CPU
+(catching resource overflows and predicting its speed) or run it on a Hopper
+GPU through the real lowering, with the same code."""
+import os as _os
+
+# `backends/` sits beside this package in a source checkout and is installed
+# as pallas_sim.backends (pyproject's package-dir). When the checkout itself is
+# on sys.path (running from the repo root) make the same name resolve.
+_src_backends = _os.path.join(_os.path.dirname(_os.path.dirname(__file__)), "backends")
+if (not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "backends"))
+    and _os.path.isdir(_src_backends)):
+  __path__.append(_os.path.dirname(_os.path.dirname(__file__)))  # noqa: F821
+
+from pallas_sim import gpus  # noqa: E402
+from pallas_sim.api import Simulation, backend, kernel, run, simulate  # noqa: E402
+from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
+from pallas_sim.errors import (  # noqa: E402
+    BackendError, DeadlockError, KernelError, OutOfBoundsError, RaceError,
+    ResourceError, SimError, SmemOverflowError, UnsupportedPrimitiveError)
+
+__version__ = "0.1.0"
+__all__ = [
+    "run", "simulate", "backend", "kernel", "Simulation", "Report",
+    "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
+    "KernelError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
+    "DeadlockError", "RaceError", "BackendError",
+]

@@ -1,0 +1,109 @@
+"""Public entry points: run, simulate, backend, kernel."""
+import contextlib
+import dataclasses
+import functools
+
+import jax
+
+from pallas_sim.backends import mosaic
+from pallas_sim.backends.sim import capture
+from pallas_sim.backends.sim.executor import Executor
+from pallas_sim.backends.sim.report import Report
+from pallas_sim.errors import BackendError, SimError, SimInternalError
+
+BACKENDS = ("sim", "mosaic", "auto")
+
+
+def resolve_backend(backend):
+  if backend not in BACKENDS:
+    raise ValueError(f"backend={backend!r}: choose one of {BACKENDS}")
+  if backend == "auto":
+    return "mosaic" if mosaic.hopper_device() is not None else "sim"
+  return backend
+
+
+@dataclasses.dataclass
+class Simulation:
+  outputs: object
+  report: Report
+
+
+def _wait(out):
+  out = jax.block_until_ready(out)
+  jax.effects_barrier()
+  return out
+
+
+@contextlib.contextmanager
+def _simulating(gpu):
+  """Routes kernels traced inside to a fresh Executor; re-raises the
+  simulator's own exception rather than XLA's wrapper around it."""
+  ex = Executor(gpu)
+  capture.push_executor(ex)
+  try:
+    with capture.force_sim():
+      yield ex
+      jax.effects_barrier()
+  except Exception as e:
+    if ex.errors and ex.errors[0] is not e:
+      err = ex.errors[0]
+      if isinstance(err, SimInternalError):  # a bug of ours: keep its cause
+        raise err.with_traceback(None)
+      if isinstance(err, SimError):  # its message names the user's file:line
+        raise err.with_traceback(None) from None
+      raise err from None
+    raise
+  finally:
+    capture.pop_executor(ex)
+
+
+def simulate(fn, *args, gpu="h100", **kwargs):
+  """Runs `fn(*args, **kwargs)` with every Mosaic GPU kernel it launches
+  simulated; returns a Simulation with `.outputs` and `.report`."""
+  with _simulating(gpu) as ex:
+    out = _wait(fn(*args, **kwargs))
+  return Simulation(out, ex.report)
+
+
+def _run_mosaic(fn, *args, **kwargs):
+  dev = mosaic.require_hopper()
+  with capture.force_real(), jax.default_device(dev):
+    return _wait(fn(*args, **kwargs))
+
+
+def run(fn, *args, backend="auto", gpu="h100", **kwargs):
+  """`fn(*args, **kwargs)` on the chosen backend; returns fn's outputs."""
+  if resolve_backend(backend) == "mosaic":
+    return _run_mosaic(fn, *args, **kwargs)
+  return simulate(fn, *args, gpu=gpu, **kwargs).outputs
+
+
+@contextlib.contextmanager
+def backend(name="sim", gpu="h100"):
+  """Inside, plain plgpu kernel calls run on the chosen backend. For "sim",
+  yields the Report that the launches inside fill."""
+  if resolve_backend(name) == "mosaic":
+    dev = mosaic.require_hopper()
+    with capture.force_real(), jax.default_device(dev):
+      yield None
+    return
+  with _simulating(gpu) as ex:
+    yield ex.report
+
+
+def kernel(body=None, *, backend="auto", gpu="h100", **kernel_kwargs):
+  """Drop-in for `plgpu.kernel` that runs on the chosen backend."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  if body is None:
+    return functools.partial(kernel, backend=backend, gpu=gpu, **kernel_kwargs)
+  if resolve_backend(backend) == "mosaic":
+    mosaic.require_hopper()
+  k = plgpu.kernel(body, **kernel_kwargs)
+
+  @functools.wraps(body)
+  def call(*args):
+    return run(k, *args, backend=backend, gpu=gpu)
+  return call
+
+
+__all__ = ["run", "simulate", "backend", "kernel", "Simulation", "BackendError"]

@@ -1,0 +1,67 @@
+"""Errors raised by pallas-sim. Every one names the primitive (or argument) and,
+where it comes from a kernel, the user's own file:line."""
+
+
+class SimError(Exception):
+  """Base class: something about the kernel prevents simulating it."""
+
+  def __init__(self, message, *, primitive=None, where=None):
+    self.primitive = primitive
+    self.where = where
+    parts = []
+    if where:
+      parts.append(f"{where}: ")
+    if primitive:
+      parts.append(f"[{primitive}] ")
+    parts.append(message)
+    super().__init__("".join(parts))
+
+
+class SimInternalError(SimError):
+  """A bug in pallas-sim itself; the original exception is its __cause__."""
+
+
+class UnsupportedPrimitiveError(SimError, NotImplementedError):
+  """The kernel uses a primitive (or a form of one) the simulator does not model."""
+
+
+class KernelError(SimError):
+  """The kernel does something the real hardware or lowering would reject or
+  misbehave on: out-of-bounds access, wrong shapes, bad barrier use."""
+
+
+class OutOfBoundsError(KernelError, IndexError):
+  pass
+
+
+class ResourceError(KernelError):
+  """A resource limit the real lowering enforces (shared memory, registers)."""
+
+
+class SmemOverflowError(ResourceError, ValueError):
+  """Shared memory over the limit. Carries the same numbers as the real lowering."""
+
+  def __init__(self, message, *, smem_bytes, max_smem_bytes, **kw):
+    self.smem_bytes = smem_bytes
+    self.max_smem_bytes = max_smem_bytes
+    super().__init__(message, **kw)
+
+
+class DeadlockError(SimError):
+  """No thread can make progress: each blocked one is listed."""
+
+  def __init__(self, message, *, blocked=(), **kw):
+    self.blocked = list(blocked)
+    super().__init__(message, **kw)
+
+
+class RaceError(SimError):
+  """Accesses not ordered by happens-before (see DESIGN.md)."""
+
+  def __init__(self, message, *, races=(), **kw):
+    self.races = list(races)
+    super().__init__(message, **kw)
+
+
+class BackendError(RuntimeError):
+  """The requested backend cannot run here (e.g. mosaic without a Hopper GPU)."""
