@@ -194,7 +194,9 @@ def run_plain(prog, args, t):
 
 
 def run_gen(prog, args, t):
-  """Evaluates a program that may block: a generator yielding wait requests."""
+  """Evaluates a program that may block: a generator yielding wait requests
+  (`outs = yield from run_gen(...)`); a program that cannot block runs
+  straight through."""
   if not prog.blocking:
     return run_plain(prog, args, t)
   env = prog.template.copy()
@@ -218,11 +220,3 @@ def run_gen(prog, args, t):
   except Exception as e:
     raise _located(e, st.eqn, st.where)
   return [env[i] for i in prog.outvars]
-
-
-def run(prog, args, t):
-  """Runs `prog` from a rule: `outs = yield from run(...)` for blocking
-  programs, a plain call otherwise (see `Program.blocking`)."""
-  if prog.blocking:
-    return run_gen(prog, args, t)
-  return run_plain(prog, args, t)

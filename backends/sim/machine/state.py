@@ -1,7 +1,7 @@
 """Per-block and per-thread state that rules read and update."""
 import collections
 
-from pallas_sim.backends.sim.machine.scheduler import Resource, Scheduler, Thread
+from pallas_sim.backends.sim.machine.scheduler import Resource, Scheduler, Thread, Wait
 
 
 class BlockStats:
@@ -51,3 +51,8 @@ class ThreadCtx(Thread):
     self.open_group = []        # TMA stores not yet committed to a group
     self.bar_waits = {}         # id(BarrierSlot) -> waits done by this thread
     self.scope_counts = {}      # id(eqn) -> times this thread entered it
+
+  def wait_wgmma(self, n, what, where):
+    """Generator: blocks until at most `n` wgmma groups are in flight."""
+    if len(self.wgmma) > n:
+      yield Wait(lambda: len(self.wgmma) <= n, (self.wgmma_res,), what, where)

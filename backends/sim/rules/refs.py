@@ -6,7 +6,7 @@ import numpy as np
 from jax._src.pallas.mosaic_gpu import core as gpu_core
 
 from pallas_sim.backends.sim import refview
-from pallas_sim.backends.sim.interpret import Gen, rule, run, run_plain
+from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.errors import UnsupportedPrimitiveError
 
@@ -116,7 +116,47 @@ def _run_scoped(eqn, cx):
 
   if prog.blocking:
     def scoped_gen(t, *operands):
-      outs = yield from run(prog, list(operands) + allocate(t), t)
+      outs = yield from run_gen(prog, list(operands) + allocate(t), t)
       return outs
     return Gen(scoped_gen)
   return lambda t, *operands: run_plain(prog, list(operands) + allocate(t), t)
+
+
+@rule("run_state")
+def _run_state(eqn, cx):
+  """Fresh refs initialized from the operands (or poisoned where
+  `is_initialized` says none was given); returns their final values."""
+  jaxpr = eqn.params["jaxpr"]
+  prog = cx.compile(jaxpr)
+  inits = eqn.params["is_initialized"]
+  avals = [v.aval for v in jaxpr.invars]
+
+  def make_refs(t, operands):
+    it = iter(operands)
+    refs = []
+    for i, (init, aval) in enumerate(zip(inits, avals)):
+      if init:
+        x = next(it)
+        if isinstance(x, refview.Ref):  # an existing ref passes through
+          refs.append(x)
+          continue
+      inner = aval.inner_aval
+      space = str(getattr(aval, "memory_space", None) or "regs")
+      data = (np.array(x, dtype=inner.dtype, copy=True) if init
+              else memory.poison(inner.shape, inner.dtype))
+      refs.append(refview.root_ref(memory.Buffer(f"state{i}", space, data)))
+    return refs
+
+  def results(refs):
+    return [_value(r.view) for r in refs]
+
+  # The lowering awaits every wgmma group when run_state ends, so the
+  # accumulator values it returns are final.
+  where = cx.where(eqn)
+
+  def state(t, *operands):
+    refs = make_refs(t, operands)
+    yield from run_gen(prog, refs, t)
+    yield from t.wait_wgmma(0, "end of run_state (awaits its wgmma)", where)
+    return results(refs)
+  return Gen(state)

@@ -14,7 +14,6 @@ import numpy as np
 
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
-from pallas_sim.backends.sim.machine.scheduler import Wait
 from pallas_sim.errors import KernelError
 
 _HALF = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
@@ -100,18 +99,13 @@ def _wgmma_ref(eqn, cx):
   return wgmma
 
 
-def _wait_groups(t, n, where, what):
-  if len(t.wgmma) > n:
-    yield Wait(lambda: len(t.wgmma) <= n, (t.wgmma_res,), what, where)
-
-
 @rule("wgmma_wait")
 def _wgmma_wait(eqn, cx):
   n = eqn.params["n"]
   where = cx.where(eqn)
 
   def wait(t):
-    yield from _wait_groups(t, n, where, f"wgmma_wait({n})")
+    yield from t.wait_wgmma(n, f"wgmma_wait({n})", where)
     return []
   return Gen(wait)
 
@@ -122,7 +116,7 @@ def _acc_deref(eqn, cx):
   where = cx.where(eqn)
 
   def deref(t, acc):
-    yield from _wait_groups(t, n, where, "accumulator read (acc[...])")
+    yield from t.wait_wgmma(n, "accumulator read (acc[...])", where)
     return acc.view.copy()
   return Gen(deref)
 
