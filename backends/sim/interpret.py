@@ -156,14 +156,16 @@ class Compiler:
     return g.op_overhead_cycles + g.alu_cycles_per_vector * (-(-size // 128))
 
 
-def _located(e, eqn, where):
-  """Attach the user's file:line to an error raised inside a rule; anything
-  that is not a SimError is a bug of ours, kept as the cause."""
+def _located(e, eqn, where, t=None):
+  """Attach the user's file:line (and the thread, at run time) to an error
+  raised inside a rule; anything that is not a SimError is a bug of ours,
+  kept as the cause."""
   if isinstance(e, SimError):
     if e.where is None:
       e.where = where
       e.primitive = e.primitive or eqn.primitive.name
-      e.args = (f"{e.where}: [{e.primitive}] {e.args[0]}",)
+      who = f" (in {t.name})" if t is not None else ""
+      e.args = (f"{e.where}: [{e.primitive}] {e.args[0]}{who}",)
     e.__suppress_context__ = True
     return e
   err = SimInternalError(
@@ -189,7 +191,7 @@ def run_plain(prog, args, t):
       elif st.outs:
         env[st.outs[0]] = out
   except Exception as e:
-    raise _located(e, st.eqn, st.where)
+    raise _located(e, st.eqn, st.where, t)
   return [env[i] for i in prog.outvars]
 
 
@@ -218,5 +220,5 @@ def run_gen(prog, args, t):
   except GeneratorExit:
     raise
   except Exception as e:
-    raise _located(e, st.eqn, st.where)
+    raise _located(e, st.eqn, st.where, t)
   return [env[i] for i in prog.outvars]

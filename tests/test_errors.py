@@ -1,0 +1,137 @@
+"""Bad kernels get clear, located errors before or while running; never a hang."""
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+
+HERE = os.path.basename(__file__)
+
+
+def line_of(fn, needle):
+  import inspect
+  src, start = inspect.getsourcelines(fn)
+  for i, l in enumerate(src):
+    if needle in l:
+      return start + i
+  raise AssertionError(needle)
+
+
+def pipeline_copy(x, tile=(64, 256), mcs=2):
+  """emit_pipeline elementwise kernel, f32 tiles in and out."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype))
+  def k(x_gmem, o_gmem):
+    def body(_, x_smem, o_smem):
+      o_smem[...] = x_smem[...] + 1.0
+
+    plgpu.emit_pipeline(
+        body, grid=(x.shape[0] // tile[0],),
+        in_specs=[plgpu.BlockSpec(tile, lambda i: (i, 0))],
+        out_specs=[plgpu.BlockSpec(tile, lambda i: (i, 0))],
+        max_concurrent_steps=mcs)(x_gmem, o_gmem)
+  return k(x)
+
+
+def test_smem_overflow_reports_the_lowerings_numbers():
+  # Measured on an H200: smem_bytes=262160 > max_smem_bytes=232448.
+  x = jnp.ones((512, 256), jnp.float32)
+  with pytest.raises(ps.SmemOverflowError) as e:
+    ps.run(pipeline_copy, x, backend="sim")
+  assert e.value.smem_bytes == 262160 and e.value.max_smem_bytes == 232448
+  assert "smem_bytes=262160 > max_smem_bytes=232448" in str(e.value)
+  assert "Mosaic GPU kernel exceeds available shared memory" in str(e.value)
+
+
+def test_smem_just_fitting_runs():
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((512, 256)), jnp.float32)
+  out = ps.run(lambda x: pipeline_copy(x, tile=(32, 256)), x, backend="sim")
+  np.testing.assert_array_equal(out, np.asarray(x) + 1)
+
+
+def test_unsupported_primitive_names_itself_and_the_users_line():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+  def k(x_ref, o_ref):
+    o_ref[...] = jnp.sort(x_ref[...])  # not modelled
+
+  x = jnp.ones((128,), jnp.float32)
+  with pytest.raises(ps.UnsupportedPrimitiveError) as e:
+    ps.run(k, x, backend="sim")
+  msg = str(e.value)
+  assert "'sort'" in msg
+  assert f"{HERE}:{line_of(test_unsupported_primitive_names_itself_and_the_users_line, 'jnp.sort')}" in msg
+  assert e.value.primitive == "sort"
+
+
+def test_out_of_bounds_store_names_index_and_shape():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((1024,), jnp.float32), grid=(8,),
+                grid_names=("i",))
+  def k(o_ref):
+    i = lax.axis_index("i")
+    o_ref[pl.ds(i * 128 + 64, 128)] = jnp.zeros((128,), jnp.float32)  # last block overruns
+
+  with pytest.raises(ps.OutOfBoundsError) as e:
+    ps.run(k, backend="sim")
+  msg = str(e.value)
+  assert "960:1088" in msg and "(1024,)" in msg
+  assert f"{HERE}:{line_of(test_out_of_bounds_store_names_index_and_shape, 'overruns')}" in msg
+
+
+def test_deadlock_on_a_barrier_nobody_arrives_on():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.Barrier(num_arrivals=1)])
+  def k(o_ref, bar):
+    plgpu.barrier_wait(bar)  # never completes
+    o_ref[...] = jnp.zeros((128,), jnp.float32)
+
+  t0 = time.perf_counter()
+  with pytest.raises(ps.DeadlockError) as e:
+    ps.run(k, backend="sim")
+  assert time.perf_counter() - t0 < 10
+  msg = str(e.value)
+  assert "barrier_wait" in msg and "block ()" in msg
+  assert f"{HERE}:{line_of(test_deadlock_on_a_barrier_nobody_arrives_on, 'never completes')}" in msg
+
+
+def test_deadlock_cycle_between_two_threads_names_both():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.Barrier(num_arrivals=1, num_barriers=2)],
+                num_threads=2, thread_name="wg")
+  def k(o_ref, bars):
+    wg = lax.axis_index("wg")
+    # Each thread waits for the other's arrival before arriving itself.
+    plgpu.barrier_wait(bars.at[wg])
+    plgpu.barrier_arrive(bars.at[1 - wg])
+
+    @pl.when(wg == 0)
+    def _():
+      o_ref[...] = jnp.zeros((128,), jnp.float32)
+
+  with pytest.raises(ps.DeadlockError) as e:
+    ps.run(k, backend="sim")
+  assert len(e.value.blocked) == 2
+  assert "thread 0" in str(e.value) and "thread 1" in str(e.value)
+
+
+def test_mismatched_tma_shapes():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.SMEM((64,), jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(0, 128)], smem, bar)
+    plgpu.barrier_wait(bar)
+
+  with pytest.raises((ps.KernelError, ValueError)):
+    ps.run(k, jnp.ones((256,), jnp.float32), backend="sim")
+
+
+def test_bad_backend_and_gpu_names():
+  with pytest.raises(ValueError, match="backend="):
+    ps.run(lambda: None, backend="tpu")
+  with pytest.raises(ValueError, match="gpu="):
+    ps.simulate(lambda: None, gpu="a100")

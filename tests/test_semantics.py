@@ -1,0 +1,141 @@
+"""Async semantics the simulator must model: TMA loads land later than issued,
+SMEM and outputs start poisoned, wgmma groups are in flight until awaited."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+
+X = jnp.arange(256, dtype=jnp.float32) + 1
+
+
+def load_kernel(wait):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,), jnp.float32),
+                scratch_types=[plgpu.SMEM((256,), jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    if wait:
+      plgpu.barrier_wait(bar)
+    o_ref[...] = smem[...] * 2
+    if not wait:
+      plgpu.barrier_wait(bar)  # still observe the completion, later
+  return k
+
+
+def test_read_after_barrier_wait_sees_the_tma_data():
+  np.testing.assert_array_equal(ps.run(load_kernel(True), X, backend="sim"), 2 * X)
+
+
+def test_read_before_barrier_wait_sees_poison_not_the_data():
+  out = np.asarray(ps.run(load_kernel(False), X, backend="sim"))
+  assert np.isnan(out).all()
+
+
+def test_unwritten_outputs_and_smem_are_poisoned():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,), jnp.float32),
+                scratch_types=[plgpu.SMEM((128,), jnp.float32)])
+  def k(o_ref, smem):
+    o_ref[pl.ds(0, 128)] = smem[...]  # SMEM never written; second half untouched
+
+  out = np.asarray(ps.run(k, backend="sim"))
+  assert np.isnan(out).all()
+
+
+def test_int_outputs_are_poisoned_with_a_sentinel():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,), jnp.int32))
+  def k(o_ref):
+    o_ref[pl.ds(0, 128)] = jnp.ones((128,), jnp.int32)
+
+  out = np.asarray(ps.run(k, backend="sim"))
+  assert (out[:128] == 1).all() and (out[128:] != 0).all() and (out[128:] == out[128]).all()
+
+
+def test_tma_store_lands_only_when_awaited_or_at_kernel_end():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32),
+                scratch_types=[plgpu.SMEM((128,), jnp.float32)])
+  def k(o_ref, smem):
+    smem[...] = jnp.full((128,), 3.0, jnp.float32)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[0])
+    plgpu.wait_smem_to_gmem(0)
+    o_ref[1] = o_ref[0]  # the store above has landed
+
+  out = np.asarray(ps.run(k, backend="sim"))
+  np.testing.assert_array_equal(out, 3.0)
+
+
+def test_reading_gmem_before_the_tma_store_lands_sees_the_old_bytes():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32),
+                scratch_types=[plgpu.SMEM((128,), jnp.float32)])
+  def k(o_ref, smem):
+    smem[...] = jnp.full((128,), 3.0, jnp.float32)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[0])
+    o_ref[1] = o_ref[0]  # too early: the store is still in flight
+    plgpu.wait_smem_to_gmem(0)
+
+  out = np.asarray(ps.run(k, backend="sim"))
+  assert (out[0] == 3.0).all() and np.isnan(out[1]).all()
+
+
+def test_wgmma_is_async_until_awaited():
+  """acc[...] waits for every group; a plain read of the SMEM result of an
+  earlier drain sees the accumulated value."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
+                scratch_types=dict(a=plgpu.SMEM((64, 64), jnp.float16),
+                                   b=plgpu.SMEM((64, 128), jnp.float16),
+                                   acc=plgpu.ACC((64, 128), jnp.float32)))
+  def k(a_ref, b_ref, o_ref, a, b, acc):
+    a[...] = a_ref[...]
+    b[...] = b_ref[...]
+    plgpu.commit_smem()
+    for _ in range(3):
+      plgpu.wgmma(acc, a, b)
+    o_ref[...] = acc[...]
+
+  rng = np.random.default_rng(0)
+  av = jnp.asarray(rng.standard_normal((64, 64)), jnp.float16)
+  bv = jnp.asarray(rng.standard_normal((64, 128)), jnp.float16)
+  out = np.asarray(ps.run(k, av, bv, backend="sim"))
+  want = 3 * (np.asarray(av, np.float32) @ np.asarray(bv, np.float32))
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+
+
+def test_barrier_phases_are_tracked_per_thread_wait():
+  """Two completions of one barrier, each observed by its own wait."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32),
+                scratch_types=[plgpu.SMEM((2, 128), jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    for i in range(2):
+      plgpu.copy_gmem_to_smem(x_ref.at[i], smem.at[i], bar)
+      plgpu.barrier_wait(bar)
+    o_ref[...] = smem[...]
+
+  x = jnp.arange(256, dtype=jnp.float32).reshape(2, 128)
+  np.testing.assert_array_equal(ps.run(k, x, backend="sim"), x)
+
+
+def test_fori_loop_while_cond_in_kernel():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 128), jnp.float32))
+  def k(x_ref, o_ref):
+    def body(i, acc):
+      return acc + x_ref[i]
+    total = lax.fori_loop(0, 4, body, jnp.zeros((128,), jnp.float32))
+
+    def wbody(c):
+      i, v = c
+      return i + 1, v * 2
+    _, v = lax.while_loop(lambda c: c[0] < 3, wbody, (0, total))
+    o_ref[0] = v
+    o_ref[1] = lax.cond(v[0] > 0, lambda: v, lambda: -v)
+    o_ref[2] = jnp.where(x_ref[1] > 200, x_ref[1], 0.0)
+    o_ref[3] = jnp.exp(x_ref[0] / 128) + jnp.tanh(x_ref[2])
+
+  x = jnp.arange(512, dtype=jnp.float32).reshape(4, 128)
+  xn = np.asarray(x)
+  want = np.stack([8 * xn.sum(0), 8 * xn.sum(0), np.where(xn[1] > 200, xn[1], 0),
+                   np.exp(xn[0] / 128) + np.tanh(xn[2])])
+  np.testing.assert_allclose(ps.run(k, x, backend="sim"), want, rtol=1e-6)
