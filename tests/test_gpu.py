@@ -1,0 +1,90 @@
+"""Agreement with the real Mosaic GPU lowering on a Hopper GPU (H100/H200).
+Marked `gpu`: skipped where there is none (CI). Run with `./dev test -m gpu`
+on a GPU machine, or see README "On a GPU machine"."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import kernels as K
+import pallas_sim as ps
+from conftest import rel_err
+from quickstart import fill_42, iota, matmul
+from test_errors import pipeline_copy
+from test_quickstart import SWEEP, _ab, _smem_need, matmul_mcs
+
+pytestmark = pytest.mark.gpu
+
+
+def both(fn, *args):
+  sim = ps.run(fn, *args, backend="sim")
+  real = ps.run(fn, *args, backend="mosaic")
+  return jax.tree.map(lambda x: np.asarray(x, np.float64), (sim, real))
+
+
+def test_auto_picks_mosaic_on_hopper():
+  from pallas_sim.api import resolve_backend
+  assert resolve_backend("auto") == "mosaic"
+
+
+def test_quickstart_fill_and_iota_agree():
+  for fn in (fill_42, iota):
+    sim, real = both(fn)
+    np.testing.assert_array_equal(sim, real)
+
+
+@pytest.mark.parametrize("m,k,n,tile_n,tile_k,mcs", SWEEP)
+def test_matmul_sweep_agrees(rng, m, k, n, tile_n, tile_k, mcs):
+  a, b, want = _ab(rng, m, k, n)
+  fn = lambda a, b: matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k,
+                               max_concurrent_steps=mcs)
+  if _smem_need(128, tile_n, tile_k, mcs) > 232448:
+    with pytest.raises(ps.SmemOverflowError) as sim_e:
+      ps.run(fn, a, b, backend="sim")
+    with pytest.raises(Exception) as real_e:
+      ps.run(fn, a, b, backend="mosaic")
+    assert f"smem_bytes={sim_e.value.smem_bytes}" in str(real_e.value)
+    return
+  sim, real = both(fn, a, b)
+  assert rel_err(real, want) < 1e-3
+  # Both round the same f32 accumulations to f16; only summation order differs.
+  assert rel_err(sim, real) < 1e-3
+
+
+def test_quickstart_matmul_as_written_agrees(rng):
+  a, b, want = _ab(rng, 512, 512, 512)
+  sim, real = both(matmul, a, b)
+  assert rel_err(sim, real) < 1e-3 and rel_err(real, want) < 1e-3
+
+
+def test_tf32_rounding_matches_hardware(rng):
+  a, b, _ = _ab(rng, 256, 256, 256, jnp.float32)
+  fn = lambda a, b: matmul_mcs(a, b, tile_n=128, tile_k=32, out_dtype=jnp.float32)
+  sim, real = both(fn, a, b)
+  exact = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+  # Same operand rounding: only f32 summation order differs (~1e-7);
+  # a different tf32 rounding would show at ~1e-4.
+  print(f"tf32: sim vs real {rel_err(sim, real):.2e}, real vs exact {rel_err(real, exact):.2e}")
+  assert rel_err(sim, real) < 2e-6
+
+
+RUNNABLE = [e for e in K.EXAMPLES if e[0] not in K.NOT_LOWERABLE]
+
+
+@pytest.mark.parametrize("name,fn,make_args,reference", RUNNABLE,
+                         ids=[e[0] for e in RUNNABLE])
+def test_example_kernels_agree(name, fn, make_args, reference):
+  args = make_args(3)
+  sim, real = both(fn, *args)
+  K._outputs_match(name, real, reference(*args))
+  K._outputs_match(name, sim, real)
+
+
+def test_smem_overflow_error_agrees():
+  x = jnp.ones((512, 256), jnp.float32)
+  with pytest.raises(ps.SmemOverflowError) as sim_e:
+    ps.run(pipeline_copy, x, backend="sim")
+  with pytest.raises(Exception) as real_e:
+    ps.run(pipeline_copy, x, backend="mosaic")
+  assert "smem_bytes=262160 > max_smem_bytes=232448" in str(real_e.value)
+  assert "smem_bytes=262160 > max_smem_bytes=232448" in str(sim_e.value)
