@@ -1,9 +1,9 @@
 """Measured kernel times on a Hopper GPU beside the simulator's predictions,
 in one run (run on the GPU machine: benchmarks/gpu_suite.sh).
 
-Each measured time is the median of `--repeat` jitted calls after warm-up,
-on random (non-zero) inputs, host-timed around block_until_ready, so it
-includes ~10 us of dispatch: the large sizes are the ones to calibrate on.
+Each measured time is the median over 5 batches of `--repeat` back-to-back
+jitted calls (dispatch is asynchronous, so launches queue up and host
+overhead hides behind GPU time), after warm-up, on random non-zero inputs.
 """
 import argparse
 import os
@@ -27,10 +27,12 @@ def measure(fn, args, repeat):
   f = jax.jit(fn)
   jax.block_until_ready(f(*args))
   ts = []
-  for _ in range(repeat):
+  for _ in range(5):
     t0 = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    ts.append(time.perf_counter() - t0)
+    for _ in range(repeat):
+      out = f(*args)
+    jax.block_until_ready(out)
+    ts.append((time.perf_counter() - t0) / repeat)
   return statistics.median(ts)
 
 

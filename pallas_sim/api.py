@@ -36,23 +36,26 @@ def _wait(out):
 
 @contextlib.contextmanager
 def _simulating(gpu):
-  """Routes kernels traced inside to a fresh Executor; re-raises the
-  simulator's own exception rather than XLA's wrapper around it."""
+  """Routes kernels traced inside to a fresh Executor. Static errors (shared
+  memory, unsupported primitives) raise while tracing; errors found while
+  running (deadlocks, out-of-bounds accesses) are raised when the block ends,
+  as the simulator's own exception with the user's file:line."""
   ex = Executor(gpu)
   capture.push_executor(ex)
   try:
-    with capture.force_sim():
-      yield ex
-      jax.effects_barrier()
-  except Exception as e:
-    if ex.errors and ex.errors[0] is not e:
+    try:
+      with capture.force_sim():
+        yield ex
+        jax.effects_barrier()
+    except SimError as e:
+      raise e.with_traceback(None) from None
+    if ex.errors:
       err = ex.errors[0]
       if isinstance(err, SimInternalError):  # a bug of ours: keep its cause
         raise err.with_traceback(None)
-      if isinstance(err, SimError):  # its message names the user's file:line
+      if isinstance(err, SimError):
         raise err.with_traceback(None) from None
-      raise err from None
-    raise
+      raise err
   finally:
     capture.pop_executor(ex)
 

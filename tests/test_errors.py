@@ -135,3 +135,17 @@ def test_bad_backend_and_gpu_names():
     ps.run(lambda: None, backend="tpu")
   with pytest.raises(ValueError, match="gpu="):
     ps.simulate(lambda: None, gpu="a100")
+
+
+def test_runtime_error_in_backend_block_raises_at_its_end_and_later_runs_work():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.Barrier(num_arrivals=1)])
+  def stuck(o_ref, bar):
+    plgpu.barrier_wait(bar)
+
+  with pytest.raises(ps.DeadlockError):
+    with ps.backend("sim"):
+      stuck()
+  # The failed launch leaves nothing behind: the next simulation is fine.
+  from quickstart import iota
+  np.testing.assert_array_equal(ps.run(iota, backend="sim"), np.arange(1024.0))

@@ -10,7 +10,6 @@ We wrap that function: for our own `SimParams` it lowers to one ordered
 `jax.jit` too; any other params go to JAX's own interpreter unchanged.
 """
 import dataclasses
-import logging
 import os
 
 import jax
@@ -23,6 +22,7 @@ from jax._src.pallas.mosaic_gpu.interpret import params as _jax_interp_params
 
 import pallas_sim.errors as _errors
 from pallas_sim.errors import SimError
+from pallas_sim.backends.sim.machine import memory
 
 KNOWN_JAX = "0.11.2"
 if jax.__version__ != KNOWN_JAX:
@@ -84,30 +84,28 @@ def pop_executor(ex):
   _active.remove(ex)
 
 
-def _execute(launch, *arrays):
+def _active_executor(launch):
   if not _active:
     raise SimError(f"kernel {launch.name} was traced for the simulator but runs "
                    "outside ps.simulate / ps.backend('sim'): re-trace it there "
                    "(a jitted function keeps the backend it was traced for)",
                    where=launch.where)
-  ex = _active[-1]
+  return _active[-1]
+
+
+def _execute(launch, *arrays):
+  """Runs in the io_callback. Never raises: an exception escaping a callback
+  leaves the runtime's ordered-effects token in error on a GPU, failing every
+  later kernel. Errors are recorded for the API to raise; outputs are poison."""
+  try:
+    ex = _active_executor(launch)
+  except SimError:
+    return tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
   try:
     return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
-  except BaseException as e:  # the API re-raises the original, not XLA's wrap
+  except Exception as e:
     ex.record_error(e)
-    raise
-
-
-class _QuietSimErrors(logging.Filter):
-  """JAX logs every exception raised in an io_callback with its traceback;
-  ours are re-raised, with their own message, by the API."""
-
-  def filter(self, record):
-    exc = record.exc_info[1] if record.exc_info else None
-    return not any(exc is e for ex in _active for e in ex.errors)
-
-
-logging.getLogger("jax._src.callback").addFilter(_QuietSimErrors())
+    return tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
 
 
 def force_real():
@@ -140,6 +138,10 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
       num_outputs=grid_mapping.num_outputs, out_avals=tuple(out_avals),
       aliases=tuple(input_output_aliases), block_mappings=block_mappings,
       where=kernel_location(jaxpr))
+  if _active:
+    # Static checks (shared memory, unsupported primitives) at lowering time,
+    # where an exception reaches the caller as it is.
+    _active[-1].prepare(launch)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
   outs = jax_callback.io_callback(
       lambda *xs: _execute(launch, *xs), shapes, *args, ordered=True)

@@ -57,16 +57,18 @@ class Executor:
     self.report = Report(self.gpu.name)
     self.trace_blocks = trace_blocks
     self.errors = []
+    self._prepared = {}
 
   def record_error(self, e):
     self.errors.append(e)
 
-  def execute(self, launch, arrays):
-    with np.errstate(all="ignore"):
-      return self._execute(launch, arrays)
-
-  def _execute(self, launch, arrays):
-    gpu = self.gpu
+  def prepare(self, launch):
+    """Checks that need no data, before anything runs: shared memory against
+    the limit, and every primitive modelled. Returns (program, smem bytes)."""
+    key = id(launch.jaxpr)
+    hit = self._prepared.get(key)
+    if hit is not None and hit[0] is launch.jaxpr:
+      return hit[1]
     if math.prod(launch.cluster or (1,)) > 1:
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: clusters {launch.cluster} are not modelled yet",
@@ -74,12 +76,28 @@ class Executor:
     if any(not bm.has_trivial_window() for bm in launch.block_mappings):
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: pallas_call BlockSpecs with index maps are not "
-          "modelled; use plgpu.kernel with emit_pipeline", where=launch.where)
+          "modelled (jax 0.11.2 cannot lower them for Mosaic GPU either); use "
+          "plgpu.kernel with emit_pipeline", where=launch.where)
     jaxpr = launch.jaxpr
+    extra = len(jaxpr.invars) - launch.num_inputs - launch.num_outputs
+    if extra:
+      raise UnsupportedPrimitiveError(
+          f"kernel {launch.name}: {extra} kernel-level scratch operands "
+          "(pallas_call scratch_shapes) are not modelled", where=launch.where)
     smem = resources.smem_bytes(jaxpr)
-    resources.check_smem(smem, gpu, where=launch.where)
-    cx = Compiler(gpu, launch)
-    prog = cx.compile(jaxpr)
+    resources.check_smem(smem, self.gpu, where=launch.where)
+    prog = Compiler(self.gpu, launch).compile(jaxpr)
+    self._prepared[key] = (jaxpr, (prog, smem))
+    return prog, smem
+
+  def execute(self, launch, arrays):
+    with np.errstate(all="ignore"):
+      return self._execute(launch, arrays)
+
+  def _execute(self, launch, arrays):
+    gpu = self.gpu
+    prog, smem = self.prepare(launch)
+    jaxpr = launch.jaxpr
 
     n_in, n_out = launch.num_inputs, launch.num_outputs
     in_bufs = [memory.Buffer(f"in{i}", "gmem", np.array(a, copy=True))
@@ -92,11 +110,6 @@ class Executor:
       else:
         out_bufs.append(memory.Buffer(f"out{j}", "gmem",
                                       memory.poison(aval.shape, aval.dtype)))
-    extra = len(jaxpr.invars) - n_in - n_out
-    if extra:
-      raise UnsupportedPrimitiveError(
-          f"kernel {launch.name}: {extra} kernel-level scratch operands "
-          "(pallas_call scratch_shapes) are not modelled", where=launch.where)
     gmem_refs = [refview.root_ref(b) for b in in_bufs + out_bufs]
 
     grid = tuple(launch.grid) or ()
