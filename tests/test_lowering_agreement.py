@@ -13,6 +13,15 @@ from test_errors import pipeline_copy
 from test_quickstart import matmul_mcs
 
 
+def lowering_error(fn, *args):
+  """The real lowering's error message for this kernel, or None if it lowers."""
+  try:
+    jax.export.export(jax.jit(fn), platforms=["cuda"])(*args)
+  except Exception as e:  # the lowering raises ValueError, NotImplementedError...
+    return str(e)
+  return None
+
+
 def real_smem_error(fn, *args):
   """The real lowering's smem_bytes if it rejects the kernel for SMEM, else None."""
   try:

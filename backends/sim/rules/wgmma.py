@@ -38,6 +38,49 @@ def operand(x, acc_dtype):
   raise KernelError(f"wgmma operand dtype {dt} is not supported on Hopper")
 
 
+_F32, _F16 = np.dtype(np.float32), np.dtype(np.float16)
+_FP8 = {np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
+
+
+def _types_ok(acc_dt, ab_dt):
+  if acc_dt == _F32:
+    return ab_dt in _HALF or ab_dt == _F32
+  if acc_dt == _F16:
+    return ab_dt == _F16 or ab_dt in _FP8
+  if acc_dt == np.dtype(np.int32):
+    return ab_dt.kind in "iu" and ab_dt.itemsize == 1
+  return False
+
+
+def _k_minor(view, k_axis):
+  """True when K is the contiguous axis of an SMEM operand view."""
+  return view.strides[k_axis] <= view.strides[1 - k_axis]
+
+
+def validate(acc, a, b, a_in_smem):
+  """The lowering's wgmma restrictions (jax/experimental/mosaic/gpu/wgmma.py),
+  with its messages, so the simulator rejects what it rejects."""
+  m, k = a.shape
+  n = b.shape[1]
+  for x in (a, b):
+    if not _types_ok(acc.dtype, x.dtype):
+      raise KernelError(
+          f"Unsupported wgmma types: accumulator {acc.dtype}, operand {x.dtype}")
+  if a.dtype.itemsize != b.dtype.itemsize:
+    raise KernelError(f"wgmma operands differ in width: {a.dtype} and {b.dtype}")
+  if n % 8 or n > 256:
+    raise KernelError(f"N must be a multiple of 8 and <= 256, got: {n}")
+  if m % 64:
+    raise KernelError(f"M must be a multiple of 64, got: {m}")
+  k_group = 32 // a.dtype.itemsize  # elements per 32-byte K group
+  if k % k_group:
+    raise KernelError(f"K must be a multiple of {k_group}, got: {k}")
+  # Only 16-bit operands may be transposed in SMEM: others must be K-minor.
+  if a.dtype.itemsize != 2 and (not _k_minor(b, 0) or (a_in_smem and not _k_minor(a, 1))):
+    raise KernelError("Only f16 WGMMA supports transposes (store a 32- or "
+                      "8-bit B as (N, K) and pass its transposed view)")
+
+
 def mma(acc_view, a, b):
   """acc += a @ b with the tensor core's operand handling."""
   r = np.matmul(operand(a, acc_view.dtype), operand(b, acc_view.dtype))
@@ -52,6 +95,7 @@ def _wgmma_ref(eqn, cx):
   counts = [refview.num_leaves(tr) for tr in trees]
   gpu = cx.gpu
   a_is_ref = hasattr(eqn.invars[1].aval, "inner_aval")
+  checked = []  # shapes and layouts are static: validate on first issue
 
   def wgmma(t, acc, a, b, *leaves):
     i0, i1 = counts[0], counts[0] + counts[1]
@@ -74,6 +118,10 @@ def _wgmma_ref(eqn, cx):
     if k != k2 or acc_r.view.shape != (m, n):
       raise KernelError(f"wgmma shapes do not match: acc {acc_r.view.shape}, "
                         f"lhs {(m, k)}, rhs {(k2, n)}")
+    if not checked:
+      validate(acc_r.view, a_r.view if a_r is not None else a_val, b_r.view,
+               a_r is not None)
+      checked.append(True)
     flops = 2 * m * n * k
     blk = t.block
     blk.stats.wgmma_flops += flops

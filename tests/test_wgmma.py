@@ -1,0 +1,70 @@
+"""wgmma numerics and the lowering's restrictions on operands."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from conftest import rel_err
+from test_lowering_agreement import lowering_error
+from test_quickstart import matmul_mcs
+
+
+def tf32_matmul(a, bt):
+  """acc = a @ bt.T with f32 operands (tf32 on the tensor core). 32-bit
+  operands must be K-minor in SMEM: B is stored (N, K) and passed as .T."""
+  m, k = a.shape
+  n, _ = bt.shape
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((m, n), jnp.float32),
+                scratch_types=dict(a_s=plgpu.SMEM((m, k), jnp.float32),
+                                   b_s=plgpu.SMEM((n, k), jnp.float32),
+                                   acc=plgpu.ACC((m, n), jnp.float32),
+                                   bar=plgpu.Barrier(num_arrivals=2)))
+  def kern(a_ref, b_ref, o_ref, a_s, b_s, acc, bar):
+    plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.wgmma(acc, a_s, b_s.T)
+    o_ref[...] = acc[...]
+  return kern(a, bt)
+
+
+def to_tf32(x):
+  return (np.asarray(x, np.float32).view(np.uint32) & 0xFFFFE000).view(np.float32)
+
+
+def test_f32_operands_are_truncated_to_tf32(rng):
+  a = jnp.asarray(rng.standard_normal((128, 32)), jnp.float32)
+  bt = jnp.asarray(rng.standard_normal((128, 32)), jnp.float32)
+  a = a.at[0, 0].set(1.0 + 2.0 ** -20)  # bits tf32 drops
+  got = np.asarray(ps.run(tf32_matmul, a, bt, backend="sim"), np.float64)
+  want_tf32 = to_tf32(a).astype(np.float64) @ to_tf32(bt).astype(np.float64).T
+  want_f32 = np.asarray(a, np.float64) @ np.asarray(bt, np.float64).T
+  assert rel_err(got, want_tf32) < 1e-6
+  assert rel_err(got, want_f32) > 1e-5
+
+
+def test_tf32_kernel_is_accepted_by_the_real_lowering(rng):
+  a = jnp.ones((64, 32), jnp.float32)
+  bt = jnp.ones((128, 32), jnp.float32)
+  assert lowering_error(tf32_matmul, a, bt) is None
+
+
+def test_f32_with_natural_b_layout_is_rejected_like_the_lowering():
+  a = jnp.ones((256, 256), jnp.float32)
+  fn = lambda a, b: matmul_mcs(a, b, tile_n=128, tile_k=32, out_dtype=jnp.float32)
+  real = lowering_error(fn, a, a)
+  assert real is not None and "Only f16 WGMMA supports transposes" in real
+  with pytest.raises(ps.KernelError, match="Only f16 WGMMA supports transposes"):
+    ps.run(fn, a, a, backend="sim")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_types_accumulate_in_f32(rng, dtype):
+  a = jnp.asarray(rng.standard_normal((256, 512)), dtype)
+  b = jnp.asarray(rng.standard_normal((512, 256)), dtype)
+  got = ps.run(lambda a, b: matmul_mcs(a, b, out_dtype=jnp.float32), a, b, backend="sim")
+  want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+  assert rel_err(got, want) < 1e-6
