@@ -139,3 +139,39 @@ def test_fori_loop_while_cond_in_kernel():
   want = np.stack([8 * xn.sum(0), 8 * xn.sum(0), np.where(xn[1] > 200, xn[1], 0),
                    np.exp(xn[0] / 128) + np.tanh(xn[2])])
   np.testing.assert_allclose(ps.run(k, x, backend="sim"), want, rtol=1e-6)
+
+
+def test_progress_bar_only_on_a_terminal(capsys, monkeypatch):
+  from pallas_sim.backends.sim.executor import Progress
+  p = Progress("k", 100, after_s=0.0)
+  p.update(50)
+  p.close()
+  assert capsys.readouterr().err == ""  # pytest's stderr is not a TTY
+
+  monkeypatch.delenv("CI", raising=False)
+  import sys
+
+  class TTY:
+    def __init__(self):
+      self.text = ""
+
+    def isatty(self):
+      return True
+
+    def write(self, s):
+      self.text += s
+
+    def flush(self):
+      pass
+
+  tty = TTY()
+  monkeypatch.setattr(sys, "stderr", tty)
+  p = Progress("k", 100, after_s=0.0)
+  p.update(50)
+  p.close()
+  assert "50/100 blocks" in tty.text
+  monkeypatch.setenv("CI", "true")
+  tty.text = ""
+  p = Progress("k", 100, after_s=0.0)
+  p.update(50)
+  assert tty.text == ""
