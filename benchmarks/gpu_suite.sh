@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite, for a Hopper machine with jax[cuda]==0.11.2 and no network:
 # installs this checkout without fetching anything, then runs the quickstart on
-# both backends, the `gpu`-marked agreement tests and the timing table.
+# both backends, the whole test suite (with the `gpu`-marked agreement tests) and the timing table.
 # Results go to $OUT (or ./gpu-results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,6 @@ $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 export PYTHONUNBUFFERED=1
 $PY examples/quickstart.py --backend mosaic 2>&1 | tee "$OUT/quickstart_mosaic.txt"
 $PY examples/quickstart.py --backend sim --gpu h200 2>&1 | tee "$OUT/quickstart_sim.txt"
-$PY -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$OUT/pytest_gpu.txt"
+$PY -m pytest -v -s -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt"
 $PY benchmarks/gpu_timing.py 2>&1 | tee "$OUT/gpu_timing.txt"
 $PY benchmarks/gpu_probes.py 2>&1 | tee "$OUT/gpu_probes.txt"
