@@ -30,3 +30,12 @@ def test_pallas_call_with_blockspecs_is_a_named_error():
   name, fn, make_args, _ = [e for e in K.EXAMPLES if e[0] == "pallas_call_kernel"][0]
   with pytest.raises(ps.UnsupportedPrimitiveError, match="BlockSpecs"):
     ps.run(fn, *make_args(0), backend="sim")
+
+
+@pytest.mark.parametrize("which", ["matmul", "matmul_warp_specialized"])
+def test_pipelining_guide_kernels_as_written(which):
+  import pipelining_guide as G
+  a, b = G.guide_inputs(m=2 * 128)
+  got = np.asarray(ps.run(getattr(G, which), a, b, backend="sim"), np.float32)
+  want = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-3

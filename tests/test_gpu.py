@@ -96,3 +96,12 @@ def test_smem_overflow_error_agrees():
     ps.run(pipeline_copy, x, backend="mosaic")
   assert "smem_bytes=262160 > max_smem_bytes=232448" in str(real_e.value)
   assert "smem_bytes=262160 > max_smem_bytes=232448" in str(sim_e.value)
+
+
+@pytest.mark.parametrize("which", ["matmul", "matmul_warp_specialized"])
+def test_pipelining_guide_kernels_agree(which):
+  import pipelining_guide as G
+  a, b = G.guide_inputs()  # the guide's own shapes
+  sim, real = both(getattr(G, which), a, b)
+  want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
+  assert rel_err(real, want) < 1e-3 and rel_err(sim, real) < 1e-3

@@ -15,7 +15,6 @@ import os
 import jax
 import numpy as np
 from jax._src import callback as jax_callback
-from jax._src import config as jax_config
 from jax._src import source_info_util
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as _jax_interp
 from jax._src.pallas.mosaic_gpu.interpret import params as _jax_interp_params
@@ -33,8 +32,9 @@ if jax.__version__ != KNOWN_JAX:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SimParams(_jax_interp_params.InterpretGPUParams):
-  """Marks kernels traced for the simulator. Part of the jit cache key."""
-  sim_tag: str = "pallas-sim"
+  """Marks kernels traced for the simulator. The interpret params are part of
+  the jit cache key, so a function traced for one backend is re-traced for
+  the other."""
 
 
 SIM_PARAMS = SimParams()
@@ -43,11 +43,6 @@ SIM_PARAMS = SimParams()
 def force_sim():
   """Context manager: kernels traced inside are routed to the simulator."""
   return _jax_interp_params.force_gpu_interpret_mode(SIM_PARAMS)
-
-
-def sim_forced() -> bool:
-  return isinstance(jax_config.pallas_tpu_interpret_mode_context_manager.value,
-                    SimParams)
 
 
 @dataclasses.dataclass

@@ -97,8 +97,6 @@ class Executor:
   def _execute(self, launch, arrays):
     gpu = self.gpu
     prog, smem = self.prepare(launch)
-    jaxpr = launch.jaxpr
-
     n_in, n_out = launch.num_inputs, launch.num_outputs
     in_bufs = [memory.Buffer(f"in{i}", "gmem", np.array(a, copy=True))
                for i, a in enumerate(arrays[:n_in])]

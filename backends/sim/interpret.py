@@ -175,6 +175,8 @@ def _located(e, eqn, where, t=None):
   return err
 
 
+# run_plain and run_gen are the same loop: a generator costs a frame switch
+# per step, and most programs (and most loop bodies) never block.
 def run_plain(prog, args, t):
   """Evaluates a non-blocking program; returns its outputs."""
   env = prog.template.copy()

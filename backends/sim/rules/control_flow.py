@@ -26,35 +26,31 @@ def _scan(eqn, cx):
   def split(args):
     return list(args[:nc]), list(args[nc:nc + ncarry]), args[nc + ncarry:]
 
-  def finish(carry, ys):
-    if not ys:
-      return carry
-    stacked = [np.stack(y) if not reverse else np.stack(y[::-1]) for y in ys]
-    return carry + stacked
+  nys = len(body.outvars) - ncarry
 
+  def collect(outs, ys):
+    """Appends this iteration's ys; returns the new carry."""
+    for acc, y in zip(ys, outs[ncarry:]):
+      acc.append(y)
+    return outs[:ncarry]
+
+  def finish(carry, ys):
+    return carry + [np.stack(y[::-1] if reverse else y) for y in ys]
+
+  # plain and gen are the same loop; gen forwards the body's waits.
   def plain(t, *args):
     consts, carry, xs = split(args)
-    ys = None
+    ys = [[] for _ in range(nys)]
     for i in order:
-      outs = run_plain(body, consts + carry + [x[i] for x in xs], t)
-      carry = outs[:ncarry]
-      if len(outs) > ncarry:
-        ys = ys or [[] for _ in outs[ncarry:]]
-        for acc, y in zip(ys, outs[ncarry:]):
-          acc.append(y)
-    return finish(carry, ys or [])
+      carry = collect(run_plain(body, consts + carry + [x[i] for x in xs], t), ys)
+    return finish(carry, ys)
 
   def gen(t, *args):
     consts, carry, xs = split(args)
-    ys = None
+    ys = [[] for _ in range(nys)]
     for i in order:
-      outs = yield from run_gen(body, consts + carry + [x[i] for x in xs], t)
-      carry = outs[:ncarry]
-      if len(outs) > ncarry:
-        ys = ys or [[] for _ in outs[ncarry:]]
-        for acc, y in zip(ys, outs[ncarry:]):
-          acc.append(y)
-    return finish(carry, ys or [])
+      carry = collect((yield from run_gen(body, consts + carry + [x[i] for x in xs], t)), ys)
+    return finish(carry, ys)
 
   return _maybe_gen(body.blocking, plain, gen)
 
