@@ -79,7 +79,7 @@ def test_out_of_bounds_store_names_index_and_shape():
   with pytest.raises(ps.OutOfBoundsError) as e:
     ps.run(k, backend="sim")
   msg = str(e.value)
-  assert "960:1088" in msg and "(1024,)" in msg
+  assert "960:1088" in msg and "o_ref of shape (1024,)" in msg and "block (7,)" in msg
   assert f"{HERE}:{line_of(test_out_of_bounds_store_names_index_and_shape, 'overruns')}" in msg
 
 

@@ -9,7 +9,9 @@ We wrap that function: for our own `SimParams` it lowers to one ordered
 `io_callback` into the simulator, so plain `plgpu` code runs simulated under
 `jax.jit` too; any other params go to JAX's own interpreter unchanged.
 """
+import ast
 import dataclasses
+import linecache
 import os
 
 import jax
@@ -61,7 +63,8 @@ class KernelLaunch:
   out_avals: tuple
   aliases: tuple               # (input index, output index) pairs
   block_mappings: tuple = ()   # pallas_call BlockSpecs (grid_mapping), if any
-  where: str = ""              # user file:line of the launch
+  where: str = ""              # user file:line of the kernel body
+  arg_names: tuple = ()        # the body's parameter names, where recoverable
 
 
 # --- executing launches: the active executor receives them ----------------
@@ -132,7 +135,7 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
       thread_name=thread_name, num_inputs=grid_mapping.num_inputs,
       num_outputs=grid_mapping.num_outputs, out_avals=tuple(out_avals),
       aliases=tuple(input_output_aliases), block_mappings=block_mappings,
-      where=kernel_location(jaxpr))
+      where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr))
   if _active:
     # Static checks (shared memory, unsupported primitives) at lowering time,
     # where an exception reaches the caller as it is.
@@ -175,19 +178,45 @@ def eqn_location(eqn):
   return None
 
 
-def kernel_location(jaxpr):
-  """Where the user's kernel body is defined, from the jaxpr's debug info
-  (plgpu.kernel wraps the body; its scratch run_scoped traces the user's)."""
+def _kernel_source(jaxpr):
+  """(path, line) where the user's kernel body is defined, from the jaxpr's
+  debug info (plgpu.kernel wraps the body; its scratch run_scoped traces the
+  user's function), or None."""
   candidates = [jaxpr] + [e.params["jaxpr"] for e in jaxpr.eqns[:1]
                           if e.primitive.name == "run_scoped"]
   for j in candidates:
     src = getattr(getattr(j, "debug_info", None), "func_src_info", None) or ""
-    name, _, loc = src.rpartition(" at ")
+    _, _, loc = src.rpartition(" at ")
     path, _, line = loc.rpartition(":")
-    if path and source_info_util.is_user_filename(path) and not path.startswith(
-        _OUR_DIRS):
-      return f"{_short(path)}:{line}"
-  return "<unknown location>"
+    if path and line.isdigit() and source_info_util.is_user_filename(path) and (
+        not path.startswith(_OUR_DIRS)):
+      return path, int(line)
+  return None
+
+
+def kernel_location(jaxpr):
+  src = _kernel_source(jaxpr)
+  return f"{_short(src[0])}:{src[1]}" if src else "<unknown location>"
+
+
+def kernel_arg_names(jaxpr):
+  """The kernel body's parameter names (a_gmem, o_ref, ...), read from its
+  source, so that reports name buffers as the user does; () if unknown."""
+  src = _kernel_source(jaxpr)
+  if src is None:
+    return ()
+  path, line = src
+  try:
+    tree = ast.parse("".join(linecache.getlines(path)))
+  except SyntaxError:
+    return ()
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      lines = [node.lineno] + [d.lineno for d in node.decorator_list]
+      if line in lines:
+        args = node.args
+        return tuple(a.arg for a in args.posonlyargs + args.args)
+  return ()
 
 
 def _short(path):

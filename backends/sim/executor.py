@@ -98,7 +98,10 @@ class Executor:
     gpu = self.gpu
     prog, smem = self.prepare(launch)
     n_in, n_out = launch.num_inputs, launch.num_outputs
-    in_bufs = [memory.Buffer(f"in{i}", "gmem", np.array(a, copy=True))
+    names = list(launch.arg_names[:n_in + n_out])
+    if len(names) < n_in + n_out:
+      names = [f"in{i}" for i in range(n_in)] + [f"out{j}" for j in range(n_out)]
+    in_bufs = [memory.Buffer(names[i], "gmem", np.array(a, copy=True))
                for i, a in enumerate(arrays[:n_in])]
     aliases = dict((o, i) for i, o in launch.aliases)
     out_bufs = []
@@ -106,12 +109,12 @@ class Executor:
       if j in aliases:
         out_bufs.append(in_bufs[aliases[j]])
       else:
-        out_bufs.append(memory.Buffer(f"out{j}", "gmem",
+        out_bufs.append(memory.Buffer(names[n_in + j], "gmem",
                                       memory.poison(aval.shape, aval.dtype)))
     gmem_refs = [refview.root_ref(b) for b in in_bufs + out_bufs]
 
     grid = tuple(launch.grid) or ()
-    names = tuple(launch.grid_names)
+    grid_names = tuple(launch.grid_names)
     nt = launch.num_threads
     blocks = list(itertools.product(*[range(g) for g in grid]))
     cycles = np.empty(len(blocks))
@@ -123,8 +126,8 @@ class Executor:
       blk = BlockState(idx, gpu, trace if bi < self.trace_blocks else None)
       axes = {}
       for d, (i, g) in enumerate(zip(idx, grid)):
-        if d < len(names):
-          axes[names[d]] = (i, g)
+        if d < len(grid_names):
+          axes[grid_names[d]] = (i, g)
         axes[("grid", d)] = (i, g)
       for tid in range(nt):
         t_axes = dict(axes)
