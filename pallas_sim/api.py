@@ -35,12 +35,12 @@ def _wait(out):
 
 
 @contextlib.contextmanager
-def _simulating(gpu):
+def _simulating(gpu, check_races=True, on_race="raise"):
   """Routes kernels traced inside to a fresh Executor. Static errors (shared
   memory, unsupported primitives) raise while tracing; errors found while
   running (deadlocks, out-of-bounds accesses) are raised when the block ends,
   as the simulator's own exception with the user's file:line."""
-  ex = Executor(gpu)
+  ex = Executor(gpu, check_races=check_races, on_race=on_race)
   capture.push_executor(ex)
   try:
     try:
@@ -60,10 +60,11 @@ def _simulating(gpu):
     capture.pop_executor(ex)
 
 
-def simulate(fn, *args, gpu="h100", **kwargs):
+def simulate(fn, *args, gpu="h100", check_races=True, on_race="raise", **kwargs):
   """Runs `fn(*args, **kwargs)` with every Mosaic GPU kernel it launches
-  simulated; returns a Simulation with `.outputs` and `.report`."""
-  with _simulating(gpu) as ex:
+  simulated; returns a Simulation with `.outputs` and `.report`. Races raise
+  ps.RaceError unless on_race="report" (then they are in report.races)."""
+  with _simulating(gpu, check_races, on_race) as ex:
     out = _wait(fn(*args, **kwargs))
   return Simulation(out, ex.report)
 
@@ -74,15 +75,17 @@ def _run_mosaic(fn, *args, **kwargs):
     return _wait(fn(*args, **kwargs))
 
 
-def run(fn, *args, backend="auto", gpu="h100", **kwargs):
+def run(fn, *args, backend="auto", gpu="h100", check_races=True,
+        on_race="raise", **kwargs):
   """`fn(*args, **kwargs)` on the chosen backend; returns fn's outputs."""
   if resolve_backend(backend) == "mosaic":
     return _run_mosaic(fn, *args, **kwargs)
-  return simulate(fn, *args, gpu=gpu, **kwargs).outputs
+  return simulate(fn, *args, gpu=gpu, check_races=check_races,
+                  on_race=on_race, **kwargs).outputs
 
 
 @contextlib.contextmanager
-def backend(name="sim", gpu="h100"):
+def backend(name="sim", gpu="h100", check_races=True, on_race="raise"):
   """Inside, plain plgpu kernel calls run on the chosen backend. For "sim",
   yields the Report that the launches inside fill."""
   if resolve_backend(name) == "mosaic":
@@ -90,7 +93,7 @@ def backend(name="sim", gpu="h100"):
     with capture.force_real(), jax.default_device(dev):
       yield None
     return
-  with _simulating(gpu) as ex:
+  with _simulating(gpu, check_races, on_race) as ex:
     yield ex.report
 
 

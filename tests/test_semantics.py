@@ -30,8 +30,10 @@ def test_read_after_barrier_wait_sees_the_tma_data():
 
 
 def test_read_before_barrier_wait_sees_poison_not_the_data():
-  out = np.asarray(ps.run(load_kernel(False), X, backend="sim"))
-  assert np.isnan(out).all()
+  sim = ps.simulate(load_kernel(False), X, on_race="report")
+  assert np.isnan(np.asarray(sim.outputs)).all()
+  [race] = sim.report.races  # and the detector says why
+  assert race.first.agent == "thread" and race.second.agent == "tma_load"
 
 
 def test_unwritten_outputs_and_smem_are_poisoned():
@@ -77,8 +79,11 @@ def test_reading_gmem_before_the_tma_store_lands_sees_the_old_bytes():
     o_ref[1] = o_ref[0]  # too early: the store is still in flight
     plgpu.wait_smem_to_gmem(0)
 
-  out = np.asarray(ps.run(k, backend="sim"))
+  sim = ps.simulate(k, on_race="report")
+  out = np.asarray(sim.outputs)
   assert (out[0] == 3.0).all() and np.isnan(out[1]).all()
+  [race] = sim.report.races
+  assert "wait_smem_to_gmem" in race.advice
 
 
 def test_wgmma_is_async_until_awaited():

@@ -13,10 +13,10 @@ from pallas_sim import gpus
 from pallas_sim.backends.sim import refview, resources
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler, run_gen
-from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.machine import memory, races
 from pallas_sim.backends.sim.machine.state import BlockState, ThreadCtx
 from pallas_sim.backends.sim.report import KernelReport, Report
-from pallas_sim.errors import UnsupportedPrimitiveError
+from pallas_sim.errors import RaceError, UnsupportedPrimitiveError
 
 CUDA_RESERVED_SMEM_PER_BLOCK = 1024
 
@@ -52,10 +52,15 @@ class Progress:
 class Executor:
   """Receives launches from capture; accumulates a Report."""
 
-  def __init__(self, gpu="h100", trace_blocks=2):
+  def __init__(self, gpu="h100", trace_blocks=2, check_races=True,
+               on_race="raise"):
+    if on_race not in ("raise", "report"):
+      raise ValueError(f"on_race={on_race!r}: choose 'raise' or 'report'")
     self.gpu = gpus.get(gpu)
     self.report = Report(self.gpu.name)
     self.trace_blocks = trace_blocks
+    self.check_races = check_races
+    self.on_race = on_race
     self.errors = []
     self._prepared = {}
 
@@ -121,9 +126,13 @@ class Executor:
     stats = dict(tma_load_bytes=0, tma_store_bytes=0, wgmma_flops=0)
     trace = []
     progress = Progress(launch.name, len(blocks))
+    tracker = races.Tracker(launch.name) if self.check_races else None
     t0 = time.perf_counter()
     for bi, idx in enumerate(blocks):
-      blk = BlockState(idx, gpu, trace if bi < self.trace_blocks else None)
+      blk = BlockState(idx, gpu, trace if bi < self.trace_blocks else None,
+                       tracker, nt)
+      if tracker is not None:
+        tracker.block, tracker.block_id = idx, bi
       axes = {}
       for d, (i, g) in enumerate(zip(idx, grid)):
         if d < len(grid_names):
@@ -135,8 +144,10 @@ class Executor:
           t_axes[launch.thread_name] = (tid, nt)
         label = f"block {idx}" + (f" thread {tid}" if nt > 1 else "")
         t = ThreadCtx(blk, tid, t_axes, label)
-        blk.sched.spawn(t, run_gen(prog, gmem_refs, t))
+        blk.sched.spawn(t, self._thread(prog, gmem_refs, t, launch))
       cycles[bi] = blk.sched.run()
+      if tracker is not None:
+        self._block_end_checks(blk, launch)
       st = blk.stats
       stats["tma_load_bytes"] += st.tma_load_bytes
       stats["tma_store_bytes"] += st.tma_store_bytes
@@ -145,6 +156,14 @@ class Executor:
         progress.update(bi + 1)
     progress.close()
     wall = time.perf_counter() - t0
+
+    if tracker is not None:
+      found = tracker.log.races()
+      self.report.races.extend(found)
+      if found and self.on_race == "raise":
+        self.record_error(RaceError(
+            f"{len(found)} race(s) in kernel {launch.name}:\n"
+            + "\n".join(str(r) for r in found), races=found, where=launch.where))
 
     per_sm, waves, seconds = self._kernel_time(cycles, smem, nt, stats, arrays,
                                                launch.out_avals)
@@ -156,6 +175,32 @@ class Executor:
         block_cycles_max=float(cycles.max(initial=0)), time_s=seconds,
         wall_s=wall, clock_hz=gpu.clock_hz, trace=trace, **stats))
     return [b.data for b in out_bufs]
+
+  def _thread(self, prog, refs, t, launch):
+    """A thread's coroutine; with race detection, it also reports TMA stores
+    still in flight when the thread ends: the lowering does not wait for
+    them (jax 0.11.2 awaits only in wait_smem_to_gmem), and the SMEM they
+    read may be reused or freed."""
+    yield from run_gen(prog, refs, t)
+    if t.vc is not None and (t.open_group or any(g.unread for g in t.stores)):
+      site = t.site("thread", "end of kernel", launch.where, "TMA stores", "end")
+      t.block.tracker.misuse(
+          "unawaited TMA store", site, t.block.index,
+          f"thread {t.tid} ends with TMA stores still reading SMEM: "
+          "wait_smem_to_gmem(0) before the kernel ends")
+
+  def _block_end_checks(self, blk, launch):
+    """Barrier completions a waiting thread never observed were lost."""
+    for slot in blk.barriers:
+      for tid, seen in slot.waits.items():
+        if seen < slot.completions:
+          t = [th for th in blk.sched.threads if th.tid == tid][0]
+          site = t.site("thread", "barrier_wait", launch.where, slot.name, "wait")
+          blk.tracker.misuse(
+              "lost barrier completion", site, blk.index,
+              f"barrier {slot.name} completed {slot.completions} times but "
+              f"thread {tid} observed only {seen}: each completion must be "
+              "observed by exactly one wait of each waiting thread")
 
   def _kernel_time(self, cycles, smem, nt, stats, arrays, out_avals):
     """Blocks fill SMs by occupancy; each SM runs its blocks' cycles (shared

@@ -1,17 +1,38 @@
-"""mbarrier semantics: arrivals, expected transaction bytes, phase completion."""
+"""mbarrier semantics: arrivals, expected transaction bytes, phase completion,
+and (with race detection) the happens-before each completion carries."""
+import numpy as np
+
+from pallas_sim.errors import KernelError
 
 
 def _maybe_complete(slot, sched):
   if slot.arrivals >= slot.num_arrivals and slot.tx == 0:
     slot.arrivals -= slot.num_arrivals
     slot.completions += 1
+    if slot.comp is not None:
+      vc, avc = slot.acc
+      vc[slot.comp] = avc[slot.comp] = slot.completions
+      slot.phases.append((vc, avc))
+      slot.acc = None
     sched.notify(slot)
 
 
-def arrive(slot, sched, expect_tx=0):
-  """One warpgroup-wide arrival, optionally announcing `expect_tx` bytes."""
+def arrive(slot, sched, expect_tx=0, vecs=None):
+  """One warpgroup-wide arrival, optionally announcing `expect_tx` bytes;
+  `vecs` = (vc, avc) of the arriving agent, with race detection."""
   slot.arrivals += 1
+  if slot.arrivals > slot.num_arrivals:
+    raise KernelError(
+        f"barrier {slot.name}: {slot.arrivals} arrivals in one phase, but it "
+        f"was created with num_arrivals={slot.num_arrivals} (arrival count "
+        "overflow)")
   slot.tx += expect_tx
+  if vecs is not None and slot.comp is not None:
+    if slot.acc is None:
+      slot.acc = (vecs[0].copy(), vecs[1].copy())
+    else:
+      np.maximum(slot.acc[0], vecs[0], out=slot.acc[0])
+      np.maximum(slot.acc[1], vecs[1], out=slot.acc[1])
   _maybe_complete(slot, sched)
 
 

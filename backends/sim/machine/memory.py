@@ -21,7 +21,7 @@ def poison(shape, dtype):
 class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
-  __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes")
+  __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None):
     self.name = name
@@ -29,6 +29,7 @@ class Buffer:
     self.data = data
     self.tiling = tiling
     self.swizzle = swizzle
+    self.shadow = None  # race detection's per-element history (races.py)
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
 
   def __repr__(self):
@@ -39,7 +40,7 @@ class BarrierSlot:
   """One mbarrier. A phase completes when `num_arrivals` arrivals are in and
   no transaction bytes are pending; `completions` counts completed phases."""
   __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
-               "waiters", "orders_tensor_core")
+               "waiters", "orders_tensor_core", "comp", "acc", "phases", "waits")
 
   def __init__(self, name, num_arrivals, orders_tensor_core=False):
     self.name = name
@@ -49,6 +50,13 @@ class BarrierSlot:
     self.tx = 0
     self.completions = 0
     self.waiters = []
+    # Happens-before (only with race detection): this barrier's clock
+    # component, the vectors arrived so far in the pending phase, those of
+    # each completed phase, and how many completions each thread observed.
+    self.comp = None
+    self.acc = None
+    self.phases = []
+    self.waits = {}
 
   def __repr__(self):
     return (f"<barrier {self.name}: {self.arrivals}/{self.num_arrivals} arrivals, "

@@ -18,7 +18,12 @@ def _barrier_arrive(eqn, cx):
       if not pred:
         return []
     slot = refview.barrier_of(at(ref, rest), "barrier_arrive")
-    barriers.arrive(slot, t.block.sched)
+    if t.vc is None:
+      barriers.arrive(slot, t.block.sched)
+    else:
+      t.block.barrier_comp(slot)
+      barriers.arrive(slot, t.block.sched, vecs=(t.vc, t.avc))
+      t.tick()
     return []
   return arrive
 
@@ -40,6 +45,10 @@ def _barrier_wait(eqn, cx):
       yield Wait(lambda: slot.completions >= n, (slot,),
                  f"barrier_wait on {slot.name} (completion #{n})", where)
       t.block.event(t.name, f"wait {slot.name}", start, t.time)
+    if t.vc is not None:
+      t.block.barrier_comp(slot)
+      t.join(*slot.phases[n - 1])
+      slot.waits[t.tid] = n
     t.time += lat
     return []
   return Gen(wait)
@@ -47,9 +56,14 @@ def _barrier_wait(eqn, cx):
 
 @rule("commit_smem")
 def _commit_smem(eqn, cx):
-  # Async-proxy fence + warpgroup barrier: no effect on values here (plain
-  # stores are immediate); ordering is what race detection checks.
-  return lambda t: []
+  # Async-proxy fence + warpgroup barrier: no effect on values (plain stores
+  # are immediate); for race detection, it publishes this thread's plain SMEM
+  # accesses so far to the async work it issues next.
+  def commit(t):
+    if t.vc is not None:
+      t.commit()
+    return []
+  return commit
 
 
 @rule("set_max_registers_p", "set_max_registers")

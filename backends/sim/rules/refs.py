@@ -15,18 +15,34 @@ def _value(a):
   return a.copy() if a.ndim else a[()]
 
 
+def checked(t, r, write, prim, where):
+  """Race-checks a plain access by thread t (when detection is on)."""
+  if t.vc is not None:
+    t.check(r, write, t.site("thread", prim, where, r.buf.name,
+                             "write" if write else "read"))
+
+
 @rule("get")
 def _get(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
-  return lambda t, ref, *idx: _value(at(ref, idx).view)
+  where = cx.where(eqn)
+
+  def get(t, ref, *idx):
+    r = at(ref, idx)
+    checked(t, r, False, "load", where)
+    return _value(r.view)
+  return get
 
 
 @rule("swap")
 def _swap(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
+  where = cx.where(eqn)
 
   def swap(t, ref, val, *idx):
-    view = at(ref, idx).view
+    r = at(ref, idx)
+    checked(t, r, True, "store", where)
+    view = r.view
     old = _value(view)
     view[...] = val
     return old
@@ -36,10 +52,12 @@ def _swap(eqn, cx):
 @rule("addupdate")
 def _addupdate(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
+  where = cx.where(eqn)
 
   def addupdate(t, ref, val, *idx):
-    view = at(ref, idx).view
-    view[...] = view + val
+    r = at(ref, idx)
+    checked(t, r, True, "addupdate", where)
+    r.view[...] = r.view + val
     return []
   return addupdate
 

@@ -66,6 +66,7 @@ def _copy_gmem_to_smem(eqn, cx):
   has_pred = p.get("has_user_predicate", False)
   gpu = cx.gpu
   what = "copy_gmem_to_smem"
+  where = cx.where(eqn)
 
   def load(t, src, dst, bar, *leaves):
     s = src_at(src, leaves[:ns])
@@ -84,10 +85,22 @@ def _copy_gmem_to_smem(eqn, cx):
     start, end = _engine_slot(t, nbytes, gpu)
     done = end + gpu.tma_latency
     t.block.stats.tma_load_bytes += nbytes
-    barriers.arrive(slot, sched, expect_tx=nbytes)
     sview, dview = s.view, d.view
+    tracker = t.block.tracker
+    if tracker is None:
+      barriers.arrive(slot, sched, expect_tx=nbytes)
+    else:
+      # The load is stamped with the barrier phase its bytes complete.
+      comp, phase = t.block.barrier_comp(slot), slot.completions + 1
+      vc, avc = vecs = t.op_vectors()
+      barriers.arrive(slot, sched, expect_tx=nbytes, vecs=vecs)
+      w_site = t.site("tma_load", what, where, d.buf.name, "write")
+      r_site = t.site("tma_load", what, where, s.buf.name, "read")
 
     def land():
+      if tracker is not None:
+        tracker.access(d.buf, dview, avc, comp, phase, w_site, True)
+        tracker.access(s.buf, sview, vc, comp, phase, r_site, False)
       dview[...] = sview
       barriers.complete_tx(slot, nbytes, sched)
     sched.at(done, land)
@@ -123,6 +136,7 @@ def _copy_smem_to_gmem(eqn, cx):
   reduce = _REDUCE[op]
   gpu = cx.gpu
   what = "copy_smem_to_gmem"
+  where = cx.where(eqn)
 
   def store(t, src, dst, *leaves):
     s = src_at(src, leaves[:ns])
@@ -132,7 +146,7 @@ def _copy_smem_to_gmem(eqn, cx):
     _space(d, "gmem", what, "destination")
     _check_shapes(s, d, what)
     if pred:
-      t.open_group.append((s.view, d.view, s.buf.name, d.buf.name, reduce))
+      t.open_group.append((s, d, reduce, where))
     if commit:
       _commit(t, gpu)
     return []
@@ -145,19 +159,34 @@ def _commit(t, gpu):
   t.stores.append(group)
   sched = t.block.sched
   res = t.store_res
-  for sview, dview, sname, dname, reduce in copies:
+  tracker = t.block.tracker
+  if tracker is not None:
+    t.store_groups += 1
+    g = t.store_groups
+    vc, avc = t.op_vectors()
+  for s, d, reduce, where in copies:
+    sview, dview = s.view, d.view
     nbytes = sview.nbytes
     start, read_done = _engine_slot(t, nbytes, gpu)
     done = read_done + gpu.tma_latency
     t.block.stats.tma_store_bytes += nbytes
     snap = []
+    r_site = w_site = None
+    if tracker is not None:
+      r_site = t.site("tma_store", "copy_smem_to_gmem", where, s.buf.name, "read")
+      w_site = t.site("tma_store", "copy_smem_to_gmem", where, d.buf.name, "write")
 
-    def read(sview=sview, snap=snap):
+    def read(s=s, sview=sview, snap=snap, r_site=r_site):
+      if tracker is not None:
+        tracker.access(s.buf, sview, avc, t.sr_comp, g, r_site, False)
       snap.append(sview.copy())
       group.unread -= 1
       sched.notify(res)
 
-    def write(dview=dview, snap=snap, reduce=reduce):
+    def write(d=d, dview=dview, snap=snap, reduce=reduce, w_site=w_site):
+      if tracker is not None:
+        tracker.access(d.buf, dview, vc, t.sw_comp, g, w_site, True,
+                       atomic=reduce is not None)
       if reduce is None:
         dview[...] = snap[0]
       else:
@@ -166,7 +195,7 @@ def _commit(t, gpu):
       sched.notify(res)
     sched.at(read_done, read)
     sched.at(done, write)
-    t.block.event(f"{t.name} TMA", f"store {sname}->{dname}", start, done)
+    t.block.event(f"{t.name} TMA", f"store {s.buf.name}->{d.buf.name}", start, done)
 
 
 @rule("commit_group")
@@ -203,5 +232,11 @@ def _wait_smem_to_gmem(eqn, cx):
     if not ready():
       yield Wait(ready, (t.store_res,),
                  f"wait_smem_to_gmem({n}, wait_read_only={read_only})", where)
+    t.waited_stores = True
+    if t.vc is not None:  # all but the newest n groups are observed
+      done = t.store_groups - n
+      t.learn(t.sr_comp, done)
+      if not read_only:
+        t.learn(t.sw_comp, done)
     return []
   return Gen(wait)

@@ -95,6 +95,7 @@ def _wgmma_ref(eqn, cx):
   counts = [refview.num_leaves(tr) for tr in trees]
   gpu = cx.gpu
   a_is_ref = hasattr(eqn.invars[1].aval, "inner_aval")
+  where = cx.where(eqn)
   checked = []  # shapes and layouts are static: validate on first issue
 
   def wgmma(t, acc, a, b, *leaves):
@@ -136,8 +137,22 @@ def _wgmma_ref(eqn, cx):
     group = [done]
     t.wgmma.append(group)
     sched = blk.sched
+    tracker = blk.tracker
+    if tracker is not None:
+      # Groups of one thread retire in order: group s is ordered after s-1.
+      t.wg_issued += 1
+      s = t.wg_issued
+      vc, avc = t.op_vectors(prev=(t.wg_comp, s - 1))
+      sites = [(r, t.site("wgmma", "wgmma", where, r.buf.name, acc))
+               for r, acc in ((a_r, "read"), (b_r, "read"), (acc_r, "write"))
+               if r is not None]
 
     def finish():
+      if tracker is not None:
+        for r, site in sites:
+          vec = vc if r.buf.space == "regs" else avc
+          tracker.access(r.buf, r.view, vec, t.wg_comp, s, site,
+                         site.access == "write")
       mma(acc_view, a_view, b_view)
       t.wgmma.remove(group)
       sched.notify(t.wgmma_res)
@@ -158,6 +173,10 @@ def _wgmma_wait(eqn, cx):
   return Gen(wait)
 
 
+def _deref_site(t, acc, where):
+  return t.site("thread", "acc[...]", where, acc.buf.name, "read")
+
+
 @rule("wgmma_accumulator_deref_p", "wgmma_accumulator_deref")
 def _acc_deref(eqn, cx):
   n = eqn.params.get("wait_n", 0)
@@ -165,13 +184,20 @@ def _acc_deref(eqn, cx):
 
   def deref(t, acc):
     yield from t.wait_wgmma(n, "accumulator read (acc[...])", where)
+    if t.vc is not None:
+      t.check(acc, False, _deref_site(t, acc, where))
     return acc.view.copy()
   return Gen(deref)
 
 
 @rule("wgmma_accumulator_store_p", "wgmma_accumulator_store")
 def _acc_store(eqn, cx):
+  where = cx.where(eqn)
+
   def store(t, acc, val):
+    if t.vc is not None:
+      t.check(acc, True, t.site("thread", "acc[...] =", where, acc.buf.name,
+                                "write"))
     acc.view[...] = val
     return []
   return store
