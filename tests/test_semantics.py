@@ -32,8 +32,9 @@ def test_read_after_barrier_wait_sees_the_tma_data():
 def test_read_before_barrier_wait_sees_poison_not_the_data():
   sim = ps.simulate(load_kernel(False), X, on_race="report")
   assert np.isnan(np.asarray(sim.outputs)).all()
-  [race] = sim.report.races  # and the detector says why
-  assert race.first.agent == "thread" and race.second.agent == "tma_load"
+  [race] = sim.report.races  # and the detector says why, in program order
+  assert race.first.agent == "tma_load" and race.second.agent == "thread"
+  assert "no barrier_wait" in race.advice
 
 
 def test_unwritten_outputs_and_smem_are_poisoned():

@@ -11,10 +11,29 @@ def _maybe_complete(slot, sched):
     slot.completions += 1
     if slot.comp is not None:
       vc, avc = slot.acc
-      vc[slot.comp] = avc[slot.comp] = slot.completions
+      k = vc[slot.comp] = avc[slot.comp] = slot.completions
       slot.phases.append((vc, avc))
       slot.acc = None
+      _check_phase(slot, k, vc)
     sched.notify(slot)
+
+
+def _check_phase(slot, k, vc):
+  """Completion k must happen after every waiting thread observed k-1:
+  mbarrier waits go by phase parity, so a waiter that has not yet seen k-1
+  when k completes can miss a completion (or take one for another)."""
+  for tid, (seen, clock, where) in slot.waits.items():
+    if seen < k - 1 or vc[tid] < clock:
+      slot.misuse(tid, where,
+                  f"barrier {slot.name} completed for the {_nth(k)} time before "
+                  f"thread {tid} was known to have observed completion #{k - 1}"
+                  f" (it has observed {seen}): waits go by phase parity, so on "
+                  "hardware a completion can be lost; make the arrivals of the "
+                  "next phase wait for the waiter (e.g. a second barrier back)")
+
+
+def _nth(k):
+  return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
 def arrive(slot, sched, expect_tx=0, vecs=None):

@@ -40,7 +40,8 @@ class BarrierSlot:
   """One mbarrier. A phase completes when `num_arrivals` arrivals are in and
   no transaction bytes are pending; `completions` counts completed phases."""
   __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
-               "waiters", "orders_tensor_core", "comp", "acc", "phases", "waits")
+               "waiters", "orders_tensor_core", "comp", "acc", "phases", "waits",
+               "misuse")
 
   def __init__(self, name, num_arrivals, orders_tensor_core=False):
     self.name = name
@@ -56,7 +57,8 @@ class BarrierSlot:
     self.comp = None
     self.acc = None
     self.phases = []
-    self.waits = {}
+    self.waits = {}      # tid -> [completions observed, clock after, where]
+    self.misuse = None   # reports a misuse: (tid, where, text) -> None
 
   def __repr__(self):
     return (f"<barrier {self.name}: {self.arrivals}/{self.num_arrivals} arrivals, "

@@ -122,7 +122,11 @@ def advice(first, second, same_block=True):
   if a.agent == "tma_store" and a.access == "read":
     return (f"the TMA store ({a.where}) may still be reading this SMEM: "
             f"wait_smem_to_gmem(..., wait_read_only=True) in thread {a.thread} "
-            f"before this access ({b.where})")
+            f"before this access ({b.where})"
+            + ("" if a.thread == b.thread else
+               "; copies can only be awaited by the thread that issued them, "
+               "so thread {} must wait before it signals thread {}".format(
+                   a.thread, b.thread)))
   if a.agent == "tma_store":
     return (f"the TMA store ({a.where}) may still be writing: "
             f"wait_smem_to_gmem in thread {a.thread} before this access "
@@ -213,10 +217,11 @@ def element_map(buf, view):
 class Tracker:
   """Race detection state for one launch: shadows, sites, reports."""
 
-  def __init__(self, kernel):
+  def __init__(self, kernel, nthreads=1):
     self.log = RaceLog(kernel)
     self.block = None
     self.block_id = -1
+    self.nthreads = nthreads
     # (shadow uid, component, clock) -> site of the access so stamped; a
     # thread's clock ticks at each of its accesses, so this is exact for
     # them (for async work, the last site of that stamp on that buffer).
@@ -238,22 +243,31 @@ class Tracker:
     return (f"elements {coords(lo)}..{coords(hi)} "
             f"(bytes {lo * isz}..{(hi + 1) * isz})")
 
-  def access(self, buf, view, vec, comp, clock, site, write, atomic=False):
-    """Checks one access against the shadow, reports races, records it."""
+  def access(self, buf, view, vec, comp, clock, site, write, atomic=False,
+             issued=None):
+    """Checks one access against the shadow, reports races, records it.
+    `issued` is the vector of the access's agent when it was issued (for
+    async work; default `vec`), to report pairs in happens-before order."""
     if view.size == 0:
       return
     sh = self.shadow(buf)
     off, estrides, shape = element_map(buf, view)
+    if issued is None:
+      issued = vec
+    issue = int(issued[site.thread])
+    # What this access's agent knew of each thread's clock when issued: to
+    # report two accesses in happens-before order of their issue.
+    know = tuple(issued[:self.nthreads])
     if not sh.written:
       if not write:
-        self.sites[(sh.uid, comp, clock)] = site
+        self.sites[(sh.uid, comp, clock)] = (site, issue, know)
         sh.read_log.append((self.block_id, off, estrides, shape, comp, clock, site))
         return
       self._replay(sh)
     V = lambda arr: _view(arr, off, shape, estrides)
     wc, wk, r1c, r1k = V(sh.wc), V(sh.wk), V(sh.r1c), V(sh.r1k)
     r2c = V(sh.r2c) if sh.any_r2 or not write else None
-    self.sites[(sh.uid, comp, clock)] = site
+    self.sites[(sh.uid, comp, clock)] = (site, issue, know)
     if sh.gmem:
       self._cross_block(sh, buf, off, estrides, shape, site, write, atomic, V)
       me = self.block_id
@@ -281,13 +295,13 @@ class Tracker:
         gen[stale] = me
     m = _unordered(wc, wk, vec)
     if m is not None:
-      self._report("write", m, wc, wk, sh, buf, off, estrides, site, vec)
+      self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue)
     if write:
       reads = ((r1c, r1k), (r2c, V(sh.r2k))) if sh.any_r2 else ((r1c, r1k),)
       for rc, rk in reads:
         m = _unordered(rc, rk, vec)
         if m is not None:
-          self._report("read", m, rc, rk, sh, buf, off, estrides, site, vec)
+          self._report("read", m, rc, rk, sh, buf, off, estrides, site, issue)
       wc[...] = comp
       wk[...] = clock
       r1c[...] = NONE
@@ -329,20 +343,22 @@ class Tracker:
         V(sh.r1k)[...] = clock
     sh.read_log = None
 
-  def _report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site, vec):
+  def _report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site,
+              issue):
     rng = self._range(buf, off, estrides, mask)
-    kind = ("write-write" if prior == "write" and site.access == "write" else
-            "read-write" if prior == "read" else "write-read") + " race"
     pairs = np.unique(np.stack([comps[mask].astype(np.int64), clocks[mask]]), axis=1)
     for c, k in pairs.T:
-      first = self.sites[(sh.uid, int(c), int(k))]
-      # Async work checked after a plain access of its own thread that came
-      # later in program order (it was issued before it): the fix is to wait
-      # for the async work before that access, so advise from its side.
-      later = (first.agent == "thread" and site.agent != "thread"
-               and first.thread == site.thread and k > vec[c])
-      text = advice(site, first) if later else advice(first, site)
-      self.log.add(kind, first, site, self.block, rng, text)
+      first, _, first_know = self.sites[(sh.uid, int(c), int(k))]
+      a, b = (prior, first), (site.access, site)
+      # Report in the order the two were issued where happens-before says
+      # (async work counts from its issue), whatever order the simulated
+      # timing found them in: e.g. a TMA store issued before a barrier,
+      # whose SMEM another thread overwrites after waiting on it.
+      if first_know is not None and first_know[site.thread] >= issue:
+        a, b = b, a
+      kind = ("write-write" if a[0] == b[0] == "write" else
+              "read-write" if a[0] == "read" else "write-read") + " race"
+      self.log.add(kind, a[1], b[1], self.block, rng, advice(a[1], b[1]))
 
   def _cross_block(self, sh, buf, off, estrides, shape, site, write, atomic, V):
     """Blocks of a launch are unordered: any conflicting pair from two blocks

@@ -47,6 +47,13 @@ class BlockState:
       slot.comp = self.next_comp
       self.next_comp += 1
       self.barriers.append(slot)
+      tracker = self.tracker
+
+      def misuse(tid, where, text):
+        site = tracker.log.site("thread", "barrier_wait", where, slot.name,
+                                "wait", tid)
+        tracker.misuse("lost barrier completion", site, self.index, text)
+      slot.misuse = misuse
     return slot.comp
 
   def event(self, who, name, start, end):
@@ -118,6 +125,7 @@ class ThreadCtx(Thread):
   def op_vectors(self, **own):
     """Vectors for async work issued now (then tick): what it is ordered
     after; `own` sets this thread's channel components for in-order work."""
+    self.tick()  # the issue gets a clock of its own, after earlier accesses
     vc, avc = self.vc.copy(), self.avc.copy()
     for comp, clock in own.values():
       vc[comp] = avc[comp] = clock

@@ -39,6 +39,22 @@ def _barrier_wait(eqn, cx):
     key = id(slot)
     n = t.bar_waits.get(key, 0) + 1
     t.bar_waits[key] = n
+    if t.vc is not None:
+      t.block.barrier_comp(slot)
+      if t.tid not in slot.waits:  # a waiter from now on
+        slot.waits[t.tid] = [n - 1, 0, where]
+    if t.vc is not None and slot.completions > n:
+      # mbarrier waits are by phase parity: completion #n+1 already happened,
+      # so the hardware would take this wait for completion #n+2.
+      t.block.tracker.misuse(
+          "lost barrier completion",
+          t.site("thread", "barrier_wait", where, slot.name, "wait"),
+          t.block.index,
+          f"barrier {slot.name} completed {slot.completions} times before "
+          f"thread {t.tid}'s wait #{n} for completion #{n}: waits go by phase "
+          "parity, so on hardware this wait would wait for a later completion; "
+          "each completion must be observed by one wait of each waiting thread "
+          "before the next one")
     t.block.stats.barrier_waits += 1
     if slot.completions < n:
       start = t.time
@@ -46,9 +62,9 @@ def _barrier_wait(eqn, cx):
                  f"barrier_wait on {slot.name} (completion #{n})", where)
       t.block.event(t.name, f"wait {slot.name}", start, t.time)
     if t.vc is not None:
-      t.block.barrier_comp(slot)
       t.join(*slot.phases[n - 1])
-      slot.waits[t.tid] = n
+      slot.waits[t.tid] = [n, int(t.vc[t.tid]), where]
+      t.tick()
     t.time += lat
     return []
   return Gen(wait)

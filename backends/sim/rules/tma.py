@@ -99,8 +99,8 @@ def _copy_gmem_to_smem(eqn, cx):
 
     def land():
       if tracker is not None:
-        tracker.access(d.buf, dview, avc, comp, phase, w_site, True)
-        tracker.access(s.buf, sview, vc, comp, phase, r_site, False)
+        tracker.access(d.buf, dview, avc, comp, phase, w_site, True, issued=vc)
+        tracker.access(s.buf, sview, vc, comp, phase, r_site, False, issued=vc)
       dview[...] = sview
       barriers.complete_tx(slot, nbytes, sched)
     sched.at(done, land)
@@ -178,7 +178,8 @@ def _commit(t, gpu):
 
     def read(s=s, sview=sview, snap=snap, r_site=r_site):
       if tracker is not None:
-        tracker.access(s.buf, sview, avc, t.sr_comp, g, r_site, False)
+        tracker.access(s.buf, sview, avc, t.sr_comp, g, r_site, False,
+                       issued=vc)
       snap.append(sview.copy())
       group.unread -= 1
       sched.notify(res)

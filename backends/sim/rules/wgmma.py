@@ -152,7 +152,7 @@ def _wgmma_ref(eqn, cx):
         for r, site in sites:
           vec = vc if r.buf.space == "regs" else avc
           tracker.access(r.buf, r.view, vec, t.wg_comp, s, site,
-                         site.access == "write")
+                         site.access == "write", issued=vc)
       mma(acc_view, a_view, b_view)
       t.wgmma.remove(group)
       sched.notify(t.wgmma_res)
