@@ -65,7 +65,9 @@ def _index(view, indexer, bufname):
             f"index {i} on axis {d} is out of bounds for ref {bufname} of "
             f"shape {tuple(shape)}")
       idx.append(i)
-  return view[tuple(idx)]
+  # The Ellipsis keeps an all-integer index a 0-d view into the buffer
+  # (plain integer indexing would return a detached scalar).
+  return view[tuple(idx) + (Ellipsis,)]
 
 
 def apply(ref, transforms):

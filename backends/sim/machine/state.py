@@ -109,8 +109,11 @@ class ThreadCtx(Thread):
     self.vc[self.tid] += 1
 
   def commit(self):
-    """commit_smem: plain SMEM accesses so far become visible to async work."""
-    self.avc[self.tid] = self.vc[self.tid]
+    """commit_smem: the plain SMEM accesses this thread knows of (its own and,
+    fences being cumulative, those of threads it synchronized with) become
+    visible to the async work it issues from now on."""
+    n = self.block.num_threads
+    np.maximum(self.avc[:n], self.vc[:n], out=self.avc[:n])
     self.tick()
 
   def learn(self, comp, clock):

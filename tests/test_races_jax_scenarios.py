@@ -1,0 +1,340 @@
+"""The scenarios of JAX's tests/pallas/gpu_pallas_interpret_race_detection_test.py
+(warpgroup-level ones; warp_map and clusters are not modelled), written
+afresh: the detector must reach the same verdicts, including the two that
+JAX's own detector skips for lack of a GMEM commit clock."""
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+
+I32 = jnp.int32
+
+
+def racy(kernel, *args):
+  sim = ps.simulate(kernel, *args, on_race="report")
+  return bool(sim.report.races), sim.outputs
+
+
+def scalar_kernel(body, **scratch):
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((), I32),
+                      scratch_types=scratch)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_async_gmem_read_not_visible_unless_synchronized(wait):
+  def body(out_ref, smem_ref, bar):
+    plgpu.copy_gmem_to_smem(out_ref, smem_ref, bar)
+    if wait:
+      plgpu.barrier_wait(bar)
+    plgpu.commit_smem()
+    out_ref[...] = 42
+    if not wait:
+      plgpu.barrier_wait(bar)
+
+  found, out = racy(scalar_kernel(body, smem_ref=plgpu.SMEM((), I32),
+                                  bar=plgpu.Barrier()))
+  assert found == (not wait)
+  if wait:
+    assert out == 42
+
+
+@pytest.mark.parametrize("a,b,c,d", list(itertools.product([False, True], repeat=4)))
+def test_single_thread_later_gmem_to_smem_copy(a, b, c, d):
+  def body(in_ref, out_ref, smem_ref, bar):
+    if a: plgpu.commit_smem()
+    smem_ref[...] = 100
+    if b: plgpu.commit_smem()
+    plgpu.copy_gmem_to_smem(in_ref, smem_ref, bar)
+    if c: plgpu.commit_smem()
+    plgpu.barrier_wait(bar)
+    if d: plgpu.commit_smem()
+    out_ref[...] = smem_ref[...]
+
+  found, out = racy(scalar_kernel(body, smem_ref=plgpu.SMEM((), I32),
+                                  bar=plgpu.Barrier()), jnp.int32(42))
+  assert found == (not b)
+  if b:
+    assert out == 42
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_single_thread_earlier_gmem_to_smem_copy(wait):
+  def body(out_ref, gmem_ref, smem_ref, bar):
+    plgpu.copy_gmem_to_smem(gmem_ref, smem_ref, bar)
+    if wait:
+      plgpu.barrier_wait(bar)
+    smem_ref[...] = 42
+    out_ref[...] = smem_ref[...]
+    if not wait:
+      plgpu.barrier_wait(bar)
+
+  found, out = racy(scalar_kernel(body, gmem_ref=plgpu.GMEM((), I32),
+                                  smem_ref=plgpu.SMEM((), I32), bar=plgpu.Barrier()))
+  assert found == (not wait)
+  if wait:
+    assert out == 42
+
+
+def two_thread_kernel(body):
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((), I32),
+      scratch_types=dict(smem_ref=plgpu.SMEM((), I32),
+                         thread_barrier=plgpu.Barrier(),
+                         copy_barrier=plgpu.Barrier()),
+      num_threads=2, thread_name="t")
+
+
+FLAGS6 = list(itertools.product([False, True], repeat=6))
+
+
+@pytest.mark.parametrize("a,b,c,d,e,f", FLAGS6)
+def test_multi_thread_gmem_to_smem_copy(a, b, c, d, e, f):
+  def body(in_ref, out_ref, smem_ref, thread_barrier, copy_barrier):
+    t = jax.lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      if a: plgpu.commit_smem()
+      smem_ref[...] = 100
+      if b: plgpu.commit_smem()
+      plgpu.copy_gmem_to_smem(in_ref, smem_ref, copy_barrier)
+      if c: plgpu.commit_smem()
+      plgpu.barrier_arrive(thread_barrier)
+
+    @pl.when(t == 1)
+    def _():
+      if d: plgpu.commit_smem()
+      plgpu.barrier_wait(thread_barrier)
+      if e: plgpu.commit_smem()
+      plgpu.barrier_wait(copy_barrier)
+      if f: plgpu.commit_smem()
+      out_ref[...] = smem_ref[...]
+
+  found, out = racy(two_thread_kernel(body), jnp.int32(42))
+  assert found == (not b)
+  if b:
+    assert out == 42
+
+
+@pytest.mark.parametrize("a,b,c,d,e,f", FLAGS6)
+def test_cross_thread_gmem_to_smem_copy(a, b, c, d, e, f):
+  def body(in_ref, out_ref, smem_ref, thread_barrier, copy_barrier):
+    t = jax.lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      if a: plgpu.commit_smem()
+      smem_ref[...] = 100
+      if b: plgpu.commit_smem()
+      plgpu.barrier_arrive(thread_barrier)
+
+    @pl.when(t == 1)
+    def _():
+      if c: plgpu.commit_smem()
+      plgpu.barrier_wait(thread_barrier)
+      if d: plgpu.commit_smem()
+      plgpu.copy_gmem_to_smem(in_ref, smem_ref, copy_barrier)
+      if e: plgpu.commit_smem()
+      plgpu.barrier_wait(copy_barrier)
+      if f: plgpu.commit_smem()
+      out_ref[...] = smem_ref[...]
+
+  found, out = racy(two_thread_kernel(body), jnp.int32(42))
+  correct = b or d
+  assert found == (not correct)
+  if correct:
+    assert out == 42
+
+
+@pytest.mark.parametrize("a,b,c", list(itertools.product([False, True], repeat=3)))
+def test_single_thread_smem_to_gmem_copy(a, b, c):
+  def body(out_ref, gmem_ref, smem_ref):
+    if a: plgpu.commit_smem()
+    smem_ref[...] = 42
+    if b: plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem_ref, gmem_ref)
+    if c: plgpu.commit_smem()
+    plgpu.wait_smem_to_gmem(0)
+    out_ref[...] = gmem_ref[...]
+
+  found, out = racy(scalar_kernel(body, gmem_ref=plgpu.GMEM((), I32),
+                                  smem_ref=plgpu.SMEM((), I32)))
+  assert found == (not b)
+  if b:
+    assert out == 42
+
+
+def test_non_fully_waited_smem_to_gmem_copy():
+  def body(out_ref, smem1, smem2, gmem1, gmem2):
+    smem1[...] = 1
+    smem2[...] = 2
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem1, gmem1)
+    plgpu.copy_smem_to_gmem(smem2, gmem2)
+    plgpu.wait_smem_to_gmem(1)
+    out_ref[...] = gmem1[...] + gmem2[...]  # gmem2's store may be in flight
+    plgpu.wait_smem_to_gmem(0)
+
+  found, _ = racy(scalar_kernel(body, smem1=plgpu.SMEM((), I32),
+                                smem2=plgpu.SMEM((), I32), gmem1=plgpu.GMEM((), I32),
+                                gmem2=plgpu.GMEM((), I32)))
+  assert found
+
+
+def test_rewaiting_smem_to_gmem_copies_is_fine():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((), I32),
+                scratch_types=dict(smem_ref=plgpu.SMEM((3,), I32),
+                                   gmem_ref=plgpu.GMEM((3,), I32)))
+  def k(in_ref, out_ref, smem_ref, gmem_ref):
+    smem_ref[...] = in_ref[...]
+    plgpu.commit_smem()
+    for i in range(3):
+      plgpu.copy_smem_to_gmem(smem_ref.at[i], gmem_ref.at[i])
+    plgpu.wait_smem_to_gmem(1)
+    plgpu.wait_smem_to_gmem(2)
+    out_ref[...] = gmem_ref[0] + gmem_ref[1]
+    plgpu.wait_smem_to_gmem(0)
+    out_ref[...] = gmem_ref[0] + gmem_ref[1] + gmem_ref[2]
+
+  found, out = racy(k, jnp.array([1, 2, 3], I32))
+  assert not found and out == 6
+
+
+@pytest.mark.parametrize("wait_only_once", [False, True])
+@pytest.mark.parametrize("location", range(4))
+def test_smem_to_gmem_wait_read_only(wait_only_once, location):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2,), I32),
+                scratch_types=dict(smem_ref=plgpu.SMEM((2,), I32)))
+  def k(in_ref, out_ref, smem_ref):
+    smem_ref[...] = in_ref[...]
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem_ref.at[0], out_ref.at[0])
+    plgpu.copy_smem_to_gmem(smem_ref.at[1], out_ref.at[1])
+    targets = [smem_ref.at[0], out_ref.at[0], smem_ref.at[1], out_ref.at[1]]
+    plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+    if not wait_only_once:
+      plgpu.wait_smem_to_gmem(1)
+    targets[location][...] = 3
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  found, _ = racy(k, jnp.array([1, 2], I32))
+  correct = (wait_only_once and location == 0) or (
+      not wait_only_once and location in (0, 1))
+  assert found == (not correct)
+
+
+@pytest.mark.parametrize("check_read", [False, True])
+def test_wait_smem_to_gmem_is_per_thread(check_read):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((), I32),
+                scratch_types=dict(smem=plgpu.SMEM((), I32), barrier=plgpu.Barrier(),
+                                   cleanup_barrier=plgpu.Barrier()),
+                num_threads=2, thread_name="t")
+  def k(out_ref, smem, barrier, cleanup_barrier):
+    t = jax.lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      plgpu.copy_smem_to_gmem(smem, out_ref)
+      plgpu.barrier_arrive(barrier)
+      plgpu.barrier_wait(cleanup_barrier)
+      plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(t == 1)
+    def _():
+      plgpu.barrier_wait(barrier)
+      plgpu.wait_smem_to_gmem(0)  # waits for thread 1's copies: none
+      if check_read:
+        smem[...] = 43
+      else:
+        out_ref[...] = 43
+      plgpu.barrier_arrive(cleanup_barrier)
+
+  found, _ = racy(k)
+  assert found
+
+
+def test_properly_waited_smem_to_gmem_is_visible_across_threads():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((), I32),
+                scratch_types=dict(smem_ref=plgpu.SMEM((), I32),
+                                   gmem_ref=plgpu.GMEM((), I32), barrier=plgpu.Barrier()),
+                num_threads=2, thread_name="t")
+  def k(out_ref, smem_ref, gmem_ref, barrier):
+    t = jax.lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      smem_ref[...] = 42
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(smem_ref, gmem_ref)
+      plgpu.wait_smem_to_gmem(0)
+      plgpu.barrier_arrive(barrier)
+
+    @pl.when(t == 1)
+    def _():
+      plgpu.barrier_wait(barrier)
+      out_ref[...] = gmem_ref[...]
+
+  found, out = racy(k)
+  assert not found and out == 42
+
+
+@pytest.mark.parametrize("wait", [False, True])
+def test_two_loads_into_one_smem(wait):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((), I32),
+                scratch_types=dict(smem_ref=plgpu.SMEM((2,), I32),
+                                   gmem_ref=plgpu.GMEM((2,), I32),
+                                   barrier=plgpu.Barrier(num_arrivals=1 if wait else 2)))
+  def k(out_ref, smem_ref, gmem_ref, barrier):
+    plgpu.commit_smem()
+    plgpu.copy_gmem_to_smem(gmem_ref, smem_ref, barrier)
+    if wait:
+      plgpu.barrier_wait(barrier)
+    plgpu.copy_gmem_to_smem(gmem_ref, smem_ref, barrier)
+    plgpu.barrier_wait(barrier)
+
+  found, _ = racy(k)
+  assert found == (not wait)
+
+
+def test_two_stores_from_one_smem_to_one_gmem():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((), I32),
+                scratch_types=dict(smem_ref=plgpu.SMEM((2,), I32),
+                                   gmem_ref=plgpu.GMEM((2,), I32)))
+  def k(out_ref, smem_ref, gmem_ref):
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem_ref, gmem_ref)
+    plgpu.copy_smem_to_gmem(smem_ref, gmem_ref)  # two writes of gmem in flight
+    plgpu.wait_smem_to_gmem(0)
+
+  found, _ = racy(k)
+  assert found
+
+
+def test_unawaited_store_read_side_is_reported():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2,), I32),
+                scratch_types=dict(smem_ref=plgpu.SMEM((2,), I32)))
+  def k(out_ref, smem_ref):
+    plgpu.copy_smem_to_gmem(smem_ref, out_ref)
+
+  sim = ps.simulate(k, on_race="report")
+  assert [r.kind for r in sim.report.races] == ["unawaited TMA store"]
+
+
+def test_unawaited_store_write_side_is_fine():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2,), I32),
+                scratch_types=dict(smem_ref=plgpu.SMEM((2,), I32)))
+  def k(in_ref, out_ref, smem_ref):
+    smem_ref[...] = in_ref[...]
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem_ref, out_ref)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+  found, out = racy(k, jnp.array([1, 2], I32))
+  assert not found
+  np.testing.assert_array_equal(out, [1, 2])  # the write still lands at the end
