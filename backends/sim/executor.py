@@ -132,7 +132,7 @@ class Executor:
       blk = BlockState(idx, gpu, trace if bi < self.trace_blocks else None,
                        tracker, nt)
       if tracker is not None:
-        tracker.block, tracker.block_id = idx, bi
+        tracker.block, tracker.block_id = idx, bi + 1
       axes = {}
       for d, (i, g) in enumerate(zip(idx, grid)):
         if d < len(grid_names):
@@ -146,6 +146,8 @@ class Executor:
         t = ThreadCtx(blk, tid, t_axes, label)
         blk.sched.spawn(t, self._thread(prog, gmem_refs, t, launch))
       cycles[bi] = blk.sched.run()
+      if tracker is not None:
+        tracker.end_block(blk)
       st = blk.stats
       stats["tma_load_bytes"] += st.tma_load_bytes
       stats["tma_store_bytes"] += st.tma_store_bytes
@@ -181,7 +183,8 @@ class Executor:
     they read may be freed. (Their GMEM writes still land: seen on an H200,
     benchmarks/gpu_probes.py, so an unawaited write side is not reported.)"""
     yield from run_gen(prog, refs, t)
-    if t.vc is not None and (t.open_group or t.vc[t.sr_comp] < t.store_groups):
+    if t.vc is not None and (t.open_group or
+                             t.vc[t.sr_comp] < t.base + t.store_groups):
       site = t.site("thread", "end of kernel", launch.where, "TMA stores", "end")
       t.block.tracker.misuse(
           "unawaited TMA store", site, t.block.index,

@@ -11,7 +11,8 @@ def _maybe_complete(slot, sched):
     slot.completions += 1
     if slot.comp is not None:
       vc, avc = slot.acc
-      k = vc[slot.comp] = avc[slot.comp] = slot.completions
+      k = slot.completions
+      vc[slot.comp] = avc[slot.comp] = slot.base + k
       slot.phases.append((vc, avc))
       slot.acc = None
       _check_phase(slot, k, vc)
@@ -23,7 +24,7 @@ def _check_phase(slot, k, vc):
   mbarrier waits go by phase parity, so a waiter that has not yet seen k-1
   when k completes can miss a completion (or take one for another)."""
   for tid, (seen, clock, where) in slot.waits.items():
-    if seen < k - 1 or vc[tid] < clock:
+    if seen < k - 1 or vc[tid + 1] < clock:
       slot.misuse(tid, where,
                   f"barrier {slot.name} completed for the {_nth(k)} time before "
                   f"thread {tid} was known to have observed completion #{k - 1}"

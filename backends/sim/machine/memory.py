@@ -21,15 +21,17 @@ def poison(shape, dtype):
 class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
-  __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow")
+  __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
+               "alloc_key")
 
-  def __init__(self, name, space, data, tiling=None, swizzle=None):
+  def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None):
     self.name = name
     self.space = space
     self.data = data
     self.tiling = tiling
     self.swizzle = swizzle
     self.shadow = None  # race detection's per-element history (races.py)
+    self.alloc_key = alloc_key  # which allocation made it, in every block
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
 
   def __repr__(self):
@@ -40,8 +42,8 @@ class BarrierSlot:
   """One mbarrier. A phase completes when `num_arrivals` arrivals are in and
   no transaction bytes are pending; `completions` counts completed phases."""
   __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
-               "waiters", "orders_tensor_core", "comp", "acc", "phases", "waits",
-               "misuse")
+               "waiters", "orders_tensor_core", "comp", "base", "acc", "phases",
+               "waits", "misuse")
 
   def __init__(self, name, num_arrivals, orders_tensor_core=False):
     self.name = name
@@ -55,6 +57,7 @@ class BarrierSlot:
     # component, the vectors arrived so far in the pending phase, those of
     # each completed phase, and how many completions each thread observed.
     self.comp = None
+    self.base = 0        # the block's clock base: phase k has clock base + k
     self.acc = None
     self.phases = []
     self.waits = {}      # tid -> [completions observed, clock after, where]

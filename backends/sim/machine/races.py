@@ -14,7 +14,9 @@ agent's vector V has V[c] >= k. Async work issued by a thread sees that
 thread's plain SMEM accesses only up to its last commit_smem (the async-proxy
 fence): its vector takes thread components from the thread's `avc`.
 
-Each buffer has a shadow per element: the last write and up to two mutually
+Each block's clocks start above every clock of the blocks before it, so
+shadows carry over between blocks without resets. Each buffer has a shadow
+per element: the last write and up to two mutually
 unordered reads since, each as (component, clock, site). An access checks
 and updates only the elements it touches, so checking is linear in the
 elements accessed, whatever the simulated timing.
@@ -22,12 +24,15 @@ elements accessed, whatever the simulated timing.
 import numpy as np
 
 CAP = 256                       # clock components per block
-NONE = CAP - 1                  # "no access": its clock is +inf in every vector
+NONE = 0                        # "no access": its clock is +inf in every vector
 INF = np.iinfo(np.int64).max
+# Zero means "none" in every shadow array (components start at 1, block ids
+# at 1), so shadows are allocated zeroed, which costs nothing until touched.
 
 
-def new_vector():
-  v = np.zeros(CAP, np.int64)
+def new_vector(base=0):
+  """A vector that has seen everything stamped below `base`."""
+  v = np.full(CAP, base, np.int64)
   v[NONE] = INF
   return v
 
@@ -148,17 +153,21 @@ def advice(first, second, same_block=True):
 
 class Shadow:
   """Per-element access history of one buffer: the last write and up to two
-  mutually unordered reads since, each as (component, clock). For GMEM, which
-  persists over the blocks of a launch, `gen` marks entries of earlier blocks
-  (stale for the in-block check) and `x*b`/`x*s` hold which blocks wrote
-  (plainly or atomically) and read each element, and at which site."""
+  mutually unordered reads since, each as (component, clock). Entries left
+  by earlier blocks need no reset: every block starts its clocks above all
+  earlier ones and its vectors at that base, so it sees them as ordered
+  before it. For GMEM, `x*b`/`x*s` hold which blocks wrote (plainly or
+  atomically) and read each element, and at which site: blocks of a launch
+  are unordered with each other."""
   _uid = 0
+  # Arrays are allocated zeroed on first use (a GMEM input that is only
+  # read never needs any; r2*, xa*, xr* only once such accesses happen).
+  _TYPES = {"wc": np.uint8, "r1c": np.uint8, "r2c": np.uint8}
 
   def __init__(self, shape, gmem=False):
     Shadow._uid += 1
     self.uid = Shadow._uid
-    self.wc, self.r1c, self.r2c = (np.full(shape, NONE, np.uint8) for _ in range(3))
-    self.wk, self.r1k, self.r2k = (np.zeros(shape, np.int32) for _ in range(3))
+    self.shape = shape
     self.any_r2 = False  # whether any element ever held two unordered reads
     self.gmem = gmem
     # GMEM reads before the buffer's first write in the launch are only
@@ -166,11 +175,13 @@ class Shadow:
     self.written = not gmem
     self.read_log = []
     self.any_xread = self.any_atomic = False
-    if gmem:
-      self.gen = np.full(shape, -1, np.int32)
-      for f in ("xw", "xa", "xr1", "xr2"):  # writer / atomic writer / 2 readers
-        setattr(self, f + "b", np.full(shape, -1, np.int32))
-        setattr(self, f + "s", np.zeros(shape, np.int32))
+
+  def __getattr__(self, name):  # only called for arrays not yet allocated
+    if name.startswith("_"):
+      raise AttributeError(name)
+    arr = np.zeros(self.shape, self._TYPES.get(name, np.int32))
+    setattr(self, name, arr)
+    return arr
 
 
 def _view(arr, off, shape, estrides):
@@ -195,9 +206,9 @@ def _unordered(c, k, vec):
 def _others(b, me):
   """Mask of elements last touched by a block other than `me`, or None."""
   lo, hi = b.min(), b.max()
-  if hi < 0 or (lo == hi == me):
+  if hi == 0 or (lo == hi == me):
     return None
-  m = (b >= 0) & (b != me)
+  m = (b != 0) & (b != me)
   return m if m.any() else None
 
 
@@ -220,8 +231,10 @@ class Tracker:
   def __init__(self, kernel, nthreads=1):
     self.log = RaceLog(kernel)
     self.block = None
-    self.block_id = -1
+    self.block_id = 0   # 1-based while running; 0 means none
     self.nthreads = nthreads
+    self.base = 0       # the current block's clocks start above this
+    self.pool = {}
     # (shadow uid, component, clock) -> site of the access so stamped; a
     # thread's clock ticks at each of its accesses, so this is exact for
     # them (for async work, the last site of that stamp on that buffer).
@@ -230,7 +243,15 @@ class Tracker:
   def shadow(self, buf):
     sh = buf.shadow
     if sh is None:
-      sh = buf.shadow = Shadow(buf.data.shape, gmem=buf.space == "gmem")
+      # A block's scratch buffers reuse the previous block's shadows (see
+      # Shadow): keyed by the allocation that made them.
+      key = (buf.alloc_key, buf.data.shape) if buf.alloc_key else None
+      sh = self.pool.get(key) if key else None
+      if sh is None:
+        sh = Shadow(buf.data.shape, gmem=buf.space == "gmem")
+        if key:
+          self.pool[key] = sh
+      buf.shadow = sh
     return sh
 
   def _range(self, buf, off, estrides, mask):
@@ -254,10 +275,10 @@ class Tracker:
     off, estrides, shape = element_map(buf, view)
     if issued is None:
       issued = vec
-    issue = int(issued[site.thread])
+    issue = int(issued[site.thread + 1])
     # What this access's agent knew of each thread's clock when issued: to
     # report two accesses in happens-before order of their issue.
-    know = tuple(issued[:self.nthreads])
+    know = tuple(issued[1:1 + self.nthreads])
     if not sh.written:
       if not write:
         self.sites[(sh.uid, comp, clock)] = (site, issue, know)
@@ -270,29 +291,6 @@ class Tracker:
     self.sites[(sh.uid, comp, clock)] = (site, issue, know)
     if sh.gmem:
       self._cross_block(sh, buf, off, estrides, shape, site, write, atomic, V)
-      me = self.block_id
-      gen = V(sh.gen)
-      if gen.max() < me:  # nothing of this block here yet (blocks run in order)
-        gen[...] = me
-        if write:
-          wc[...] = comp
-          wk[...] = clock
-          r1c[...] = NONE
-          if r2c is not None:
-            r2c[...] = NONE
-        else:
-          wc[...] = NONE
-          r1c[...] = comp
-          r1k[...] = clock
-          r2c[...] = NONE
-        return
-      if gen.min() != me:
-        stale = gen != me
-        wc[stale] = NONE
-        r1c[stale] = NONE
-        if r2c is not None:
-          r2c[stale] = NONE
-        gen[stale] = me
     m = _unordered(wc, wk, vec)
     if m is not None:
       self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue)
@@ -331,14 +329,13 @@ class Tracker:
     for bid, off, estrides, shape, comp, clock, site in sh.read_log:
       V = lambda arr: _view(arr, off, shape, estrides)
       xr1b, xr2b = V(sh.xr1b), V(sh.xr2b)
-      new1 = xr1b < 0
+      new1 = xr1b == 0
       xr1b[new1] = bid
       V(sh.xr1s)[new1] = site.id
-      add2 = (xr1b != bid) & (xr2b < 0)
+      add2 = (xr1b != bid) & (xr2b == 0)
       xr2b[add2] = bid
       V(sh.xr2s)[add2] = site.id
       if bid == self.block_id:
-        V(sh.gen)[...] = bid
         V(sh.r1c)[...] = comp
         V(sh.r1k)[...] = clock
     sh.read_log = None
@@ -391,16 +388,26 @@ class Tracker:
     lo1 = xr1b.min()
     if lo1 == xr1b.max() == me:
       return
-    if xr1b.max() < 0:
+    if xr1b.max() == 0:
       xr1b[...] = me
       V(sh.xr1s)[...] = site.id
       return
-    new1 = xr1b < 0
+    new1 = xr1b == 0
     xr1b[new1] = me
     V(sh.xr1s)[new1] = site.id
-    add2 = (xr1b != me) & (xr2b < 0)
+    add2 = (xr1b != me) & (xr2b == 0)
     xr2b[add2] = me
     V(sh.xr2s)[add2] = site.id
+
+  def end_block(self, blk):
+    """The next block's clocks start above every clock this one used."""
+    top = self.base
+    for t in blk.sched.threads:
+      top = max(top, int(t.vc[1:].max()), self.base + t.wg_issued,
+                self.base + t.store_groups)
+    for slot in blk.barriers:
+      top = max(top, slot.base + slot.completions)
+    self.base = top + 1
 
   def misuse(self, kind, site, block, text):
     self.log.add(kind, None, site, block, "", text)

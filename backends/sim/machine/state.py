@@ -25,12 +25,12 @@ class BlockState:
   def __init__(self, index, gpu, trace=None, tracker=None, num_threads=1):
     self.index = index
     self.gpu = gpu
-    # Race detection (None when off): clock components 0..4n-1 belong to the
-    # n threads and their wgmma / TMA-store-read / TMA-store-write channels;
-    # barriers get theirs on first use.
+    # Race detection (None when off): clock components 1..4n belong to the
+    # n threads and their wgmma / TMA-store-read / TMA-store-write channels
+    # (0 is "none"); barriers get theirs on first use.
     self.tracker = tracker
     self.num_threads = num_threads
-    self.next_comp = 4 * num_threads
+    self.next_comp = 1 + 4 * num_threads
     self.barriers = []
     self.sched = Scheduler()
     self.shared = {}          # (id(eqn), occurrence) -> list of Buffers
@@ -42,9 +42,10 @@ class BlockState:
   def barrier_comp(self, slot):
     """The clock component of a barrier, assigned on first use."""
     if slot.comp is None:
-      if self.next_comp >= races.NONE:
+      if self.next_comp >= races.CAP:
         raise races_capacity_error(slot)
       slot.comp = self.next_comp
+      slot.base = self.tracker.base
       self.next_comp += 1
       self.barriers.append(slot)
       tracker = self.tracker
@@ -65,7 +66,7 @@ class ThreadCtx(Thread):
   """One Pallas thread (warpgroup) of a block."""
   __slots__ = ("block", "tid", "axes", "wgmma", "wgmma_res", "stores",
                "store_res", "open_group", "bar_waits", "scope_counts",
-               "vc", "avc", "wg_issued", "store_groups", "waited_stores")
+               "vc", "avc", "base", "wg_issued", "store_groups", "waited_stores")
 
   def __init__(self, block, tid, axes, name):
     super().__init__(name, block.sched)
@@ -87,33 +88,38 @@ class ThreadCtx(Thread):
     # cut back to what is fenced for the async proxy (commit_smem).
     self.vc = self.avc = None
     if block.tracker is not None:
-      self.vc = races.new_vector()
-      self.avc = races.new_vector()
-      self.vc[tid] = 1
+      base = self.base = block.tracker.base
+      self.vc = races.new_vector(base)
+      self.avc = races.new_vector(base)
+      self.vc[tid + 1] = base + 1
 
-  # clock components of this thread's channels
+  # clock components of this thread and its channels
+  @property
+  def comp(self):
+    return 1 + self.tid
+
   @property
   def wg_comp(self):
-    return self.block.num_threads + self.tid
+    return 1 + self.block.num_threads + self.tid
 
   @property
   def sr_comp(self):
-    return 2 * self.block.num_threads + self.tid
+    return 1 + 2 * self.block.num_threads + self.tid
 
   @property
   def sw_comp(self):
-    return 3 * self.block.num_threads + self.tid
+    return 1 + 3 * self.block.num_threads + self.tid
 
   def tick(self):
     """After a release: later accesses are not covered by what it published."""
-    self.vc[self.tid] += 1
+    self.vc[self.tid + 1] += 1
 
   def commit(self):
     """commit_smem: the plain SMEM accesses this thread knows of (its own and,
     fences being cumulative, those of threads it synchronized with) become
     visible to the async work it issues from now on."""
     n = self.block.num_threads
-    np.maximum(self.avc[:n], self.vc[:n], out=self.avc[:n])
+    np.maximum(self.avc[1:n + 1], self.vc[1:n + 1], out=self.avc[1:n + 1])
     self.tick()
 
   def learn(self, comp, clock):
@@ -144,9 +150,10 @@ class ThreadCtx(Thread):
     that every access has its own stamp)."""
     buf = ref.buf
     if buf.data.dtype != object:
-      self.vc[self.tid] += 1
-      self.block.tracker.access(buf, ref.view, self.vc, self.tid,
-                                self.vc[self.tid], site, write)
+      c = self.tid + 1
+      self.vc[c] += 1
+      self.block.tracker.access(buf, ref.view, self.vc, c, self.vc[c], site,
+                                write)
 
   def wait_wgmma(self, n, what, where):
     """Generator: blocks until at most `n` wgmma groups are in flight; then
@@ -154,11 +161,12 @@ class ThreadCtx(Thread):
     if len(self.wgmma) > n:
       yield Wait(lambda: len(self.wgmma) <= n, (self.wgmma_res,), what, where)
     if self.vc is not None:
-      self.learn(self.wg_comp, self.wg_issued - n)
+      self.learn(self.wg_comp, self.base + self.wg_issued - n)
 
 
 def races_capacity_error(slot):
   from pallas_sim.errors import UnsupportedPrimitiveError
   return UnsupportedPrimitiveError(
-      f"race detection tracks at most {races.NONE} barriers and threads per "
-      f"block; {slot.name} is one too many (run with check_races=False)")
+      f"race detection tracks at most {races.CAP - 1} clocks (4 per thread, 1 "
+      f"per barrier) per block; {slot.name} is one too many (run with "
+      "check_races=False)")

@@ -63,7 +63,7 @@ def _barrier_wait(eqn, cx):
       t.block.event(t.name, f"wait {slot.name}", start, t.time)
     if t.vc is not None:
       t.join(*slot.phases[n - 1])
-      slot.waits[t.tid] = [n, int(t.vc[t.tid]), where]
+      slot.waits[t.tid] = [n, int(t.vc[t.comp]), where]
       t.tick()
     t.time += lat
     return []

@@ -152,17 +152,16 @@ def _cast_fn(new_dtype):
     x = np.asarray(x)
     if x.dtype == nd:
       return x.copy() if x.ndim else x[()]
+    # (floating-point warnings are off for the whole simulation: executor.py)
     if nd.kind in "iu" and x.dtype.kind == "f":
       # lax: float->int truncates toward zero and saturates; NaN -> 0.
       info = np.iinfo(nd)
-      with np.errstate(invalid="ignore"):
-        y = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
-        y = np.clip(y, info.min, info.max).astype(nd)
+      y = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
+      y = np.clip(y, info.min, info.max).astype(nd)
     elif nd.kind == "b":
       y = x != 0
     else:
-      with np.errstate(over="ignore", invalid="ignore"):
-        y = x.astype(nd)
+      y = x.astype(nd)
     return y if y.ndim else y[()]
   return cast
 

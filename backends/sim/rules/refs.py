@@ -74,12 +74,13 @@ def _tiling_of(transforms):
 
 
 def _allocator(aval, transforms, label):
-  """Returns (shared?, make()) for one run_scoped allocation."""
+  """Returns (shared?, make(key)) for one run_scoped allocation; `key` names
+  the allocation alike in every block (race detection reuses its shadow)."""
   space = str(aval.memory_space)
   inner = aval.inner_aval
   dt = inner.dtype
   if isinstance(dt, gpu_core.BarrierType):
-    return True, lambda: memory.Buffer(
+    return True, lambda key: memory.Buffer(
         label, "smem", memory.barrier_array(label, inner.shape, dt.num_arrivals,
                                             dt.orders_tensor_core))
   if isinstance(dt, gpu_core.ClusterBarrierType):
@@ -89,14 +90,16 @@ def _allocator(aval, transforms, label):
   if tiling is not None:
     shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
   if space == "smem":
-    return True, lambda: memory.Buffer(label, "smem", memory.poison(shape, dt),
-                                       tiling, swizzle)
+    return True, lambda key: memory.Buffer(label, "smem", memory.poison(shape, dt),
+                                           tiling, swizzle, alloc_key=key)
   if space == "regs":
     # Accumulators start at zero: the lowering allocates them with
     # WGMMAAccumulator.zero. Registers belong to one warpgroup.
-    return False, lambda: memory.Buffer(label, "regs", np.zeros(shape, dt))
+    return False, lambda key: memory.Buffer(label, "regs", np.zeros(shape, dt),
+                                            alloc_key=key)
   if space == "gmem":
-    return True, lambda: memory.Buffer(label, "gmem", np.zeros(shape, dt))
+    # Scoped GMEM is each block's own: no shared shadow across blocks.
+    return True, lambda key: memory.Buffer(label, "gmem", np.zeros(shape, dt))
   raise UnsupportedPrimitiveError(f"run_scoped allocation in memory space {space}")
 
 
@@ -128,9 +131,10 @@ def _run_scoped(eqn, cx):
     skey = (key, count)
     bufs = shared.get(skey)
     if bufs is None:
-      bufs = shared[skey] = [make() if sh else None for sh, make in allocs]
-    return [refview.root_ref(b if sh else make())
-            for b, (sh, make) in zip(bufs, allocs)]
+      bufs = shared[skey] = [make((key, i, count)) if sh else None
+                             for i, (sh, make) in enumerate(allocs)]
+    return [refview.root_ref(b if sh else make((key, i, count, t.tid)))
+            for i, (b, (sh, make)) in enumerate(zip(bufs, allocs))]
 
   if prog.blocking:
     def scoped_gen(t, *operands):

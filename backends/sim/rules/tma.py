@@ -91,7 +91,8 @@ def _copy_gmem_to_smem(eqn, cx):
       barriers.arrive(slot, sched, expect_tx=nbytes)
     else:
       # The load is stamped with the barrier phase its bytes complete.
-      comp, phase = t.block.barrier_comp(slot), slot.completions + 1
+      comp = t.block.barrier_comp(slot)
+      phase = slot.base + slot.completions + 1
       vc, avc = vecs = t.op_vectors()
       barriers.arrive(slot, sched, expect_tx=nbytes, vecs=vecs)
       w_site = t.site("tma_load", what, where, d.buf.name, "write")
@@ -162,7 +163,7 @@ def _commit(t, gpu):
   tracker = t.block.tracker
   if tracker is not None:
     t.store_groups += 1
-    g = t.store_groups
+    g = t.base + t.store_groups
     vc, avc = t.op_vectors()
   for s, d, reduce, where in copies:
     sview, dview = s.view, d.view
@@ -235,7 +236,7 @@ def _wait_smem_to_gmem(eqn, cx):
                  f"wait_smem_to_gmem({n}, wait_read_only={read_only})", where)
     t.waited_stores = True
     if t.vc is not None:  # all but the newest n groups are observed
-      done = t.store_groups - n
+      done = t.base + t.store_groups - n
       t.learn(t.sr_comp, done)
       if not read_only:
         t.learn(t.sw_comp, done)

@@ -141,7 +141,7 @@ def _wgmma_ref(eqn, cx):
     if tracker is not None:
       # Groups of one thread retire in order: group s is ordered after s-1.
       t.wg_issued += 1
-      s = t.wg_issued
+      s = t.base + t.wg_issued
       vc, avc = t.op_vectors(prev=(t.wg_comp, s - 1))
       sites = [(r, t.site("wgmma", "wgmma", where, r.buf.name, acc))
                for r, acc in ((a_r, "read"), (b_r, "read"), (acc_r, "write"))
