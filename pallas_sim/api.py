@@ -40,6 +40,7 @@ def _simulating(gpu, check_races=True, on_race="raise"):
   memory, unsupported primitives) raise while tracing; errors found while
   running (deadlocks, out-of-bounds accesses) are raised when the block ends,
   as the simulator's own exception with the user's file:line."""
+  __tracebackhide__ = True  # pytest: show the user's frames, not ours
   ex = Executor(gpu, check_races=check_races, on_race=on_race)
   capture.push_executor(ex)
   try:
@@ -88,6 +89,7 @@ def run(fn, *args, backend="auto", gpu="h100", check_races=True,
 def backend(name="sim", gpu="h100", check_races=True, on_race="raise"):
   """Inside, plain plgpu kernel calls run on the chosen backend. For "sim",
   yields the Report that the launches inside fill."""
+  __tracebackhide__ = True
   if resolve_backend(name) == "mosaic":
     dev = mosaic.require_hopper()
     with capture.force_real(), jax.default_device(dev):

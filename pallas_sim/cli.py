@@ -1,20 +1,101 @@
-"""`pallas-sim` command: run a Python file with its kernels simulated."""
+"""`pallas-sim` command.
+
+    pallas-sim run FILE [ARGS...]   run a script with every kernel simulated;
+                                    print the report
+    pallas-sim check TARGET         run TARGET's declared entry points with
+                                    race checks; exit 1 on any race,
+                                    deadlock or simulator error
+
+TARGET is a .py file or an importable module. Its entry points, each run on
+its own in the simulator, are, in order of precedence:
+  1. the zero-argument callables listed in a module-level `PALLAS_SIM_CHECKS`;
+  2. otherwise its module-level functions named `check_*` (taking no
+     arguments);
+  3. otherwise the file itself, run as __main__.
+"""
 import argparse
+import importlib
+import importlib.util
+import inspect
+import os
 import runpy
 import sys
+import traceback
+
+
+def _load(target):
+  if target.endswith(".py") or os.path.sep in target:
+    path = os.path.abspath(target)
+    name = os.path.splitext(os.path.basename(path))[0]
+    sys.path.insert(0, os.path.dirname(path))
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod, path
+  mod = importlib.import_module(target)
+  return mod, getattr(mod, "__file__", None)
+
+
+def entry_points(mod):
+  """The (name, callable) pairs `check` runs for a module (see __doc__)."""
+  declared = getattr(mod, "PALLAS_SIM_CHECKS", None)
+  if declared is not None:
+    return [(getattr(f, "__name__", repr(f)), f) for f in declared]
+  return [(n, f) for n, f in vars(mod).items()
+          if n.startswith("check_") and inspect.isfunction(f)
+          and f.__module__ == mod.__name__]
+
+
+def check(target, gpu="h100", out=sys.stdout):
+  """Runs TARGET's entry points simulated; returns the number that failed."""
+  import pallas_sim as ps
+  with ps.backend("sim", gpu=gpu, on_race="report"):
+    mod, path = _load(target)  # kernels run at import time are checked too
+  points = entry_points(mod)
+  if not points:
+    points = [("__main__", lambda: runpy.run_path(path, run_name="__main__"))]
+  failed = 0
+  for name, fn in points:
+    try:
+      with ps.backend("sim", gpu=gpu, on_race="report") as report:
+        fn()
+    except ps.SimError as e:
+      failed += 1
+      print(f"FAIL {name}: {type(e).__name__}: {e}", file=out)
+      continue
+    except Exception:
+      failed += 1
+      print(f"FAIL {name}: raised\n{traceback.format_exc()}", file=out)
+      continue
+    if report.races:
+      failed += 1
+      print(f"FAIL {name}: {len(report.races)} race(s)", file=out)
+      for r in report.races:
+        print("  " + str(r).replace("\n", "\n  "), file=out)
+    else:
+      print(f"ok   {name}: {len(report.kernels)} kernel launch(es), no races",
+            file=out)
+  print(f"{len(points) - failed} passed, {failed} failed", file=out)
+  return failed
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(
-      prog="pallas-sim",
-      description="Run a Python file with every Mosaic GPU kernel it launches "
-                  "simulated, and print the simulator's report.")
-  ap.add_argument("file", help="a Python file to run as __main__")
-  ap.add_argument("--gpu", default="h100", choices=["h100", "h200"])
-  ap.add_argument("--trace", help="write a Chrome trace of the kernels here")
-  ap.add_argument("args", nargs=argparse.REMAINDER)
+  ap = argparse.ArgumentParser(prog="pallas-sim", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = ap.add_subparsers(dest="cmd", required=True)
+  r = sub.add_parser("run", help="run a script with its kernels simulated")
+  r.add_argument("file")
+  r.add_argument("--gpu", default="h100", choices=["h100", "h200"])
+  r.add_argument("--trace", help="write a Chrome trace of the kernels here")
+  r.add_argument("args", nargs=argparse.REMAINDER)
+  c = sub.add_parser("check", help="check a file's or module's entry points for races")
+  c.add_argument("target")
+  c.add_argument("--gpu", default="h100", choices=["h100", "h200"])
   ns = ap.parse_args(argv)
   import pallas_sim as ps
+  if ns.cmd == "check":
+    return 1 if check(ns.target, ns.gpu) else 0
   sys.argv = [ns.file] + ns.args
   with ps.backend("sim", gpu=ns.gpu) as report:
     runpy.run_path(ns.file, run_name="__main__")

@@ -1,6 +1,21 @@
-"""pytest plugin (registered by installing pallas-sim): the `gpu` marker
-skips cleanly where no Hopper GPU is present."""
+"""pytest plugin, registered by installing pallas-sim.
+
+* `pytest --pallas-sim`: every Mosaic GPU kernel a test launches runs in the
+  simulator with race checks; a test whose kernels race or deadlock fails,
+  with the report in its failure message. (Calls that ask for
+  backend="mosaic" explicitly still go to the real lowering.)
+* The `gpu` marker: such tests are skipped where no Hopper GPU is present.
+"""
 import pytest
+
+
+def pytest_addoption(parser):
+  group = parser.getgroup("pallas-sim")
+  group.addoption("--pallas-sim", action="store_true", default=False,
+                  help="run every Mosaic GPU kernel the tests launch in the "
+                       "pallas-sim simulator, with race and deadlock checks")
+  group.addoption("--pallas-sim-gpu", default="h100", choices=["h100", "h200"],
+                  help="GPU model for --pallas-sim (default h100)")
 
 
 def pytest_configure(config):
@@ -16,3 +31,15 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if "gpu" in item.keywords:
       item.add_marker(skip)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+  if not item.config.getoption("--pallas-sim"):
+    return (yield)
+  __tracebackhide__ = True
+  import pallas_sim as ps
+  # Races and deadlocks found in the test's kernels raise when the block
+  # ends, failing the test with the full report.
+  with ps.backend("sim", gpu=item.config.getoption("--pallas-sim-gpu")):
+    return (yield)

@@ -106,3 +106,19 @@ def test_pipelining_guide_kernels_agree(which):
   sim, real = both(getattr(G, which), a, b)
   want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
   assert rel_err(real, want) < 1e-3 and rel_err(sim, real) < 1e-3
+
+
+def test_store_through_an_all_integer_index_agrees():
+  import jax.numpy as jnp
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.SMEM((2, 128), jnp.float32)])
+  def k(x_ref, o_ref, smem):
+    smem[...] = jnp.zeros((2, 128), jnp.float32)
+    smem.at[1, 5][...] = x_ref[5]
+    o_ref[...] = smem[1]
+
+  x = jnp.arange(128, dtype=jnp.float32) + 1
+  sim, real = both(k, x)
+  np.testing.assert_array_equal(sim, real)

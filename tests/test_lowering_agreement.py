@@ -63,3 +63,34 @@ def test_matmul_smem_verdict_matches_the_lowering(tile_n, tile_k, mcs):
   fn = lambda a, b: matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k,
                                max_concurrent_steps=mcs)
   assert sim_smem_error(fn, a, a) == real_smem_error(fn, a, a)
+
+
+def test_scoped_gmem_is_rejected_by_both():
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
+                scratch_types=[plgpu.GMEM((128,), jnp.int32)])
+  def k(o_ref, g_ref):
+    o_ref[...] = jnp.zeros((128,), jnp.int32)
+
+  assert "Unsupported memory space: gmem" in lowering_error(k)
+  with pytest.raises(ps.KernelError, match="Unsupported memory space: gmem"):
+    ps.run(k, backend="sim")
+
+
+def test_small_tma_copies_are_rejected_by_both():
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4,), jnp.int32),
+                scratch_types=[plgpu.SMEM((4,), jnp.int32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem.at[0], o_ref.at[3])
+    plgpu.wait_smem_to_gmem(0)
+
+  x = jnp.arange(4, dtype=jnp.int32)
+  msg = "divisible by 128, but got 32"
+  assert msg in lowering_error(k, x)
+  with pytest.raises(ps.KernelError, match=msg):
+    ps.run(k, x, backend="sim")

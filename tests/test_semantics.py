@@ -3,6 +3,7 @@ SMEM and outputs start poisoned, wgmma groups are in flight until awaited."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -181,3 +182,26 @@ def test_progress_bar_only_on_a_terminal(capsys, monkeypatch):
   p = Progress("k", 100, after_s=0.0)
   p.update(50)
   assert tty.text == ""
+
+
+def test_integer_indexed_refs_are_views_into_the_buffer():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.SMEM((2, 128), jnp.float32)])
+  def k(x_ref, o_ref, smem):
+    smem[...] = jnp.zeros((2, 128), jnp.float32)
+    smem.at[1, 5][...] = x_ref[5]  # a store through an all-integer index
+    o_ref[...] = smem[1]
+
+  out = np.asarray(ps.run(k, X, backend="sim"))
+  assert out[5] == X[5] and (np.delete(out, 5) == 0).all()
+
+
+def test_tma_limits_of_the_lowering():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4,), jnp.int32),
+                scratch_types=[plgpu.SMEM((4,), jnp.int32)])
+  def k(x_ref, o_ref, smem):
+    plgpu.copy_smem_to_gmem(smem.at[0], o_ref.at[3])
+    plgpu.wait_smem_to_gmem(0)
+
+  with pytest.raises(ps.KernelError, match="divisible by 128, but got 32"):
+    ps.run(k, jnp.array([1, 2, 3, 4], jnp.int32), backend="sim")

@@ -8,7 +8,7 @@ from jax._src.pallas.mosaic_gpu import core as gpu_core
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.errors import UnsupportedPrimitiveError
+from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 
 def _value(a):
@@ -97,10 +97,9 @@ def _allocator(aval, transforms, label):
     # WGMMAAccumulator.zero. Registers belong to one warpgroup.
     return False, lambda key: memory.Buffer(label, "regs", np.zeros(shape, dt),
                                             alloc_key=key)
-  if space == "gmem":
-    # Scoped GMEM is each block's own: no shared shadow across blocks.
-    return True, lambda key: memory.Buffer(label, "gmem", np.zeros(shape, dt))
-  raise UnsupportedPrimitiveError(f"run_scoped allocation in memory space {space}")
+  # As the lowering: scoped GMEM (plgpu.GMEM scratch) is rejected too.
+  raise KernelError(f"Unsupported memory space: {space} (allocation {label} "
+                    "in run_scoped / scratch_types)")
 
 
 def _names(jaxpr, n):

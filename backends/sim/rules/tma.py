@@ -41,6 +41,15 @@ def _check_shapes(src, dst, what):
                       f"dtype {dst.view.dtype}")
 
 
+def _check_box(view, what):
+  """The lowering's TMA limits (mosaic/gpu/launch_context.py), its message."""
+  bits = (view.shape[-1] if view.ndim else 1) * view.dtype.itemsize * 8
+  if bits % 128:
+    raise KernelError(
+        f"{what}: Async copies require the number of bits copied along the last"
+        f" dimension to be divisible by 128, but got {bits}")
+
+
 def _space(ref, want, what, role):
   if ref.buf.space != want:
     raise KernelError(f"{what}: {role} {ref.buf.name} is in {ref.buf.space}, "
@@ -76,6 +85,7 @@ def _copy_gmem_to_smem(eqn, cx):
     _space(s, "gmem", what, "source")
     _space(d, "smem", what, "destination")
     _check_shapes(s, d, what)
+    _check_box(d.view, what)
     slot = refview.barrier_of(b, what)
     sched = t.block.sched
     if not pred:
@@ -146,6 +156,7 @@ def _copy_smem_to_gmem(eqn, cx):
     _space(s, "smem", what, "source")
     _space(d, "gmem", what, "destination")
     _check_shapes(s, d, what)
+    _check_box(s.view, what)
     if pred:
       t.open_group.append((s, d, reduce, where))
     if commit:

@@ -1,0 +1,76 @@
+"""The CI entry points: `pytest --pallas-sim` and `pallas-sim check`."""
+import os
+import subprocess
+import sys
+import textwrap
+
+KERNELS = textwrap.dedent('''
+    import jax, jax.numpy as jnp
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def copy_kernel(wait):
+      @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                    scratch_types=[plgpu.SMEM((128,), jnp.float32), plgpu.Barrier()])
+      def k(x_ref, o_ref, smem, bar):
+        plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+        if wait:
+          plgpu.barrier_wait(bar)
+        o_ref[...] = smem[...] + 1
+        if not wait:
+          plgpu.barrier_wait(bar)
+      return k
+''')
+
+
+def run(args, cwd):
+  env = dict(os.environ, PYTHONPATH=str(cwd))
+  return subprocess.run([sys.executable] + args, cwd=cwd, capture_output=True,
+                        text=True, env=env, timeout=300)
+
+
+def test_pytest_flag_fails_racy_tests_with_the_report(tmp_path):
+  (tmp_path / "kernels_mod.py").write_text(KERNELS)
+  (tmp_path / "test_user.py").write_text(textwrap.dedent('''
+      import jax.numpy as jnp, numpy as np
+      from kernels_mod import copy_kernel
+
+      X = jnp.arange(128, dtype=jnp.float32)
+
+      def test_clean():
+        np.testing.assert_array_equal(copy_kernel(True)(X), X + 1)
+
+      def test_racy():
+        copy_kernel(False)(X)
+  '''))
+  r = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--pallas-sim",
+           "test_user.py"], tmp_path)
+  out = r.stdout + r.stderr
+  assert r.returncode == 1, out
+  assert "1 failed, 1 passed" in out
+  assert "test_racy" in out and "RaceError" in out
+  assert "no barrier_wait between this TMA load" in out
+  assert "kernels_mod.py:" in out  # the report names the user's lines
+
+
+def test_check_command_exit_codes(tmp_path):
+  (tmp_path / "kernels_mod.py").write_text(KERNELS)
+  (tmp_path / "good.py").write_text(KERNELS + textwrap.dedent('''
+      def check_copy():
+        copy_kernel(True)(jnp.ones((128,), jnp.float32))
+  '''))
+  (tmp_path / "bad.py").write_text(KERNELS + textwrap.dedent('''
+      def run_racy():
+        copy_kernel(False)(jnp.ones((128,), jnp.float32))
+
+      def run_clean():
+        copy_kernel(True)(jnp.ones((128,), jnp.float32))
+
+      PALLAS_SIM_CHECKS = [run_clean, run_racy]
+  '''))
+  good = run(["-m", "pallas_sim.cli", "check", "good.py"], tmp_path)
+  assert good.returncode == 0, good.stdout + good.stderr
+  assert "ok   check_copy" in good.stdout and "1 passed, 0 failed" in good.stdout
+  bad = run(["-m", "pallas_sim.cli", "check", "bad.py"], tmp_path)
+  assert bad.returncode == 1, bad.stdout + bad.stderr
+  assert "ok   run_clean" in bad.stdout and "FAIL run_racy: 1 race(s)" in bad.stdout
+  assert "bad.py" in bad.stdout  # the report names the user's lines
