@@ -169,6 +169,7 @@ class Shadow:
     self.uid = Shadow._uid
     self.shape = shape
     self.any_r2 = False  # whether any element ever held two unordered reads
+    self.any_read = False  # whether any read was ever recorded here
     self.gmem = gmem
     # GMEM reads before the buffer's first write in the launch are only
     # logged (inputs are usually never written): replayed at that write.
@@ -210,6 +211,25 @@ def _others(b, me):
     return None
   m = (b != 0) & (b != me)
   return m if m.any() else None
+
+
+def _add_reader(sh, V, block, sid):
+  """Records `block` among the (at most two distinct) blocks that read the
+  elements of view V, for the cross-block check of later writes."""
+  xr1b = V(sh.xr1b)
+  lo, hi = xr1b.min(), xr1b.max()
+  if lo == hi == block:
+    return
+  if hi == 0:
+    xr1b[...] = block
+    V(sh.xr1s)[...] = sid
+    return
+  new1 = xr1b == 0
+  xr1b[new1] = block
+  V(sh.xr1s)[new1] = sid
+  add2 = (xr1b != block) & (V(sh.xr2b) == 0)
+  V(sh.xr2b)[add2] = block
+  V(sh.xr2s)[add2] = sid
 
 
 def element_map(buf, view):
@@ -286,8 +306,7 @@ class Tracker:
         return
       self._replay(sh)
     V = lambda arr: _view(arr, off, shape, estrides)
-    wc, wk, r1c, r1k = V(sh.wc), V(sh.wk), V(sh.r1c), V(sh.r1k)
-    r2c = V(sh.r2c) if sh.any_r2 or not write else None
+    wc, wk = V(sh.wc), V(sh.wk)
     self.sites[(sh.uid, comp, clock)] = (site, issue, know)
     if sh.gmem:
       self._cross_block(sh, buf, off, estrides, shape, site, write, atomic, V)
@@ -295,17 +314,22 @@ class Tracker:
     if m is not None:
       self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue)
     if write:
-      reads = ((r1c, r1k), (r2c, V(sh.r2k))) if sh.any_r2 else ((r1c, r1k),)
+      wc[...] = comp
+      wk[...] = clock
+      if not sh.any_read:  # e.g. an output only ever written
+        return
+      r1c = V(sh.r1c)
+      reads = [(r1c, V(sh.r1k))]
+      if sh.any_r2:
+        reads.append((V(sh.r2c), V(sh.r2k)))
       for rc, rk in reads:
         m = _unordered(rc, rk, vec)
         if m is not None:
           self._report("read", m, rc, rk, sh, buf, off, estrides, site, issue)
-      wc[...] = comp
-      wk[...] = clock
-      r1c[...] = NONE
-      if sh.any_r2:
-        r2c[...] = NONE
+        rc[...] = NONE
       return
+    sh.any_read = True
+    r1c, r1k = V(sh.r1c), V(sh.r1k)
     # Keep at most two mutually unordered reads: a read ordered before this
     # one is subsumed by it (any access after this one is after it too).
     keep1 = _unordered(r1c, r1k, vec)
@@ -316,7 +340,7 @@ class Tracker:
     new1 = ~keep1
     r1c[new1] = comp
     r1k[new1] = clock
-    r2c[keep1] = comp
+    V(sh.r2c)[keep1] = comp
     V(sh.r2k)[keep1] = clock
     sh.any_r2 = True
 
@@ -328,14 +352,9 @@ class Tracker:
     sh.any_xread = bool(sh.read_log)
     for bid, off, estrides, shape, comp, clock, site in sh.read_log:
       V = lambda arr: _view(arr, off, shape, estrides)
-      xr1b, xr2b = V(sh.xr1b), V(sh.xr2b)
-      new1 = xr1b == 0
-      xr1b[new1] = bid
-      V(sh.xr1s)[new1] = site.id
-      add2 = (xr1b != bid) & (xr2b == 0)
-      xr2b[add2] = bid
-      V(sh.xr2s)[add2] = site.id
+      _add_reader(sh, V, bid, site.id)
       if bid == self.block_id:
+        sh.any_read = True
         V(sh.r1c)[...] = comp
         V(sh.r1k)[...] = clock
     sh.read_log = None
@@ -384,20 +403,7 @@ class Tracker:
       V(ts)[...] = site.id
       return
     sh.any_xread = True
-    xr1b, xr2b = V(sh.xr1b), V(sh.xr2b)
-    lo1 = xr1b.min()
-    if lo1 == xr1b.max() == me:
-      return
-    if xr1b.max() == 0:
-      xr1b[...] = me
-      V(sh.xr1s)[...] = site.id
-      return
-    new1 = xr1b == 0
-    xr1b[new1] = me
-    V(sh.xr1s)[new1] = site.id
-    add2 = (xr1b != me) & (xr2b == 0)
-    xr2b[add2] = me
-    V(sh.xr2s)[add2] = site.id
+    _add_reader(sh, V, me, site.id)
 
   def end_block(self, blk):
     """The next block's clocks start above every clock this one used."""

@@ -8,15 +8,12 @@ from pallas_sim.backends.sim.machine.scheduler import Resource, Scheduler, Threa
 
 
 class BlockStats:
-  __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops",
-               "barrier_waits", "smem_peak")
+  __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops")
 
   def __init__(self):
     self.tma_load_bytes = 0
     self.tma_store_bytes = 0
     self.wgmma_flops = 0
-    self.barrier_waits = 0
-    self.smem_peak = 0
 
 
 class BlockState:
@@ -66,7 +63,7 @@ class ThreadCtx(Thread):
   """One Pallas thread (warpgroup) of a block."""
   __slots__ = ("block", "tid", "axes", "wgmma", "wgmma_res", "stores",
                "store_res", "open_group", "bar_waits", "scope_counts",
-               "vc", "avc", "base", "wg_issued", "store_groups", "waited_stores")
+               "vc", "avc", "base", "wg_issued", "store_groups")
 
   def __init__(self, block, tid, axes, name):
     super().__init__(name, block.sched)
@@ -82,7 +79,6 @@ class ThreadCtx(Thread):
     self.scope_counts = {}      # id(eqn) -> times this thread entered it
     self.wg_issued = 0          # wgmma groups issued so far
     self.store_groups = 0       # TMA store groups committed so far
-    self.waited_stores = False  # ever called wait_smem_to_gmem
     # Vector clocks (race detection only): `vc` is what this thread knows
     # happened before its next step; `avc` the same with thread components
     # cut back to what is fenced for the async proxy (commit_smem).

@@ -55,7 +55,6 @@ def _barrier_wait(eqn, cx):
           "parity, so on hardware this wait would wait for a later completion; "
           "each completion must be observed by one wait of each waiting thread "
           "before the next one")
-    t.block.stats.barrier_waits += 1
     if slot.completions < n:
       start = t.time
       yield Wait(lambda: slot.completions >= n, (slot,),

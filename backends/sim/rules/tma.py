@@ -245,7 +245,6 @@ def _wait_smem_to_gmem(eqn, cx):
     if not ready():
       yield Wait(ready, (t.store_res,),
                  f"wait_smem_to_gmem({n}, wait_read_only={read_only})", where)
-    t.waited_stores = True
     if t.vc is not None:  # all but the newest n groups are observed
       done = t.base + t.store_groups - n
       t.learn(t.sr_comp, done)
