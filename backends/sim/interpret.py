@@ -9,6 +9,7 @@ async waits, control flow around them) runs as a generator that yields wait
 requests to the scheduler; all other steps are plain calls.
 """
 import numpy as np
+from jax.extend import core as jax_extend_core
 
 from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
 from pallas_sim.backends.sim import capture
@@ -95,7 +96,7 @@ class Compiler:
       return s
 
     def read(v):
-      if hasattr(v, "val") and not hasattr(v, "count"):  # Literal
+      if isinstance(v, jax_extend_core.Literal):
         template.append(literal_value(v))
         return len(template) - 1
       return slot(v)
