@@ -168,8 +168,9 @@ class Shadow:
     Shadow._uid += 1
     self.uid = Shadow._uid
     self.shape = shape
-    self.any_r2 = False  # whether any element ever held two unordered reads
-    self.any_read = False  # whether any read was ever recorded here
+    self.any_r2 = False  # whether an element held two unordered reads (block)
+    self.any_read = False  # whether a read was recorded in the current block
+    self.block = 0         # the block the two flags above speak for
     self.gmem = gmem
     # GMEM reads before the buffer's first write in the launch are only
     # logged (inputs are usually never written): replayed at that write.
@@ -305,6 +306,11 @@ class Tracker:
         sh.read_log.append((self.block_id, off, estrides, shape, comp, clock, site))
         return
       self._replay(sh)
+    if sh.block != self.block_id:
+      # Entries of earlier blocks are all ordered before this one (see
+      # Shadow), so reads recorded then need no checking now.
+      sh.block = self.block_id
+      sh.any_read = sh.any_r2 = False
     V = lambda arr: _view(arr, off, shape, estrides)
     wc, wk = V(sh.wc), V(sh.wk)
     self.sites[(sh.uid, comp, clock)] = (site, issue, know)
@@ -355,6 +361,7 @@ class Tracker:
       _add_reader(sh, V, bid, site.id)
       if bid == self.block_id:
         sh.any_read = True
+        sh.block = bid
         V(sh.r1c)[...] = comp
         V(sh.r1k)[...] = clock
     sh.read_log = None
