@@ -24,13 +24,15 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+  gpu_items = [item for item in items if "gpu" in item.keywords]
+  if not gpu_items:
+    return
   from pallas_sim.backends import mosaic
   if mosaic.hopper_device() is not None:
     return
   skip = pytest.mark.skip(reason="needs a CUDA Hopper GPU (sm_90)")
-  for item in items:
-    if "gpu" in item.keywords:
-      item.add_marker(skip)
+  for item in gpu_items:
+    item.add_marker(skip)
 
 
 @pytest.hookimpl(wrapper=True)

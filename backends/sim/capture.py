@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import linecache
 import os
+import warnings
 
 import jax
 import numpy as np
@@ -97,7 +98,8 @@ def _execute(launch, *arrays):
   later kernel. Errors are recorded for the API to raise; outputs are poison."""
   try:
     ex = _active_executor(launch)
-  except SimError:
+  except SimError as e:
+    warnings.warn(f"{e} Its outputs are poison (NaN / sentinel).", stacklevel=2)
     return tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
   try:
     return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
