@@ -54,7 +54,16 @@ def check(target, gpu="h100", out=sys.stdout):
     mod, path = _load(target)  # kernels run at import time are checked too
   points = entry_points(mod)
   if not points:
-    points = [("__main__", lambda: runpy.run_path(path, run_name="__main__"))]
+    def as_main():
+      argv, sys.argv = sys.argv, [path]
+      try:
+        runpy.run_path(path, run_name="__main__")
+      except SystemExit as e:  # a script's own exit status counts
+        if e.code not in (0, None):
+          raise RuntimeError(f"{path} exited with status {e.code}") from None
+      finally:
+        sys.argv = argv
+    points = [("__main__", as_main)]
   failed = 0
   for name, fn in points:
     try:

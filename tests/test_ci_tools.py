@@ -74,3 +74,16 @@ def test_check_command_exit_codes(tmp_path):
   assert bad.returncode == 1, bad.stdout + bad.stderr
   assert "ok   run_clean" in bad.stdout and "FAIL run_racy: 1 race(s)" in bad.stdout
   assert "bad.py" in bad.stdout  # the report names the user's lines
+
+
+def test_check_runs_a_script_without_entry_points_as_main(tmp_path):
+  (tmp_path / "kernels_mod.py").write_text(KERNELS)
+  (tmp_path / "script.py").write_text(KERNELS + textwrap.dedent('''
+      import argparse
+      if __name__ == "__main__":
+        argparse.ArgumentParser().parse_args()  # sees only its own argv
+        copy_kernel(False)(jnp.ones((128,), jnp.float32))
+  '''))
+  r = run(["-m", "pallas_sim.cli", "check", "script.py"], tmp_path)
+  assert r.returncode == 1, r.stdout + r.stderr
+  assert "FAIL __main__: 1 race(s)" in r.stdout
