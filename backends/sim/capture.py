@@ -96,16 +96,17 @@ def _execute(launch, *arrays):
   """Runs in the io_callback. Never raises: an exception escaping a callback
   leaves the runtime's ordered-effects token in error on a GPU, failing every
   later kernel. Errors are recorded for the API to raise; outputs are poison."""
+  poisoned = lambda: tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
   try:
     ex = _active_executor(launch)
   except SimError as e:
     warnings.warn(f"{e} Its outputs are poison (NaN / sentinel).", stacklevel=2)
-    return tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
+    return poisoned()
   try:
     return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
   except Exception as e:
     ex.record_error(e)
-    return tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
+    return poisoned()
 
 
 def force_real():

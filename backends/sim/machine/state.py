@@ -4,6 +4,7 @@ import collections
 import numpy as np
 
 from pallas_sim.backends.sim.machine import races
+from pallas_sim.errors import UnsupportedPrimitiveError
 from pallas_sim.backends.sim.machine.scheduler import Resource, Scheduler, Thread, Wait
 
 
@@ -161,7 +162,6 @@ class ThreadCtx(Thread):
 
 
 def races_capacity_error(slot):
-  from pallas_sim.errors import UnsupportedPrimitiveError
   return UnsupportedPrimitiveError(
       f"race detection tracks at most {races.CAP - 1} clocks (4 per thread, 1 "
       f"per barrier) per block; {slot.name} is one too many (run with "

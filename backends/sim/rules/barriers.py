@@ -46,10 +46,8 @@ def _barrier_wait(eqn, cx):
     if t.vc is not None and slot.completions > n:
       # mbarrier waits are by phase parity: completion #n+1 already happened,
       # so the hardware would take this wait for completion #n+2.
-      t.block.tracker.misuse(
-          "lost barrier completion",
-          t.site("thread", "barrier_wait", where, slot.name, "wait"),
-          t.block.index,
+      slot.misuse(
+          t.tid, where,
           f"barrier {slot.name} completed {slot.completions} times before "
           f"thread {t.tid}'s wait #{n} for completion #{n}: waits go by phase "
           "parity, so on hardware this wait would wait for a later completion; "
