@@ -15,13 +15,13 @@ from pallas_sim import gpus  # noqa: E402
 from pallas_sim.api import Simulation, backend, kernel, run, simulate  # noqa: E402
 from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
 from pallas_sim.errors import (  # noqa: E402
-    BackendError, DeadlockError, KernelError, OutOfBoundsError, RaceError,
+    BackendError, DeadlockError, KernelError, LoweringError, OutOfBoundsError, RaceError,
     ResourceError, SimError, SmemOverflowError, UnsupportedPrimitiveError)
 
 __version__ = "0.1.0"
 __all__ = [
     "run", "simulate", "backend", "kernel", "Simulation", "Report",
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
-    "KernelError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
+    "KernelError", "LoweringError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
     "DeadlockError", "RaceError", "BackendError",
 ]

@@ -34,6 +34,11 @@ class OutOfBoundsError(KernelError, IndexError):
   pass
 
 
+class LoweringError(KernelError):
+  """JAX's real Mosaic GPU lowering rejects the kernel (checked on the CPU for
+  every kernel before it is simulated); carries the lowering's message."""
+
+
 class ResourceError(KernelError):
   """A resource limit the real lowering enforces (shared memory, registers)."""
 

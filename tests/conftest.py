@@ -9,8 +9,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "exa
 
 # Fixed hypothesis profiles: "ci" is quick (the default), "thorough" for
 # longer local or GPU runs: HYPOTHESIS_PROFILE=thorough.
-settings.register_profile("ci", max_examples=15, deadline=None, derandomize=True)
-settings.register_profile("thorough", max_examples=200, deadline=None)
+# HYPOTHESIS_MAX_EXAMPLES overrides the count (tests/agreement/run.py --examples).
+_n = os.environ.get("HYPOTHESIS_MAX_EXAMPLES")
+settings.register_profile("ci", max_examples=int(_n or 15), deadline=None,
+                          derandomize=True, print_blob=True)
+settings.register_profile("thorough", max_examples=int(_n or 200), deadline=None,
+                          print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 

@@ -202,13 +202,20 @@ def test_plain_store_then_tma_store_needs_commit(commit):
 
 @pytest.mark.parametrize("commit", [False, True])
 def test_plain_store_then_wgmma_needs_commit(rng, commit):
+  # Plain stores into wgmma operands (from SMEM staging: the lowering stores
+  # only WGMMA-compatible layouts into swizzled SMEM).
+  T = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), F32),
-                scratch_types=dict(a_s=plgpu.SMEM((64, 64), jnp.float16),
-                                   b_s=plgpu.SMEM((64, 128), jnp.float16),
+                scratch_types=dict(a_s=plgpu.SMEM((64, 64), jnp.float16, transforms=T),
+                                   b_s=plgpu.SMEM((64, 128), jnp.float16, transforms=T),
+                                   st=plgpu.SMEM((64, 64), jnp.float16, transforms=T),
+                                   bar=plgpu.Barrier(),
                                    acc=plgpu.ACC((64, 128), F32)))
-  def k(a_ref, b_ref, o_ref, a_s, b_s, acc):
-    a_s[...] = a_ref[...]
-    b_s[...] = b_ref[...]
+  def k(a_ref, b_ref, o_ref, a_s, b_s, st, bar, acc):
+    plgpu.copy_gmem_to_smem(a_ref, st, bar)
+    plgpu.barrier_wait(bar)
+    a_s[...] = st[...]
+    b_s[...] = jnp.ones((64, 128), jnp.float16)
     if commit:
       plgpu.commit_smem()
     plgpu.wgmma(acc, a_s, b_s)
@@ -349,12 +356,11 @@ def producer_consumer(x, wait_before_release):
                 scratch_types=dict(
                     a_s=plgpu.SMEM((2, 64, 64), jnp.float16),
                     b_s=plgpu.SMEM((64, 128), jnp.float16),
-                    acc=plgpu.ACC((64, 128), F32),
                     produced=plgpu.Barrier(num_barriers=2),
                     consumed=plgpu.Barrier(num_barriers=2),
                     b_bar=plgpu.Barrier()),
                 num_threads=2, thread_name="wg")
-  def k(x_ref, b_ref, o_ref, a_s, b_s, acc, produced, consumed, b_bar):
+  def k(x_ref, b_ref, o_ref, a_s, b_s, produced, consumed, b_bar):
     wg = lax.axis_index("wg")
 
     @pl.when(wg == 1)
@@ -370,8 +376,8 @@ def producer_consumer(x, wait_before_release):
         return ()
       lax.fori_loop(0, steps, body, ())
 
-    @pl.when(wg == 0)
-    def _consumer():
+    # The lowering allocates accumulators per thread only: inside its branch.
+    def consume(acc):
       plgpu.copy_gmem_to_smem(b_ref, b_s, b_bar)
       plgpu.barrier_wait(b_bar)
 
@@ -385,6 +391,10 @@ def producer_consumer(x, wait_before_release):
         return ()
       lax.fori_loop(0, steps, body, ())
       o_ref[...] = acc[...]
+
+    @pl.when(wg == 0)
+    def _consumer():
+      pl.run_scoped(consume, plgpu.ACC((64, 128), F32))
   return k
 
 

@@ -13,12 +13,17 @@ import ast
 import dataclasses
 import linecache
 import os
+import traceback
 import warnings
 
 import jax
+import jaxlib
 import numpy as np
 from jax._src import callback as jax_callback
 from jax._src import source_info_util
+from jax._src.frozen_dict import FrozenDict
+from jax._src.pallas import mpmd as _mpmd
+from jax._src.pallas import pallas_call as _pallas_call
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as _jax_interp
 from jax._src.pallas.mosaic_gpu.interpret import params as _jax_interp_params
 
@@ -141,12 +146,42 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
       where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr))
   if _active:
     # Static checks (shared memory, unsupported primitives) at lowering time,
-    # where an exception reaches the caller as it is.
+    # where an exception reaches the caller as it is. Ours first (they name
+    # the primitive and line), then the real lowering's, which has the final say.
     _active[-1].prepare(launch)
+    _active[-1].check_lowering(launch, lambda: real_lowering_error(
+        args, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
+        input_output_aliases=input_output_aliases, out_avals=out_avals,
+        name=name, **kw))
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
   outs = jax_callback.io_callback(
       lambda *xs: _execute(launch, *xs), shapes, *args, ordered=True)
   return list(outs)
+
+
+def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
+                        input_output_aliases, out_avals, name, **kw):
+  """Lowers the kernel with JAX's own Mosaic GPU lowering (the one a Hopper
+  GPU runs; it needs no GPU: `jax.export` for platform "cuda"). Returns
+  (the exception it raises, the user's file:line), or None when it lowers. Only lowering-time checks:
+  what fails later, in ptxas or at run time, shows only on a GPU."""
+  if mesh is not None:  # plgpu.kernel / core_map: an mpmd_map
+    fn = lambda *xs: _mpmd.mpmd_map_p.bind(
+        *xs, meshes=(mesh,), jaxprs=(jaxpr,), external_meshes=(),
+        out_avals=tuple(out_avals),
+        input_output_aliases=FrozenDict(dict(input_output_aliases)),
+        interpret=False, name=name, **kw)
+  else:
+    fn = lambda *xs: _pallas_call.pallas_call_p.bind(
+        *xs, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=None,
+        input_output_aliases=input_output_aliases, out_avals=tuple(out_avals),
+        interpret=False, name=name, **kw)
+  avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+  try:
+    jax.export.export(jax.jit(fn), platforms=["cuda"])(*avals)
+  except Exception as e:  # the lowering raises ValueError, NotImplementedError...
+    return e, lowering_location(e)
+  return None
 
 
 _orig_interpret = _jax_interp.interpret_pallas_call
@@ -170,6 +205,9 @@ _OUR_DIRS = (
 )
 
 
+_JAXLIB_DIR = os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep
+
+
 def eqn_location(eqn):
   """The user's file:line that created a jaxpr equation, or None when its
   recorded traceback stops inside JAX (equations traced by JAX helpers such
@@ -178,6 +216,18 @@ def eqn_location(eqn):
   for fr in source_info_util.user_frames(tb):
     if not fr.file_name.startswith(_OUR_DIRS):
       return _short(fr.file_name) + f":{fr.start_line}"
+  return None
+
+
+def lowering_location(exc):
+  """The user's file:line an exception from the real lowering points at (its
+  cause carries the failing equation's traceback), or None."""
+  for e in (exc.__cause__, exc):
+    frames = [f for f in traceback.extract_tb(getattr(e, "__traceback__", None))
+              if source_info_util.is_user_filename(f.filename)
+              and not f.filename.startswith(_OUR_DIRS + (_JAXLIB_DIR,))]
+    if frames:
+      return f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
   return None
 
 

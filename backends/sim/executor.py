@@ -63,6 +63,7 @@ class Executor:
     self.on_race = on_race
     self.errors = []
     self._prepared = {}
+    self._lowered = {}
 
   def record_error(self, e):
     self.errors.append(e)
@@ -94,6 +95,19 @@ class Executor:
     prog = Compiler(self.gpu, launch).compile(jaxpr)
     self._prepared[key] = (jaxpr, (prog, smem))
     return prog, smem
+
+  def check_lowering(self, launch, lower):
+    """Raises what JAX's real Mosaic GPU lowering raises for this kernel, as
+    our own error class, so that nothing the hardware backend rejects runs
+    here. Once per kernel."""
+    key = id(launch.jaxpr)
+    hit = self._lowered.get(key)
+    if hit is not None and hit[0] is launch.jaxpr:
+      return
+    err = lower()  # (exception, its user file:line or None) or None
+    if err is not None:
+      raise resources.lowering_error(err[0], where=err[1] or launch.where)
+    self._lowered[key] = (launch.jaxpr, True)
 
   def execute(self, launch, arrays):
     with np.errstate(all="ignore"):

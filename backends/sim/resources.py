@@ -14,8 +14,9 @@ The error message is the lowering's, word for word.
 """
 import collections
 import math
+import re
 
-from pallas_sim.errors import SmemOverflowError
+from pallas_sim.errors import LoweringError, SmemOverflowError
 
 SMEM_ALIGNMENT = 1024
 MBARRIER_BYTES = 8
@@ -102,3 +103,30 @@ def check_smem(nbytes, gpu, where=None):
         "Mosaic GPU kernel exceeds available shared memory: "
         f"smem_bytes={nbytes} > max_smem_bytes={gpu.max_smem_per_block}",
         smem_bytes=nbytes, max_smem_bytes=gpu.max_smem_per_block, where=where)
+
+
+_SMEM_MSG = re.compile(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)")
+_UNIMPLEMENTED = re.compile(r"Unimplemented primitive in Pallas Mosaic GPU lowering: (\w+)")
+
+
+def lowering_error(exc, where=None):
+  """Our error for an exception from JAX's real Mosaic GPU lowering: an SMEM
+  overflow keeps its numbers; anything else is a LoweringError with the
+  lowering's own message (its first lines: the rest is JAX's traceback)."""
+  msg = str(exc).strip()
+  m = _SMEM_MSG.search(msg)
+  if m:
+    return SmemOverflowError(
+        f"Mosaic GPU kernel exceeds available shared memory: {m.group(0)}",
+        smem_bytes=int(m.group(1)), max_smem_bytes=int(m.group(2)), where=where)
+  lines = []
+  for line in msg.splitlines():
+    if line.startswith("-----") or len(lines) == 6:  # JAX's traceback follows
+      break
+    lines.append(line.replace(" Please file an issue at "
+                              "https://github.com/jax-ml/jax/issues/new/choose.", ""))
+  m = _UNIMPLEMENTED.search(msg)
+  return LoweringError(
+      f"the Mosaic GPU lowering rejects this kernel "
+      f"({type(exc).__name__}): " + "\n".join(lines).strip(),
+      primitive=m.group(1) if m else None, where=where)

@@ -22,7 +22,7 @@ def checked(t, r, write, prim, where):
                              "write" if write else "read"))
 
 
-@rule("get")
+@rule("get", "load")  # plgpu.load: a get whose result gets a layout_cast
 def _get(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)

@@ -1,0 +1,150 @@
+"""The agreement suite in one command, with a per-family summary.
+
+    python3 tests/agreement/run.py                 # thorough profile, GPU if any
+    python3 tests/agreement/run.py --profile ci    # the quick CI profile
+
+Uses this checkout's own code (it puts the repository on PYTHONPATH; nothing is
+installed or fetched, so it runs on a GPU machine without network that has
+jax/jaxlib 0.11.2 with CUDA, pytest and hypothesis). On a Hopper GPU it
+compares the simulator with the real Mosaic GPU lowering; elsewhere with NumPy.
+Each family runs in its own pytest processes (`--shards` per family, with
+different hypothesis seeds), in parallel. Prints: examples tried per family,
+agreements, kernels both sides reject, disagreements with the hypothesis
+reproduction. Writes logs and SUMMARY.md to --out (default $OUT or
+agreement-results). Exit status 1 on any disagreement.
+"""
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+FAMILIES = ["elementwise", "reduction", "pipeline", "matmul", "producer_consumer",
+            "rejected"]
+
+
+def run_shard(family, shard, args):
+  log = os.path.join(args.out, f"{family}-{shard}.jsonl")
+  out = os.path.join(args.out, f"{family}-{shard}.pytest.txt")
+  for p in (log, out):
+    if os.path.exists(p):
+      os.remove(p)
+  env = dict(os.environ, AGREEMENT_LOG=log, HYPOTHESIS_PROFILE=args.profile,
+             PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+             XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONUNBUFFERED="1")
+  if args.examples:
+    env["HYPOTHESIS_MAX_EXAMPLES"] = str(args.examples)
+  cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         os.path.join(HERE, "test_agreement.py") + f"::test_{family}",
+         f"--hypothesis-seed={shard}", "--hypothesis-show-statistics"]
+  t0 = time.time()
+  try:
+    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
+                       timeout=args.timeout)
+    text, rc = p.stdout + p.stderr, p.returncode
+  except subprocess.TimeoutExpired as e:
+    text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    text += f"\n[timed out after {args.timeout} s]"
+    rc = "timeout"
+  with open(out, "w") as f:
+    f.write(text)
+  recs = []
+  if os.path.exists(log):
+    with open(log) as f:
+      recs = [json.loads(line) for line in f if line.strip()]
+  return family, shard, rc, time.time() - t0, recs, text
+
+
+def _repro(text):
+  """The hypothesis reproduction from a failing pytest run."""
+  keep = []
+  m = re.search(r"Falsifying example:.*?(?=\n\S|\Z)", text, re.S)
+  if m:
+    keep.append(m.group(0).strip())
+  keep += re.findall(r"@reproduce_failure\(.*\)", text)
+  keep += re.findall(r"E\s+AssertionError: (\[.*)", text)[:1]
+  return "\n".join(keep)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--profile", default="thorough", choices=["ci", "thorough"])
+  ap.add_argument("--families", nargs="*", default=FAMILIES)
+  ap.add_argument("--shards", type=int, default=2,
+                  help="pytest processes per family (different seeds)")
+  ap.add_argument("--examples", type=int, default=None,
+                  help="examples per shard (default: the profile's)")
+  ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 2))
+  ap.add_argument("--timeout", type=int, default=540, help="seconds per shard")
+  ap.add_argument("--out", default=os.environ.get("OUT") or "agreement-results")
+  args = ap.parse_args(argv)
+  os.makedirs(args.out, exist_ok=True)
+  args.out = os.path.abspath(args.out)
+
+  sys.path[:0] = [ROOT, HERE]
+  import jax
+  from pallas_sim.backends import mosaic
+  dev = mosaic.hopper_device()
+  header = (f"pallas-sim agreement suite, {time.strftime('%Y-%m-%d %H:%M')}; "
+            f"jax {jax.__version__}; "
+            + (f"simulator vs real Mosaic GPU on {dev.device_kind}" if dev
+               else "simulator vs NumPy reference (no Hopper GPU; the lowering "
+                    "runs on the CPU to say what must be rejected)")
+            + f"; profile {args.profile}, {args.shards} shard(s) per family")
+  print(header, flush=True)
+
+  jobs = [(f, s) for f in args.families for s in range(args.shards)]
+  results = []
+  with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+    futs = [pool.submit(run_shard, f, s, args) for f, s in jobs]
+    for fut in concurrent.futures.as_completed(futs):
+      fam, shard, rc, secs, recs, text = fut.result()
+      print(f"  {fam}[{shard}]: {len(recs)} examples, exit {rc}, {secs:.0f} s",
+            flush=True)
+      results.append((fam, shard, rc, secs, recs, text))
+
+  rows, failures = [], []
+  for fam in args.families:
+    mine = [r for r in results if r[0] == fam]
+    recs = [x for r in mine for x in r[4]]
+    c = collections.Counter(x["outcome"] for x in recs)
+    rows.append((fam, len(recs), c["agree"], c["both-rejected"], c["disagree"],
+                 sum(x["seconds"] for x in recs)))
+    for _, shard, rc, _, shard_recs, text in mine:
+      bad = [x for x in shard_recs if x["outcome"] == "disagree"]
+      if rc not in (0,) or bad:
+        failures.append((fam, shard, rc, bad, _repro(text)))
+
+  lines = [header, "", "| family | examples | agree | both reject | disagree | seconds |",
+           "|---|---:|---:|---:|---:|---:|"]
+  lines += [f"| {f} | {n} | {a} | {b} | {d} | {s:.0f} |" for f, n, a, b, d, s in rows]
+  tot = [sum(r[i] for r in rows) for i in range(1, 5)]
+  lines.append(f"| **all** | {tot[0]} | {tot[1]} | {tot[2]} | {tot[3]} | |")
+  if failures:
+    lines += ["", "## Disagreements / failures"]
+    for fam, shard, rc, bad, repro in failures:
+      lines.append(f"\n### {fam} (shard {shard}, pytest exit {rc})")
+      seen = set()
+      for x in bad:
+        if x["desc"] in seen:
+          continue
+        seen.add(x["desc"])
+        lines.append(f"- {x['desc']}")
+        lines += [f"  - {p}" for p in x["problems"]]
+      if repro:
+        lines += ["", "```", repro, "```"]
+  text = "\n".join(lines)
+  print("\n" + text)
+  with open(os.path.join(args.out, "SUMMARY.md"), "w") as f:
+    f.write(text + "\n")
+  return 1 if failures else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
