@@ -208,3 +208,31 @@ def test_tma_limits_of_the_lowering():
 
   with pytest.raises(ps.KernelError, match="divisible by 128, but got 32"):
     ps.run(k, jnp.array([1, 2, 3, 4], jnp.int32), backend="sim")
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+def test_float_to_int_cast_of_nan_and_inf_as_on_hardware(dtype):
+  # Found by the agreement suite on an H200: bf16 NaN -> int32 gave INT_MIN
+  # here (numpy's cast) but 0 on the GPU (cvt.rzi: NaN -> 0, saturating).
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.int32))
+  def k(x_ref, o_ref):
+    o_ref[...] = jnp.log(x_ref[...]).astype(jnp.int32)
+
+  x = np.full(128, 2.0, np.float32)
+  x[:4] = [-1.0, 0.0, np.inf, 1e30 if dtype != jnp.float16 else 6e4]
+  out = np.asarray(ps.run(k, jnp.asarray(x, dtype), backend="sim"))
+  assert list(out[:4]) == [0, -2 ** 31, 2 ** 31 - 1, int(np.log(np.float32(x[3])))]
+  assert (out[4:] == 0).all()  # trunc(log 2)
+
+
+def test_plgpu_load_with_a_layout_reads_the_ref():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64,), jnp.float32),
+                scratch_types=[plgpu.SMEM((64, 128), jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = jnp.sum(plgpu.load(smem, layout=plgpu.Layout.WGMMA), axis=1)
+
+  x = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)
+  np.testing.assert_allclose(ps.run(k, jnp.asarray(x), backend="sim"), x.sum(1),
+                             rtol=1e-5)

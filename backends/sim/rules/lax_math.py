@@ -6,7 +6,6 @@ toward zero), not NumPy's floor semantics.
 """
 import math
 
-import ml_dtypes
 import numpy as np
 
 from pallas_sim.backends.sim.interpret import rule
@@ -145,6 +144,12 @@ def _select_n(eqn, cx):
   return lambda t, p, *cases: np.choose(np.asarray(p, np.int32), cases)
 
 
+def _is_float(dt):
+  """numpy floats and ml_dtypes' (bfloat16, float8: numpy kind 'V')."""
+  dt = np.dtype(dt)
+  return dt.kind == "f" or (dt.kind == "V" and "float" in dt.name)
+
+
 def _cast_fn(new_dtype):
   nd = _np_dtype(new_dtype)
 
@@ -153,7 +158,7 @@ def _cast_fn(new_dtype):
     if x.dtype == nd:
       return x.copy() if x.ndim else x[()]
     # (floating-point warnings are off for the whole simulation: executor.py)
-    if nd.kind in "iu" and x.dtype.kind == "f":
+    if nd.kind in "iu" and _is_float(x.dtype):
       # lax: float->int truncates toward zero and saturates; NaN -> 0.
       info = np.iinfo(nd)
       y = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
@@ -281,8 +286,7 @@ def _pad(eqn, cx):
 def _acc_dtype(dt):
   """Reductions of half types accumulate in f32 and round once at the end."""
   dt = np.dtype(dt)
-  return np.float32 if dt.kind == "f" and dt.itemsize < 4 or dt in (
-      np.dtype(ml_dtypes.bfloat16),) else None
+  return np.float32 if _is_float(dt) and dt.itemsize < 4 else None
 
 
 def _reduce(np_fn, use_acc):
@@ -342,7 +346,7 @@ def _dot_general(eqn, cx):
     raise UnsupportedPrimitiveError("batched dot_general in registers")
 
   def f(t, x, y):
-    acc = np.float32 if out_dt.kind == "f" else np.int64
+    acc = np.float32 if _is_float(out_dt) else np.int64
     r = np.tensordot(x.astype(acc), y.astype(acc), axes=(tuple(lc), tuple(rc)))
     return r.astype(out_dt)
   return f
