@@ -35,13 +35,14 @@ def _wait(out):
 
 
 @contextlib.contextmanager
-def _simulating(gpu, check_races=True, on_race="raise"):
+def _simulating(gpu, check_races=True, on_race="raise", check_lowering=True):
   """Routes kernels traced inside to a fresh Executor. Static errors (shared
   memory, unsupported primitives) raise while tracing; errors found while
   running (deadlocks, out-of-bounds accesses) are raised when the block ends,
   as the simulator's own exception with the user's file:line."""
   __tracebackhide__ = True  # pytest: show the user's frames, not ours
-  ex = Executor(gpu, check_races=check_races, on_race=on_race)
+  ex = Executor(gpu, check_races=check_races, on_race=on_race,
+                check_lowering=check_lowering)
   capture.push_executor(ex)
   try:
     try:
@@ -61,11 +62,14 @@ def _simulating(gpu, check_races=True, on_race="raise"):
     capture.pop_executor(ex)
 
 
-def simulate(fn, *args, gpu="h100", check_races=True, on_race="raise", **kwargs):
+def simulate(fn, *args, gpu="h100", check_races=True, on_race="raise",
+             check_lowering=True, **kwargs):
   """Runs `fn(*args, **kwargs)` with every Mosaic GPU kernel it launches
   simulated; returns a Simulation with `.outputs` and `.report`. Races raise
-  ps.RaceError unless on_race="report" (then they are in report.races)."""
-  with _simulating(gpu, check_races, on_race) as ex:
+  ps.RaceError unless on_race="report" (then they are in report.races).
+  check_lowering=False skips lowering each kernel with the real Mosaic GPU
+  lowering first (then only the simulator's own checks reject kernels)."""
+  with _simulating(gpu, check_races, on_race, check_lowering) as ex:
     out = _wait(fn(*args, **kwargs))
   return Simulation(out, ex.report)
 
@@ -77,16 +81,17 @@ def _run_mosaic(fn, *args, **kwargs):
 
 
 def run(fn, *args, backend="auto", gpu="h100", check_races=True,
-        on_race="raise", **kwargs):
+        on_race="raise", check_lowering=True, **kwargs):
   """`fn(*args, **kwargs)` on the chosen backend; returns fn's outputs."""
   if resolve_backend(backend) == "mosaic":
     return _run_mosaic(fn, *args, **kwargs)
   return simulate(fn, *args, gpu=gpu, check_races=check_races,
-                  on_race=on_race, **kwargs).outputs
+                  on_race=on_race, check_lowering=check_lowering, **kwargs).outputs
 
 
 @contextlib.contextmanager
-def backend(name="sim", gpu="h100", check_races=True, on_race="raise"):
+def backend(name="sim", gpu="h100", check_races=True, on_race="raise",
+            check_lowering=True):
   """Inside, plain plgpu kernel calls run on the chosen backend. For "sim",
   yields the Report that the launches inside fill."""
   __tracebackhide__ = True
@@ -95,7 +100,7 @@ def backend(name="sim", gpu="h100", check_races=True, on_race="raise"):
     with capture.force_real(), jax.default_device(dev):
       yield None
     return
-  with _simulating(gpu, check_races, on_race) as ex:
+  with _simulating(gpu, check_races, on_race, check_lowering) as ex:
     yield ex.report
 
 

@@ -23,7 +23,7 @@ MAX_SMEM = 232448
 
 
 def _name(dtype):
-  return {np.dtype(v): k for k, v in DTYPES.items()}[np.dtype(dtype)]
+  return np.dtype(dtype).name
 
 
 def _inputs(seed, shape, dtype, specials=False, lo=-2.0, hi=2.0):
@@ -261,22 +261,30 @@ def pipeline(draw):
 
 # --- matmuls -------------------------------------------------------------------
 
-def _matmul_reference(dtype, out_dtype, transpose_b, operand_eps):
+def _operands(a, b, transpose_a, transpose_b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return (a.T if transpose_a else a), (b.T if transpose_b else b)
+
+
+def _matmul_reference(out_dtype, transpose_a, transpose_b, operand_eps):
   def reference(a, b):
-    bb = b.T if transpose_b else b
-    want = a @ bb
-    mag = np.abs(a) @ np.abs(bb)
-    return [(want, tol.allowed(want, mag, out_dtype, n=a.shape[1], acc_dtype=F32,
+    a, b = _operands(a, b, transpose_a, transpose_b)
+    want = a @ b
+    if np.dtype(out_dtype) != np.dtype(I32):
+      want = _round(want, out_dtype)
+    mag = np.abs(a) @ np.abs(b)
+    return [(want, tol.allowed(want, mag, out_dtype, n=a.shape[1], acc_dtype=F32
+                               if np.dtype(out_dtype) != np.dtype(I32) else I32,
                                operand_eps=operand_eps))]
   return reference
 
 
-def _matmul_allow_backends(a, b, out_dtype, transpose_b):
-  a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  bb = b64.T if transpose_b else b64
-  mag = np.abs(a64) @ np.abs(bb)
+def _matmul_allow_backends(a, b, out_dtype, transpose_a, transpose_b):
+  a, b = _operands(a, b, transpose_a, transpose_b)
+  mag = np.abs(a) @ np.abs(b)
+  acc = F32 if np.dtype(out_dtype) != np.dtype(I32) else I32
   return lambda real: [tol.allowed(real[0], mag, out_dtype, n=a.shape[1],
-                                   acc_dtype=F32)]
+                                   acc_dtype=acc)]
 
 
 @st.composite
@@ -298,40 +306,45 @@ def quickstart_matmul(draw):
   desc = (f"quickstart {dt}->{out_dt} ({m},{k})x({k},{n}) tile_n={tile_n} "
           f"tile_k={tile_k} mcs={mcs} seed={seed}")
   return Case("matmul", desc, fn, (a, b),
-              _matmul_reference(dtype, FLOATS[out_dt], False, 0.0),
-              _matmul_allow_backends(a, b, FLOATS[out_dt], False))
+              _matmul_reference(FLOATS[out_dt], False, False, 0.0),
+              _matmul_allow_backends(a, b, FLOATS[out_dt], False, False))
 
 
-def hand_matmul(a, b, *, tm, tn, swizzle, slots, transpose_b, transforms, out_dtype):
+def hand_matmul(a, b, *, tm, tn, swizzle, slots, transpose_a, transpose_b,
+                transforms, out_dtype):
   """Hand-pipelined TMA + wgmma, one warpgroup: `slots` SMEM slots filled by
   TMA ahead of the wgmma that reads them; a slot is refilled only after the
-  wgmma reading it finished (wgmma_wait(0)). b is (K, N), or (N, K) with
-  transpose_b (then passed to wgmma as `.T`)."""
+  wgmma reading it finished (wgmma_wait(0)). a is (M, K), or (K, M) with
+  transpose_a; b is (K, N), or (N, K) with transpose_b (transposed operands
+  are passed to wgmma as `.T`)."""
   dtype = a.dtype
-  m, k = a.shape
+  k, m = a.shape if transpose_a else a.shape[::-1]
   n = b.shape[0] if transpose_b else b.shape[1]
   tk = swizzle // np.dtype(dtype).itemsize
   steps = k // tk
   T = dict(transforms=(plgpu.TilingTransform((8, tk)), plgpu.SwizzleTransform(swizzle))
            ) if transforms else {}
+  a_tile = (tk, tm) if transpose_a else (tm, tk)
   b_tile = (tn, tk) if transpose_b else (tk, tn)
+  acc_dtype = I32 if np.dtype(dtype) == np.dtype(jnp.int8) else F32
 
   @plgpu.kernel(
       out_type=jax.ShapeDtypeStruct((m, n), out_dtype), grid=(m // tm, n // tn),
       grid_names=("m", "n"),
       scratch_types=dict(
-          a_s=plgpu.SMEM((slots, tm, tk), dtype, **T),
+          a_s=plgpu.SMEM((slots, *a_tile), dtype, **T),
           b_s=plgpu.SMEM((slots, *b_tile), dtype, **T),
           o_s=plgpu.SMEM((tm, tn), out_dtype),
           bars=plgpu.Barrier(num_arrivals=2, num_barriers=slots),
-          acc=plgpu.ACC((tm, tn), F32)))
+          acc=plgpu.ACC((tm, tn), acc_dtype)))
   def kernel(a_ref, b_ref, o_ref, a_s, b_s, o_s, bars, acc):
     ms = pl.ds(lax.axis_index("m") * tm, tm)
     ns = pl.ds(lax.axis_index("n") * tn, tn)
 
     def load(step, slot):
       ks = pl.ds(step * tk, tk)
-      plgpu.copy_gmem_to_smem(a_ref.at[ms, ks], a_s.at[slot], bars.at[slot])
+      plgpu.copy_gmem_to_smem(a_ref.at[ks, ms] if transpose_a else a_ref.at[ms, ks],
+                              a_s.at[slot], bars.at[slot])
       plgpu.copy_gmem_to_smem(b_ref.at[ns, ks] if transpose_b else b_ref.at[ks, ns],
                               b_s.at[slot], bars.at[slot])
 
@@ -341,8 +354,8 @@ def hand_matmul(a, b, *, tm, tn, swizzle, slots, transpose_b, transforms, out_dt
     def step(i, carry):
       slot = i % slots
       plgpu.barrier_wait(bars.at[slot])
-      bt = b_s.at[slot]
-      plgpu.wgmma(acc, a_s.at[slot], bt.T if transpose_b else bt)
+      at, bt = a_s.at[slot], b_s.at[slot]
+      plgpu.wgmma(acc, at.T if transpose_a else at, bt.T if transpose_b else bt)
       plgpu.wgmma_wait(0)
 
       @pl.when(i + slots < steps)
@@ -359,13 +372,20 @@ def hand_matmul(a, b, *, tm, tn, swizzle, slots, transpose_b, transforms, out_dt
   return kernel(a, b)
 
 
+MMA_DTYPES = {**FLOATS, "i8": jnp.int8, "f8e4m3": jnp.float8_e4m3fn}
+
+
 @st.composite
 def tma_wgmma_matmul(draw):
-  dt = draw(st.sampled_from(sorted(FLOATS)))
-  dtype = FLOATS[dt]
+  dt = draw(st.sampled_from(sorted(MMA_DTYPES)))
+  dtype = MMA_DTYPES[dt]
   itemsize = np.dtype(dtype).itemsize
-  # 32-bit operands must be K-minor: B stored (N, K) and transposed.
-  transpose_b = True if dt == "f32" else draw(st.booleans())
+  # Only 16-bit operands may be transposed: 32- and 8-bit ones must be
+  # K-minor (A stored (M, K), B stored (N, K) and passed as `.T`).
+  if itemsize == 2:
+    transpose_a, transpose_b = draw(st.booleans()), draw(st.booleans())
+  else:
+    transpose_a, transpose_b = False, True
   swizzle = draw(st.sampled_from([32, 64, 128]))
   transforms = draw(st.booleans())
   tm = draw(st.sampled_from([64, 128]))
@@ -373,22 +393,30 @@ def tma_wgmma_matmul(draw):
   slots = draw(st.integers(1, 3))
   steps = draw(st.integers(1, 4))
   gm, gn = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-  out_dt = draw(st.sampled_from(["f32", dt]))
+  outs = {"i8": ["i32"], "f8e4m3": ["f32"]}.get(dt, ["f32", dt])
+  out_dt = draw(st.sampled_from(outs))
+  out_dtype = DTYPES[out_dt]
   seed = draw(st.integers(0, 2 ** 16))
   tk = swizzle // itemsize
   m, n, k = tm * gm, tn * gn, tk * steps
-  a = _inputs(seed, (m, k), dtype)
-  b = _inputs(seed + 1, (n, k) if transpose_b else (k, n), dtype)
+  r = np.random.default_rng(seed)
+  a_shape = (k, m) if transpose_a else (m, k)
+  b_shape = (n, k) if transpose_b else (k, n)
+  if dt == "i8":
+    a = jnp.asarray(r.integers(-8, 8, a_shape), jnp.int8)
+    b = jnp.asarray(r.integers(-8, 8, b_shape), jnp.int8)
+  else:
+    a, b = _inputs(seed, a_shape, dtype), _inputs(seed + 1, b_shape, dtype)
   fn = functools.partial(hand_matmul, tm=tm, tn=tn, swizzle=swizzle, slots=slots,
-                         transpose_b=transpose_b, transforms=transforms,
-                         out_dtype=FLOATS[out_dt])
+                         transpose_a=transpose_a, transpose_b=transpose_b,
+                         transforms=transforms, out_dtype=out_dtype)
   op_eps = tol.TF32_OPERAND_EPS if dt == "f32" else 0.0
   desc = (f"tma+wgmma {dt}->{out_dt} ({m},{k})x({k},{n}) tile=({tm},{tn},{tk}) "
-          f"swizzle={swizzle} transforms={transforms} transpose_b={transpose_b} "
-          f"slots={slots} seed={seed}")
+          f"swizzle={swizzle} transforms={transforms} transpose_a={transpose_a} "
+          f"transpose_b={transpose_b} slots={slots} seed={seed}")
   return Case("matmul", desc, fn, (a, b),
-              _matmul_reference(dtype, FLOATS[out_dt], transpose_b, op_eps),
-              _matmul_allow_backends(a, b, FLOATS[out_dt], transpose_b))
+              _matmul_reference(out_dtype, transpose_a, transpose_b, op_eps),
+              _matmul_allow_backends(a, b, out_dtype, transpose_a, transpose_b))
 
 
 def matmul():
@@ -519,8 +547,8 @@ def warp_specialized(draw):
   desc = (f"warp-specialized {dt} ({m},{k})x({k},{n}) tile=({tm},{tn},{tk}) "
           f"compute_wgs={wgs} mcs={mcs} seed={seed}")
   return Case("producer_consumer", desc, fn, (a, b),
-              _matmul_reference(dtype, dtype, False, 0.0),
-              _matmul_allow_backends(a, b, dtype, False))
+              _matmul_reference(dtype, False, False, 0.0),
+              _matmul_allow_backends(a, b, dtype, False, False))
 
 
 def producer_consumer():

@@ -113,19 +113,39 @@ def main(argv=None):
   for fam in args.families:
     mine = [r for r in results if r[0] == fam]
     recs = [x for r in mine for x in r[4]]
-    c = collections.Counter(x["outcome"] for x in recs)
-    rows.append((fam, len(recs), c["agree"], c["both-rejected"], c["disagree"],
-                 sum(x["seconds"] for x in recs)))
+    rows.append((fam, recs))
     for _, shard, rc, _, shard_recs, text in mine:
       bad = [x for x in shard_recs if x["outcome"] == "disagree"]
       if rc not in (0,) or bad:
         failures.append((fam, shard, rc, bad, _repro(text)))
 
-  lines = [header, "", "| family | examples | agree | both reject | disagree | seconds |",
-           "|---|---:|---:|---:|---:|---:|"]
-  lines += [f"| {f} | {n} | {a} | {b} | {d} | {s:.0f} |" for f, n, a, b, d, s in rows]
-  tot = [sum(r[i] for r in rows) for i in range(1, 5)]
-  lines.append(f"| **all** | {tot[0]} | {tot[1]} | {tot[2]} | {tot[3]} | |")
+  def worst(recs, key):
+    vals = [x[key] for x in recs if key in x]
+    return f"{max(vals):.2f}" if vals else "-"
+
+  lines = [header, "",
+           "| family | examples | agree | both reject | disagree | bit-equal to GPU "
+           "| worst err/allowed vs GPU | vs NumPy | model alone rejects | seconds |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  tot = collections.Counter()
+  for fam, recs in rows:
+    c = collections.Counter(x["outcome"] for x in recs)
+    equal = sum(1 for x in recs if x.get("equal_real"))
+    rej = [x for x in recs if "model_alone" in x]
+    model = sum(1 for x in rej if x["model_alone"] != "runs")
+    tot.update(dict(n=len(recs), agree=c["agree"], rej=c["both-rejected"],
+                    dis=c["disagree"], eq=equal, model=model, rejn=len(rej)))
+    lines.append(
+        f"| {fam} | {len(recs)} | {c['agree']} | {c['both-rejected']} | "
+        f"{c['disagree']} | {equal if dev else '-'} | {worst(recs, 'ratio_real')} | "
+        f"{worst(recs, 'ratio_ref')} | {model}/{len(rej)} | "
+        f"{sum(x['seconds'] for x in recs):.0f} |")
+  lines.append(f"| **all** | {tot['n']} | {tot['agree']} | {tot['rej']} | {tot['dis']} "
+               f"| {tot['eq'] if dev else '-'} | | | {tot['model']}/{tot['rejn']} | |")
+  lines += ["", "err/allowed: the largest error over the tolerance tests/agreement/"
+            "tolerance.py allows (1.00 = at the limit). Model alone rejects: of the "
+            "kernels the real lowering rejects, how many the simulator rejects "
+            "with its own checks only (check_lowering=False)."]
   if failures:
     lines += ["", "## Disagreements / failures"]
     for fam, shard, rc, bad, repro in failures:

@@ -80,3 +80,18 @@ def mismatches(got, want, allow):
                     f"{allow[i]:.3g}; worst {worst}: error {err[worst]:.3g} "
                     f"allowed {allow[worst]:.3g})")
   return problems
+
+
+def worst_ratio(got, want, allow):
+  """max |got - want| / allowed over finite elements (0 when all are equal;
+  inf when an element differs where nothing is allowed)."""
+  got = np.asarray(got, np.float64)
+  want = np.asarray(want, np.float64)
+  if got.shape != want.shape:
+    return float("inf")
+  finite = np.isfinite(got) & np.isfinite(want)
+  err = np.where(finite, np.abs(got - want), 0.0)
+  allow = np.broadcast_to(np.asarray(allow, np.float64), err.shape)
+  with np.errstate(divide="ignore", invalid="ignore"):
+    r = np.where(err == 0, 0.0, err / allow)
+  return float(r.max()) if r.size else 0.0

@@ -13,8 +13,9 @@ def poison(shape, dtype):
   if dtype.kind == "b":
     return np.ones(shape, dtype)
   if dtype.kind in "iu":
-    return np.full(shape, np.iinfo(dtype).min + 0x5A5A if dtype.kind == "i"
-                   else np.iinfo(dtype).max - 0x5A, dtype)
+    info = np.iinfo(dtype)  # (int8: the sentinel must fit in one byte)
+    return np.full(shape, info.min + (0x5A5A if dtype.itemsize > 1 else 0x5A)
+                   if dtype.kind == "i" else info.max - 0x5A, dtype)
   return np.zeros(shape, dtype)
 
 
