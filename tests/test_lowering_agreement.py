@@ -7,6 +7,7 @@ import re
 import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental import pallas as pl
 
 import pallas_sim as ps
 from test_errors import pipeline_copy
@@ -93,4 +94,56 @@ def test_small_tma_copies_are_rejected_by_both():
   msg = "divisible by 128, but got 32"
   assert msg in lowering_error(k, x)
   with pytest.raises(ps.KernelError, match=msg):
+    ps.run(k, x, backend="sim")
+
+
+# --- the real lowering as the simulator's last static check ------------------
+# Kernels the agreement suite found that the simulator's own model accepted
+# but the lowering rejects: the simulator now rejects them too, before running.
+
+def _k(shape, body, dtype=jnp.float32, scratch=()):
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(shape, dtype),
+                      scratch_types=list(scratch))
+
+
+def test_unimplemented_primitive_is_a_lowering_error_at_the_users_line():
+  def body(x_ref, o_ref):
+    o_ref[...] = jnp.log1p(x_ref[...])
+  k = _k((128,), body)
+  x = jnp.ones((128,), jnp.float32)
+  assert "log1p" in lowering_error(k, x)
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, x, backend="sim")
+  assert e.value.primitive == "log1p"
+  assert "test_lowering_agreement.py" in e.value.where
+  # The simulator's own model can still run it, when asked to skip the check.
+  out = ps.run(k, x, backend="sim", check_lowering=False)
+  assert abs(float(out[0]) - 0.6931472) < 1e-6
+
+
+def test_layout_inference_failures_are_rejected_by_both():
+  def small(x_ref, o_ref):  # 64 elements: fewer than a warpgroup's lanes
+    o_ref[...] = x_ref[...] + 1
+  def reduce_unlaid(x_ref, o_ref):  # a reduction needs the WGMMA layout
+    o_ref[...] = jnp.sum(x_ref[...], axis=1)
+  for k, x in [(_k((64,), small), jnp.ones((64,), jnp.float32)),
+               (_k((128,), reduce_unlaid), jnp.ones((128, 128), jnp.float32))]:
+    msg = lowering_error(k, x)
+    assert "Failed to infer a possible set of layouts" in msg
+    with pytest.raises(ps.LoweringError, match="Failed to infer"):
+      ps.run(k, x, backend="sim")
+
+
+def test_tma_box_over_256_elements_is_rejected_by_both():
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  def body(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(0, 8)], smem, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[pl.ds(0, 8)])
+    plgpu.wait_smem_to_gmem(0)
+  k = _k((16, 512), body, scratch=[plgpu.SMEM((8, 512), jnp.float32), plgpu.Barrier()])
+  x = jnp.ones((16, 512), jnp.float32)
+  assert "<=256 elements" in lowering_error(k, x)
+  with pytest.raises(ps.LoweringError, match="<=256 elements"):
     ps.run(k, x, backend="sim")

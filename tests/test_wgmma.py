@@ -68,3 +68,26 @@ def test_half_types_accumulate_in_f32(rng, dtype):
   got = ps.run(lambda a, b: matmul_mcs(a, b, out_dtype=jnp.float32), a, b, backend="sim")
   want = np.asarray(a, np.float64) @ np.asarray(b, np.float64)
   assert rel_err(got, want) < 1e-6
+
+
+def test_int8_wgmma_accumulates_exactly_in_int32():
+  # Found by the agreement suite: int8 SMEM could not even be poisoned
+  # (the sentinel did not fit in a byte).
+  T = dict(transforms=(plgpu.TilingTransform((8, 128)), plgpu.SwizzleTransform(128)))
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.int32),
+                scratch_types=dict(a_s=plgpu.SMEM((64, 128), jnp.int8, **T),
+                                   b_s=plgpu.SMEM((128, 128), jnp.int8, **T),
+                                   bar=plgpu.Barrier(num_arrivals=2),
+                                   acc=plgpu.ACC((64, 128), jnp.int32)))
+  def k(a_ref, b_ref, o_ref, a_s, b_s, bar, acc):
+    plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.wgmma(acc, a_s, b_s.T)  # 8-bit operands must be K-minor
+    o_ref[...] = acc[...]
+
+  r = np.random.default_rng(0)
+  a = r.integers(-128, 128, (64, 128)).astype(np.int8)
+  b = r.integers(-128, 128, (128, 128)).astype(np.int8)
+  out = ps.run(k, jnp.asarray(a), jnp.asarray(b), backend="sim")
+  np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64).T)
