@@ -91,3 +91,27 @@ def test_int8_wgmma_accumulates_exactly_in_int32():
   b = r.integers(-128, 128, (128, 128)).astype(np.int8)
   out = ps.run(k, jnp.asarray(a), jnp.asarray(b), backend="sim")
   np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64).T)
+
+
+def test_tensor_core_summation_is_bit_exact_with_an_h200():
+  """Outputs measured on an H200 (a slice of benchmarks/wgmma_numerics_probe.py's
+  run, tests/data/wgmma_h200.npz): the simulator's tensor-core model
+  reproduces every bit, for fp8 (e4m3, e5m2), f16, bf16 and tf32 operands.
+  An exact f32 sum does not (the agreement suite found fp8 off by ~2^-14)."""
+  import os
+  from pallas_sim.backends.sim.machine import tensor_core
+  d = np.load(os.path.join(os.path.dirname(__file__), "data", "wgmma_h200.npz"))
+  itemsize = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4}
+  keys = sorted({k.rsplit("_", 1)[0] for k in d.files})
+  assert len(keys) == 15
+  naive_equal = []
+  for key in keys:
+    a, bt, hw = (d[key + s].astype(np.float64) for s in ("_a", "_b", "_out"))
+    if key.startswith("f32"):  # the tensor core reads f32 operands as tf32
+      from pallas_sim.backends.sim.rules.wgmma import to_tf32
+      a, bt = (to_tf32(x).astype(np.float64) for x in (a, bt))
+    acc = np.zeros(hw.shape, np.float32)
+    tensor_core.mma_f32(acc, a, bt.T, itemsize[key.split("_")[0]])
+    np.testing.assert_array_equal(acc, hw.astype(np.float32), err_msg=key)
+    naive_equal.append(np.array_equal(np.float32(a @ bt.T), hw.astype(np.float32)))
+  assert not all(naive_equal)

@@ -266,7 +266,8 @@ def _operands(a, b, transpose_a, transpose_b):
   return (a.T if transpose_a else a), (b.T if transpose_b else b)
 
 
-def _matmul_reference(out_dtype, transpose_a, transpose_b, operand_eps):
+def _matmul_reference(out_dtype, transpose_a, transpose_b, operand_eps,
+                      acc_eps=None):
   def reference(a, b):
     a, b = _operands(a, b, transpose_a, transpose_b)
     want = a @ b
@@ -275,7 +276,7 @@ def _matmul_reference(out_dtype, transpose_a, transpose_b, operand_eps):
     mag = np.abs(a) @ np.abs(b)
     return [(want, tol.allowed(want, mag, out_dtype, n=a.shape[1], acc_dtype=F32
                                if np.dtype(out_dtype) != np.dtype(I32) else I32,
-                               operand_eps=operand_eps))]
+                               operand_eps=operand_eps, acc_eps=acc_eps))]
   return reference
 
 
@@ -372,7 +373,8 @@ def hand_matmul(a, b, *, tm, tn, swizzle, slots, transpose_a, transpose_b,
   return kernel(a, b)
 
 
-MMA_DTYPES = {**FLOATS, "i8": jnp.int8, "f8e4m3": jnp.float8_e4m3fn}
+MMA_DTYPES = {**FLOATS, "i8": jnp.int8, "f8e4m3": jnp.float8_e4m3fn,
+              "f8e5m2": jnp.float8_e5m2}
 
 
 @st.composite
@@ -393,7 +395,7 @@ def tma_wgmma_matmul(draw):
   slots = draw(st.integers(1, 3))
   steps = draw(st.integers(1, 4))
   gm, gn = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-  outs = {"i8": ["i32"], "f8e4m3": ["f32"]}.get(dt, ["f32", dt])
+  outs = {"i8": ["i32"], "f8e4m3": ["f32"], "f8e5m2": ["f32"]}.get(dt, ["f32", dt])
   out_dt = draw(st.sampled_from(outs))
   out_dtype = DTYPES[out_dt]
   seed = draw(st.integers(0, 2 ** 16))
@@ -411,11 +413,12 @@ def tma_wgmma_matmul(draw):
                          transpose_a=transpose_a, transpose_b=transpose_b,
                          transforms=transforms, out_dtype=out_dtype)
   op_eps = tol.TF32_OPERAND_EPS if dt == "f32" else 0.0
+  acc_eps = tol.FP8_ACC_EPS if dt.startswith("f8") else None
   desc = (f"tma+wgmma {dt}->{out_dt} ({m},{k})x({k},{n}) tile=({tm},{tn},{tk}) "
           f"swizzle={swizzle} transforms={transforms} transpose_a={transpose_a} "
           f"transpose_b={transpose_b} slots={slots} seed={seed}")
   return Case("matmul", desc, fn, (a, b),
-              _matmul_reference(out_dtype, transpose_a, transpose_b, op_eps),
+              _matmul_reference(out_dtype, transpose_a, transpose_b, op_eps, acc_eps),
               _matmul_allow_backends(a, b, out_dtype, transpose_a, transpose_b))
 
 

@@ -4,16 +4,18 @@ and reading/writing the accumulator.
 Each `wgmma` is one committed group with its own end time from the SM's
 tensor-core timeline. The group reads its SMEM operands and updates the
 accumulator when it completes, so operands overwritten while it is in flight
-corrupt the result here as on hardware. Numerics follow the hardware: f16/bf16
-and fp8 products are exact in f32 and accumulate in f32; f32 operands are
-truncated to tf32 (the tensor core ignores the low 13 mantissa bits); int8
-accumulates in int32.
+corrupt the result here as on hardware. Numerics follow the hardware bit for
+bit (machine/tensor_core.py, fitted on an H200): f32 operands are truncated to
+tf32 (the low 13 mantissa bits are ignored); products are aligned and
+truncated per instruction slice of K; fp8 sums keep 13 fraction bits; int8
+accumulates exactly in int32.
 """
 import ml_dtypes
 import numpy as np
 
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
+from pallas_sim.backends.sim.machine import tensor_core
 from pallas_sim.errors import KernelError
 
 _HALF = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
@@ -82,7 +84,11 @@ def validate(acc, a, b, a_in_smem):
 
 
 def mma(acc_view, a, b):
-  """acc += a @ b with the tensor core's operand handling."""
+  """acc += a @ b as the tensor core computes it."""
+  if acc_view.dtype == _F32:
+    tensor_core.mma_f32(acc_view, operand(a, _F32), operand(b, _F32),
+                        a.dtype.itemsize)
+    return
   r = np.matmul(operand(a, acc_view.dtype), operand(b, acc_view.dtype))
   acc_view[...] = acc_view + r.astype(acc_view.dtype)
 

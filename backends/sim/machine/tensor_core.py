@@ -1,0 +1,90 @@
+"""How a Hopper tensor core sums wgmma products into an f32 accumulator.
+
+Fitted bit for bit on an H200 (benchmarks/wgmma_numerics_probe.py,
+benchmarks/wgmma_numerics_fit.py; numbers in benchmarks/RESULTS.md). For each
+instruction-wide slice of K (32 bytes of operand: 8 tf32, 16 f16/bf16, 32 fp8
+elements), per output element:
+
+1. the products (exact) and the accumulator are aligned to the largest
+   exponent among them (a product's exponent is the sum of its operands');
+2. each is truncated toward zero to ALIGN_BITS bits below that exponent
+   (25 for 16- and 32-bit operands, 13 for fp8) and the truncated terms are
+   summed exactly;
+3. the sum is truncated toward zero to RESULT_BITS fraction bits (23: an f32;
+   13 for fp8: the accumulator is in effect 22 bits wide between slices).
+
+So fp8 matmuls lose ~2^-14 relative per step (what DeepSeek-V3 reported for
+H800), and f16/bf16/tf32 ones differ from a round-to-nearest f32 sum in the
+last bits. Non-finite terms propagate as in an ordinary sum.
+"""
+import math
+
+import numba
+import numpy as np
+
+# (elements per instruction slice by operand width in bytes, align bits, result bits)
+SLICE_BYTES = 32
+PRECISION = {4: (25, 23), 2: (25, 23), 1: (13, 13)}
+_NONE = -(1 << 30)  # the exponent of zero
+
+
+def exponents(x):
+  """floor(log2|x|) per element as int32; _NONE where x == 0."""
+  _, e = np.frexp(x)
+  return np.where(x != 0, e - 1, _NONE).astype(np.int32)
+
+
+@numba.njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+def _mma(acc, a, b, ea, eb, kslice, align_bits, result_bits):
+  # Vectorized over output columns j. The truncated terms are integers below
+  # 2^53 once scaled, so their sum is exact in any order ("reassoc" is safe).
+  m, k = a.shape
+  n = b.shape[1]
+  for i in numba.prange(m):
+    s = acc[i].astype(np.float64)
+    emax = np.empty(n, np.int32)
+    raw = np.empty(n)
+    tot = np.empty(n)
+    scale = np.empty(n)
+    for c in range(0, k, kslice):
+      hi = min(c + kslice, k)
+      for j in range(n):
+        emax[j] = _NONE if s[j] == 0.0 else math.frexp(s[j])[1] - 1
+        raw[j] = 0.0
+        tot[j] = 0.0
+      for kk in range(c, hi):
+        aik, eik = a[i, kk], ea[i, kk]
+        for j in range(n):
+          emax[j] = max(emax[j], eik + eb[kk, j])
+          raw[j] += aik * b[kk, j]
+      for j in range(n):
+        scale[j] = math.ldexp(1.0, align_bits - emax[j]) if emax[j] > _NONE // 2 else 0.0
+      for kk in range(c, hi):
+        aik = a[i, kk]
+        for j in range(n):
+          tot[j] += math.trunc(aik * b[kk, j] * scale[j])
+      for j in range(n):
+        sj = s[j]
+        if not (math.isfinite(raw[j]) and math.isfinite(sj)):
+          s[j] = sj + raw[j]  # NaN/inf: an ordinary sum propagates them
+        elif scale[j] != 0.0:  # (all terms zero: unchanged)
+          v = (tot[j] + math.trunc(sj * scale[j])) / scale[j]
+          if v != 0.0:
+            q = math.ldexp(1.0, math.frexp(v)[1] - 1 - result_bits)
+            v = math.trunc(v / q) * q
+          s[j] = v
+    for j in range(n):
+      acc[i, j] = s[j]
+
+
+def mma_f32(acc, a, b, itemsize):
+  """acc (M, N) float32, updated in place: acc += a (M, K) @ b (K, N), where
+  a and b hold the operand values (as the tensor core sees them) and
+  itemsize is the operands' width in bytes."""
+  align_bits, result_bits = PRECISION[itemsize]
+  a = np.ascontiguousarray(a, np.float64)
+  b = np.ascontiguousarray(b, np.float64)
+  out = np.ascontiguousarray(acc, np.float32)
+  _mma(out, a, b, exponents(a), exponents(b), SLICE_BYTES // itemsize,
+       align_bits, result_bits)
+  acc[...] = out
