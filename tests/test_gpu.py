@@ -137,3 +137,21 @@ def test_float_to_int_cast_of_specials_agrees(dtype):
   x[:4] = [-1.0, 0.0, np.inf, 6e4]
   sim, real = both(k, jnp.asarray(x, dtype))
   np.testing.assert_array_equal(sim, real)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+def test_fused_multiply_add_agrees_bit_for_bit(dtype):
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), dtype))
+  def k(x_ref, y_ref, o_ref):
+    x = x_ref[...]
+    o_ref[0] = x * x - y_ref[...]
+    p = x * x
+    o_ref[1] = p - y_ref[...] + 0 * p
+
+  r = np.random.default_rng(0)
+  x = jnp.asarray(r.uniform(-2, 2, 128), dtype)
+  y = jnp.asarray(r.uniform(-2, 2, 128), dtype)
+  sim, real = both(k, x, y)
+  np.testing.assert_array_equal(sim, real)

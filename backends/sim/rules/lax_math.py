@@ -144,6 +144,18 @@ def _select_n(eqn, cx):
   return lambda t, p, *cases: np.choose(np.asarray(p, np.int32), cases)
 
 
+@rule("fma")
+def _fma(eqn, cx):
+  """p*x*y + s*c rounded once (interpret.contractions picks these)."""
+  dt = np.dtype(eqn.outvars[0].aval.dtype)
+
+  def fma(t, x, y, c, sp, sc):
+    r = (sp * (np.asarray(x, np.float64) * np.asarray(y, np.float64))
+         + sc * np.asarray(c, np.float64)).astype(dt)
+    return r if r.ndim else r[()]
+  return fma
+
+
 def _is_float(dt):
   """numpy floats and ml_dtypes' (bfloat16, float8: numpy kind 'V')."""
   dt = np.dtype(dt)
