@@ -148,7 +148,7 @@ def test_fused_multiply_add_agrees_bit_for_bit(dtype):
     x = x_ref[...]
     o_ref[0] = x * x - y_ref[...]
     p = x * x
-    o_ref[1] = p - y_ref[...] + 0 * p
+    o_ref[1] = p - y_ref[...] + p * y_ref[...]  # two products: one is fused
 
   r = np.random.default_rng(0)
   x = jnp.asarray(r.uniform(-2, 2, 128), dtype)
