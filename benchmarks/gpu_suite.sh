@@ -15,5 +15,9 @@ export PYTHONUNBUFFERED=1
 $PY examples/quickstart.py --backend mosaic 2>&1 | tee "$OUT/quickstart_mosaic.txt"
 $PY examples/quickstart.py --backend sim --gpu h200 2>&1 | tee "$OUT/quickstart_sim.txt"
 $PY -m pytest -v -s -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt"
+$PY tests/agreement/run.py --out "$OUT/agreement" 2>&1 | tail -25
 $PY benchmarks/gpu_timing.py 2>&1 | tee "$OUT/gpu_timing.txt"
 $PY benchmarks/gpu_probes.py 2>&1 | tee "$OUT/gpu_probes.txt"
+$PY benchmarks/wgmma_numerics_probe.py 2>&1 | tail -1
+$PY benchmarks/wgmma_numerics_fit.py "$OUT/wgmma_probe.npz" 2>&1 | tee "$OUT/wgmma_fit.txt"
+$PY benchmarks/contraction_probe.py 2>&1 | tee "$OUT/contraction.txt"
