@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU suite, for a Hopper machine with jax[cuda]==0.11.2 and no network:
 # installs this checkout without fetching anything, then runs the quickstart on
-# both backends, the whole test suite (with the `gpu`-marked agreement tests) and the timing table.
+# both backends, the whole test suite (with the `gpu`-marked tests), the thorough
+# agreement suite, the timing table and the hardware and numerics probes.
 # Results go to $OUT (or ./gpu-results).
 set -uo pipefail
 cd "$(dirname "$0")/.."
