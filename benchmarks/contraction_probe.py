@@ -72,8 +72,7 @@ def main():
       xf, yf, zf = (np.asarray(v, np.float64) for v in (x, y, z))
       fused, unfused = models(name, xf, yf, zf, dtype)
       if name == "x*x+y*z":
-        other = r(r(x * x, dtype) + yf * zf, dtype) if False else r(
-            r(xf * xf, dtype) + yf * zf, dtype)
+        other = r(r(xf * xf, dtype) + yf * zf, dtype)
         print(f"{np.dtype(dtype).name:9s} {name:18s} fuses x*x: "
               f"{np.mean(out == fused):.2f}  fuses y*z: {np.mean(out == other):.2f}  "
               f"none: {np.mean(out == unfused):.2f}")

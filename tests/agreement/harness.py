@@ -113,9 +113,7 @@ def lowering_verdict(case):
 
 
 def _np64(args):
-  return [np.asarray(a, np.float64) if np.issubdtype(np.asarray(a).dtype, np.floating)
-          or str(np.asarray(a).dtype) == "bfloat16" else np.asarray(a).astype(np.float64)
-          for a in args]
+  return [np.asarray(a).astype(np.float64) for a in args]
 
 
 def _compare(outs, refs, who):

@@ -116,7 +116,7 @@ def main(argv=None):
     rows.append((fam, recs))
     for _, shard, rc, _, shard_recs, text in mine:
       bad = [x for x in shard_recs if x["outcome"] == "disagree"]
-      if rc not in (0,) or bad:
+      if rc != 0 or bad:
         failures.append((fam, shard, rc, bad, _repro(text)))
 
   def worst(recs, key):
