@@ -163,8 +163,9 @@ def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
                         input_output_aliases, out_avals, name, **kw):
   """Lowers the kernel with JAX's own Mosaic GPU lowering (the one a Hopper
   GPU runs; it needs no GPU: `jax.export` for platform "cuda"). Returns
-  (the exception it raises, the user's file:line), or None when it lowers. Only lowering-time checks:
-  what fails later, in ptxas or at run time, shows only on a GPU."""
+  (the exception it raises, the user's file:line), or None when it lowers.
+  Lowering-time checks only: what fails later, in ptxas or at run time,
+  shows only on a GPU."""
   if mesh is not None:  # plgpu.kernel / core_map: an mpmd_map
     fn = lambda *xs: _mpmd.mpmd_map_p.bind(
         *xs, meshes=(mesh,), jaxprs=(jaxpr,), external_meshes=(),

@@ -104,13 +104,12 @@ class Executor:
     if not self.check_lowering_on:
       return
     key = id(launch.jaxpr)
-    hit = self._lowered.get(key)
-    if hit is not None and hit[0] is launch.jaxpr:
+    if self._lowered.get(key) is launch.jaxpr:  # (ids are reused: compare)
       return
     err = lower()  # (exception, its user file:line or None) or None
     if err is not None:
       raise resources.lowering_error(err[0], where=err[1] or launch.where)
-    self._lowered[key] = (launch.jaxpr, True)
+    self._lowered[key] = launch.jaxpr
 
   def execute(self, launch, arrays):
     with np.errstate(all="ignore"):

@@ -13,6 +13,7 @@ from jax.extend import core as jax_extend_core
 
 from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
 from pallas_sim.backends.sim import capture
+from pallas_sim.backends.sim.machine import memory
 
 RULES = {}
 
@@ -174,7 +175,7 @@ def contractions(jaxpr):
   with two products, the first operand's is fused. Returns {id(add eqn):
   (mul eqn, product sign, addend sign, addend)}."""
   muls = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive.name == "mul"
-          and "float" in np.dtype(e.outvars[0].aval.dtype).name}
+          and memory.is_float(e.outvars[0].aval.dtype)}
   fused = {}
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name

@@ -4,11 +4,17 @@ import numpy as np
 SPACES = ("gmem", "smem", "regs")
 
 
+def is_float(dtype):
+  """numpy floats and ml_dtypes' (bfloat16, float8_*: numpy kind 'V')."""
+  dtype = np.dtype(dtype)
+  return dtype.kind == "f" or (dtype.kind == "V" and "float" in dtype.name)
+
+
 def poison(shape, dtype):
   """Uninitialized memory: NaN for floats, an unlikely sentinel for ints, so a
   kernel that reads too early gets garbage, not a lucky right answer."""
   dtype = np.dtype(dtype)
-  if dtype.kind == "f" or dtype.name in ("bfloat16",) or "float" in dtype.name:
+  if is_float(dtype):
     return np.full(shape, np.nan, dtype)
   if dtype.kind == "b":
     return np.ones(shape, dtype)

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from pallas_sim.backends.sim.interpret import rule
+from pallas_sim.backends.sim.machine.memory import is_float
 from pallas_sim.errors import UnsupportedPrimitiveError
 
 
@@ -156,12 +157,6 @@ def _fma(eqn, cx):
   return fma
 
 
-def _is_float(dt):
-  """numpy floats and ml_dtypes' (bfloat16, float8: numpy kind 'V')."""
-  dt = np.dtype(dt)
-  return dt.kind == "f" or (dt.kind == "V" and "float" in dt.name)
-
-
 def _cast_fn(new_dtype):
   nd = _np_dtype(new_dtype)
 
@@ -170,7 +165,7 @@ def _cast_fn(new_dtype):
     if x.dtype == nd:
       return x.copy() if x.ndim else x[()]
     # (floating-point warnings are off for the whole simulation: executor.py)
-    if nd.kind in "iu" and _is_float(x.dtype):
+    if nd.kind in "iu" and is_float(x.dtype):
       # lax: float->int truncates toward zero and saturates; NaN -> 0.
       info = np.iinfo(nd)
       y = np.trunc(np.nan_to_num(x.astype(np.float64), nan=0.0))
@@ -298,7 +293,7 @@ def _pad(eqn, cx):
 def _acc_dtype(dt):
   """Reductions of half types accumulate in f32 and round once at the end."""
   dt = np.dtype(dt)
-  return np.float32 if _is_float(dt) and dt.itemsize < 4 else None
+  return np.float32 if is_float(dt) and dt.itemsize < 4 else None
 
 
 def _reduce(np_fn, use_acc):
@@ -358,7 +353,7 @@ def _dot_general(eqn, cx):
     raise UnsupportedPrimitiveError("batched dot_general in registers")
 
   def f(t, x, y):
-    acc = np.float32 if _is_float(out_dt) else np.int64
+    acc = np.float32 if is_float(out_dt) else np.int64
     r = np.tensordot(x.astype(acc), y.astype(acc), axes=(tuple(lc), tuple(rc)))
     return r.astype(out_dt)
   return f
