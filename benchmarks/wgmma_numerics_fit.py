@@ -14,13 +14,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pallas_sim.backends.sim.machine import tensor_core  # noqa: E402
+from pallas_sim.backends.sim.rules.wgmma import to_tf32  # noqa: E402
 
 ITEMSIZE = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4}
-
-
-def tf32(x):
-  x = np.asarray(x, np.float32)
-  return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 def main(path):
@@ -31,7 +27,7 @@ def main(path):
     dt = key.split("_")[0]
     a, b, hw = d[key + "_a"], d[key + "_b"], d[key + "_out"]
     if dt == "f32":
-      a, b = tf32(a).astype(np.float64), tf32(b).astype(np.float64)
+      a, b = to_tf32(a).astype(np.float64), to_tf32(b).astype(np.float64)
     exact = np.asarray(a @ b.T, np.float32).astype(np.float64)
     model = np.zeros(hw.shape, np.float32)
     tensor_core.mma_f32(model, a, b.T, ITEMSIZE[dt])
