@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
-# The GPU suite, for a Hopper machine with jax[cuda]==0.11.2 and no network:
-# installs this checkout without fetching anything, then runs the quickstart on
-# both backends, the whole test suite (with the `gpu`-marked tests), the thorough
-# agreement suite, the timing table and the hardware and numerics probes.
-# Results go to $OUT (or ./gpu-results).
+# The GPU suite, for a Hopper machine with jax[cuda]==0.11.2 and no network.
+# Installs this checkout without fetching anything, then (by part, all by default):
+#   tests      the quickstart on both backends, the tensor-core and register
+#              numerics probes (the golden file tests/test_wgmma.py reads is
+#              written anew, with its provenance), the whole test suite with the
+#              gpu-marked tests;
+#   agreement  the thorough agreement suite (tests/agreement/run.py);
+#   timing     the timing table and the hardware probes.
+# Results go to $OUT (default ./gpu-results): a few files and one tarball, as
+# the device machine returns at most 8 files.
+#     bash benchmarks/gpu_suite.sh [tests] [agreement] [timing]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
+PARTS="${*:-tests agreement timing}"
+export PYTHONUNBUFFERED=1 PALLAS_SIM_COMMIT="${PALLAS_SIM_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
+LOGS="$OUT/logs"; mkdir -p "$LOGS"
 $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   $PY -c "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__, jax.devices())"
+  echo "commit $PALLAS_SIM_COMMIT"
 } 2>&1 | tee "$OUT/env.txt"
-export PYTHONUNBUFFERED=1
-$PY examples/quickstart.py --backend mosaic 2>&1 | tee "$OUT/quickstart_mosaic.txt"
-$PY examples/quickstart.py --backend sim --gpu h200 2>&1 | tee "$OUT/quickstart_sim.txt"
-$PY -m pytest -v -s -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt"
-$PY tests/agreement/run.py --out "$OUT/agreement" 2>&1 | tail -25
-$PY benchmarks/gpu_timing.py 2>&1 | tee "$OUT/gpu_timing.txt"
-$PY benchmarks/gpu_probes.py 2>&1 | tee "$OUT/gpu_probes.txt"
-$PY benchmarks/wgmma_numerics_probe.py 2>&1 | tail -1
-$PY benchmarks/wgmma_numerics_fit.py "$OUT/wgmma_probe.npz" 2>&1 | tee "$OUT/wgmma_fit.txt"
-$PY benchmarks/contraction_probe.py 2>&1 | tee "$OUT/contraction.txt"
+
+if [[ " $PARTS " == *" tests "* ]]; then
+  $PY examples/quickstart.py --backend mosaic 2>&1 | tee "$LOGS/quickstart_mosaic.txt"
+  $PY examples/quickstart.py --backend sim --gpu h200 2>&1 | tee "$LOGS/quickstart_sim.txt"
+  OUT="$LOGS" $PY benchmarks/wgmma_numerics_probe.py --golden tests/data/wgmma_h200.npz 2>&1 | tail -2
+  cp tests/data/wgmma_h200.npz "$OUT/wgmma_h200.npz"
+  $PY benchmarks/wgmma_numerics_fit.py "$LOGS/wgmma_probe.npz" 2>&1 | tee "$LOGS/wgmma_fit.txt"
+  $PY benchmarks/register_numerics_probe.py 2>&1 | tee "$OUT/register_numerics.txt"
+  $PY -m pytest -q -rfs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30
+fi
+if [[ " $PARTS " == *" agreement "* ]]; then
+  $PY tests/agreement/run.py --out "$LOGS/agreement" 2>&1 | tail -30
+  cp "$LOGS/agreement/SUMMARY.md" "$OUT/agreement_summary.md"
+fi
+if [[ " $PARTS " == *" timing "* ]]; then
+  $PY benchmarks/gpu_timing.py 2>&1 | tee "$LOGS/gpu_timing.txt"
+  $PY benchmarks/gpu_probes.py 2>&1 | tee "$LOGS/gpu_probes.txt"
+  $PY benchmarks/contraction_probe.py 2>&1 | tee "$LOGS/contraction.txt"
+fi
+tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"

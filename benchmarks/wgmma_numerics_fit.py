@@ -21,7 +21,7 @@ ITEMSIZE = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4}
 
 def main(path):
   d = np.load(path)
-  keys = sorted({k.rsplit("_", 1)[0] for k in d.files})
+  keys = sorted({k.rsplit("_", 1)[0] for k in d.files if k != "provenance"})
   rows = collections.defaultdict(lambda: [[], [], [], []])
   for key in keys:
     dt = key.split("_")[0]

@@ -9,8 +9,15 @@ wgmma_numerics_fit.py compares them with the simulator's model
 (backends/sim/rules/wgmma.py).
 
     python3 benchmarks/wgmma_numerics_probe.py          # on a Hopper GPU
+    python3 benchmarks/wgmma_numerics_probe.py --golden tests/data/wgmma_h200.npz
+
+--golden also writes the slice of the outputs that tests/test_wgmma.py checks
+the tensor-core models against, with how it was made (GPU, driver, jax,
+command, commit: $PALLAS_SIM_COMMIT where the checkout has no .git).
 """
+import json
 import os
+import subprocess
 import sys
 
 import jax.numpy as jnp
@@ -41,10 +48,37 @@ def run(a, bt, dtype, backend):
                            out_dtype=jnp.float32), np.float64)
 
 
+# The matmuls (and the rows of A and B) the golden file keeps for the tests.
+GOLDEN = [("random", 64, 0), ("random", 128, 1), ("structured", 128, 0)]
+GOLDEN_ROWS_A, GOLDEN_ROWS_B = 8, 16
+
+
+def provenance(backend):
+  def cmd(*c):
+    try:
+      return subprocess.run(c, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+      return ""
+  import jax
+  import jaxlib
+  commit = os.environ.get("PALLAS_SIM_COMMIT") or cmd("git", "-C", ROOT, "rev-parse", "HEAD")
+  return dict(
+      backend=backend,
+      gpu=cmd("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"),
+      jax=jax.__version__, jaxlib=jaxlib.__version__,
+      devices=[str(d) for d in jax.devices()],
+      command="python3 benchmarks/wgmma_numerics_probe.py " + " ".join(sys.argv[1:]),
+      commit=commit, date=cmd("date", "-u", "+%Y-%m-%dT%H:%M:%SZ"),
+      what=("wgmma (tm=64, tn=64, swizzle=32, B stored (N, K), f32 accumulator) "
+            "of a (64, K) and a (64, K) operand; kept: rows 0..7 of A, rows 0..15 "
+            "of B and the (8, 16) corner of the output"))
+
+
 def main():
   rng = np.random.default_rng(0)
   out = {}
   backend = "sim" if "--sim" in sys.argv else "mosaic"
+  golden = sys.argv[sys.argv.index("--golden") + 1] if "--golden" in sys.argv else None
   for name, dtype in DTYPES.items():
     for k in (32, 64, 128):
       for kind in ("random", "structured"):
@@ -62,8 +96,19 @@ def main():
           print(f"{key}: max |out - exact| / max|exact| = {rel:.2e}", flush=True)
   path = os.path.join(os.environ.get("OUT", "."),
                       "wgmma_probe" + ("_sim" if backend == "sim" else "") + ".npz")
-  np.savez_compressed(path, **out)
+  meta = json.dumps(provenance(backend))
+  np.savez_compressed(path, provenance=meta, **out)
   print("saved", path)
+  if golden:
+    keep = {}
+    for name in DTYPES:
+      for kind, k, rep in GOLDEN:
+        key = f"{name}_{kind}_k{k}_{rep}"
+        keep[key + "_a"] = out[key + "_a"][:GOLDEN_ROWS_A].astype(np.float32)
+        keep[key + "_b"] = out[key + "_b"][:GOLDEN_ROWS_B].astype(np.float32)
+        keep[key + "_out"] = out[key + "_out"][:GOLDEN_ROWS_A, :GOLDEN_ROWS_B].astype(np.float32)
+    np.savez_compressed(golden, provenance=meta, **keep)
+    print("saved", golden, meta)
 
 
 if __name__ == "__main__":

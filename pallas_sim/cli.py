@@ -106,13 +106,20 @@ def main(argv=None):
   if ns.cmd == "check":
     return 1 if check(ns.target, ns.gpu) else 0
   sys.argv = [ns.file] + ns.args
+  sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
+  status = 0
   with ps.backend("sim", gpu=ns.gpu) as report:
-    runpy.run_path(ns.file, run_name="__main__")
+    try:
+      runpy.run_path(ns.file, run_name="__main__")
+    except SystemExit as e:  # the script's own exit: report first, then its status
+      status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+      if isinstance(e.code, str):
+        print(e.code, file=sys.stderr)
   print(report.summary())
   if ns.trace:
     report.save_trace(ns.trace)
     print(f"trace written to {ns.trace}")
-  return 0
+  return status
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import settings
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(os.path.dirname(_HERE), "examples"),
+                os.path.join(_HERE, "agreement")]  # (tolerance.py: bits, references)
 
 # Fixed hypothesis profiles: "ci" is quick (the default), "thorough" for
 # longer local or GPU runs: HYPOTHESIS_PROFILE=thorough.
@@ -27,3 +29,16 @@ def rel_err(got, want):
   got = np.asarray(got, np.float64)
   want = np.asarray(want, np.float64)
   return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def assert_bit_equal(got, want, what=""):
+  """Bit-identical arrays (NaN payloads aside: tolerance.bits)."""
+  from tolerance import bit_mismatches
+  for g, w in zip(jax_leaves(got), jax_leaves(want)):
+    problems = bit_mismatches(g, w)
+    assert not problems, f"{what}: {problems}"
+
+
+def jax_leaves(x):
+  import jax
+  return [np.asarray(v) for v in jax.tree.leaves(x)]

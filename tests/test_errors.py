@@ -119,15 +119,22 @@ def test_deadlock_cycle_between_two_threads_names_both():
   assert "thread 0" in str(e.value) and "thread 1" in str(e.value)
 
 
-def test_mismatched_tma_shapes():
+def test_mismatched_tma_shapes_are_jaxs_own_trace_time_error():
+  # JAX checks a copy's shapes, dtypes and memory spaces while tracing, before
+  # any backend sees the kernel: the simulator has no check of its own here,
+  # and the user gets JAX's message, the same as on the GPU.
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
                 scratch_types=[plgpu.SMEM((64,), jnp.float32), plgpu.Barrier()])
   def k(x_ref, o_ref, smem, bar):
     plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(0, 128)], smem, bar)
     plgpu.barrier_wait(bar)
 
-  with pytest.raises((ps.KernelError, ValueError)):
-    ps.run(k, jnp.ones((256,), jnp.float32), backend="sim")
+  for check_lowering in (True, False):
+    with pytest.raises(ValueError, match=r"Expected source shape to be \(64,\), but "
+                       r"got \(128,\)") as e:
+      ps.run(k, jnp.ones((256,), jnp.float32), backend="sim",
+             check_lowering=check_lowering)
+    assert not isinstance(e.value, ps.SimError)
 
 
 def test_bad_backend_and_gpu_names():

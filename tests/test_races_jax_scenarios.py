@@ -19,9 +19,35 @@ I32 = jnp.int32
 V = (128,)  # JAX's scalars, as vectors the lowering accepts for TMA
 
 
+HERE = "test_races_jax_scenarios.py"
+
+
 def racy(kernel, *args):
+  """(the races found, as a set of (kind, first access, second access,
+  buffer)), outputs). Each report must name two accesses at lines of this
+  file."""
   sim = ps.simulate(kernel, *args, on_race="report")
-  return bool(sim.report.races), sim.outputs
+  for r in sim.report.races:
+    for site in (r.first, r.second):
+      assert site is None or HERE in site.where, str(r)
+  return {(r.kind, _who(r.first), _who(r.second), r.second.buffer)
+          for r in sim.report.races}, sim.outputs
+
+
+def _who(site):
+  return None if site is None else f"{site.agent} {site.access}"
+
+
+def WW(a, b, buf):
+  return {("write-write race", f"{a} write", f"{b} write", buf)}
+
+
+def RW(a, b, buf):
+  return {("read-write race", f"{a} read", f"{b} write", buf)}
+
+
+def WR(a, b, buf):
+  return {("write-read race", f"{a} write", f"{b} read", buf)}
 
 
 def scalar_kernel(body, gmem=(), **scratch):
@@ -46,7 +72,7 @@ def test_async_gmem_read_not_visible_unless_synchronized(wait):
 
   found, out = racy(scalar_kernel(body, smem_ref=plgpu.SMEM(V, I32),
                                   bar=plgpu.Barrier()))
-  assert found == (not wait)
+  assert found == (set() if wait else RW("tma_load", "thread", "out_ref"))
   if wait:
     assert (out == 42).all()
 
@@ -65,7 +91,7 @@ def test_single_thread_later_gmem_to_smem_copy(a, b, c, d):
 
   found, out = racy(scalar_kernel(body, smem_ref=plgpu.SMEM(V, I32),
                                   bar=plgpu.Barrier()), jnp.full(V, 42, I32))
-  assert found == (not b)
+  assert found == (set() if b else WW("thread", "tma_load", "smem_ref"))
   if b:
     assert (out == 42).all()
 
@@ -83,7 +109,8 @@ def test_single_thread_earlier_gmem_to_smem_copy(wait):
 
   found, out = racy(scalar_kernel(body, gmem=[V], smem_ref=plgpu.SMEM(V, I32),
                                   bar=plgpu.Barrier()))
-  assert found == (not wait)
+  assert found == (set() if wait else WW("tma_load", "thread", "smem_ref")
+                   | WR("tma_load", "thread", "smem_ref"))
   if wait:
     assert (out == 42).all()
 
@@ -124,7 +151,7 @@ def test_multi_thread_gmem_to_smem_copy(a, b, c, d, e, f):
       out_ref[...] = smem_ref[...]
 
   found, out = racy(two_thread_kernel(body), jnp.full(V, 42, I32))
-  assert found == (not b)
+  assert found == (set() if b else WW("thread", "tma_load", "smem_ref"))
   if b:
     assert (out == 42).all()
 
@@ -154,7 +181,7 @@ def test_cross_thread_gmem_to_smem_copy(a, b, c, d, e, f):
 
   found, out = racy(two_thread_kernel(body), jnp.full(V, 42, I32))
   correct = b or d
-  assert found == (not correct)
+  assert found == (set() if correct else WW("thread", "tma_load", "smem_ref"))
   if correct:
     assert (out == 42).all()
 
@@ -171,7 +198,7 @@ def test_single_thread_smem_to_gmem_copy(a, b, c):
     out_ref[...] = gmem_ref[...]
 
   found, out = racy(scalar_kernel(body, gmem=[V], smem_ref=plgpu.SMEM(V, I32)))
-  assert found == (not b)
+  assert found == (set() if b else WR("thread", "tma_store", "smem_ref"))
   if b:
     assert (out == 42).all()
 
@@ -189,7 +216,7 @@ def test_non_fully_waited_smem_to_gmem_copy():
 
   found, _ = racy(scalar_kernel(body, gmem=[V, V], smem1=plgpu.SMEM(V, I32),
                                 smem2=plgpu.SMEM(V, I32)))
-  assert found
+  assert found == WR("tma_store", "thread", "gmem2")
 
 
 def test_rewaiting_smem_to_gmem_copies_is_fine():
@@ -208,7 +235,7 @@ def test_rewaiting_smem_to_gmem_copies_is_fine():
     out_ref[...] = gmem_ref[0] + gmem_ref[1] + gmem_ref[2]
 
   found, out = racy(k, jnp.broadcast_to(jnp.array([[1], [2], [3]], I32), (3, *V)))
-  assert not found and (out[0] == 6).all()
+  assert found == set() and (out[0] == 6).all()
 
 
 @pytest.mark.parametrize("wait_only_once", [False, True])
@@ -229,9 +256,11 @@ def test_smem_to_gmem_wait_read_only(wait_only_once, location):
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
   found, _ = racy(k, jnp.ones((2, *V), I32))
-  correct = (wait_only_once and location == 0) or (
-      not wait_only_once and location in (0, 1))
-  assert found == (not correct)
+  # smem[0]'s read is awaited; out[0]'s write only by the full wait; smem[1]
+  # and out[1] belong to the copy still in flight.
+  want = [set(), set() if not wait_only_once else WW("tma_store", "thread", "out_ref"),
+          RW("tma_store", "thread", "smem_ref"), WW("tma_store", "thread", "out_ref")]
+  assert found == want[location]
 
 
 @pytest.mark.parametrize("check_read", [False, True])
@@ -261,7 +290,8 @@ def test_wait_smem_to_gmem_is_per_thread(check_read):
       plgpu.barrier_arrive(cleanup_barrier)
 
   found, _ = racy(k)
-  assert found
+  assert found == (RW("tma_store", "thread", "smem") if check_read
+                   else WW("tma_store", "thread", "out_ref"))
 
 
 def test_properly_waited_smem_to_gmem_is_visible_across_threads():
@@ -285,7 +315,7 @@ def test_properly_waited_smem_to_gmem_is_visible_across_threads():
       out_ref[...] = gmem_ref[...]
 
   found, out = racy(k)
-  assert not found and (out[0] == 42).all()
+  assert found == set() and (out[0] == 42).all()
 
 
 @pytest.mark.parametrize("wait", [False, True])
@@ -303,7 +333,7 @@ def test_two_loads_into_one_smem(wait):
     plgpu.barrier_wait(barrier)
 
   found, _ = racy(k)
-  assert found == (not wait)
+  assert found == (set() if wait else WW("tma_load", "tma_load", "smem_ref"))
 
 
 def test_two_stores_from_one_smem_to_one_gmem():
@@ -317,7 +347,7 @@ def test_two_stores_from_one_smem_to_one_gmem():
     plgpu.wait_smem_to_gmem(0)
 
   found, _ = racy(k)
-  assert found
+  assert found == WW("tma_store", "tma_store", "gmem_ref")
 
 
 def test_unawaited_store_read_side_is_reported():
@@ -341,5 +371,5 @@ def test_unawaited_store_write_side_is_fine():
 
   x = jnp.arange(2 * 128, dtype=I32).reshape(2, *V)
   found, out = racy(k, x)
-  assert not found
+  assert found == set()
   np.testing.assert_array_equal(out, x)  # the write still lands at the end

@@ -255,3 +255,78 @@ def test_mul_feeding_an_add_is_a_fused_multiply_add():
   out = np.asarray(ps.run(k, x, y, backend="sim"))
   assert out[0, 0] == np.float32(2.0 ** -24) and out[1, 0] == np.float32(2.0 ** -24)
   assert out[2, 0] == np.float32(1 + 2 ** -11)  # x*x rounded where it is stored
+
+
+def test_integer_division_and_remainder_truncate_toward_zero():
+  # lax.div/rem are C's (truncation toward zero); jnp's // and % floor, and
+  # JAX builds them from lax.div/rem with a correction.
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 128), jnp.int32))
+  def k(x_ref, y_ref, o_ref):
+    x, y = x_ref[...], y_ref[...]
+    o_ref[0] = lax.div(x, y)
+    o_ref[1] = lax.rem(x, y)
+    o_ref[2] = x // y
+    o_ref[3] = x % y
+
+  r = np.random.default_rng(0)
+  x = r.integers(-1000, 1000, 128).astype(np.int32)
+  y = r.integers(1, 30, 128).astype(np.int32) * r.choice([-1, 1], 128).astype(np.int32)
+  out = np.asarray(ps.run(k, jnp.asarray(x), jnp.asarray(y), backend="sim"))
+  q = np.array([int(a / b) for a, b in zip(x.tolist(), y.tolist())])  # truncated
+  np.testing.assert_array_equal(out[0], q)
+  np.testing.assert_array_equal(out[1], x - q * y)
+  np.testing.assert_array_equal(out[2], x // y)
+  np.testing.assert_array_equal(out[3], x % y)
+
+
+def test_wgmma_reads_its_operands_when_it_completes():
+  """A store into a wgmma's operand while the wgmma is in flight (a race)
+  lands before the tensor core reads it here: the simulator takes the
+  latest moment the hardware may read, so a racy kernel gets wrong numbers
+  rather than lucky right ones, and the race is reported."""
+  T = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
+                scratch_types=dict(a=plgpu.SMEM((64, 64), jnp.float16, transforms=T),
+                                   b=plgpu.SMEM((64, 128), jnp.float16, transforms=T),
+                                   bar=plgpu.Barrier(num_arrivals=2),
+                                   acc=plgpu.ACC((64, 128), jnp.float32)))
+  def k(a_ref, b_ref, o_ref, a, b, bar, acc):
+    plgpu.copy_gmem_to_smem(a_ref, a, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.wgmma(acc, a, b)
+    b[...] = jnp.zeros((64, 128), jnp.float16)  # while the wgmma may read b
+    plgpu.wgmma_wait(0)
+    o_ref[...] = acc[...]
+
+  rng = np.random.default_rng(0)
+  av = jnp.asarray(rng.standard_normal((64, 64)), jnp.float16)
+  bv = jnp.asarray(rng.standard_normal((64, 128)), jnp.float16)
+  sim = ps.simulate(k, av, bv, on_race="report")
+  np.testing.assert_array_equal(np.asarray(sim.outputs), 0.0)
+  [race] = sim.report.races
+  assert race.first.agent == "wgmma" and race.second.prim == "store"
+  assert "wgmma_wait" in race.advice
+
+
+@pytest.mark.parametrize("op,dtype,combine", [
+    ("add", jnp.float32, np.add), ("max", jnp.float16, np.maximum),
+    ("smin", jnp.int32, np.minimum),
+    ("umax", jnp.int32, lambda a, b: np.maximum(a.view(np.uint32), b.view(np.uint32)).view(np.int32))])
+def test_tma_reduction_store_combines_with_gmem(op, dtype, combine):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), dtype),
+                scratch_types=[plgpu.SMEM((2, 128), dtype)])
+  def k(x_ref, o_ref, smem):
+    smem[...] = x_ref[...]
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem.at[0], o_ref)
+    plgpu.wait_smem_to_gmem(0)
+    plgpu.copy_smem_to_gmem(smem.at[1], o_ref, reduction_op=op)
+    plgpu.wait_smem_to_gmem(0)
+
+  r = np.random.default_rng(0)
+  x = (r.integers(-1000, 1000, (2, 128)) if dtype == jnp.int32
+       else r.standard_normal((2, 128))).astype(dtype)
+  out = np.asarray(ps.run(k, jnp.asarray(x), backend="sim"))
+  np.testing.assert_array_equal(out, combine(x[0], x[1]))

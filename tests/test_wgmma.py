@@ -1,4 +1,7 @@
 """wgmma numerics and the lowering's restrictions on operands."""
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,25 +96,58 @@ def test_int8_wgmma_accumulates_exactly_in_int32():
   np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64).T)
 
 
-def test_tensor_core_summation_is_bit_exact_with_an_h200():
-  """Outputs measured on an H200 (a slice of benchmarks/wgmma_numerics_probe.py's
-  run, tests/data/wgmma_h200.npz): the simulator's tensor-core model
-  reproduces every bit, for fp8 (e4m3, e5m2), f16, bf16 and tf32 operands.
-  An exact f32 sum does not (the agreement suite found fp8 off by ~2^-14)."""
-  import os
-  from pallas_sim.backends.sim.machine import tensor_core
-  d = np.load(os.path.join(os.path.dirname(__file__), "data", "wgmma_h200.npz"))
-  itemsize = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4}
-  keys = sorted({k.rsplit("_", 1)[0] for k in d.files})
-  assert len(keys) == 15
+GOLDEN = os.path.join(os.path.dirname(__file__), "data", "wgmma_h200.npz")
+ITEMSIZE = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4}
+GOLDEN_DTYPES = {"f8e4m3": jnp.float8_e4m3fn, "f8e5m2": jnp.float8_e5m2,
+                 "f16": jnp.float16, "bf16": jnp.bfloat16, "f32": jnp.float32}
+
+
+def golden():
+  """(key, A rows, B rows (N, K), the H200's outputs) of tests/data/
+  wgmma_h200.npz, and its provenance."""
+  d = np.load(GOLDEN)
+  keys = sorted({k.rsplit("_", 1)[0] for k in d.files if k != "provenance"})
+  return [(k, d[k + "_a"], d[k + "_b"], d[k + "_out"]) for k in keys], json.loads(
+      str(d["provenance"]))
+
+
+def test_golden_data_says_how_it_was_made():
+  cases, prov = golden()
+  assert len(cases) == 15
+  assert "H200" in prov["gpu"] and prov["backend"] == "mosaic"
+  assert prov["jax"] == "0.11.2" and len(prov["commit"]) == 40
+  assert prov["command"].startswith("python3 benchmarks/wgmma_numerics_probe.py")
+
+
+def test_tests_own_tensor_core_model_matches_the_h200():
+  """tests/agreement/tensor_core_ref.py (the agreement suite's reference,
+  written apart from the simulator's) reproduces every bit; an exact sum
+  rounded once does not (fp8 differs by ~2^-14)."""
+  import tensor_core_ref
   naive_equal = []
-  for key in keys:
-    a, bt, hw = (d[key + s].astype(np.float64) for s in ("_a", "_b", "_out"))
-    if key.startswith("f32"):  # the tensor core reads f32 operands as tf32
-      from pallas_sim.backends.sim.rules.wgmma import to_tf32
-      a, bt = (to_tf32(x).astype(np.float64) for x in (a, bt))
-    acc = np.zeros(hw.shape, np.float32)
-    tensor_core.mma_f32(acc, a, bt.T, itemsize[key.split("_")[0]])
-    np.testing.assert_array_equal(acc, hw.astype(np.float32), err_msg=key)
-    naive_equal.append(np.array_equal(np.float32(a @ bt.T), hw.astype(np.float32)))
+  for key, a, bt, hw in golden()[0]:
+    a, bt = (np.asarray(x, GOLDEN_DTYPES[key.split("_")[0]]) for x in (a, bt))
+    got = tensor_core_ref.matmul(tensor_core_ref.operand_values(a),
+                                 tensor_core_ref.operand_values(bt).T,
+                                 ITEMSIZE[key.split("_")[0]])
+    np.testing.assert_array_equal(got.astype(np.float32), hw, err_msg=key)
+    naive = np.float32(tensor_core_ref.operand_values(a) @ tensor_core_ref.operand_values(bt).T)
+    naive_equal.append(np.array_equal(naive, hw))
   assert not all(naive_equal)
+
+
+def test_simulated_wgmma_is_bit_exact_with_the_h200():
+  """The simulator, through a whole wgmma kernel (the probe's own: f32
+  operands read as tf32 included), gives the H200's bits."""
+  from families import hand_matmul
+  for key, a, bt, hw in golden()[0]:
+    dtype = GOLDEN_DTYPES[key.split("_")[0]]
+    k = a.shape[1]
+    A = np.zeros((64, k), np.float32)
+    B = np.zeros((64, k), np.float32)
+    A[:a.shape[0]], B[:bt.shape[0]] = a, bt
+    out = ps.run(hand_matmul, jnp.asarray(A, dtype), jnp.asarray(B, dtype), backend="sim",
+                 tm=64, tn=64, swizzle=32, slots=1, transpose_a=False, transpose_b=True,
+                 transforms=True, out_dtype=jnp.float32)
+    np.testing.assert_array_equal(np.asarray(out)[:hw.shape[0], :hw.shape[1]], hw,
+                                  err_msg=key)

@@ -13,6 +13,7 @@ from jax._src.state import types as jax_state_types
 from jax._src.pallas.mosaic_gpu import core as gpu_core
 from jax import tree_util
 
+from pallas_sim.backends.sim.machine import memory
 from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
 
 
@@ -143,3 +144,37 @@ def barrier_of(ref, what):
                         f"{v.shape} must be indexed down to one barrier")
     return v[()]
   return v
+
+
+def static_ref(aval, treedef, name="ref"):
+  """The Ref a primitive would see, from avals alone (before anything runs):
+  a buffer of the right logical shape and strides but no memory, dynamic
+  indices taken as 0. For static checks of shapes and layouts; None where it
+  cannot be built (then the checks run when the primitive does)."""
+  inner = getattr(aval, "inner_aval", None)
+  if inner is None or not hasattr(inner.dtype, "itemsize"):
+    return None
+  space = str(getattr(aval, "memory_space", None))
+  if space not in memory.SPACES:
+    return None
+  try:
+    trs = unflatten(treedef, [0] * num_leaves(treedef))
+    tiling = swizzle = None
+    for tr in trs:
+      if isinstance(tr, gpu_core.UntilingTransform):
+        tiling = tr.tiling
+      elif isinstance(tr, gpu_core.UnswizzleRef):
+        swizzle = tr.swizzle
+    shape = tuple(inner.shape)
+    if tiling is not None:
+      shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
+    dtype = np.dtype(inner.dtype)
+    strides = [dtype.itemsize] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+      strides[d] = strides[d + 1] * shape[d + 1]
+    data = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides,
+                                           writeable=False)
+    buf = memory.Buffer(name, space, data, tiling, swizzle)
+    return apply(root_ref(buf), trs)
+  except Exception:  # an exotic ref: checked at run time instead
+    return None

@@ -46,6 +46,9 @@ class Report:
     lines = [f"pallas-sim report ({self.gpu}): {len(self.kernels)} kernel "
              f"launch(es), {len(self.races)} race(s)"]
     lines += ["  " + k.summary() for k in self.kernels]
+    if self.races:
+      lines.append("races:")
+      lines += ["  " + str(r).replace("\n", "\n  ") for r in self.races]
     return "\n".join(lines)
 
   def __str__(self):

@@ -3,12 +3,21 @@
 Modes (AGREEMENT_BACKEND, default: "mosaic" where there is a Hopper GPU,
 else "reference"):
 * "mosaic": the simulator against the real Mosaic GPU lowering running on the
-  GPU, and both against the NumPy reference. Errors must agree in kind.
-* "reference" (CPU, CI): the simulator against the NumPy reference; the real
+  GPU, and both against the reference. Where the case claims exactness
+  (`Case.exact`), the two must be bit-identical. Errors must agree in kind.
+* "reference" (CPU, CI): the simulator against the reference; the real
   lowering (jax.export for "cuda", no GPU needed) says what must be rejected.
 
+In both modes:
+* kernels the lowering rejects for SMEM are rejected by the simulator's own
+  model too (check_lowering=False), with the same numbers, and where a case
+  says its rejection is one the model implements (`model_rejects`), the
+  model alone rejects it, and with the lowering check on, the model's error
+  comes first;
+* kernels that fit: the simulator's SMEM byte count equals the lowering's.
+
 Every example is logged as one JSON line to $AGREEMENT_LOG, if set, for the
-summary that tests/agreement/run_gpu.py prints.
+summary that tests/agreement/run.py prints.
 """
 import dataclasses
 import json
@@ -29,11 +38,14 @@ class Case:
   desc: str                       # the drawn configuration, for the summary
   fn: object                      # jnp arrays -> outputs
   args: tuple
-  # reference(*numpy float64 args) -> list of (want, allowed |error|) per
-  # output; allowed against the other backend comes from `allow_backends`.
+  # reference(*float64 args) -> a tolerance.Iv (the range of correct
+  # results) per output
   reference: object = None
-  allow_backends: object = None   # (want_real) -> allowed |sim - real| per output
   must_reject: bool = False       # the family generates only rejected kernels
+  exact: bool = True              # the GPU's outputs are claimed bit for bit
+  config: dict = None             # the drawn axes (families.Picker)
+  inferred_transforms: bool = False  # SMEM tiles whose transforms the lowering infers
+  model_rejects: bool = False     # the simulator's own checks must reject it
 
 
 def mode():
@@ -75,7 +87,7 @@ _SMEM = re.compile(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)")
 
 def _smem_numbers(e):
   m = _SMEM.search(str(e))
-  return m and m.groups()
+  return m and tuple(map(int, m.groups()))
 
 
 def _first_line(e):
@@ -89,11 +101,12 @@ def _outputs(out):
 
 
 def run_sim(case, check_lowering=True):
+  """(outputs, SMEM bytes of each launch, error)."""
   try:
-    return _outputs(ps.run(case.fn, *case.args, backend="sim",
-                           check_lowering=check_lowering)), None
+    sim = ps.simulate(case.fn, *case.args, check_lowering=check_lowering)
+    return _outputs(sim.outputs), [k.smem_bytes for k in sim.report.kernels], None
   except Exception as e:  # every kind is compared below
-    return None, e
+    return None, None, e
 
 
 def run_mosaic(case):
@@ -103,13 +116,29 @@ def run_mosaic(case):
     return None, e
 
 
+def _export(case):
+  # (a fresh function each time: JAX caches lowerings by function, and the
+  # SMEM limit below is not part of its cache key)
+  fn = lambda *args: case.fn(*args)
+  jax.export.export(jax.jit(fn), platforms=["cuda"])(*case.args)
+
+
 def lowering_verdict(case):
   """The real lowering's exception for this kernel, or None if it lowers."""
   try:
-    jax.export.export(jax.jit(case.fn), platforms=["cuda"])(*case.args)
+    _export(case)
   except Exception as e:
     return e
   return None
+
+
+def lowering_smem_bytes(case):
+  """The SMEM bytes the real lowering requests for the (first) kernel: it
+  says so when its limit is 0 (its own testing hook)."""
+  from jax.experimental.mosaic.gpu import core as mgpu_core
+  with mgpu_core.artificial_shared_memory_limit(0):
+    err = lowering_verdict(case)
+  return 0 if err is None else (_smem_numbers(err) or (None,))[0]
 
 
 def _np64(args):
@@ -118,17 +147,50 @@ def _np64(args):
 
 def _compare(outs, refs, who):
   problems = []
-  for i, (got, (want, allow)) in enumerate(zip(outs, refs)):
-    problems += [f"{who} output {i}: {p}" for p in tolerance.mismatches(got, want, allow)]
+  for i, (got, want) in enumerate(zip(outs, refs)):
+    problems += [f"{who} output {i}: {p}" for p in tolerance.mismatches(got, want)]
+  return problems
+
+
+def _check_rejection(case, sim_err, real_err, detail):
+  """Errors: the same kind on both sides; the model's own share."""
+  problems = []
+  sk = sim_kind(sim_err) if sim_err is not None else None
+  rk = real_kind(real_err) if real_err is not None else None
+  if rk is not None and sk == _traced(real_err):
+    rk = sk
+  if sk != rk:
+    problems.append(f"errors differ: simulator {sk or 'runs'} "
+                    f"({detail.get('sim_error', '')}), real {rk or 'runs'} "
+                    f"({detail.get('real_error', '')})")
+  elif sk == "smem" and (sim_err.smem_bytes, sim_err.max_smem_bytes) != _smem_numbers(real_err):
+    problems.append(f"SMEM numbers differ: {detail['sim_error']} vs {detail['real_error']}")
+  if rk is None or rk == sk == _traced(real_err):
+    return problems
+  # What the simulator's own checks say, without the real lowering.
+  _, _, model_err = run_sim(case, check_lowering=False)
+  model = sim_kind(model_err) if model_err is not None else "runs"
+  detail["model_alone"] = model
+  if rk == "smem" and (model != "smem" or (model_err.smem_bytes, model_err.max_smem_bytes)
+                       != _smem_numbers(real_err)):
+    problems.append(f"the model alone does not reject the SMEM overflow the lowering "
+                    f"reports ({detail['real_error']}): {model}")
+  if case.model_rejects or rk == "smem":
+    if model != rk:
+      problems.append(f"the model alone should reject this kernel ({rk}), but: "
+                      f"{model} ({_first_line(model_err) if model_err else ''})")
+    elif isinstance(sim_err, ps.LoweringError):
+      problems.append("the simulator's own check should come before the lowering's, "
+                      f"but the first error is the lowering's: {detail['sim_error']}")
   return problems
 
 
 def check(case):
-  """Runs the case; returns (outcome, details). Outcome: "agree",
+  """Runs the case; returns (outcome, problems). Outcome: "agree",
   "both-rejected" or "disagree"."""
   m = mode()
   t0 = time.perf_counter()
-  sim_out, sim_err = run_sim(case)
+  sim_out, sim_smem, sim_err = run_sim(case)
   if m == "mosaic":
     real_out, real_err = run_mosaic(case)
   else:
@@ -143,41 +205,25 @@ def check(case):
     detail["real_error"] = _first_line(real_err)
 
   if sim_err is not None or real_err is not None:
-    sk = sim_kind(sim_err) if sim_err is not None else None
-    rk = real_kind(real_err) if real_err is not None else None
-    if rk is not None and sk == _traced(real_err):
-      rk = sk
-    if sk != rk:
-      problems.append(f"errors differ: simulator {sk or 'runs'} "
-                      f"({detail.get('sim_error', '')}), real {rk or 'runs'} "
-                      f"({detail.get('real_error', '')})")
-    elif sk == "smem" and (sim_err.smem_bytes, sim_err.max_smem_bytes) != tuple(
-        map(int, _smem_numbers(real_err))):
-      problems.append(f"SMEM numbers differ: {detail['sim_error']} vs {detail['real_error']}")
+    problems = _check_rejection(case, sim_err, real_err, detail)
     outcome = "both-rejected" if not problems else "disagree"
-    if rk is not None:
-      # Would the simulator's own model (without the real lowering as a
-      # check) have rejected it too? Recorded, not asserted: see README.
-      _, model_err = run_sim(case, check_lowering=False)
-      detail["model_alone"] = sim_kind(model_err) if model_err is not None else "runs"
   else:
     if case.must_reject:
       problems.append("the family expects a rejection, but both accept the kernel")
+    real_smem = lowering_smem_bytes(case)
+    if sim_smem[:1] != [real_smem]:
+      problems.append(f"SMEM bytes differ: simulator {sim_smem}, lowering {real_smem}")
     refs = case.reference(*_np64(case.args)) if case.reference else []
     problems += _compare(sim_out, refs, "simulator vs reference")
-    detail["ratio_ref"] = max([tolerance.worst_ratio(g, w, a)
-                               for g, (w, a) in zip(sim_out, refs)], default=0.0)
+    detail["ratio_ref"] = max([tolerance.ratio(g, w) for g, w in zip(sim_out, refs)],
+                              default=0.0)
+    detail["exact_ref"] = all(bool((w.lo == w.hi).all()) for w in refs)
     if real_out is not None:
       problems += _compare(real_out, refs, "real vs reference")
-      allow = case.allow_backends(real_out) if case.allow_backends else [
-          a for _, a in refs]
-      pairs = [(np.asarray(r, np.float64), a) for r, a in zip(real_out, allow)]
-      problems += _compare(sim_out, pairs, "simulator vs real")
-      detail["ratio_real"] = max([tolerance.worst_ratio(g, w, a)
-                                  for g, (w, a) in zip(sim_out, pairs)], default=0.0)
-      detail["equal_real"] = all(np.array_equal(np.asarray(g, np.float64), w,
-                                                equal_nan=True)
-                                 for g, (w, _) in zip(sim_out, pairs))
+      bit = [p for g, r in zip(sim_out, real_out) for p in tolerance.bit_mismatches(g, r)]
+      detail["equal_real"] = not bit
+      if case.exact:
+        problems += [f"simulator vs real (claimed bit-exact): {p}" for p in bit]
     outcome = "agree" if not problems else "disagree"
   _log(case, m, outcome, problems, detail, time.perf_counter() - t0)
   return outcome, problems
@@ -188,7 +234,7 @@ def _log(case, m, outcome, problems, detail, seconds):
   if not path:
     return
   rec = dict(family=case.family, desc=case.desc, mode=m, outcome=outcome,
-             problems=problems, seconds=round(seconds, 3), **detail)
+             exact=case.exact, problems=problems, seconds=round(seconds, 3), **detail)
   with open(path, "a") as f:
     f.write(json.dumps(rec) + "\n")
 

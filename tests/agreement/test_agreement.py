@@ -1,7 +1,16 @@
 """The agreement suite: the simulator against the real Mosaic GPU lowering
-(on a Hopper GPU) or against NumPy (anywhere), over generated kernels.
-See tests/agreement/README in the top-level README ("Agreement")."""
-from hypothesis import given
+(on a Hopper GPU) or against exact references (anywhere), over generated
+kernels. See the README ("Agreement with the hardware").
+
+Two kinds of test per family: `test_<family>` draws random examples
+(hypothesis; 15 derandomized in the CI profile), and
+`test_covering[<family>-<row>]` runs one example for each row of
+families.covering_rows, so that every dtype, kind and path of every family
+runs in CI."""
+import itertools
+
+import pytest
+from hypothesis import given, reject, settings
 
 import families as F
 from harness import assert_agree
@@ -35,3 +44,36 @@ def test_producer_consumer(case):
 @given(F.rejected())
 def test_rejected(case):
   assert_agree(case)
+
+
+def _may_be_rejected(family, row):
+  return family == "rejected" or row.get("layout") == "inferred"
+
+
+COVERING = [(f, i, row) for f in F.FAMILIES for i, row in enumerate(F.covering_rows(f))]
+
+
+@pytest.mark.parametrize("family,i,row", COVERING,
+                         ids=[f"{f}-{i}" for f, i, _ in COVERING])
+def test_covering(family, i, row):
+  """One example with these axes fixed (the rest drawn): one that runs,
+  except where the row's own values make the lowering reject it."""
+  @settings(max_examples=1, derandomize=True, database=None)
+  @given(F.FAMILIES[family](**row))
+  def one(case):
+    assert all(case.config[a] == v for a, v in row.items())
+    if assert_agree(case) == "both-rejected" and not _may_be_rejected(family, row):
+      reject()  # e.g. SMEM overflow of the drawn tile sizes: draw another
+  one()
+
+
+def test_covering_rows_take_every_value_of_every_axis():
+  for family, axes in F.AXES.items():
+    rows = F.covering_rows(family)
+    taken = {(a, v) for row in rows for a, v in row.items()}
+    assert taken == {(a, v) for a, vs in axes.items() for v in vs}, family
+    for names in F.AXES_PAIRS.get(family, ()):
+      combos = {tuple(r[n] for n in names) for r in rows if all(n in r for n in names)}
+      want = {c for c in itertools.product(*(axes[n] for n in names))
+              if F._valid(family, dict(zip(names, c)))}
+      assert combos >= want, (family, names, want - combos)

@@ -1,102 +1,228 @@
 """When two results "agree": the rule the agreement suite applies.
 
-Per element, with `want` the reference (or the other backend's result):
+A family's reference gives, per output element, the closed range [lo, hi] of
+values the hardware may produce (float64; NaN where NaN is expected). It is
+computed independently of the simulator, with correct rounding per operation
+(`round_to`), and it is a single point wherever the hardware's result is
+determined bit for bit:
 
-    |got - want| <= ULPS * eps(out) * |want|                      (output rounding)
-                  + (ULPS * eps(acc) * sqrt(n) + operand_eps) * mag  (the computation)
+* element-wise f16/bf16/f32 add, sub, mul, neg, abs, max, min, select,
+  casts, and the fused multiply-adds the GPU compiler forms (`fma_round`);
+* wgmma matmuls of every operand type (tensor_core_ref.py: the summation
+  measured on an H200) and data movement (TMA, pipelines, producer/consumer).
 
-* eps(dtype): the unit roundoff of a float dtype (f32 2^-23, f16 2^-10, bf16
-  2^-7); 0 for integers, so integer results must be equal.
-* ULPS = 4: both sides round each step correctly or nearly (GPU math functions
-  are within 2 ulp), but may round intermediate results differently.
-* n: the reduction length (K of a matmul, the reduced axis of a sum); 1 for
-  elementwise math. Summation order differs between backends, and rounding
-  errors of a sum of n terms grow like sqrt(n) in practice.
-* mag: the size of what was computed with, per element: sum |a_ik b_kj| for a
-  matmul, sum |x| for a sum, the largest intermediate for elementwise math.
-* eps(acc): the accumulator's (f32 for wgmma; the dtype itself for a sum in
-  registers). For fp8 wgmma against an exact reference, FP8_ACC_EPS = 2^-13:
-  the tensor core keeps 13 fraction bits when it sums fp8 products
-  (backends/sim/machine/tensor_core.py, measured on an H200); between the
-  backends the f32 rule applies, since both sum the same way.
-* operand_eps: rounding of the operands the reference does not model: 2^-9 for
-  tf32 against an exact reference; 0 between the two backends.
+The range has width only for the documented exceptions, each named here:
 
-Non-finite values must match exactly: NaN where the other has NaN, +inf/-inf
-where the other has the same infinity. max/min and data movement are exact
-(eps 0 via integer-like comparisons: the families pass ulps=0).
+* F32_TRANSCENDENTAL_ULPS: f32 exp/log/tanh. The GPU uses libdevice (within 2
+  ulp of the true value), the simulator numpy (within 4 ulp for its SIMD f32
+  loops); the range is the true value +-4 ulp, carried through the later
+  operations by interval arithmetic. f16/bf16 transcendentals are computed in
+  f32 and rounded once, so their range is a point except where the f32
+  candidates straddle a rounding boundary of the narrow type.
+* f32_sum_error: sums in registers, whose order on the GPU (per lane, then
+  across lanes and warps) is not modelled: the range is the exact sum +-
+  (n-1) * 2^-24 * sum|x| (the bound for any order of f32 additions), rounded
+  to the output type once (f16/bf16 sums accumulate in f32).
+
+On a Hopper GPU, outputs of cases that claim exactness (`Case.exact`) must be
+bit-identical between the simulator and the hardware (NaN payloads aside);
+the others must both fall in the reference range. Integers must be equal.
 """
-import numpy as np
 import ml_dtypes
+import numpy as np
 
-ULPS = 4
-TF32_OPERAND_EPS = 2.0 ** -9
-FP8_ACC_EPS = 2.0 ** -13
+F32_TRANSCENDENTAL_ULPS = 4
+F32_UNIT_ROUNDOFF = 2.0 ** -24
+
+# (significand bits incl. the implicit one, smallest normal exponent, largest finite)
+_FORMATS = {
+    np.dtype(np.float32): (24, -126, float(np.finfo(np.float32).max)),
+    np.dtype(np.float16): (11, -14, 65504.0),
+    np.dtype(ml_dtypes.bfloat16): (8, -126, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)),
+}
 
 
-def eps(dtype):
+def is_float(dtype):
+  return np.dtype(dtype) in _FORMATS
+
+
+def ulp(x, dtype):
+  """The spacing of `dtype`'s values at |x| (float64 array)."""
+  p, emin, _ = _FORMATS[np.dtype(dtype)]
+  x = np.abs(np.asarray(x, np.float64))
+  e = np.frexp(np.where(x > 0, x, 1.0))[1] - 1
+  return np.ldexp(1.0, np.maximum(e, emin) - (p - 1))
+
+
+def round_to(x, dtype):
+  """x (float64) rounded to nearest-even in `dtype`, as float64. Written
+  from the formats' parameters, not through numpy/ml_dtypes casts
+  (ml_dtypes rounds float64 -> bfloat16 through float32: twice)."""
   dtype = np.dtype(dtype)
-  if dtype == np.dtype(ml_dtypes.bfloat16):
-    return 2.0 ** -7
-  if np.issubdtype(dtype, np.floating):
-    return float(np.finfo(dtype).eps) / 2
-  return 0.0
+  x = np.asarray(x, np.float64)
+  if not is_float(dtype):
+    return x
+  _, _, big = _FORMATS[dtype]
+  with np.errstate(all="ignore"):
+    q = ulp(x, dtype)
+    r = np.rint(x / q) * q  # x / q is exact (a power of two) and < 2^p
+    r = np.where(np.abs(r) > big, np.copysign(np.inf, x), r)
+    return np.where(np.isfinite(x), r, x)
 
 
-def allowed(want, mag, out_dtype, *, n=1, acc_dtype=None, operand_eps=0.0,
-            ulps=ULPS, acc_eps=None):
-  """Per-element allowed |got - want| (float64 array)."""
-  want = np.abs(np.asarray(want, np.float64))
-  mag = np.abs(np.asarray(mag, np.float64))
-  if acc_eps is None:
-    acc_eps = eps(acc_dtype if acc_dtype is not None else out_dtype)
-  return (ulps * eps(out_dtype) * want
-          + (ulps * acc_eps * np.sqrt(n) + operand_eps) * mag)
+def round_to_odd_sum(a, b):
+  """a + b rounded to odd in float64 (then rounding to any narrower type is
+  correct: 53 >= p + 2). Exact TwoSum error term decides."""
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  with np.errstate(all="ignore"):
+    s = a + b
+    bb = s - a
+    err = (a - (s - bb)) + (b - bb)
+    odd = (s.view(np.int64) & 1) == 1
+    fix = np.isfinite(s) & (err != 0) & ~odd
+    toward = np.where(err > 0, np.inf, -np.inf)
+    return np.where(fix, np.nextafter(s, toward), s)
 
 
-def mismatches(got, want, allow):
-  """A list of human-readable problems (empty when they agree)."""
-  got = np.asarray(got, np.float64)
-  want = np.asarray(want, np.float64)
-  if got.shape != want.shape:
-    return [f"shape {got.shape} != {want.shape}"]
-  problems = []
-  nan_g, nan_w = np.isnan(got), np.isnan(want)
-  if (nan_g != nan_w).any():
-    i = tuple(int(v) for v in np.argwhere(nan_g != nan_w)[0])
-    problems.append(f"NaN pattern differs ({int((nan_g != nan_w).sum())} elements, "
-                    f"first {i}: got {got[i]}, want {want[i]})")
-  inf_g = np.where(np.isinf(got), np.sign(got), 0)
-  inf_w = np.where(np.isinf(want), np.sign(want), 0)
-  if (inf_g != inf_w).any():
-    i = tuple(int(v) for v in np.argwhere(inf_g != inf_w)[0])
-    problems.append(f"inf pattern differs ({int((inf_g != inf_w).sum())} elements, "
-                    f"first {i}: got {got[i]}, want {want[i]})")
-  finite = np.isfinite(got) & np.isfinite(want)
+def fma_round(x, y, c, dtype):
+  """x*y + c rounded once to `dtype` (x, y of at most 24 significant bits:
+  their product is exact in float64)."""
+  return round_to(round_to_odd_sum(np.asarray(x, np.float64) * y, c), dtype)
+
+
+def f32_sum_error(n, abs_sum):
+  """Largest error of n-term f32 sums in any order: (n-1) u sum|x|."""
+  return (n - 1) * F32_UNIT_ROUNDOFF * (1 + n * F32_UNIT_ROUNDOFF) * abs_sum
+
+
+# --- intervals ---------------------------------------------------------------
+
+class Iv:
+  """A closed range [lo, hi] per element (float64); NaN bounds mean NaN."""
+  __slots__ = ("lo", "hi")
+
+  def __init__(self, lo, hi=None):
+    self.lo = np.asarray(lo, np.float64)
+    self.hi = self.lo if hi is None else np.asarray(hi, np.float64)
+
+  def monotone(self, f):
+    """Image under a non-decreasing f."""
+    return Iv(f(self.lo), f(self.hi))
+
+  def rnd(self, dtype):
+    return self.monotone(lambda v: round_to(v, dtype))
+
+  def __neg__(self):
+    return Iv(-self.hi, -self.lo)
+
+  def abs(self):
+    lo, hi = self.lo, self.hi
+    return Iv(np.where(lo >= 0, lo, np.where(hi <= 0, -hi, 0.0)),
+              np.maximum(np.abs(lo), np.abs(hi)))
+
+  def add(self, y):
+    return Iv(self.lo + y, self.hi + y)
+
+  def mul(self, y):
+    a, b = self.lo * y, self.hi * y
+    return Iv(np.fmin(a, b), np.fmax(a, b))
+
+  def hull(self, other):
+    return Iv(np.fmin(self.lo, other.lo), np.fmax(self.hi, other.hi))
+
+  @property
+  def width(self):
+    return self.hi - self.lo
+
+
+def around(center, ulps, dtype):
+  """center +- ulps * ulp(center) in `dtype` (a point where non-finite)."""
+  c = np.asarray(center, np.float64)
+  d = ulps * ulp(c, dtype)
+  fin = np.isfinite(c)
+  return Iv(np.where(fin, c - d, c), np.where(fin, c + d, c))
+
+
+# --- checking ------------------------------------------------------------------
+
+def _f64(x):
+  x = np.asarray(x)
+  return x.astype(np.float64) if x.dtype != np.float64 else x
+
+
+def mismatches(got, want):
+  """Problems with `got` against a reference range `want` (an Iv); empty
+  when every element lies in its range (NaN exactly where expected)."""
+  got = _f64(got)
+  lo, hi = np.broadcast_to(want.lo, got.shape), np.broadcast_to(want.hi, got.shape)
+  if got.shape != want.lo.shape and want.lo.shape != ():
+    return [f"shape {got.shape} != {want.lo.shape}"]
+  nan_w = np.isnan(lo) | np.isnan(hi)
   with np.errstate(invalid="ignore"):
-    err = np.where(finite, np.abs(got - want), 0.0)
-    allow = np.broadcast_to(np.nan_to_num(allow, nan=0.0, posinf=np.inf), err.shape)
-  bad = err > allow
-  if bad.any():
-    i = tuple(int(v) for v in np.argwhere(bad)[0])
-    worst = tuple(int(v) for v in np.unravel_index(np.argmax(err - allow), err.shape))
-    problems.append(f"{int(bad.sum())} of {err.size} elements out of tolerance "
-                    f"(first {i}: got {got[i]!r}, want {want[i]!r}, allowed "
-                    f"{allow[i]:.3g}; worst {worst}: error {err[worst]:.3g} "
-                    f"allowed {allow[worst]:.3g})")
-  return problems
+    bad = np.where(nan_w, ~np.isnan(got), ~((got >= lo) & (got <= hi)))
+  if not bad.any():
+    return []
+  i = tuple(int(v) for v in np.argwhere(bad)[0])
+  exact = int((lo == hi)[bad].sum())
+  return [f"{int(bad.sum())} of {got.size} elements outside the reference "
+          f"({exact} of them where it is exact); first {i}: got {got[i]!r}, "
+          f"want [{lo[i]!r}, {hi[i]!r}]"]
 
 
-def worst_ratio(got, want, allow):
-  """max |got - want| / allowed over finite elements (0 when all are equal;
-  inf when an element differs where nothing is allowed)."""
-  got = np.asarray(got, np.float64)
-  want = np.asarray(want, np.float64)
-  if got.shape != want.shape:
-    return float("inf")
-  finite = np.isfinite(got) & np.isfinite(want)
-  err = np.where(finite, np.abs(got - want), 0.0)
-  allow = np.broadcast_to(np.asarray(allow, np.float64), err.shape)
-  with np.errstate(divide="ignore", invalid="ignore"):
-    r = np.where(err == 0, 0.0, err / allow)
+def ratio(got, want):
+  """How far outside its range the worst element is, in range widths (0
+  inside; inf outside a point range)."""
+  got = _f64(got)
+  lo, hi = np.broadcast_to(want.lo, got.shape), np.broadcast_to(want.hi, got.shape)
+  with np.errstate(all="ignore"):
+    out = np.where(got < lo, lo - got, np.where(got > hi, got - hi, 0.0))
+    out = np.where(np.isfinite(out), out, 0.0)
+    w = hi - lo
+    r = np.where(out == 0, 0.0, np.where(w > 0, out / np.where(w > 0, w, 1), np.inf))
   return float(r.max()) if r.size else 0.0
+
+
+def bits(x):
+  """The bit pattern of each element, NaNs made canonical (payloads differ
+  between numpy and the GPU and carry no meaning here)."""
+  x = np.ascontiguousarray(np.asarray(x))
+  u = x.view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
+  if is_float(x.dtype) or x.dtype.kind == "V":
+    u = np.where(np.isnan(x.astype(np.float32)), np.uint64(1 << 63), u)
+  return u
+
+
+def bit_mismatches(got, want):
+  """Problems unless got and want are bit-identical (same dtype)."""
+  got, want = np.asarray(got), np.asarray(want)
+  if got.dtype != want.dtype or got.shape != want.shape:
+    return [f"{got.dtype}{list(got.shape)} != {want.dtype}{list(want.shape)}"]
+  bad = bits(got) != bits(want)
+  if not bad.any():
+    return []
+  i = tuple(int(v) for v in np.argwhere(bad)[0])
+  g, w = got.astype(np.float64), want.astype(np.float64)
+  zeros = int((bad & (g == w)).sum())  # +0 vs -0
+  return [f"{int(bad.sum())} of {got.size} elements not bit-identical"
+          + (f" ({zeros} differ only in the sign of zero)" if zeros else "")
+          + f"; first {i}: {got[i]!r} vs {want[i]!r}"]
+
+
+def math_f64(fn):
+  """fn applied in float64 with floating-point warnings off."""
+  def g(x):
+    with np.errstate(all="ignore"):
+      return fn(np.asarray(x, np.float64))
+  return g
+
+
+TRANSCENDENTAL = {"exp": math_f64(np.exp), "log": math_f64(np.log),
+                  "tanh": math_f64(np.tanh)}
+
+
+def transcendental(name, x, dtype):
+  """The range of `name`(x) in `dtype` on either backend: evaluated in f32
+  within F32_TRANSCENDENTAL_ULPS of the true value, then rounded to dtype."""
+  f32 = around(TRANSCENDENTAL[name](x), F32_TRANSCENDENTAL_ULPS, np.float32).rnd(np.float32)
+  return f32 if np.dtype(dtype) == np.float32 else f32.rnd(dtype)
+

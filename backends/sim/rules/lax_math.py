@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from pallas_sim.backends.sim.interpret import rule
+from pallas_sim.backends.sim.machine import rounding
 from pallas_sim.backends.sim.machine.memory import is_float
 from pallas_sim.errors import UnsupportedPrimitiveError
 
@@ -151,8 +152,7 @@ def _fma(eqn, cx):
   dt = np.dtype(eqn.outvars[0].aval.dtype)
 
   def fma(t, x, y, c, sp, sc):
-    r = (sp * (np.asarray(x, np.float64) * np.asarray(y, np.float64))
-         + sc * np.asarray(c, np.float64)).astype(dt)
+    r = rounding.fma(sp * np.asarray(x, np.float64), y, sc * np.asarray(c, np.float64), dt)
     return r if r.ndim else r[()]
   return fma
 

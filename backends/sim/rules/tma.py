@@ -31,29 +31,42 @@ def _engine_slot(t, nbytes, gpu):
   return start, end
 
 
-def _check_shapes(src, dst, what):
-  if src.view.shape != dst.view.shape:
-    raise KernelError(f"{what}: source {src.buf.name}{list(src.view.shape)} and "
-                      f"destination {dst.buf.name}{list(dst.view.shape)} differ "
-                      "in shape")
-  if src.view.dtype != dst.view.dtype:
-    raise KernelError(f"{what}: source dtype {src.view.dtype} != destination "
-                      f"dtype {dst.view.dtype}")
+def _box(ref):
+  """The box of a TMA transfer of this SMEM ref, as the lowering builds its
+  descriptor: the view's shape, tiled as its buffer is."""
+  shape, t = ref.view.shape, ref.buf.tiling
+  if t and len(shape) >= len(t):
+    lead, minor = shape[:-len(t)], shape[-len(t):]
+    shape = lead + tuple(d // e for d, e in zip(minor, t)) + tuple(t)
+  return tuple(shape)
 
 
-def _check_box(view, what):
-  """The lowering's TMA limits (mosaic/gpu/launch_context.py), its message."""
-  bits = (view.shape[-1] if view.ndim else 1) * view.dtype.itemsize * 8
+def _check_box(ref, what):
+  """The lowering's TMA limits (mosaic/gpu/launch_context.py), its messages."""
+  box = _box(ref)
+  bits = (box[-1] if box else 1) * ref.view.dtype.itemsize * 8
   if bits % 128:
     raise KernelError(
         f"{what}: Async copies require the number of bits copied along the last"
         f" dimension to be divisible by 128, but got {bits}")
+  if box and max(box) > 256:
+    raise KernelError(
+        f"{what}: Async copies only support copying <=256 elements along each"
+        f" dimension, got {box}")
 
 
-def _space(ref, want, what, role):
-  if ref.buf.space != want:
-    raise KernelError(f"{what}: {role} {ref.buf.name} is in {ref.buf.space}, "
-                      f"expected {want}")
+def _static_check(eqn, what, smem_operand):
+  """Checks a copy from avals alone (refview.static_ref), when the kernel is
+  compiled: before the real lowering's checks, at the user's line. False
+  where the ref cannot be built statically (then each copy is checked).
+  (Memory spaces, shapes and dtypes of both sides JAX checks while tracing.)"""
+  i, name = smem_operand
+  ref = refview.static_ref(eqn.invars[i].aval, eqn.params[f"{name}_transforms_treedef"],
+                           name)
+  if ref is None:
+    return False
+  _check_box(ref, what)
+  return True
 
 
 @rule("copy_gmem_to_smem")
@@ -76,16 +89,16 @@ def _copy_gmem_to_smem(eqn, cx):
   gpu = cx.gpu
   what = "copy_gmem_to_smem"
   where = cx.where(eqn)
+  # Checks that need no data run now, before the real lowering's.
+  static = _static_check(eqn, what, (1, "dst"))
 
   def load(t, src, dst, bar, *leaves):
     s = src_at(src, leaves[:ns])
     d = dst_at(dst, leaves[ns:ns + nd])
     b = bar_at(bar, leaves[ns + nd:ns + nd + nb])
     pred = leaves[ns + nd + nb] if has_pred else True
-    _space(s, "gmem", what, "source")
-    _space(d, "smem", what, "destination")
-    _check_shapes(s, d, what)
-    _check_box(d.view, what)
+    if not static:
+      _check_box(d, what)
     slot = refview.barrier_of(b, what)
     sched = t.block.sched
     if not pred:
@@ -128,8 +141,29 @@ class _StoreGroup:
     self.unwritten = n
 
 
-_REDUCE = {None: None, "add": np.add, "min": np.minimum, "max": np.maximum,
-           "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
+def _unsigned(f):
+  """f on the unsigned view of signed integers (umin/umax)."""
+  def g(a, b):
+    u = np.dtype(f"u{a.dtype.itemsize}")
+    return f(a.view(u), np.asarray(b).view(u)).view(a.dtype)
+  return g
+
+
+# reduction op -> (combine, the element types the lowering takes for it: the
+# PTX table of cp.reduce.async.bulk, mosaic/gpu/launch_context.py)
+_REDUCE = {
+    None: (None, None),
+    "add": (np.add, {"float16", "bfloat16", "float32", "int32", "int64", "uint32",
+                     "uint64"}),
+    "min": (np.minimum, {"float16", "bfloat16"}),
+    "max": (np.maximum, {"float16", "bfloat16"}),
+    "smin": (np.minimum, {"int32", "int64"}), "smax": (np.maximum, {"int32", "int64"}),
+    "umin": (_unsigned(np.minimum), {"int32", "int64", "uint32", "uint64"}),
+    "umax": (_unsigned(np.maximum), {"int32", "int64", "uint32", "uint64"}),
+    "and": (np.bitwise_and, {"int32", "int64", "uint32", "uint64"}),
+    "or": (np.bitwise_or, {"int32", "int64", "uint32", "uint64"}),
+    "xor": (np.bitwise_xor, {"int32", "int64", "uint32", "uint64"}),
+}
 
 
 @rule("copy_smem_to_gmem")
@@ -144,19 +178,22 @@ def _copy_smem_to_gmem(eqn, cx):
   op = p.get("reduction_op")
   if op not in _REDUCE:
     raise UnsupportedPrimitiveError(f"TMA store reduction {op!r}")
-  reduce = _REDUCE[op]
+  reduce, types = _REDUCE[op]
+  dtype = np.dtype(eqn.invars[0].aval.inner_aval.dtype)
+  if types is not None and dtype.name not in types:
+    raise KernelError(f"Reduction op {op} not supported by the TMA implementation "
+                      f"for element type {dtype.name}")
   gpu = cx.gpu
   what = "copy_smem_to_gmem"
   where = cx.where(eqn)
+  static = _static_check(eqn, what, (0, "src"))
 
   def store(t, src, dst, *leaves):
     s = src_at(src, leaves[:ns])
     d = dst_at(dst, leaves[ns:ns + nd])
     pred = leaves[ns + nd] if has_pred else True
-    _space(s, "smem", what, "source")
-    _space(d, "gmem", what, "destination")
-    _check_shapes(s, d, what)
-    _check_box(s.view, what)
+    if not static:
+      _check_box(s, what)
     if pred:
       t.open_group.append((s, d, reduce, where))
     if commit:

@@ -59,9 +59,11 @@ def _k_minor(view, k_axis):
   return view.strides[k_axis] <= view.strides[1 - k_axis]
 
 
-def validate(acc, a, b, a_in_smem):
+def validate(acc, a, b, a_in_smem, swizzle=None):
   """The lowering's wgmma restrictions (jax/experimental/mosaic/gpu/wgmma.py),
-  with its messages, so the simulator rejects what it rejects."""
+  with its messages, so the simulator rejects what it rejects. `swizzle`:
+  the operands' swizzle in bytes where their transforms name it (the
+  lowering infers one otherwise: at least 32)."""
   m, k = a.shape
   n = b.shape[1]
   for x in (a, b):
@@ -74,13 +76,46 @@ def validate(acc, a, b, a_in_smem):
     raise KernelError(f"N must be a multiple of 8 and <= 256, got: {n}")
   if m % 64:
     raise KernelError(f"M must be a multiple of 64, got: {m}")
-  k_group = 32 // a.dtype.itemsize  # elements per 32-byte K group
+  k_group = (swizzle or 32) // a.dtype.itemsize  # elements per swizzle-wide K group
   if k % k_group:
     raise KernelError(f"K must be a multiple of {k_group}, got: {k}")
   # Only 16-bit operands may be transposed in SMEM: others must be K-minor.
   if a.dtype.itemsize != 2 and (not _k_minor(b, 0) or (a_in_smem and not _k_minor(a, 1))):
     raise KernelError("Only f16 WGMMA supports transposes (store a 32- or "
                       "8-bit B as (N, K) and pass its transposed view)")
+
+
+def _check_operands(acc_r, a_r, a_val, b_r):
+  """Spaces, shapes and the lowering's rules for one wgmma; a_r is the lhs
+  ref (None when the lhs is a register value a_val)."""
+  if a_r is not None and a_r.buf.space != "smem":
+    raise KernelError(f"wgmma lhs {a_r.buf.name} must be in SMEM or registers")
+  if b_r.buf.space != "smem":
+    raise KernelError(f"wgmma rhs {b_r.buf.name} must be in SMEM")
+  if acc_r.buf.space != "regs":
+    raise KernelError(f"wgmma accumulator {acc_r.buf.name} must be a plgpu.ACC")
+  a = a_r.view if a_r is not None else a_val
+  (m, k), (k2, n) = a.shape, b_r.view.shape
+  if k != k2 or acc_r.view.shape != (m, n):
+    raise KernelError(f"wgmma shapes do not match: acc {acc_r.view.shape}, "
+                      f"lhs {(m, k)}, rhs {(k2, n)}")
+  validate(acc_r.view, a, b_r.view, a_r is not None, b_r.buf.swizzle)
+
+
+def _static_check(eqn, trees, a_is_ref):
+  """_check_operands from avals alone, when the kernel is compiled (before the
+  real lowering's checks, at the user's line); False where the operands
+  cannot be built statically (then the first issue checks them)."""
+  acc_r, a_r, b_r = (refview.static_ref(v.aval, tr, name) for v, tr, name in zip(
+      eqn.invars, trees, ("acc", "lhs", "rhs")))
+  a_val = None
+  if not a_is_ref:
+    aval = eqn.invars[1].aval
+    a_r, a_val = None, np.broadcast_to(np.zeros((), aval.dtype), aval.shape)
+  if acc_r is None or b_r is None or (a_is_ref and a_r is None):
+    return False
+  _check_operands(acc_r, a_r, a_val, b_r)
+  return True
 
 
 def mma(acc_view, a, b):
@@ -102,33 +137,22 @@ def _wgmma_ref(eqn, cx):
   gpu = cx.gpu
   a_is_ref = hasattr(eqn.invars[1].aval, "inner_aval")
   where = cx.where(eqn)
-  checked = []  # shapes and layouts are static: validate on first issue
+  checked = [True] if _static_check(eqn, trees, a_is_ref) else []
 
   def wgmma(t, acc, a, b, *leaves):
     i0, i1 = counts[0], counts[0] + counts[1]
     acc_r = ats[0](acc, leaves[:i0])
     b_r = ats[2](b, leaves[i1:i1 + counts[2]])
     if a_is_ref:
-      a_r = ats[1](a, leaves[i0:i1])
-      if a_r.buf.space != "smem":
-        raise KernelError(f"wgmma lhs {a_r.buf.name} must be in SMEM or registers")
-      a_val = None
+      a_r, a_val = ats[1](a, leaves[i0:i1]), None
       m, k = a_r.view.shape
     else:
       a_r, a_val = None, np.asarray(a)  # registers: read at issue
       m, k = a_val.shape
-    if b_r.buf.space != "smem":
-      raise KernelError(f"wgmma rhs {b_r.buf.name} must be in SMEM")
-    if acc_r.buf.space != "regs":
-      raise KernelError(f"wgmma accumulator {acc_r.buf.name} must be a plgpu.ACC")
-    k2, n = b_r.view.shape
-    if k != k2 or acc_r.view.shape != (m, n):
-      raise KernelError(f"wgmma shapes do not match: acc {acc_r.view.shape}, "
-                        f"lhs {(m, k)}, rhs {(k2, n)}")
     if not checked:
-      validate(acc_r.view, a_r.view if a_r is not None else a_val, b_r.view,
-               a_r is not None)
+      _check_operands(acc_r, a_r, a_val, b_r)
       checked.append(True)
+    n = b_r.view.shape[1]
     flops = 2 * m * n * k
     blk = t.block
     blk.stats.wgmma_flops += flops

@@ -1,0 +1,117 @@
+"""Probe: register arithmetic on an H100/H200 where the simulator's model is
+not yet pinned by the agreement suite, each case run on the GPU and in the
+simulator, with candidate models of what the hardware does:
+
+1. lax.reduce_sum called directly on f16/bf16 arrays (jnp.sum upcasts to f32
+   first, which the agreement suite covers): is the sum accumulated in f32 and
+   rounded once (the simulator), or in the half type?
+2. f16 (x*x + iota) - y, the two agreement examples that were not
+   bit-identical: which of the fused / unfused orders matches?
+3. signed zeros through max/min/neg/add.
+
+    python3 benchmarks/register_numerics_probe.py     # on a Hopper GPU
+"""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl  # noqa: F401
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "agreement")]
+import pallas_sim as ps  # noqa: E402
+import tolerance as tol  # noqa: E402
+
+
+def both(fn, *args):
+  sim = np.asarray(ps.run(fn, *args, backend="sim", on_race="report"))
+  real = np.asarray(ps.run(fn, *args, backend="mosaic"))
+  return sim, real
+
+
+def share_equal(a, b):
+  return float(np.mean(tol.bits(a) == tol.bits(b)))
+
+
+def direct_half_sums():
+  rows = []
+  for dt in (jnp.float16, jnp.bfloat16):
+    for axis in (0, 1):
+      @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,) if axis == 0 else (64,), dt),
+                    scratch_types=[plgpu.SMEM((64, 256), dt), plgpu.Barrier()])
+      def k(x_ref, o_ref, x_s, bar):
+        plgpu.copy_gmem_to_smem(x_ref, x_s, bar)
+        plgpu.barrier_wait(bar)
+        x = plgpu.load(x_s, layout=plgpu.Layout.WGMMA)
+        o_ref[...] = lax.reduce_sum(x, axes=(axis,))
+      x = np.random.default_rng(axis).uniform(-2, 2, (64, 256)).astype(dt)
+      sim, real = both(k, jnp.asarray(x))
+      f32_once = np.sum(x.astype(np.float32), axis=axis).astype(dt)
+      seq = x.take(0, axis=axis).copy()
+      for i in range(1, x.shape[axis]):  # in order, rounding each step
+        seq = (seq.astype(np.float32) + x.take(i, axis=axis).astype(np.float32)).astype(dt)
+      rows.append((f"lax.reduce_sum {np.dtype(dt).name} axis={axis}",
+                   share_equal(sim, real), share_equal(f32_once, real),
+                   share_equal(seq, real),
+                   float(np.max(np.abs(real.astype(np.float64) - f32_once.astype(np.float64))))))
+  print("| case | sim = GPU | f32 then round once = GPU | in order, in the half type = GPU "
+        "| max |GPU - f32 once| |")
+  print("|---|---:|---:|---:|---:|")
+  for r in rows:
+    print(f"| {r[0]} | {r[1]:.3f} | {r[2]:.3f} | {r[3]:.3f} | {r[4]:.3g} |")
+
+
+def fma_with_iota():
+  for dt in (jnp.float16, jnp.bfloat16, jnp.float32):
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 256), dt))
+    def k(x_ref, y_ref, o_ref):
+      x = x_ref[...]
+      u = x * x + lax.broadcasted_iota(jnp.int32, x.shape, 0).astype(dt)
+      o_ref[...] = u - y_ref[...]
+    r = np.random.default_rng(1)
+    x = r.uniform(-2, 2, (64, 256)).astype(dt)
+    y = r.uniform(-2, 2, (64, 256)).astype(dt)
+    sim, real = both(k, jnp.asarray(x), jnp.asarray(y))
+    xf, yf = x.astype(np.float64), y.astype(np.float64)
+    io = np.indices(x.shape)[0].astype(np.float64)
+    cands = {
+        "fma(x,x,i) - y": tol.round_to(tol.round_to(tol.fma_round(xf, xf, io, dt) - yf, dt), dt),
+        "(rnd(x*x) + i) - y": tol.round_to(tol.round_to(tol.round_to(xf * xf, dt) + io, dt) - yf, dt),
+        "fma(x,x, rnd(i - y))": tol.fma_round(xf, xf, tol.round_to(io - yf, dt), dt),
+        "rnd(x*x + i - y) (once)": tol.round_to(xf * xf + io - yf, dt),
+        "f32 throughout, rounded once": tol.round_to(
+            tol.round_to(tol.fma_round(xf, xf, io, np.float32) - yf, np.float32), dt),
+    }
+    print(f"\n(x*x + iota) - y, {np.dtype(dt).name}: sim = GPU {share_equal(sim, real):.3f}")
+    for name, c in cands.items():
+      print(f"  {name:32s} = GPU {share_equal(np.asarray(c, dt), real):.3f}")
+
+
+def signed_zeros():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((6, 128), jnp.float32))
+  def k(x_ref, y_ref, o_ref):
+    x, y = x_ref[...], y_ref[...]
+    o_ref[0] = jnp.maximum(x, y)
+    o_ref[1] = jnp.minimum(x, y)
+    o_ref[2] = jnp.maximum(y, x)
+    o_ref[3] = jnp.minimum(y, x)
+    o_ref[4] = x + y
+    o_ref[5] = -y
+  x = np.full(128, -0.0, np.float32)
+  y = np.zeros(128, np.float32)
+  sim, real = both(k, jnp.asarray(x), jnp.asarray(y))
+  names = ["max(-0, +0)", "min(-0, +0)", "max(+0, -0)", "min(+0, -0)", "-0 + +0", "-(+0)"]
+  print("\n| op | GPU | sim |\n|---|---|---|")
+  for i, n in enumerate(names):
+    print(f"| {n} | {real[i, 0]!r} | {sim[i, 0]!r} |")
+
+
+if __name__ == "__main__":
+  direct_half_sums()
+  fma_with_iota()
+  signed_zeros()

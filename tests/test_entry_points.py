@@ -1,0 +1,106 @@
+"""The user-facing entry points that are not the Python API: `./dev demo`,
+`pallas-sim run`, and the report's summary and trace."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from quickstart import fill_42, iota, matmul
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _venv_ready():
+  """./dev sets up .venv itself; here only reuse one (no installing)."""
+  stamp = os.path.join(ROOT, ".venv", ".pallas-sim-installed")
+  return os.path.exists(stamp) and os.path.realpath(sys.prefix) == os.path.realpath(
+      os.path.join(ROOT, ".venv"))
+
+
+@pytest.mark.skipif(not _venv_ready(), reason="runs ./dev with this checkout's .venv")
+def test_dev_demo_runs_the_quickstart_with_a_report(tmp_path):
+  trace = tmp_path / "t.json"
+  p = subprocess.run(["./dev", "demo", "--trace", str(trace)], cwd=ROOT,
+                     capture_output=True, text=True, timeout=600)
+  assert p.returncode == 0, p.stdout + p.stderr
+  out = p.stdout
+  for line in ("fill_42                ok   relative error 0.00e+00",
+               "iota                   ok   relative error 0.00e+00",
+               "pallas-sim report (h100): 3 kernel launch(es), 0 race(s)"):
+    assert line in out, out
+  assert "matmul 512^3 f16       ok" in out
+  assert "grid=(4, 4) threads=1 blocks=16 smem=98320B" in out
+  names = {e["name"].split()[0] for e in json.load(open(trace))["traceEvents"]
+           if e["ph"] == "X"}
+  assert {"wgmma", "load", "store"} <= names
+
+
+SCRIPT = textwrap.dedent('''
+    import sys
+    import numpy as np
+    from quickstart import iota, fill_42
+    assert (np.asarray(iota()) == np.arange(1024)).all()
+    fill_42()
+    print("script args:", sys.argv[1:])
+    sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+''')
+
+
+def _cli(args, cwd):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "examples")]))
+  return subprocess.run([sys.executable, "-m", "pallas_sim.cli", *args], cwd=cwd,
+                        env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_pallas_sim_run_simulates_a_script_and_prints_the_report(tmp_path):
+  (tmp_path / "script.py").write_text(SCRIPT)
+  p = _cli(["run", "--gpu", "h200", "--trace", "t.json", "script.py", "0"], tmp_path)
+  assert p.returncode == 0, p.stdout + p.stderr
+  assert "script args: ['0']" in p.stdout
+  assert "pallas-sim report (h200): 2 kernel launch(es), 0 race(s)" in p.stdout
+  assert "iota (" in p.stdout and "grid=(8,)" in p.stdout and "fill_42 (" in p.stdout
+  assert "trace written to t.json" in p.stdout
+  assert json.load(open(tmp_path / "t.json"))["traceEvents"]
+
+
+def test_pallas_sim_run_passes_on_the_scripts_exit_status(tmp_path):
+  (tmp_path / "script.py").write_text(SCRIPT)
+  p = _cli(["run", "script.py", "3"], tmp_path)
+  assert p.returncode == 3, p.stdout + p.stderr
+
+
+def test_report_summary_names_kernels_resources_time_and_races(rng):
+  a = jnp.asarray(rng.standard_normal((256, 256)), jnp.float16)
+  with ps.backend("sim", gpu="h200", on_race="report") as report:
+    matmul(a, a)
+    iota()
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.SMEM((128,), jnp.float32), plgpu.Barrier()])
+  def racy(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    o_ref[...] = smem[...]  # before the barrier_wait
+    plgpu.barrier_wait(bar)
+
+  sim = ps.simulate(racy, jnp.ones((128,), jnp.float32), on_race="report")
+  text = report.summary()
+  lines = text.splitlines()
+  assert lines[0] == "pallas-sim report (h200): 2 kernel launch(es), 0 race(s)"
+  k = report.kernels[0]
+  assert lines[1].startswith(f"  kernel (examples/quickstart.py:{k.where.split(':')[1]}): "
+                             "grid=(2, 2) threads=1 blocks=4 smem=98320B waves=1 predicted ")
+  assert f"{k.time_s * 1e6:.1f} us ({k.tflops:.0f} TFLOP/s)" in lines[1]
+  assert lines[2].startswith("  iota (examples/quickstart.py:") and "blocks=8" in lines[2]
+  assert str(report) == text
+  racy_text = sim.report.summary()
+  assert "1 race(s)" in racy_text.splitlines()[0]
+  assert "races:" in racy_text and "write-read race on smem" in racy_text
+  assert "no barrier_wait between this TMA load" in racy_text

@@ -1,0 +1,86 @@
+"""Register arithmetic rounds as the hardware does: once per operation, to
+nearest-even, and once for a fused multiply-add. Checked against exact
+rational arithmetic (fractions.Fraction), independent of numpy's and
+ml_dtypes' casts (the latter round float64 -> bfloat16 twice)."""
+import math
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+
+# significand bits, smallest normal exponent, largest finite value
+FORMATS = {jnp.float32: (24, -126, (2 - 2.0 ** -23) * 2.0 ** 127),
+           jnp.float16: (11, -14, 65504.0),
+           jnp.bfloat16: (8, -126, (2 - 2.0 ** -7) * 2.0 ** 127)}
+
+
+def round_exact(q, dtype):
+  """The rational q rounded to nearest-even in `dtype`, as a float."""
+  p, emin, big = FORMATS[dtype]
+  if q == 0:
+    return 0.0
+  a = abs(q)
+  e = a.numerator.bit_length() - a.denominator.bit_length()
+  while Fraction(2) ** e > a:
+    e -= 1
+  while Fraction(2) ** (e + 1) <= a:
+    e += 1
+  ulp = Fraction(2) ** (max(e, emin) - p + 1)
+  n = a / ulp
+  f = math.floor(n)
+  if n - f > Fraction(1, 2) or (n - f == Fraction(1, 2) and f % 2):
+    f += 1
+  r = f * ulp
+  v = math.inf if r > big else float(r)
+  return math.copysign(v, q)
+
+
+def _values(dtype, seed, spread, n=128):
+  """Full significands over `spread` binades either side of 1, signs mixed:
+  a product plus an addend then needs far more bits than the result keeps."""
+  r = np.random.default_rng(seed)
+  x = r.uniform(1, 2, n) * 2.0 ** r.integers(-spread, spread + 1, n)
+  return np.where(r.random(n) < 0.5, -x, x).astype(dtype)
+
+
+def fma_kernel(dtype):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), dtype))
+  def k(x_ref, y_ref, c_ref, o_ref):
+    x, y, c = x_ref[...], y_ref[...], c_ref[...]
+    o_ref[0] = x * y + c  # contracted into one fused multiply-add on the GPU
+    o_ref[1] = x + c      # one rounding of the exact sum
+  return k
+
+
+@pytest.mark.parametrize("dtype", list(FORMATS), ids=["f32", "f16", "bf16"])
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1), spread=st.integers(0, 40))
+def test_fma_and_add_round_once_to_nearest_even(dtype, seed, spread):
+  spread = min(spread, 12) if dtype == jnp.float16 else spread
+  x, y, c = (_values(dtype, seed + i, spread) for i in range(3))
+  out = np.asarray(ps.run(fma_kernel(dtype), jnp.asarray(x), jnp.asarray(y),
+                          jnp.asarray(c), backend="sim"), np.float64)
+  F = lambda v: Fraction(float(v))
+  want_fma = [round_exact(F(a) * F(b) + F(d), dtype) for a, b, d in zip(x, y, c)]
+  want_add = [round_exact(F(a) + F(d), dtype) for a, d in zip(x, c)]
+  np.testing.assert_array_equal(out[0], want_fma)
+  np.testing.assert_array_equal(out[1], want_add)
+
+
+def test_bfloat16_fma_just_above_a_tie_rounds_once():
+  # (1 + 2^-4)^2 + 2^-30 = 1 + 2^-3 + 2^-8 + 2^-30: just above a bfloat16
+  # tie, so it rounds up to 1 + 2^-3 + 2^-7. Through float32 first, the
+  # 2^-30 is lost, the tie goes to even, and the result is 1 + 2^-3.
+  bf = ml_dtypes.bfloat16
+  x = np.full(128, 1 + 2.0 ** -4, bf)
+  c = np.full(128, 2.0 ** -30, bf)
+  out = np.asarray(ps.run(fma_kernel(jnp.bfloat16), jnp.asarray(x), jnp.asarray(x),
+                          jnp.asarray(c), backend="sim"), np.float64)
+  assert (out[0] == 1 + 2.0 ** -3 + 2.0 ** -7).all()
