@@ -92,6 +92,62 @@ def fma_with_iota():
       print(f"  {name:32s} = GPU {share_equal(np.asarray(c, dt), real):.3f}")
 
 
+def fma_with_iota_f32_where():
+  """Where the f32 case differs from fma(x,x,i) - y: rows, and candidates
+  evaluated on the differing elements only."""
+  dt = jnp.float32
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 256), dt))
+  def k(x_ref, y_ref, o_ref):
+    x = x_ref[...]
+    u = x * x + lax.broadcasted_iota(jnp.int32, x.shape, 0).astype(dt)
+    o_ref[...] = u - y_ref[...]
+  for seed in (1, 2):
+    r = np.random.default_rng(seed)
+    x = r.uniform(-2, 2, (64, 256)).astype(dt)
+    y = r.uniform(-2, 2, (64, 256)).astype(dt)
+    sim, real = both(k, jnp.asarray(x), jnp.asarray(y))
+    bad = tol.bits(sim) != tol.bits(real)
+    rows, cols = np.nonzero(bad)
+    print(f"\nf32 (x*x + iota) - y, seed {seed}: {int(bad.sum())} differ; rows "
+          f"{sorted(set(rows.tolist()))[:20]}, cols (first) {sorted(set(cols.tolist()))[:12]}")
+    xf, yf = x.astype(np.float64), y.astype(np.float64)
+    io = np.indices(x.shape)[0].astype(np.float64)
+    F = np.float32
+    cands = {
+        "fma(x,x,-y) + i": tol.round_to(tol.fma_round(xf, xf, -yf, F) + io, F),
+        "rnd(x*x) + (i - y) ": tol.round_to(tol.round_to(xf * xf, F) + tol.round_to(io - yf, F), F),
+        "fma(x,x, i - y) (i - y rounded)": tol.fma_round(xf, xf, tol.round_to(io - yf, F), F),
+        "(rnd(x*x) + i) - y": tol.round_to(tol.round_to(tol.round_to(xf * xf, F) + io, F) - yf, F),
+        "x*x + i - y once": tol.round_to(xf * xf + io - yf, F),
+    }
+    for name, c in cands.items():
+      c = np.asarray(c, F)
+      print(f"  {name:34s} = GPU on those: {share_equal(c[bad], real[bad]) if bad.any() else 1:.3f}; "
+            f"everywhere {share_equal(c, real):.3f}")
+    if bad.any():
+      i = tuple(int(v) for v in np.argwhere(bad)[0])
+      print(f"  e.g. {i}: x={x[i]!r} y={y[i]!r} gpu={real[i]!r} sim={sim[i]!r}")
+
+
+def half_sum_of_a_large_and_ones():
+  """2048 then ones: in f16 every +1 to 2048 rounds away; in f32 they add."""
+  for dt in (jnp.float16, jnp.bfloat16):
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64,), dt),
+                  scratch_types=[plgpu.SMEM((64, 256), dt), plgpu.Barrier()])
+    def k(x_ref, o_ref, x_s, bar):
+      plgpu.copy_gmem_to_smem(x_ref, x_s, bar)
+      plgpu.barrier_wait(bar)
+      o_ref[...] = lax.reduce_sum(plgpu.load(x_s, layout=plgpu.Layout.WGMMA), axes=(1,))
+    big = 2048.0 if dt == jnp.float16 else 256.0
+    x = np.ones((64, 256), dt)
+    x[:, 0] = big
+    sim, real = both(k, jnp.asarray(x))
+    print(f"\nlax.reduce_sum of [{big}, 1 x 255] in {np.dtype(dt).name}: GPU {sorted(set(real.astype(float).tolist()))}, "
+          f"sim {sorted(set(sim.astype(float).tolist()))}, f32 then round "
+          f"{float(np.asarray(big + 255.0, dt))}")
+
+
 def signed_zeros():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((6, 128), jnp.float32))
   def k(x_ref, y_ref, o_ref):
@@ -113,5 +169,7 @@ def signed_zeros():
 
 if __name__ == "__main__":
   direct_half_sums()
+  half_sum_of_a_large_and_ones()
   fma_with_iota()
+  fma_with_iota_f32_where()
   signed_zeros()

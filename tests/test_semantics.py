@@ -330,3 +330,42 @@ def test_tma_reduction_store_combines_with_gmem(op, dtype, combine):
        else r.standard_normal((2, 128))).astype(dtype)
   out = np.asarray(ps.run(k, jnp.asarray(x), backend="sim"))
   np.testing.assert_array_equal(out, combine(x[0], x[1]))
+
+
+def test_max_and_min_order_signed_zeros_as_the_gpu():
+  # Measured on an H200 (benchmarks/register_numerics_probe.py): max/min take
+  # -0 < +0 whichever operand comes first; numpy returns either zero.
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 128), jnp.float32))
+  def k(x_ref, y_ref, o_ref):
+    x, y = x_ref[...], y_ref[...]
+    o_ref[0] = jnp.maximum(x, y)
+    o_ref[1] = jnp.minimum(x, y)
+    o_ref[2] = jnp.maximum(y, x)
+    o_ref[3] = jnp.minimum(y, x)
+
+  out = np.asarray(ps.run(k, jnp.full((128,), -0.0, jnp.float32),
+                          jnp.zeros((128,), jnp.float32), backend="sim"))
+  assert (out == 0).all()
+  assert list(np.signbit(out[:, 0])) == [False, True, False, True]
+
+
+@pytest.mark.parametrize("dtype,big", [(jnp.float16, 2048.0), (jnp.bfloat16, 256.0)])
+def test_direct_half_sums_accumulate_in_the_half_type(dtype, big):
+  # lax.reduce_sum on f16/bf16 adds in that type (the lowering's addf on the
+  # array's dtype): each +1 to `big` rounds away, where an f32 sum would keep
+  # them. (jnp.sum upcasts to f32 first.) The order is the simulator's
+  # (index order), not the GPU's lanes and warps.
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 64), dtype),
+                scratch_types=[plgpu.SMEM((64, 256), dtype), plgpu.Barrier()])
+  def k(x_ref, o_ref, x_s, bar):
+    plgpu.copy_gmem_to_smem(x_ref, x_s, bar)
+    plgpu.barrier_wait(bar)
+    x = plgpu.load(x_s, layout=plgpu.Layout.WGMMA)
+    o_ref[0] = lax.reduce_sum(x, axes=(1,))
+    o_ref[1] = jnp.sum(x, axis=1)
+
+  x = np.ones((64, 256), dtype)
+  x[:, 0] = big
+  out = np.asarray(ps.run(k, jnp.asarray(x), backend="sim"), np.float64)
+  assert (out[0] == big).all()
+  assert (out[1] == float(np.asarray(big + 255.0, dtype))).all()

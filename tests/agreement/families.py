@@ -134,9 +134,9 @@ def elementwise_reference(x, y, *, dt, out_dt, un, bi, iota_axis, shape, tile):
     elif bi == "mul":
       w = u.mul(yb).rnd(dtype)
     elif bi == "max":
-      w = u.monotone(lambda v: np.maximum(v, yb))
+      w = u.monotone(lambda v: tol.maximum(v, yb))
     elif bi == "min":
-      w = u.monotone(lambda v: np.minimum(v, yb))
+      w = u.monotone(lambda v: tol.minimum(v, yb))
     else:  # where(u > y, u, y + y)
       two_y = _rnd(yb + yb, dtype)
       above, below = u.lo > yb, ~(u.hi > yb)
@@ -225,9 +225,10 @@ def elementwise(draw, **fixed):
 # --- reductions --------------------------------------------------------------
 
 REDUCE = {"sum": jnp.sum, "max": jnp.max, "min": jnp.min}
+REDUCE_LAX = {"sum": lax.reduce_sum, "max": lax.reduce_max, "min": lax.reduce_min}
 
 
-def reduction_reference(x, *, op, axis, dt):
+def reduction_reference(x, *, op, axis, dt, api):
   dtype = DTYPES[dt]
   ax = 1 + axis
   if op == "max":
@@ -237,8 +238,13 @@ def reduction_reference(x, *, op, axis, dt):
   if dt == "i32":
     return Iv(np.sum(x, axis=ax))
   # Register sums: the order on the GPU is not modelled (tolerance.py).
-  s = np.sum(x, axis=ax)
-  err = tol.f32_sum_error(x.shape[ax], np.sum(np.abs(x), axis=ax))
+  # jnp.sum upcasts f16/bf16 to f32 and rounds once; lax.reduce_sum sums in
+  # the half type itself.
+  s, n, mag = np.sum(x, axis=ax), x.shape[ax], np.sum(np.abs(x), axis=ax)
+  if api == "lax" and dt != "f32":
+    err = tol.sum_error(n, mag, dtype)
+    return Iv(s - err, s + err).rnd(dtype)
+  err = tol.sum_error(n, mag, F32)
   return Iv(s - err, s + err).rnd(F32).rnd(dtype)
 
 
@@ -248,6 +254,7 @@ def reduction(draw, **fixed):
   dt = p("dt", sorted(DTYPES))
   dtype = DTYPES[dt]
   op = p("op", sorted(REDUCE))
+  api = p("api", ["jnp", "lax"])
   axis = p("axis", [0, 1])
   rows = p("rows", [64, 128])
   cols = p("cols", [128, 256])
@@ -258,7 +265,8 @@ def reduction(draw, **fixed):
   grid = p.integer("grid", 1, 3)
   seed = p.integer("seed", 0, 2 ** 16)
   config = p.done()
-  jf = REDUCE[op]
+  jf = REDUCE[op] if api == "jnp" else (
+      lambda x, axis: REDUCE_LAX[op](x, axes=(axis,)))
   out_len = cols if axis == 0 else rows
 
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((grid, out_len), dtype),
@@ -284,11 +292,11 @@ def reduction(draw, **fixed):
       plgpu.wait_smem_to_gmem(0)
 
   x = _inputs(seed, (grid, rows, cols), dtype)
-  desc = (f"{op} axis={axis} {dt} ({rows},{cols}) grid={grid} layout={layout} "
+  desc = (f"{api}.{op} axis={axis} {dt} ({rows},{cols}) grid={grid} layout={layout} "
           f"out={out_path} seed={seed}")
   exact = op != "sum" or dt == "i32"
   return Case("reduction", desc, kernel, (x,),
-              lambda x: [reduction_reference(x, op=op, axis=axis, dt=dt)],
+              lambda x: [reduction_reference(x, op=op, axis=axis, dt=dt, api=api)],
               exact=exact, config=config)
 
 
@@ -739,7 +747,7 @@ AXES = {
                         binary=BINARY, path=["gmem", "smem"], threads=[1, 2],
                         iota=[None, 0, 1], bcast=[False, True],
                         specials=[False, True]),
-    "reduction": dict(dt=sorted(DTYPES), op=sorted(REDUCE), axis=[0, 1],
+    "reduction": dict(dt=sorted(DTYPES), op=sorted(REDUCE), api=["jnp", "lax"], axis=[0, 1],
                       layout=["load", "cast", "inferred"], out=["gmem", "smem"]),
     "pipeline": dict(dt=sorted(DTYPES), delay_release=[0, 1], n_major=[False, True],
                      mcs=[1, 2, 3, 4], blocks=[1, 2]),
@@ -759,7 +767,7 @@ AXES = {
 # against what is computed with it (a reduction's accumulator, a cast).
 AXES_PAIRS = {
     "elementwise": [("dt", "out_dt"), ("dt", "binary")],
-    "reduction": [("dt", "op")],
+    "reduction": [("dt", "op"), ("dt", "api")],
 }
 
 

@@ -19,10 +19,11 @@ The range has width only for the documented exceptions, each named here:
   operations by interval arithmetic. f16/bf16 transcendentals are computed in
   f32 and rounded once, so their range is a point except where the f32
   candidates straddle a rounding boundary of the narrow type.
-* f32_sum_error: sums in registers, whose order on the GPU (per lane, then
+* sum_error: sums in registers, whose order on the GPU (per lane, then
   across lanes and warps) is not modelled: the range is the exact sum +-
-  (n-1) * 2^-24 * sum|x| (the bound for any order of f32 additions), rounded
-  to the output type once (f16/bf16 sums accumulate in f32).
+  (n-1) u sum|x| (the bound for any order of additions in a type of unit
+  roundoff u). jnp.sum accumulates f16/bf16 in f32 (u = 2^-24) and rounds
+  once; lax.reduce_sum accumulates them in their own type.
 
 On a Hopper GPU, outputs of cases that claim exactness (`Case.exact`) must be
 bit-identical between the simulator and the hardware (NaN payloads aside);
@@ -32,7 +33,6 @@ import ml_dtypes
 import numpy as np
 
 F32_TRANSCENDENTAL_ULPS = 4
-F32_UNIT_ROUNDOFF = 2.0 ** -24
 
 # (significand bits incl. the implicit one, smallest normal exponent, largest finite)
 _FORMATS = {
@@ -90,9 +90,11 @@ def fma_round(x, y, c, dtype):
   return round_to(round_to_odd_sum(np.asarray(x, np.float64) * y, c), dtype)
 
 
-def f32_sum_error(n, abs_sum):
-  """Largest error of n-term f32 sums in any order: (n-1) u sum|x|."""
-  return (n - 1) * F32_UNIT_ROUNDOFF * (1 + n * F32_UNIT_ROUNDOFF) * abs_sum
+def sum_error(n, abs_sum, dtype):
+  """Largest error of an n-term sum accumulated in `dtype`, in any order:
+  (n-1) u sum|x| (to first order; u the unit roundoff)."""
+  u = 2.0 ** -_FORMATS[np.dtype(dtype)][0]
+  return (n - 1) * u * (1 + n * u) * abs_sum
 
 
 # --- intervals ---------------------------------------------------------------
@@ -153,6 +155,7 @@ def _f64(x):
 def mismatches(got, want):
   """Problems with `got` against a reference range `want` (an Iv); empty
   when every element lies in its range (NaN exactly where expected)."""
+  floats = np.asarray(got).dtype.kind in "fV"  # (signed zeros: floats only)
   got = _f64(got)
   lo, hi = np.broadcast_to(want.lo, got.shape), np.broadcast_to(want.hi, got.shape)
   if got.shape != want.lo.shape and want.lo.shape != ():
@@ -160,6 +163,10 @@ def mismatches(got, want):
   nan_w = np.isnan(lo) | np.isnan(hi)
   with np.errstate(invalid="ignore"):
     bad = np.where(nan_w, ~np.isnan(got), ~((got >= lo) & (got <= hi)))
+    # an exact zero has an exact sign
+    if floats:
+      bad |= (lo == 0) & (hi == 0) & (got == 0) & (np.signbit(lo) == np.signbit(hi)) & (
+          np.signbit(got) != np.signbit(lo))
   if not bad.any():
     return []
   i = tuple(int(v) for v in np.argwhere(bad)[0])
@@ -206,6 +213,23 @@ def bit_mismatches(got, want):
   return [f"{int(bad.sum())} of {got.size} elements not bit-identical"
           + (f" ({zeros} differ only in the sign of zero)" if zeros else "")
           + f"; first {i}: {got[i]!r} vs {want[i]!r}"]
+
+
+def maximum(x, y):
+  """max as the GPU computes it (IEEE 754-2019 maximum): NaN propagates,
+  and +0 > -0."""
+  with np.errstate(invalid="ignore"):
+    r = np.maximum(x, y)
+    both = (np.asarray(x) == 0) & (np.asarray(y) == 0)
+    return np.where(both, np.where(np.signbit(x) & np.signbit(y), -0.0, 0.0), r)
+
+
+def minimum(x, y):
+  """min as the GPU computes it: NaN propagates, and -0 < +0."""
+  with np.errstate(invalid="ignore"):
+    r = np.minimum(x, y)
+    both = (np.asarray(x) == 0) & (np.asarray(y) == 0)
+    return np.where(both, np.where(np.signbit(x) | np.signbit(y), -0.0, 0.0), r)
 
 
 def math_f64(fn):

@@ -4,6 +4,7 @@ Computed with NumPy in the operands' own dtypes (f16/bf16 ops round per op,
 as the hardware's). Integer division and remainder follow lax (truncation
 toward zero), not NumPy's floor semantics.
 """
+import functools
 import math
 
 import numpy as np
@@ -68,6 +69,28 @@ def _rem(x, y):
   return np.fmod(x, y).astype(dt, copy=False)
 
 
+def _zeros_ordered(f, negative_wins):
+  """max/min as the GPU computes them: NaN propagates and -0 < +0 (numpy
+  returns either zero when the two compare equal)."""
+  def g(x, y):
+    r = f(x, y)
+    if not is_float(np.result_type(r)):
+      return r
+    x, y = np.asarray(x), np.asarray(y)
+    both = (x == 0) & (y == 0)
+    if not both.any():
+      return r
+    sx, sy = np.signbit(x), np.signbit(y)
+    neg = (sx | sy) if negative_wins else (sx & sy)
+    z = np.where(neg, -0.0, 0.0).astype(np.result_type(r))
+    return np.where(both, z, r) if np.ndim(r) else (z[()] if both else r)
+  return g
+
+
+_max = _zeros_ordered(np.maximum, negative_wins=False)
+_min = _zeros_ordered(np.minimum, negative_wins=True)
+
+
 def _logistic(x):
   return 1.0 / (1.0 + np.exp(-x))
 
@@ -98,7 +121,7 @@ for _name, _f in {
 
 for _name, _f in {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div,
-    "rem": _rem, "max": np.maximum, "min": np.minimum, "pow": np.power,
+    "rem": _rem, "max": _max, "min": _min, "pow": np.power,
     "atan2": np.arctan2,
     "nextafter": np.nextafter,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
@@ -290,33 +313,54 @@ def _pad(eqn, cx):
                                 constant_values=v)
 
 
-def _acc_dtype(dt):
-  """Reductions of half types accumulate in f32 and round once at the end."""
-  dt = np.dtype(dt)
-  return np.float32 if is_float(dt) and dt.itemsize < 4 else None
+def _in_order(ufunc):
+  """A sum or product of f16/bf16 values accumulated in their own type, one
+  rounding per step, as the GPU's register reductions do (measured:
+  benchmarks/register_numerics_probe.py; the GPU's order across lanes and
+  warps is not modelled, so the last bits may differ). jnp.sum upcasts half
+  types to f32 before reducing, so this is lax.reduce_* called directly."""
+  def f(x, axis):
+    for ax in sorted(axis, reverse=True):
+      x = functools.reduce(ufunc, np.moveaxis(x, ax, 0))
+    return x
+  return f
 
 
-def _reduce(np_fn, use_acc):
+def _reduce(np_fn, in_order=None):
   def build(eqn, cx):
     axes = tuple(eqn.params["axes"])
     out_dt = np.dtype(eqn.outvars[0].aval.dtype)
+    half = is_float(eqn.invars[0].aval.dtype) and np.dtype(eqn.invars[0].aval.dtype).itemsize < 4
+    fn = in_order if in_order is not None and half else np_fn
 
     def f(t, x):
-      acc = _acc_dtype(x.dtype) if use_acc else None
-      r = np_fn(x.astype(acc) if acc else x, axis=axes)
-      r = np.asarray(r).astype(out_dt, copy=False)
+      r = np.asarray(fn(x, axis=axes)).astype(out_dt, copy=False)
       return r if r.ndim else r[()]
     return f
   return build
 
 
-rule("reduce_sum")(_reduce(np.sum, True))
-rule("reduce_prod")(_reduce(np.prod, True))
-rule("reduce_max")(_reduce(np.max, False))
-rule("reduce_min")(_reduce(np.min, False))
-rule("reduce_and")(_reduce(np.all, False))
-rule("reduce_or")(_reduce(np.any, False))
-rule("reduce_xor")(_reduce(lambda x, axis: np.bitwise_xor.reduce(x, axis=axis), False))
+def _zeros_ordered_reduce(np_fn, negative_wins):
+  """reduce_max/min with -0 < +0, as _max/_min."""
+  def f(x, axis):
+    r = np_fn(x, axis=axis)
+    if not is_float(x.dtype) or not np.any(r == 0):
+      return r
+    zero = x == 0
+    neg = np.signbit(x) & zero
+    pick_neg = (np.any(neg, axis=axis) if negative_wins
+                else ~np.any(zero & ~neg, axis=axis))
+    return np.where(r == 0, np.where(pick_neg, -0.0, 0.0).astype(r.dtype), r)
+  return f
+
+
+rule("reduce_sum")(_reduce(np.sum, _in_order(np.add)))
+rule("reduce_prod")(_reduce(np.prod, _in_order(np.multiply)))
+rule("reduce_max")(_reduce(_zeros_ordered_reduce(np.max, negative_wins=False)))
+rule("reduce_min")(_reduce(_zeros_ordered_reduce(np.min, negative_wins=True)))
+rule("reduce_and")(_reduce(np.all))
+rule("reduce_or")(_reduce(np.any))
+rule("reduce_xor")(_reduce(lambda x, axis: np.bitwise_xor.reduce(x, axis=axis)))
 
 
 def _arg(np_fn):
