@@ -19,6 +19,11 @@ The range has width only for the documented exceptions, each named here:
   operations by interval arithmetic. f16/bf16 transcendentals are computed in
   f32 and rounded once, so their range is a point except where the f32
   candidates straddle a rounding boundary of the narrow type.
+* F32_ZERO_ADD_FOLDED: in f32, x*x + i, with i an iota (or another value
+  the GPU compiler knows per register) that is 0, can lose the add, and a
+  following add/sub then fuses with the product instead: where i is 0, the
+  range takes both results (measured on an H200 for rows of a strided
+  layout, benchmarks/register_numerics_probe.py; f16/bf16 did not show it).
 * sum_error: sums in registers, whose order on the GPU (per lane, then
   across lanes and warps) is not modelled: the range is the exact sum +-
   (n-1) u sum|x| (the bound for any order of additions in a type of unit
@@ -246,7 +251,13 @@ TRANSCENDENTAL = {"exp": math_f64(np.exp), "log": math_f64(np.log),
 
 def transcendental(name, x, dtype):
   """The range of `name`(x) in `dtype` on either backend: evaluated in f32
-  within F32_TRANSCENDENTAL_ULPS of the true value, then rounded to dtype."""
-  f32 = around(TRANSCENDENTAL[name](x), F32_TRANSCENDENTAL_ULPS, np.float32).rnd(np.float32)
+  within F32_TRANSCENDENTAL_ULPS of the true value, then rounded to dtype;
+  exact where the true value is 0 (exp(-inf), log(1), tanh(0)), and at
+  exp(0) = 1 and tanh(+-inf) = +-1."""
+  x = np.asarray(x, np.float64)
+  c = TRANSCENDENTAL[name](x)
+  f32 = around(c, F32_TRANSCENDENTAL_ULPS, np.float32).rnd(np.float32)
+  exact = (c == 0) | ((x == 0) if name == "exp" else np.isinf(x) if name == "tanh" else False)
+  f32 = Iv(np.where(exact, c, f32.lo), np.where(exact, c, f32.hi))
   return f32 if np.dtype(dtype) == np.float32 else f32.rnd(dtype)
 

@@ -4,7 +4,6 @@ Computed with NumPy in the operands' own dtypes (f16/bf16 ops round per op,
 as the hardware's). Integer division and remainder follow lax (truncation
 toward zero), not NumPy's floor semantics.
 """
-import functools
 import math
 
 import numpy as np
@@ -313,28 +312,20 @@ def _pad(eqn, cx):
                                 constant_values=v)
 
 
-def _in_order(ufunc):
-  """A sum or product of f16/bf16 values accumulated in their own type, one
-  rounding per step, as the GPU's register reductions do (measured:
-  benchmarks/register_numerics_probe.py; the GPU's order across lanes and
-  warps is not modelled, so the last bits may differ). jnp.sum upcasts half
-  types to f32 before reducing, so this is lax.reduce_* called directly."""
-  def f(x, axis):
-    for ax in sorted(axis, reverse=True):
-      x = functools.reduce(ufunc, np.moveaxis(x, ax, 0))
-    return x
-  return f
-
-
-def _reduce(np_fn, in_order=None):
+def _reduce(np_fn, f32_halves=False):
+  """A reduction; f16/bf16 sums and products in f32, rounded once. (The GPU
+  adds f16/bf16 in their own type, in its order: per lane in eight partial
+  sums, then across lanes and warps; f32 then one rounding came closer to it
+  than any fixed order in the half type we tried: benchmarks/
+  register_numerics_probe.py. jnp.sum upcasts half types to f32 anyway.)"""
   def build(eqn, cx):
     axes = tuple(eqn.params["axes"])
     out_dt = np.dtype(eqn.outvars[0].aval.dtype)
-    half = is_float(eqn.invars[0].aval.dtype) and np.dtype(eqn.invars[0].aval.dtype).itemsize < 4
-    fn = in_order if in_order is not None and half else np_fn
+    in_dt = np.dtype(eqn.invars[0].aval.dtype)
+    up = np.float32 if f32_halves and is_float(in_dt) and in_dt.itemsize < 4 else None
 
     def f(t, x):
-      r = np.asarray(fn(x, axis=axes)).astype(out_dt, copy=False)
+      r = np.asarray(np_fn(x.astype(up) if up else x, axis=axes)).astype(out_dt, copy=False)
       return r if r.ndim else r[()]
     return f
   return build
@@ -354,8 +345,8 @@ def _zeros_ordered_reduce(np_fn, negative_wins):
   return f
 
 
-rule("reduce_sum")(_reduce(np.sum, _in_order(np.add)))
-rule("reduce_prod")(_reduce(np.prod, _in_order(np.multiply)))
+rule("reduce_sum")(_reduce(np.sum, f32_halves=True))
+rule("reduce_prod")(_reduce(np.prod, f32_halves=True))
 rule("reduce_max")(_reduce(_zeros_ordered_reduce(np.max, negative_wins=False)))
 rule("reduce_min")(_reduce(_zeros_ordered_reduce(np.min, negative_wins=True)))
 rule("reduce_and")(_reduce(np.all))
