@@ -347,6 +347,10 @@ def test_max_and_min_order_signed_zeros_as_the_gpu():
                           jnp.zeros((128,), jnp.float32), backend="sim"))
   assert (out == 0).all()
   assert list(np.signbit(out[:, 0])) == [False, True, False, True]
+  # and NaN wins over a number, either way round (max.NaN on the GPU)
+  out = np.asarray(ps.run(k, jnp.full((128,), jnp.nan, jnp.float32),
+                          jnp.ones((128,), jnp.float32), backend="sim"))
+  assert np.isnan(out).all()
 
 
 @pytest.mark.parametrize("dtype,big", [(jnp.float16, 2048.0), (jnp.bfloat16, 256.0)])

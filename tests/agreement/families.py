@@ -75,10 +75,12 @@ def _inputs(seed, shape, dtype, specials=False, lo=-2.0, hi=2.0):
     return jnp.asarray(r.integers(-1000, 1000, shape), I32)
   x = r.uniform(lo, hi, shape)
   x[x == 0] = 0.5  # non-zero inputs
-  if specials:  # a sprinkling of NaN, +-inf and zeros
+  if specials:  # a sprinkling of NaN, +-inf and zeros (each at least once)
     flat = x.reshape(-1)
-    idx = r.choice(flat.size, size=max(1, flat.size // 16), replace=False)
-    flat[idx] = r.choice([np.nan, np.inf, -np.inf, 0.0], size=idx.size)
+    idx = r.choice(flat.size, size=max(4, flat.size // 16), replace=False)
+    vals = r.choice([np.nan, np.inf, -np.inf, 0.0], size=idx.size)
+    vals[:4] = [np.nan, np.inf, -np.inf, 0.0]
+    flat[idx] = vals
   return jnp.asarray(x, dtype)
 
 
@@ -774,7 +776,7 @@ AXES = {
 # Pairs of axes whose every combination the CI profile draws: the dtype
 # against what is computed with it (a reduction's accumulator, a cast).
 AXES_PAIRS = {
-    "elementwise": [("dt", "out_dt"), ("dt", "binary")],
+    "elementwise": [("dt", "out_dt"), ("dt", "binary"), ("binary", "specials")],
     "reduction": [("dt", "op"), ("dt", "api")],
 }
 
