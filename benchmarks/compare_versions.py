@@ -1,0 +1,91 @@
+"""Simulator speed of two checkouts, side by side in one run (for a refactor:
+the same kernels, alternating between the two, median of the rounds).
+
+    ./dev python benchmarks/compare_versions.py BEFORE_DIR [AFTER_DIR] [--rounds 3]
+
+BEFORE_DIR is another checkout, e.g. `git worktree add /tmp/before <commit>`;
+AFTER_DIR defaults to this one. Each round runs every case in a fresh process
+per checkout (warm-up call, then the median of --repeat calls), so both see
+the same machine load. Prints seconds and after/before per case, races off
+and on.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = r'''
+import json, statistics, sys, time
+import numpy as np, jax, jax.numpy as jnp
+sys.path[:0] = [sys.argv[1] + "/examples", sys.argv[1] + "/tests", sys.argv[1] + "/benchmarks"]
+import pallas_sim as ps
+from sim_speed import make_iota
+from test_quickstart import matmul_mcs
+import kernels as K
+repeat = int(sys.argv[2])
+rng = np.random.default_rng(0)
+def ab(m, k, n):
+  return (jnp.asarray(rng.standard_normal((m, k)), jnp.float16),
+          jnp.asarray(rng.standard_normal((k, n)), jnp.float16))
+cases = {
+  "iota 1M elems (8192 blocks)": (make_iota(8192), ()),
+  "matmul 512^3": (matmul_mcs, ab(512, 512, 512)),
+  "matmul 1024^3": (matmul_mcs, ab(1024, 1024, 1024)),
+  "matmul 256x1024x256 tile_k=32 (32 steps)": (
+      lambda a, b: matmul_mcs(a, b, tile_k=32), ab(256, 1024, 256)),
+  "two-thread producer/consumer (barriers)": (K.two_thread_copy, K.two_thread_copy_args(0)),
+  "warp-specialized matmul": (K.warp_specialized_matmul, K.warp_specialized_matmul_args(0)),
+}
+out = {}
+for name, (fn, args) in cases.items():
+  for races in (False, True):
+    call = lambda: np.asarray(jax.tree.leaves(ps.run(fn, *args, backend="sim",
+                                                     check_races=races))[0])
+    call()
+    ts = []
+    for _ in range(repeat):
+      t0 = time.perf_counter(); call(); ts.append(time.perf_counter() - t0)
+    out[f"{name}|{races}"] = statistics.median(ts)
+print("RESULT " + json.dumps(out))
+'''
+
+
+def run(tree, repeat):
+  env = dict(os.environ, PYTHONPATH=tree, CI="true")
+  p = subprocess.run([sys.executable, "-c", CHILD, tree, str(repeat)], env=env,
+                     capture_output=True, text=True, cwd=tree)
+  line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+  if not line:
+    raise RuntimeError(f"{tree}: {p.stderr[-2000:]}")
+  return json.loads(line[0][7:])
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("before")
+  ap.add_argument("after", nargs="?", default=ROOT)
+  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--repeat", type=int, default=3)
+  args = ap.parse_args(argv)
+  res = {"before": [], "after": []}
+  for r in range(args.rounds):
+    for which in (("before", "after") if r % 2 == 0 else ("after", "before")):
+      res[which].append(run(os.path.abspath(getattr(args, which)), args.repeat))
+      print(f"round {r + 1}: {which} done", file=sys.stderr, flush=True)
+  med = {w: {k: statistics.median(d[k] for d in runs) for k in runs[0]}
+         for w, runs in res.items()}
+  print(f"before: {args.before}\nafter:  {args.after}\n")
+  print("| kernel | races | before (s) | after (s) | after/before |")
+  print("|---|---|---:|---:|---:|")
+  for k in med["before"]:
+    name, races = k.split("|")
+    b, a = med["before"][k], med["after"][k]
+    print(f"| {name} | {'on' if races == 'True' else 'off'} | {b:.3f} | {a:.3f} | {a / b:.2f}x |")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,92 @@
+"""What a refactor of the simulator must not change: runs test files with
+every ps.simulate call recorded (outputs, as a hash of their bytes; race
+reports, in order, as text; errors) and writes them as JSON, or compares them
+with an earlier run.
+
+    ./dev python benchmarks/snapshot.py --out before.json
+    ./dev python benchmarks/snapshot.py --compare before.json   # after the change
+
+Default files: the race tests, the agreement suite's CI profile, the examples
+and the semantics tests.
+"""
+import argparse
+import hashlib
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = ["tests/test_races.py", "tests/test_races_jax_scenarios.py",
+         "tests/agreement/test_agreement.py", "tests/test_examples.py",
+         "tests/test_semantics.py", "tests/test_quickstart.py"]
+
+
+class Recorder:
+  """A pytest plugin: wraps pallas_sim.simulate for each test."""
+
+  def __init__(self):
+    self.calls = {}
+    self.current = None
+
+  @pytest.hookimpl(wrapper=True)
+  def pytest_runtest_call(self, item):
+    import pallas_sim as ps
+    from pallas_sim import api
+    self.current = item.nodeid
+    orig = api.simulate
+    rec = self
+
+    def simulate(*args, **kwargs):
+      entry = {}
+      rec.calls.setdefault(rec.current, []).append(entry)
+      try:
+        sim = orig(*args, **kwargs)
+      except Exception as e:
+        entry["error"] = f"{type(e).__name__}: {e}"
+        raise
+      import jax
+      entry["outputs"] = [hashlib.sha1(np.ascontiguousarray(np.asarray(x)).tobytes()).hexdigest()
+                          for x in jax.tree.leaves(sim.outputs)]
+      entry["races"] = [str(r) for r in sim.report.races]
+      return sim
+
+    api.simulate = ps.simulate = simulate
+    try:
+      return (yield)
+    finally:
+      api.simulate = ps.simulate = orig
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out")
+  ap.add_argument("--compare")
+  ap.add_argument("files", nargs="*", default=FILES)
+  args = ap.parse_args(argv)
+  os.chdir(ROOT)
+  rec = Recorder()
+  rc = pytest.main(["-q", "-p", "no:cacheprovider", *args.files], plugins=[rec])
+  n = sum(len(v) for v in rec.calls.values())
+  print(f"{len(rec.calls)} tests, {n} simulations recorded (pytest exit {rc})")
+  if args.out:
+    with open(args.out, "w") as f:
+      json.dump(rec.calls, f, indent=1, sort_keys=True)
+  if args.compare:
+    with open(args.compare) as f:
+      before = json.load(f)
+    diffs = [k for k in sorted(set(before) | set(rec.calls)) if before.get(k) != rec.calls.get(k)]
+    for k in diffs[:20]:
+      print(f"DIFFERS: {k}\n  before: {json.dumps(before.get(k))[:600]}\n  after:  "
+            f"{json.dumps(rec.calls.get(k))[:600]}")
+    races = sum(len(e.get("races", [])) for v in rec.calls.values() for e in v)
+    print(f"{len(diffs)} of {len(set(before) | set(rec.calls))} tests differ "
+          f"(outputs, race reports in order, errors); {races} race reports compared")
+    return 1 if diffs or rc else 0
+  return rc
+
+
+if __name__ == "__main__":
+  sys.exit(main())
