@@ -13,7 +13,9 @@ import argparse
 import hashlib
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -65,24 +67,41 @@ def main(argv=None):
   ap.add_argument("--out")
   ap.add_argument("--compare")
   ap.add_argument("files", nargs="*", default=FILES)
+  ap.add_argument("--one", help=argparse.SUPPRESS)  # (one file, in this process)
   args = ap.parse_args(argv)
   os.chdir(ROOT)
-  rec = Recorder()
-  rc = pytest.main(["-q", "-p", "no:cacheprovider", *args.files], plugins=[rec])
-  n = sum(len(v) for v in rec.calls.values())
-  print(f"{len(rec.calls)} tests, {n} simulations recorded (pytest exit {rc})")
+  if args.one:
+    rec = Recorder()
+    rc = pytest.main(["-q", "-p", "no:cacheprovider", args.one], plugins=[rec])
+    with open(args.out, "w") as f:
+      json.dump(dict(calls=rec.calls, rc=int(rc)), f)
+    return 0
+  # Each file in a process of its own: hypothesis draws its examples alike
+  # only when the tests before it in the session are the same.
+  calls, rcs = {}, []
+  with tempfile.TemporaryDirectory() as tmp:
+    for i, path in enumerate(args.files):
+      out = os.path.join(tmp, f"{i}.json")
+      subprocess.run([sys.executable, __file__, "--one", path, "--out", out], check=True)
+      with open(out) as f:
+        got = json.load(f)
+      calls.update(got["calls"])
+      rcs.append(got["rc"])
+  rc = max(rcs)
+  n = sum(len(v) for v in calls.values())
+  print(f"{len(calls)} tests, {n} simulations recorded (pytest exit {rc})")
   if args.out:
     with open(args.out, "w") as f:
-      json.dump(rec.calls, f, indent=1, sort_keys=True)
+      json.dump(calls, f, indent=1, sort_keys=True)
   if args.compare:
     with open(args.compare) as f:
       before = json.load(f)
-    diffs = [k for k in sorted(set(before) | set(rec.calls)) if before.get(k) != rec.calls.get(k)]
+    diffs = [k for k in sorted(set(before) | set(calls)) if before.get(k) != calls.get(k)]
     for k in diffs[:20]:
       print(f"DIFFERS: {k}\n  before: {json.dumps(before.get(k))[:600]}\n  after:  "
-            f"{json.dumps(rec.calls.get(k))[:600]}")
-    races = sum(len(e.get("races", [])) for v in rec.calls.values() for e in v)
-    print(f"{len(diffs)} of {len(set(before) | set(rec.calls))} tests differ "
+            f"{json.dumps(calls.get(k))[:600]}")
+    races = sum(len(e.get("races", [])) for v in calls.values() for e in v)
+    print(f"{len(diffs)} of {len(set(before) | set(calls))} tests differ "
           f"(outputs, race reports in order, errors); {races} race reports compared")
     return 1 if diffs or rc else 0
   return rc

@@ -1,5 +1,6 @@
-"""Hardware models. Figures marked 'calibrate' are leads to be measured on a
-real Hopper GPU (benchmarks/), not trusted."""
+"""Hardware models: the figures the timing model (backends/sim/machine/
+timing.py) and the resource checks read, as data. Figures marked 'calibrate'
+are leads to be measured on a real Hopper GPU (benchmarks/), not trusted."""
 import dataclasses
 
 
@@ -10,12 +11,12 @@ class GPU:
   clock_hz: float = 1.83e9
   max_smem_per_block: int = 232448      # Mosaic's max_smem_bytes on sm_90
   smem_per_sm: int = 228 * 1024
-  regs_per_sm: int = 65536
-  max_regs_per_lane: int = 255
   max_threads_per_sm: int = 2048
-  tensor_flop_per_clk_per_sm: int = 4096  # dense f16/bf16
+  # Dense tensor-core throughput per SM and clock, by operand type: fp8 and
+  # int8 run at twice the f16/bf16 rate, tf32 (f32 operands) at half.
+  tensor_flop_per_clk: tuple = (("f16", 4096), ("bf16", 4096), ("tf32", 2048),
+                                ("fp8", 8192), ("int8", 8192))
   hbm_bytes_per_s: float = 3.35e12
-  l2_bytes: int = 50 * 1024 * 1024
   # calibrate: latencies in cycles
   tma_latency: int = 600
   wgmma_latency: int = 120
@@ -26,15 +27,16 @@ class GPU:
   alu_cycles_per_vector: float = 2.0
   op_overhead_cycles: float = 4.0
 
-  @property
-  def tensor_flop_per_s(self):
-    return self.tensor_flop_per_clk_per_sm * self.num_sms * self.clock_hz
+  def tensor_rate(self, operand_kind):
+    """Tensor-core FLOP per clock per SM for operands of this kind."""
+    return dict(self.tensor_flop_per_clk)[operand_kind]
 
 
 H100 = GPU("h100")
-H200 = GPU("h200", hbm_bytes_per_s=4.3e12, l2_bytes=60 * 1024 * 1024)
+H200 = GPU("h200", hbm_bytes_per_s=4.3e12)
 
-GPUS = {"h100": H100, "h200": H200}
+GPUS = {g.name: g for g in (H100, H200)}
+NAMES = tuple(sorted(GPUS))
 
 
 def get(gpu):
@@ -44,4 +46,4 @@ def get(gpu):
     return GPUS[str(gpu).lower()]
   except KeyError:
     raise ValueError(
-        f"gpu={gpu!r}: unknown GPU model; choose one of {sorted(GPUS)}") from None
+        f"gpu={gpu!r}: unknown GPU model; choose one of {list(NAMES)}") from None

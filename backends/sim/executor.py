@@ -1,6 +1,11 @@
-"""Runs kernel launches: static checks, then every block on its own scheduler,
-then the cost model's kernel time. Blocks of one launch are unordered on real
-hardware; here each runs to completion in turn (deterministically)."""
+"""Runs kernel launches: static checks, then the blocks in groups, each group
+on its own scheduler (machine/group.py), then the merge of their results in
+block order (race reports, cross-block races, statistics, GMEM writes) and
+the timing model's kernel time.
+
+A group is the unit of sequential simulated time: a block, or (later) the
+blocks of a cluster. Groups are unordered on hardware; here they run one
+after the other, in block order, deterministically."""
 import itertools
 import math
 import os
@@ -10,15 +15,16 @@ import time
 import numpy as np
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim import refview, resources
+from pallas_sim.backends.sim import resources
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
-from pallas_sim.backends.sim.interpret import Compiler, run_gen
+from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import memory, races
-from pallas_sim.backends.sim.machine.state import BlockState, ThreadCtx
+from pallas_sim.backends.sim.machine.cross_block import CrossBlock
+from pallas_sim.backends.sim.group import run_group
+from pallas_sim.backends.sim.machine.observer import Clocks
+from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.report import KernelReport, Report
 from pallas_sim.errors import RaceError, UnsupportedPrimitiveError
-
-CUDA_RESERVED_SMEM_PER_BLOCK = 1024
 
 
 class Progress:
@@ -49,19 +55,30 @@ class Progress:
       sys.stderr.write("\n")
 
 
+class Prepared:
+  """What a kernel needs before it runs, once per trace."""
+  __slots__ = ("jaxpr", "program", "smem", "barriers")
+
+
 class Executor:
-  """Receives launches from capture; accumulates a Report."""
+  """Receives launches from capture; accumulates a Report.
+
+  detached_groups: run each group on its own copy of GMEM and apply its
+  writes at the merge, in block order (what a run over several processes
+  does; outputs are the same unless blocks race)."""
 
   def __init__(self, gpu="h100", trace_blocks=2, check_races=True,
-               on_race="raise", check_lowering=True):
+               on_race="raise", check_lowering=True, detached_groups=False):
     if on_race not in ("raise", "report"):
       raise ValueError(f"on_race={on_race!r}: choose 'raise' or 'report'")
     self.gpu = gpus.get(gpu)
+    self.timing = Timing(self.gpu)
     self.report = Report(self.gpu.name)
     self.trace_blocks = trace_blocks
     self.check_races = check_races
     self.on_race = on_race
     self.check_lowering_on = check_lowering
+    self.detached = detached_groups
     self.errors = []
     self._prepared = {}
     self._lowered = {}
@@ -71,11 +88,12 @@ class Executor:
 
   def prepare(self, launch):
     """Checks that need no data, before anything runs: shared memory against
-    the limit, and every primitive modelled. Returns (program, smem bytes)."""
+    the limit, and every primitive modelled (with the rules' own static
+    checks). Returns a Prepared."""
     key = id(launch.jaxpr)
     hit = self._prepared.get(key)
-    if hit is not None and hit[0] is launch.jaxpr:
-      return hit[1]
+    if hit is not None and hit.jaxpr is launch.jaxpr:
+      return hit
     if math.prod(launch.cluster or (1,)) > 1:
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: clusters {launch.cluster} are not modelled yet",
@@ -91,11 +109,14 @@ class Executor:
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: {extra} kernel-level scratch operands "
           "(pallas_call scratch_shapes) are not modelled", where=launch.where)
-    smem = resources.smem_bytes(jaxpr)
-    resources.check_smem(smem, self.gpu, where=launch.where)
-    prog = Compiler(self.gpu, launch).compile(jaxpr)
-    self._prepared[key] = (jaxpr, (prog, smem))
-    return prog, smem
+    p = Prepared()
+    p.jaxpr = jaxpr
+    p.smem = resources.smem_bytes(jaxpr)
+    resources.check_smem(p.smem, self.gpu, where=launch.where)
+    p.program = Compiler(self.timing, launch).compile(jaxpr)
+    p.barriers = resources.barrier_count(jaxpr)
+    self._prepared[key] = p
+    return p
 
   def check_lowering(self, launch, lower):
     """Raises what JAX's real Mosaic GPU lowering raises for this kernel, as
@@ -115,9 +136,7 @@ class Executor:
     with np.errstate(all="ignore"):
       return self._execute(launch, arrays)
 
-  def _execute(self, launch, arrays):
-    gpu = self.gpu
-    prog, smem = self.prepare(launch)
+  def _buffers(self, launch, arrays):
     n_in, n_out = launch.num_inputs, launch.num_outputs
     names = list(launch.arg_names[:n_in + n_out])
     if len(names) < n_in + n_out:
@@ -132,98 +151,66 @@ class Executor:
       else:
         out_bufs.append(memory.Buffer(names[n_in + j], "gmem",
                                       memory.poison(aval.shape, aval.dtype)))
-    gmem_refs = [refview.root_ref(b) for b in in_bufs + out_bufs]
+    return in_bufs, out_bufs
 
+  def _execute(self, launch, arrays):
+    prep = self.prepare(launch)
+    in_bufs, out_bufs = self._buffers(launch, arrays)
     grid = tuple(launch.grid) or ()
-    grid_names = tuple(launch.grid_names)
     nt = launch.num_threads
     blocks = list(itertools.product(*[range(g) for g in grid]))
-    cycles = np.empty(len(blocks))
+    placement = self.timing.launch(len(blocks), prep.smem, nt)
+    log = races.RaceLog(launch.name)
+    tracker = cross = None
+    if self.check_races:
+      size = Clocks.size(1, nt, prep.barriers)  # of a one-block group
+      tracker = races.Tracker(log, np.uint8 if size <= 256 else np.int32)
+      cross = CrossBlock(log)
+    cycles = np.zeros(len(blocks))
     stats = dict(tma_load_bytes=0, tma_store_bytes=0, wgmma_flops=0)
     trace = []
     progress = Progress(launch.name, len(blocks))
-    tracker = races.Tracker(launch.name, nt) if self.check_races else None
     t0 = time.perf_counter()
-    for bi, idx in enumerate(blocks):
-      blk = BlockState(idx, gpu, trace if bi < self.trace_blocks else None,
-                       tracker, nt)
-      if tracker is not None:
-        tracker.block, tracker.block_id = idx, bi + 1
-      axes = {}
-      for d, (i, g) in enumerate(zip(idx, grid)):
-        if d < len(grid_names):
-          axes[grid_names[d]] = (i, g)
-        axes[("grid", d)] = (i, g)
-      for tid in range(nt):
-        t_axes = dict(axes)
-        if launch.thread_name is not None:
-          t_axes[launch.thread_name] = (tid, nt)
-        label = f"block {idx}" + (f" thread {tid}" if nt > 1 else "")
-        t = ThreadCtx(blk, tid, t_axes, label)
-        blk.sched.spawn(t, self._thread(prog, gmem_refs, t, launch))
-      cycles[bi] = blk.sched.run()
-      if tracker is not None:
-        tracker.end_block(blk)
-      st = blk.stats
-      stats["tma_load_bytes"] += st.tma_load_bytes
-      stats["tma_store_bytes"] += st.tma_store_bytes
-      stats["wgmma_flops"] += st.wgmma_flops
-      if bi & 63 == 63:
-        progress.update(bi + 1)
+    for number, idx in enumerate(blocks):  # one block per group (clusters: more)
+      result = run_group(
+          number, [(number, idx)], prep, in_bufs + out_bufs, launch, self.timing,
+          placement, tracker, log, trace if number < self.trace_blocks else None,
+          detached=self.detached)
+      # Merge, in block order.
+      for number_, c, st in zip(result.numbers, result.cycles, result.stats):
+        cycles[number_] = c
+        for k in stats:
+          stats[k] += getattr(st, k)
+      for ev in result.events:
+        if ev[0] == "race":
+          log.add(*ev[1:])
+        else:
+          cross.access(*ev[1:])
+      for buf, idx, values in result.writes:
+        buf.data.reshape(-1)[idx] = values
+      if number & 63 == 63:
+        progress.update(number + 1)
     progress.close()
     wall = time.perf_counter() - t0
 
-    if tracker is not None:
-      found = tracker.log.races()
-      self.report.races.extend(found)
-      if found and self.on_race == "raise":
-        self.record_error(RaceError(
-            f"{len(found)} race(s) in kernel {launch.name}:\n"
-            + "\n".join(str(r) for r in found), races=found, where=launch.where))
+    found = log.races()
+    self.report.races.extend(found)
+    if found and self.on_race == "raise":
+      self.record_error(RaceError(
+          f"{len(found)} race(s) in kernel {launch.name}:\n"
+          + "\n".join(str(r) for r in found), races=found, where=launch.where))
 
-    per_sm, waves, seconds = self._kernel_time(cycles, smem, nt, stats, arrays,
-                                               launch.out_avals)
-    self.report.kernels.append(KernelReport(
-        name=launch.name, where=launch.where, grid=grid, num_threads=nt,
-        num_blocks=len(blocks), smem_bytes=smem, blocks_per_sm=per_sm,
-        waves=waves, block_cycles_min=float(cycles.min(initial=0)),
-        block_cycles_mean=float(cycles.mean()) if len(cycles) else 0.0,
-        block_cycles_max=float(cycles.max(initial=0)), time_s=seconds,
-        wall_s=wall, clock_hz=gpu.clock_hz, trace=trace, **stats))
-    return [b.data for b in out_bufs]
-
-  def _thread(self, prog, refs, t, launch):
-    """A thread's coroutine; with race detection, it also reports TMA stores
-    whose SMEM reads it never awaited: the lowering does not wait for them
-    at the end (jax 0.11.2 awaits only in wait_smem_to_gmem), and the SMEM
-    they read may be freed. (Their GMEM writes still land: seen on an H200,
-    benchmarks/gpu_probes.py, so an unawaited write side is not reported.)"""
-    yield from run_gen(prog, refs, t)
-    if t.vc is not None and (t.open_group or
-                             t.vc[t.sr_comp] < t.base + t.store_groups):
-      site = t.site("thread", "end of kernel", launch.where, "TMA stores", "end")
-      t.block.tracker.misuse(
-          "unawaited TMA store", site, t.block.index,
-          f"thread {t.tid} ends with TMA stores still reading SMEM: "
-          "wait_smem_to_gmem(0) before the kernel ends")
-
-  def _kernel_time(self, cycles, smem, nt, stats, arrays, out_avals):
-    """Blocks fill SMs by occupancy; each SM runs its blocks' cycles (shared
-    engines: no overlap credit between co-resident blocks); the kernel also
-    cannot beat HBM bandwidth for the bytes it moves (calibrate)."""
-    gpu = self.gpu
-    by_smem = gpu.smem_per_sm // (smem + CUDA_RESERVED_SMEM_PER_BLOCK)
-    by_threads = gpu.max_threads_per_sm // (128 * nt)
-    per_sm = max(1, min(by_smem, by_threads, 32))
-    n = len(cycles)
-    waves = -(-n // (gpu.num_sms * per_sm)) if n else 0
-    sm_cycles = np.zeros(gpu.num_sms)
-    for i, c in enumerate(cycles):
-      sm_cycles[i % gpu.num_sms] += c / per_sm
-    compute_s = sm_cycles.max(initial=0) / gpu.clock_hz
     traffic = stats["tma_load_bytes"] + stats["tma_store_bytes"]
     if not traffic:  # kernels without TMA move their operands with plain ld/st
       traffic = sum(np.asarray(a).nbytes for a in arrays) + sum(
-          math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in out_avals)
-    memory_s = traffic / gpu.hbm_bytes_per_s
-    return per_sm, waves, max(compute_s, memory_s) + gpu.launch_overhead_s
+          math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
+    seconds = placement.kernel_seconds(cycles, traffic)
+    self.report.kernels.append(KernelReport(
+        name=launch.name, where=launch.where, grid=grid, num_threads=nt,
+        num_blocks=len(blocks), smem_bytes=prep.smem, blocks_per_sm=placement.per_sm,
+        waves=placement.waves, block_cycles_min=float(cycles.min(initial=0)),
+        block_cycles_mean=float(cycles.mean()) if len(cycles) else 0.0,
+        block_cycles_max=float(cycles.max(initial=0)), time_s=seconds,
+        wall_s=wall, clock_hz=self.gpu.clock_hz, trace=trace, **stats))
+    return [b.data for b in out_bufs]
+

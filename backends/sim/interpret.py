@@ -51,10 +51,10 @@ def literal_value(v):
 
 class Compiler:
   """Compiles jaxprs to Programs; one per launch (rules may close over launch
-  facts such as the GPU model)."""
+  facts, and ask the timing model, machine/timing.py, for costs)."""
 
-  def __init__(self, gpu, launch=None):
-    self.gpu = gpu
+  def __init__(self, timing, launch=None):
+    self.timing = timing
     self.launch = launch
     self._cache = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]
@@ -147,24 +147,12 @@ class Compiler:
         st.ins = tuple(read(v) for v in eqn.invars)
       st.outs = tuple(slot(v) for v in eqn.outvars)
       st.multi = eqn.primitive.multiple_results
-      st.cost = self.issue_cost(eqn)
+      st.cost = self.timing.issue_cycles(eqn)
       prog.steps.append(st)
     prog.outvars = [read(v) for v in jaxpr.outvars]
     prog.template = template
     prog.blocking = blocking
     return prog
-
-  def issue_cost(self, eqn):
-    """Cycles one warpgroup spends issuing this equation (calibrate)."""
-    size = 1
-    for v in eqn.outvars:
-      shape = getattr(v.aval, "shape", ())
-      n = 1
-      for d in shape:
-        n *= d
-      size = max(size, n)
-    g = self.gpu
-    return g.op_overhead_cycles + g.alu_cycles_per_vector * (-(-size // 128))
 
 
 def contractions(jaxpr):
@@ -196,15 +184,15 @@ def contractions(jaxpr):
   return fused
 
 
-def _located(e, eqn, where, t=None):
-  """Attach the user's file:line (and the thread, at run time) to an error
-  raised inside a rule; anything that is not a SimError is a bug of ours,
-  kept as the cause."""
+def _located(e, eqn, where, wg=None):
+  """Attach the user's file:line (and the warpgroup, at run time) to an
+  error raised inside a rule; anything that is not a SimError is a bug of
+  ours, kept as the cause."""
   if isinstance(e, SimError):
     if e.where is None:
       e.where = where
       e.primitive = e.primitive or eqn.primitive.name
-      who = f" (in {t.name})" if t is not None else ""
+      who = f" (in {wg.name})" if wg is not None else ""
       e.args = (f"{e.where}: [{e.primitive}] {e.args[0]}{who}",)
     e.__suppress_context__ = True
     return e
@@ -217,32 +205,32 @@ def _located(e, eqn, where, t=None):
 
 # run_plain and run_gen are the same loop: a generator costs a frame switch
 # per step, and most programs (and most loop bodies) never block.
-def run_plain(prog, args, t):
-  """Evaluates a non-blocking program; returns its outputs."""
+def run_plain(prog, args, wg):
+  """Evaluates a non-blocking program for warpgroup wg; returns its outputs."""
   env = prog.template.copy()
   for i, a in zip(prog.invars, args):
     env[i] = a
   st = None
   try:
     for st in prog.steps:
-      out = st.fn(t, *[env[i] for i in st.ins])
-      t.time += st.cost
+      out = st.fn(wg, *[env[i] for i in st.ins])
+      wg.time += st.cost
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v
       elif st.outs:
         env[st.outs[0]] = out
   except Exception as e:
-    raise _located(e, st.eqn, st.where, t)
+    raise _located(e, st.eqn, st.where, wg)
   return [env[i] for i in prog.outvars]
 
 
-def run_gen(prog, args, t):
+def run_gen(prog, args, wg):
   """Evaluates a program that may block: a generator yielding wait requests
   (`outs = yield from run_gen(...)`); a program that cannot block runs
   straight through."""
   if not prog.blocking:
-    return run_plain(prog, args, t)
+    return run_plain(prog, args, wg)
   env = prog.template.copy()
   for i, a in zip(prog.invars, args):
     env[i] = a
@@ -250,10 +238,10 @@ def run_gen(prog, args, t):
   try:
     for st in prog.steps:
       if st.gen:
-        out = yield from st.fn(t, *[env[i] for i in st.ins])
+        out = yield from st.fn(wg, *[env[i] for i in st.ins])
       else:
-        out = st.fn(t, *[env[i] for i in st.ins])
-      t.time += st.cost
+        out = st.fn(wg, *[env[i] for i in st.ins])
+      wg.time += st.cost
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v
@@ -262,5 +250,5 @@ def run_gen(prog, args, t):
   except GeneratorExit:
     raise
   except Exception as e:
-    raise _located(e, st.eqn, st.where, t)
+    raise _located(e, st.eqn, st.where, wg)
   return [env[i] for i in prog.outvars]

@@ -130,3 +130,34 @@ def lowering_error(exc, where=None):
       f"the Mosaic GPU lowering rejects this kernel "
       f"({type(exc).__name__}): " + "\n".join(lines).strip(),
       primitive=m.group(1) if m else None, where=where)
+
+
+def _sub_jaxprs(value):
+  if hasattr(value, "eqns"):
+    yield value
+  elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+    yield value.jaxpr
+  elif isinstance(value, (tuple, list)):
+    for v in value:
+      yield from _sub_jaxprs(v)
+
+
+def barrier_count(kernel_jaxpr):
+  """How many mbarriers the kernel body's scopes allocate, each scope
+  counted once (however often it runs): the barriers a block can have."""
+  seen, count = set(), 0
+  stack = [kernel_jaxpr]
+  while stack:
+    j = stack.pop()
+    for eqn in j.eqns:
+      if id(eqn) in seen:
+        continue
+      seen.add(id(eqn))
+      if eqn.primitive.name == "run_scoped":
+        for v in _inner(eqn.params["jaxpr"]).invars:
+          dt = getattr(getattr(v.aval, "inner_aval", None), "dtype", None)
+          if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
+            count += math.prod(v.aval.inner_aval.shape)
+      for p in eqn.params.values():
+        stack.extend(_sub_jaxprs(p))
+  return count

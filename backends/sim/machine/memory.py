@@ -29,9 +29,10 @@ class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
-               "alloc_key")
+               "alloc_key", "origin")
 
-  def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None):
+  def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
+               origin=None):
     self.name = name
     self.space = space
     self.data = data
@@ -39,6 +40,7 @@ class Buffer:
     self.swizzle = swizzle
     self.shadow = None  # race detection's per-element history (races.py)
     self.alloc_key = alloc_key  # which allocation made it, in every block
+    self.origin = origin or self  # a group's private copy of a GMEM buffer: whose
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
 
   def __repr__(self):
@@ -46,39 +48,35 @@ class Buffer:
 
 
 class BarrierSlot:
-  """One mbarrier. A phase completes when `num_arrivals` arrivals are in and
-  no transaction bytes are pending; `completions` counts completed phases."""
+  """One mbarrier of a block. A phase completes when `num_arrivals` arrivals
+  are in and no transaction bytes are pending; `completions` counts
+  completed phases."""
   __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
-               "waiters", "orders_tensor_core", "comp", "base", "acc", "phases",
-               "waits", "misuse")
+               "waiters", "orders_tensor_core", "waits", "block", "key", "hb")
 
-  def __init__(self, name, num_arrivals, orders_tensor_core=False):
+  def __init__(self, name, num_arrivals, orders_tensor_core=False, block=None, key=None):
     self.name = name
     self.num_arrivals = num_arrivals
     self.orders_tensor_core = orders_tensor_core
     self.arrivals = 0
     self.tx = 0
     self.completions = 0
-    self.waiters = []
-    # Happens-before (only with race detection): this barrier's clock
-    # component, the vectors arrived so far in the pending phase, those of
-    # each completed phase, and how many completions each thread observed.
-    self.comp = None
-    self.base = 0        # the block's clock base: phase k has clock base + k
-    self.acc = None
-    self.phases = []
-    self.waits = {}      # tid -> [completions observed, clock after, where]
-    self.misuse = None   # reports a misuse: (tid, where, text) -> None
+    self.waiters = []    # tasks blocked on it (scheduler.Resource protocol)
+    self.waits = {}      # warpgroup -> [completions it observed, where it last waited]
+    self.block = block   # the block whose SMEM holds it
+    self.key = key       # (allocation, flat index): the same in every block
+    self.hb = None       # the happens-before observer's state for it
 
   def __repr__(self):
     return (f"<barrier {self.name}: {self.arrivals}/{self.num_arrivals} arrivals, "
             f"{self.tx} tx bytes pending, {self.completions} completions>")
 
 
-def barrier_array(name, shape, num_arrivals, orders_tensor_core=False):
+def barrier_array(name, shape, num_arrivals, orders_tensor_core=False, block=None,
+                  alloc=None):
   arr = np.empty(shape, dtype=object)
   flat = arr.reshape(-1)
   for i in range(flat.size):
     label = name if flat.size == 1 else f"{name}[{i}]"
-    flat[i] = BarrierSlot(label, num_arrivals, orders_tensor_core)
+    flat[i] = BarrierSlot(label, num_arrivals, orders_tensor_core, block, (alloc, i))
   return arr

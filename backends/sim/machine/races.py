@@ -1,40 +1,24 @@
-"""Happens-before race detection: vector clocks and element shadows.
+"""Race detection's element shadows and reports (the vector clocks that
+stamp accesses are machine/observer.py's).
 
-Agents and their clock components (per block):
-- each Pallas thread t: component t, ticking at every release it makes;
-- the async work a thread issues, as channels whose clock is a sequence
-  number, because waits observe them in order: wgmma groups (wgmma_wait(n)
-  observes all but the newest n), TMA store groups, split into their SMEM
-  reads and GMEM writes (wait_smem_to_gmem(n, wait_read_only=...));
-- each barrier: component b whose clock is its phase; a TMA load that
-  completes phase k is stamped (b, k), and a wait that observed phase k
-  learns b >= k and everything that arrived in it.
-An access is ordered after an earlier one stamped (c, k) iff the accessing
-agent's vector V has V[c] >= k. Async work issued by a thread sees that
-thread's plain SMEM accesses only up to its last commit_smem (the async-proxy
-fence): its vector takes thread components from the thread's `avc`.
+Each buffer has a shadow per element: the last write and up to two mutually
+unordered reads since, each as (component, clock). An access checks and
+updates only the elements it touches, so checking is linear in the elements
+accessed, whatever the simulated timing. Shadows are reused by the groups of
+a launch without resets: each group's clocks start above every clock of the
+groups before it, so their entries read as ordered before it.
 
-Each block's clocks start above every clock of the blocks before it, so
-shadows carry over between blocks without resets. Each buffer has a shadow
-per element: the last write and up to two mutually
-unordered reads since, each as (component, clock, site). An access checks
-and updates only the elements it touches, so checking is linear in the
-elements accessed, whatever the simulated timing.
+Blocks of a launch are unordered with each other; conflicting GMEM accesses
+of two groups are found when their results merge (machine/cross_block.py):
+here, each GMEM access is also emitted as an event, in order, with the
+group's intra-group race reports.
 """
 import numpy as np
 
-CAP = 256                       # clock components per block
 NONE = 0                        # "no access": its clock is +inf in every vector
-INF = np.iinfo(np.int64).max
-# Zero means "none" in every shadow array (components start at 1, block ids
-# at 1), so shadows are allocated zeroed, which costs nothing until touched.
-
-
-def new_vector(base=0):
-  """A vector that has seen everything stamped below `base`."""
-  v = np.full(CAP, base, np.int64)
-  v[NONE] = INF
-  return v
+# Zero means "none" in every shadow array (components start at 1, group
+# numbers at 1), so shadows are allocated zeroed, which costs nothing until
+# touched.
 
 
 class Site:
@@ -154,34 +138,30 @@ def advice(first, second, same_block=True):
 class Shadow:
   """Per-element access history of one buffer: the last write and up to two
   mutually unordered reads since, each as (component, clock). Entries left
-  by earlier blocks need no reset: every block starts its clocks above all
+  by earlier groups need no reset: every group starts its clocks above all
   earlier ones and its vectors at that base, so it sees them as ordered
-  before it. For GMEM, `x*b`/`x*s` hold which blocks wrote (plainly or
-  atomically) and read each element, and at which site: blocks of a launch
-  are unordered with each other."""
+  before it."""
   _uid = 0
   # Arrays are allocated zeroed on first use (a GMEM input that is only
-  # read never needs any; r2*, xa*, xr* only once such accesses happen).
-  _TYPES = {"wc": np.uint8, "r1c": np.uint8, "r2c": np.uint8}
+  # read never needs any; r2* only once two unordered reads happen).
 
-  def __init__(self, shape, gmem=False):
+  def __init__(self, shape, comp_dtype, gmem=False):
     Shadow._uid += 1
     self.uid = Shadow._uid
     self.shape = shape
-    self.any_r2 = False  # whether an element held two unordered reads (block)
-    self.any_read = False  # whether a read was recorded in the current block
-    self.block = 0         # the block the two flags above speak for
-    self.gmem = gmem
+    self.comp_dtype = comp_dtype
+    self.any_r2 = False  # whether an element held two unordered reads (group)
+    self.any_read = False  # whether a read was recorded in the current group
+    self.group = 0         # the group the two flags above speak for
     # GMEM reads before the buffer's first write in the launch are only
     # logged (inputs are usually never written): replayed at that write.
     self.written = not gmem
     self.read_log = []
-    self.any_xread = self.any_atomic = False
 
   def __getattr__(self, name):  # only called for arrays not yet allocated
     if name.startswith("_"):
       raise AttributeError(name)
-    arr = np.zeros(self.shape, self._TYPES.get(name, np.int32))
+    arr = np.zeros(self.shape, self.comp_dtype if name.endswith("c") else np.int32)
     setattr(self, name, arr)
     return arr
 
@@ -205,34 +185,6 @@ def _unordered(c, k, vec):
   return m if m.any() else None
 
 
-def _others(b, me):
-  """Mask of elements last touched by a block other than `me`, or None."""
-  lo, hi = b.min(), b.max()
-  if hi == 0 or (lo == hi == me):
-    return None
-  m = (b != 0) & (b != me)
-  return m if m.any() else None
-
-
-def _add_reader(sh, V, block, sid):
-  """Records `block` among the (at most two distinct) blocks that read the
-  elements of view V, for the cross-block check of later writes."""
-  xr1b = V(sh.xr1b)
-  lo, hi = xr1b.min(), xr1b.max()
-  if lo == hi == block:
-    return
-  if hi == 0:
-    xr1b[...] = block
-    V(sh.xr1s)[...] = sid
-    return
-  new1 = xr1b == 0
-  xr1b[new1] = block
-  V(sh.xr1s)[new1] = sid
-  add2 = (xr1b != block) & (V(sh.xr2b) == 0)
-  V(sh.xr2b)[add2] = block
-  V(sh.xr2s)[add2] = sid
-
-
 def element_map(buf, view):
   """(offset, element strides, shape) of `view` in buf.data's elements, or a
   covering 1-D range when the view is a bitcast."""
@@ -246,79 +198,99 @@ def element_map(buf, view):
   return lo, [1], (-(-span // isz),)
 
 
-class Tracker:
-  """Race detection state for one launch: shadows, sites, reports."""
+def element_range(buf, off, estrides, mask):
+  """Text naming the elements (and bytes) of buf under `mask`."""
+  idx = np.argwhere(mask)
+  flat = off + (idx @ np.asarray(estrides, np.int64) if idx.shape[1] else
+                np.zeros(len(idx), np.int64))
+  lo, hi = int(flat.min()), int(flat.max())
+  coords = lambda i: tuple(int(x) for x in np.unravel_index(i, buf.data.shape))
+  isz = buf.data.itemsize
+  return (f"elements {coords(lo)}..{coords(hi)} "
+          f"(bytes {lo * isz}..{(hi + 1) * isz})")
 
-  def __init__(self, kernel, nthreads=1):
-    self.log = RaceLog(kernel)
-    self.block = None
-    self.block_id = 0   # 1-based while running; 0 means none
-    self.nthreads = nthreads
-    self.base = 0       # the current block's clocks start above this
+
+class Tracker:
+  """Element shadows of one launch's buffers, checked against the vector
+  clocks of the group of blocks running now. Race reports and GMEM accesses
+  go, in order, to the group's event list (`events`): ("race", kind, first
+  site, second site, block, element range, advice) and ("gmem", block
+  number, block, buffer, offset, element strides, shape, site, write,
+  atomic)."""
+
+  def __init__(self, log, comp_dtype=np.uint8):
+    self.log = log               # the launch's sites (reports fold at merge)
+    self.comp_dtype = comp_dtype
+    self.base = 0       # the current group's clocks start above this
+    self.group = 0      # 1-based number of the group running now
+    self.events = None
+    self.thread_comps = None
     self.pool = {}
-    # (shadow uid, component, clock) -> site of the access so stamped; a
-    # thread's clock ticks at each of its accesses, so this is exact for
+    # (shadow uid, component, clock) -> (site, the issuing warpgroup's clock
+    # at issue, what that agent knew of each warpgroup's clock): a
+    # warpgroup's clock ticks at each of its accesses, so this is exact for
     # them (for async work, the last site of that stamp on that buffer).
     self.sites = {}
+
+  def start_group(self, events):
+    self.group += 1
+    self.events = events
+    self.thread_comps = np.zeros(0, np.int64)
+
+  def warpgroup(self, comp):
+    self.thread_comps = np.append(self.thread_comps, comp)
+
+  def end_group(self, next_base):
+    self.base = next_base
 
   def shadow(self, buf):
     sh = buf.shadow
     if sh is None:
-      # A block's scratch buffers reuse the previous block's shadows (see
+      # A block's scratch buffers reuse earlier blocks' shadows (see
       # Shadow): keyed by the allocation that made them.
       key = (buf.alloc_key, buf.data.shape) if buf.alloc_key else None
       sh = self.pool.get(key) if key else None
       if sh is None:
-        sh = Shadow(buf.data.shape, gmem=buf.space == "gmem")
+        sh = Shadow(buf.data.shape, self.comp_dtype, gmem=buf.space == "gmem")
         if key:
           self.pool[key] = sh
       buf.shadow = sh
     return sh
 
-  def _range(self, buf, off, estrides, mask):
-    idx = np.argwhere(mask)
-    flat = off + (idx @ np.asarray(estrides, np.int64) if idx.shape[1] else
-                  np.zeros(len(idx), np.int64))
-    lo, hi = int(flat.min()), int(flat.max())
-    coords = lambda i: tuple(int(x) for x in np.unravel_index(i, buf.data.shape))
-    isz = buf.data.itemsize
-    return (f"elements {coords(lo)}..{coords(hi)} "
-            f"(bytes {lo * isz}..{(hi + 1) * isz})")
-
-  def access(self, buf, view, vec, comp, clock, site, write, atomic=False,
-             issued=None):
+  def access(self, buf, view, vec, comp, clock, site, write, agent, block,
+             atomic=False, issued=None):
     """Checks one access against the shadow, reports races, records it.
-    `issued` is the vector of the access's agent when it was issued (for
-    async work; default `vec`), to report pairs in happens-before order."""
+    `agent`: the clock state of the warpgroup that made (or issued) it;
+    `issued`: its vector at issue, for async work (default `vec`), to
+    report pairs in happens-before order."""
     if view.size == 0:
       return
     sh = self.shadow(buf)
     off, estrides, shape = element_map(buf, view)
+    if buf.space == "gmem":  # (checked against other groups when they merge)
+      self.events.append(("gmem", block.number, block.index, buf, off, estrides,
+                          shape, site, write, atomic))
     if issued is None:
       issued = vec
-    issue = int(issued[site.thread + 1])
-    # What this access's agent knew of each thread's clock when issued: to
-    # report two accesses in happens-before order of their issue.
-    know = tuple(issued[1:1 + self.nthreads])
+    issue = int(issued[agent.thread])
+    know = issued[self.thread_comps]
     if not sh.written:
       if not write:
         self.sites[(sh.uid, comp, clock)] = (site, issue, know)
-        sh.read_log.append((self.block_id, off, estrides, shape, comp, clock, site))
+        sh.read_log.append((self.group, off, estrides, shape, comp, clock))
         return
       self._replay(sh)
-    if sh.block != self.block_id:
-      # Entries of earlier blocks are all ordered before this one (see
+    if sh.group != self.group:
+      # Entries of earlier groups are all ordered before this one (see
       # Shadow), so reads recorded then need no checking now.
-      sh.block = self.block_id
+      sh.group = self.group
       sh.any_read = sh.any_r2 = False
     V = lambda arr: _view(arr, off, shape, estrides)
     wc, wk = V(sh.wc), V(sh.wk)
     self.sites[(sh.uid, comp, clock)] = (site, issue, know)
-    if sh.gmem:
-      self._cross_block(sh, buf, off, estrides, shape, site, write, atomic, V)
     m = _unordered(wc, wk, vec)
     if m is not None:
-      self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue)
+      self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue, agent, block)
     if write:
       wc[...] = comp
       wk[...] = clock
@@ -331,7 +303,8 @@ class Tracker:
       for rc, rk in reads:
         m = _unordered(rc, rk, vec)
         if m is not None:
-          self._report("read", m, rc, rk, sh, buf, off, estrides, site, issue)
+          self._report("read", m, rc, rk, sh, buf, off, estrides, site, issue, agent,
+                       block)
         rc[...] = NONE
       return
     sh.any_read = True
@@ -351,24 +324,22 @@ class Tracker:
     sh.any_r2 = True
 
   def _replay(self, sh):
-    """The first write to a GMEM buffer: record the reads logged so far, as
-    cross-block readers and, for the current block, as its last reads (a
-    current-block read concurrent with another is kept only once)."""
+    """The first write to a GMEM buffer: the reads logged so far in the
+    current group become its last reads (a current-group read concurrent
+    with another is kept only once)."""
     sh.written = True
-    sh.any_xread = bool(sh.read_log)
-    for bid, off, estrides, shape, comp, clock, site in sh.read_log:
-      V = lambda arr: _view(arr, off, shape, estrides)
-      _add_reader(sh, V, bid, site.id)
-      if bid == self.block_id:
+    for group, off, estrides, shape, comp, clock in sh.read_log:
+      if group == self.group:
+        V = lambda arr: _view(arr, off, shape, estrides)
         sh.any_read = True
-        sh.block = bid
+        sh.group = group
         V(sh.r1c)[...] = comp
         V(sh.r1k)[...] = clock
     sh.read_log = None
 
   def _report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site,
-              issue):
-    rng = self._range(buf, off, estrides, mask)
+              issue, agent, block):
+    rng = element_range(buf, off, estrides, mask)
     pairs = np.unique(np.stack([comps[mask].astype(np.int64), clocks[mask]]), axis=1)
     for c, k in pairs.T:
       first, _, first_know = self.sites[(sh.uid, int(c), int(k))]
@@ -376,51 +347,10 @@ class Tracker:
       # Report in the order the two were issued where happens-before says
       # (async work counts from its issue), whatever order the simulated
       # timing found them in: e.g. a TMA store issued before a barrier,
-      # whose SMEM another thread overwrites after waiting on it.
-      if first_know is not None and first_know[site.thread] >= issue:
+      # whose SMEM another warpgroup overwrites after waiting on it.
+      if agent.pos < len(first_know) and first_know[agent.pos] >= issue:
         a, b = b, a
       kind = ("write-write" if a[0] == b[0] == "write" else
               "read-write" if a[0] == "read" else "write-read") + " race"
-      self.log.add(kind, a[1], b[1], self.block, rng, advice(a[1], b[1]))
-
-  def _cross_block(self, sh, buf, off, estrides, shape, site, write, atomic, V):
-    """Blocks of a launch are unordered: any conflicting pair from two blocks
-    is a race, in whatever order the simulator ran them."""
-    me = self.block_id
-    checks = [(V(sh.xwb), sh.xws, "write")]
-    if sh.any_atomic and (not atomic or not write):
-      checks.append((V(sh.xab), sh.xas, "write"))
-    if write and sh.any_xread:
-      checks += [(V(sh.xr1b), sh.xr1s, "read"), (V(sh.xr2b), sh.xr2s, "read")]
-    for arr, sarr, prior in checks:
-      m = _others(arr, me)
-      if m is not None:
-        rng = self._range(buf, off, estrides, m)
-        for sid in np.unique(V(sarr)[m]):
-          first = self.log.site_list[int(sid)]
-          kind = ("write-write" if prior == "write" and write else
-                  "read-write" if prior == "read" else "write-read")
-          self.log.add(f"{kind} race between blocks", first, site, self.block,
-                       rng, advice(first, site, same_block=False))
-    if write:
-      if atomic:
-        sh.any_atomic = True
-      tb, ts = (sh.xab, sh.xas) if atomic else (sh.xwb, sh.xws)
-      V(tb)[...] = me
-      V(ts)[...] = site.id
-      return
-    sh.any_xread = True
-    _add_reader(sh, V, me, site.id)
-
-  def end_block(self, blk):
-    """The next block's clocks start above every clock this one used."""
-    top = self.base
-    for t in blk.sched.threads:
-      top = max(top, int(t.vc[1:].max()), self.base + t.wg_issued,
-                self.base + t.store_groups)
-    for slot in blk.barriers:
-      top = max(top, slot.base + slot.completions)
-    self.base = top + 1
-
-  def misuse(self, kind, site, block, text):
-    self.log.add(kind, None, site, block, "", text)
+      self.events.append(("race", kind, a[1], b[1], block.index, rng,
+                          advice(a[1], b[1])))

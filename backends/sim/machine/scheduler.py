@@ -1,11 +1,13 @@
-"""Discrete-event scheduler for one block (CTA).
+"""Discrete-event scheduler for one group of blocks (a block, or the blocks
+of a cluster).
 
-Pallas threads (warpgroups) are coroutines: each runs until it blocks and
-yields a `Wait`. Async work (TMA copies, wgmma groups) is scheduled as events
-at its completion time. A thread that yields is re-queued at its own local
-time, so every async event that completes earlier is applied before its wait
-is checked. When nothing is queued and a thread is still blocked, no event can
-ever unblock it: that is a deadlock, reported at once, never a hang.
+Agents that run code (warpgroups: Pallas threads) are tasks, coroutines that
+run until they block and yield a `Wait`. Async work (TMA copies, wgmma
+groups) is scheduled as events at its completion time. A task that yields is
+re-queued at its own local time, so every async event that completes earlier
+is applied before its wait is checked. When nothing is queued and a task is
+still blocked, no event can ever unblock it: that is a deadlock, reported at
+once, never a hang.
 """
 import heapq
 
@@ -13,7 +15,7 @@ from pallas_sim.errors import DeadlockError
 
 
 class Resource:
-  """Something threads wait on (a barrier slot, a thread's async queue)."""
+  """Something tasks wait on (a barrier slot, a warpgroup's async queue)."""
   __slots__ = ("name", "waiters")
 
   def __init__(self, name):
@@ -33,9 +35,9 @@ class Wait:
     self.where = where
 
 
-class Thread:
-  """A coroutine with a local clock (cycles). Subclassed by the interpreter's
-  per-thread context, which adds what the rules keep per warpgroup."""
+class Task:
+  """A coroutine with a local clock (cycles). Subclassed by the warpgroup
+  state (machine/state.py), which adds what the rules keep per warpgroup."""
   __slots__ = ("name", "gen", "time", "waiting", "queued", "done", "sched")
 
   def __init__(self, name, sched):
@@ -73,7 +75,7 @@ class Scheduler:
     self._heap = []
     self._seq = 0
     self.now = 0.0
-    self.threads = []
+    self.tasks = []
 
   def at(self, time, fn):
     self._seq += 1
@@ -84,16 +86,20 @@ class Scheduler:
       th.queued = True
       self.at(time, th.step)
 
-  def notify(self, res):
+  def notify(self, res, at=None):
+    """`res` changed at time `at` (default: the current event's time; a task
+    that changes it passes its own local clock, which runs ahead of the
+    event that resumed it): its waiters resume no earlier than that."""
     ws = res.waiters
     if ws:
       res.waiters = []
+      t = self.now if at is None else at
       for th in ws:
-        self.wake(th, max(self.now, th.time))
+        self.wake(th, max(t, th.time))
 
   def spawn(self, th, gen):
     th.gen = gen
-    self.threads.append(th)
+    self.tasks.append(th)
     self.wake(th, th.time)
 
   def run(self):
@@ -103,7 +109,7 @@ class Scheduler:
       if time > self.now:
         self.now = time
       fn()
-    blocked = [th for th in self.threads if not th.done]
+    blocked = [th for th in self.tasks if not th.done]
     if blocked:
       lines = [f"  {th.name}: blocked in {th.waiting.what} at {th.waiting.where}"
                for th in blocked]
@@ -112,4 +118,4 @@ class Scheduler:
           "unblock them):\n" + "\n".join(lines),
           blocked=[(th.name, th.waiting.what, th.waiting.where) for th in blocked],
           where=blocked[0].waiting.where)
-    return max([th.time for th in self.threads] + [self.now])
+    return max([th.time for th in self.tasks] + [self.now])

@@ -15,11 +15,6 @@ def _value(a):
   return a.copy() if a.ndim else a[()]
 
 
-def checked(t, r, write, prim, where):
-  """Race-checks a plain access by thread t (when detection is on)."""
-  if t.vc is not None:
-    t.check(r, write, t.site("thread", prim, where, r.buf.name,
-                             "write" if write else "read"))
 
 
 @rule("get", "load")  # plgpu.load: a get whose result gets a layout_cast
@@ -27,9 +22,9 @@ def _get(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
 
-  def get(t, ref, *idx):
+  def get(wg, ref, *idx):
     r = at(ref, idx)
-    checked(t, r, False, "load", where)
+    wg.block.hb.plain(wg, r, False, "load", where)
     return _value(r.view)
   return get
 
@@ -39,12 +34,13 @@ def _swap(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
 
-  def swap(t, ref, val, *idx):
+  def swap(wg, ref, val, *idx):
     r = at(ref, idx)
-    checked(t, r, True, "store", where)
+    wg.block.hb.plain(wg, r, True, "store", where)
     view = r.view
     old = _value(view)
     view[...] = val
+    wg.block.group.wrote(r)
     return old
   return swap
 
@@ -54,10 +50,11 @@ def _addupdate(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
 
-  def addupdate(t, ref, val, *idx):
+  def addupdate(wg, ref, val, *idx):
     r = at(ref, idx)
-    checked(t, r, True, "addupdate", where)
+    wg.block.hb.plain(wg, r, True, "addupdate", where)
     r.view[...] = r.view + val
+    wg.block.group.wrote(r)
     return []
   return addupdate
 
@@ -74,15 +71,16 @@ def _tiling_of(transforms):
 
 
 def _allocator(aval, transforms, label):
-  """Returns (shared?, make(key)) for one run_scoped allocation; `key` names
-  the allocation alike in every block (race detection reuses its shadow)."""
+  """Returns (shared?, make(block, key)) for one run_scoped allocation; `key`
+  names the allocation alike in every block (race detection reuses its
+  shadow; a barrier keeps its clock component)."""
   space = str(aval.memory_space)
   inner = aval.inner_aval
   dt = inner.dtype
   if isinstance(dt, gpu_core.BarrierType):
-    return True, lambda key: memory.Buffer(
+    return True, lambda block, key: memory.Buffer(
         label, "smem", memory.barrier_array(label, inner.shape, dt.num_arrivals,
-                                            dt.orders_tensor_core))
+                                            dt.orders_tensor_core, block, key[:2]))
   if isinstance(dt, gpu_core.ClusterBarrierType):
     raise UnsupportedPrimitiveError("cluster barriers are not modelled yet")
   shape = tuple(inner.shape)
@@ -90,13 +88,13 @@ def _allocator(aval, transforms, label):
   if tiling is not None:
     shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
   if space == "smem":
-    return True, lambda key: memory.Buffer(label, "smem", memory.poison(shape, dt),
-                                           tiling, swizzle, alloc_key=key)
+    return True, lambda block, key: memory.Buffer(
+        label, "smem", memory.poison(shape, dt), tiling, swizzle, alloc_key=key)
   if space == "regs":
     # Accumulators start at zero: the lowering allocates them with
     # WGMMAAccumulator.zero. Registers belong to one warpgroup.
-    return False, lambda key: memory.Buffer(label, "regs", np.zeros(shape, dt),
-                                            alloc_key=key)
+    return False, lambda block, key: memory.Buffer(label, "regs", np.zeros(shape, dt),
+                                                   alloc_key=key)
   # As the lowering: scoped GMEM (plgpu.GMEM scratch) is rejected too.
   raise KernelError(f"Unsupported memory space: {space} (allocation {label} "
                     "in run_scoped / scratch_types)")
@@ -123,24 +121,24 @@ def _run_scoped(eqn, cx):
     allocs.append(_allocator(v.aval, trs, label))
   key = id(eqn)
 
-  def allocate(t):
-    count = t.scope_counts.get(key, 0)
-    t.scope_counts[key] = count + 1
-    shared = t.block.shared
+  def allocate(wg):
+    count = wg.scope_counts.get(key, 0)
+    wg.scope_counts[key] = count + 1
+    blk = wg.block
     skey = (key, count)
-    bufs = shared.get(skey)
+    bufs = blk.shared.get(skey)
     if bufs is None:
-      bufs = shared[skey] = [make((key, i, count)) if sh else None
-                             for i, (sh, make) in enumerate(allocs)]
-    return [refview.root_ref(b if sh else make((key, i, count, t.tid)))
+      bufs = blk.shared[skey] = [make(blk, (key, i, count)) if sh else None
+                                 for i, (sh, make) in enumerate(allocs)]
+    return [refview.root_ref(b if sh else make(blk, (key, i, count, wg.index)))
             for i, (b, (sh, make)) in enumerate(zip(bufs, allocs))]
 
   if prog.blocking:
-    def scoped_gen(t, *operands):
-      outs = yield from run_gen(prog, list(operands) + allocate(t), t)
+    def scoped_gen(wg, *operands):
+      outs = yield from run_gen(prog, list(operands) + allocate(wg), wg)
       return outs
     return Gen(scoped_gen)
-  return lambda t, *operands: run_plain(prog, list(operands) + allocate(t), t)
+  return lambda wg, *operands: run_plain(prog, list(operands) + allocate(wg), wg)
 
 
 @rule("run_state")
@@ -152,7 +150,7 @@ def _run_state(eqn, cx):
   inits = eqn.params["is_initialized"]
   avals = [v.aval for v in jaxpr.invars]
 
-  def make_refs(t, operands):
+  def make_refs(wg, operands):
     it = iter(operands)
     refs = []
     for i, (init, aval) in enumerate(zip(inits, avals)):
@@ -175,9 +173,9 @@ def _run_state(eqn, cx):
   # accumulator values it returns are final.
   where = cx.where(eqn)
 
-  def state(t, *operands):
-    refs = make_refs(t, operands)
-    yield from run_gen(prog, refs, t)
-    yield from t.wait_wgmma(0, "end of run_state (awaits its wgmma)", where)
+  def state(wg, *operands):
+    refs = make_refs(wg, operands)
+    yield from run_gen(prog, refs, wg)
+    yield from wg.wait_wgmma(0, "end of run_state (awaits its wgmma)", where)
     return results(refs)
   return Gen(state)

@@ -17,20 +17,6 @@ from pallas_sim.backends.sim.machine.scheduler import Wait
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 
-def _bytes_per_cycle(gpu):
-  # Each SM's share of HBM bandwidth when all SMs stream (calibrate).
-  return gpu.hbm_bytes_per_s / gpu.clock_hz / gpu.num_sms
-
-
-def _engine_slot(t, nbytes, gpu):
-  """Serializes transfers on the SM's TMA engine: (start, transfer end)."""
-  b = t.block
-  start = max(t.time, b.tma_free)
-  end = start + nbytes / _bytes_per_cycle(gpu)
-  b.tma_free = end
-  return start, end
-
-
 def _box(ref):
   """The box of a TMA transfer of this SMEM ref, as the lowering builds its
   descriptor: the view's shape, tiled as its buffer is."""
@@ -86,13 +72,13 @@ def _copy_gmem_to_smem(eqn, cx):
   nd = refview.num_leaves(p["dst_transforms_treedef"])
   nb = refview.num_leaves(p["barrier_transforms_treedef"])
   has_pred = p.get("has_user_predicate", False)
-  gpu = cx.gpu
+  timing = cx.timing
   what = "copy_gmem_to_smem"
   where = cx.where(eqn)
   # Checks that need no data run now, before the real lowering's.
   static = _static_check(eqn, what, (1, "dst"))
 
-  def load(t, src, dst, bar, *leaves):
+  def load(wg, src, dst, bar, *leaves):
     s = src_at(src, leaves[:ns])
     d = dst_at(dst, leaves[ns:ns + nd])
     b = bar_at(bar, leaves[ns + nd:ns + nd + nb])
@@ -100,35 +86,24 @@ def _copy_gmem_to_smem(eqn, cx):
     if not static:
       _check_box(d, what)
     slot = refview.barrier_of(b, what)
-    sched = t.block.sched
     if not pred:
-      barriers.arrive(slot, sched)
+      barriers.arrive(slot, at=wg.time)
       return []
+    blk = wg.block
     nbytes = d.view.nbytes
-    start, end = _engine_slot(t, nbytes, gpu)
-    done = end + gpu.tma_latency
-    t.block.stats.tma_load_bytes += nbytes
+    start, _, done = timing.tma(blk.engines, wg.time, nbytes)
+    blk.stats.tma_load_bytes += nbytes
     sview, dview = s.view, d.view
-    tracker = t.block.tracker
-    if tracker is None:
-      barriers.arrive(slot, sched, expect_tx=nbytes)
-    else:
-      # The load is stamped with the barrier phase its bytes complete.
-      comp = t.block.barrier_comp(slot)
-      phase = slot.base + slot.completions + 1
-      vc, avc = vecs = t.op_vectors()
-      barriers.arrive(slot, sched, expect_tx=nbytes, vecs=vecs)
-      w_site = t.site("tma_load", what, where, d.buf.name, "write")
-      r_site = t.site("tma_load", what, where, s.buf.name, "read")
+    # The load is stamped with the barrier phase its bytes complete.
+    op = blk.hb.tma_load(wg, slot, s, d, where)
+    barriers.arrive(slot, expect_tx=nbytes, at=wg.time)
 
     def land():
-      if tracker is not None:
-        tracker.access(d.buf, dview, avc, comp, phase, w_site, True, issued=vc)
-        tracker.access(s.buf, sview, vc, comp, phase, r_site, False, issued=vc)
+      blk.hb.tma_load_lands(op)
       dview[...] = sview
-      barriers.complete_tx(slot, nbytes, sched)
-    sched.at(done, land)
-    t.block.event(f"{t.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
+      barriers.complete_tx(slot, nbytes)
+    blk.at(done, land)
+    blk.event(f"{wg.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
     return []
   return load
 
@@ -183,77 +158,69 @@ def _copy_smem_to_gmem(eqn, cx):
   if types is not None and dtype.name not in types:
     raise KernelError(f"Reduction op {op} not supported by the TMA implementation "
                       f"for element type {dtype.name}")
-  gpu = cx.gpu
+  timing = cx.timing
   what = "copy_smem_to_gmem"
   where = cx.where(eqn)
   static = _static_check(eqn, what, (0, "src"))
 
-  def store(t, src, dst, *leaves):
+  def store(wg, src, dst, *leaves):
     s = src_at(src, leaves[:ns])
     d = dst_at(dst, leaves[ns:ns + nd])
     pred = leaves[ns + nd] if has_pred else True
     if not static:
       _check_box(s, what)
     if pred:
-      t.open_group.append((s, d, reduce, where))
+      wg.open_group.append((s, d, reduce, where))
     if commit:
-      _commit(t, gpu)
+      _commit(wg, timing)
     return []
   return store
 
 
-def _commit(t, gpu):
-  copies, t.open_group = t.open_group, []
+def _commit(wg, timing):
+  """Commits the warpgroup's open TMA stores as one bulk group: each reads
+  SMEM until its transfer ends and writes GMEM when it completes."""
+  copies, wg.open_group = wg.open_group, []
   group = _StoreGroup(len(copies))
-  t.stores.append(group)
-  sched = t.block.sched
-  res = t.store_res
-  tracker = t.block.tracker
-  if tracker is not None:
-    t.store_groups += 1
-    g = t.base + t.store_groups
-    vc, avc = t.op_vectors()
+  wg.stores.append(group)
+  blk = wg.block
+  sched = blk.sched
+  res = wg.store_res
+  wg.store_groups += 1
+  op = blk.hb.store_group(wg)
   for s, d, reduce, where in copies:
     sview, dview = s.view, d.view
     nbytes = sview.nbytes
-    start, read_done = _engine_slot(t, nbytes, gpu)
-    done = read_done + gpu.tma_latency
-    t.block.stats.tma_store_bytes += nbytes
+    start, read_done, done = timing.tma(blk.engines, wg.time, nbytes)
+    blk.stats.tma_store_bytes += nbytes
     snap = []
-    r_site = w_site = None
-    if tracker is not None:
-      r_site = t.site("tma_store", "copy_smem_to_gmem", where, s.buf.name, "read")
-      w_site = t.site("tma_store", "copy_smem_to_gmem", where, d.buf.name, "write")
 
-    def read(s=s, sview=sview, snap=snap, r_site=r_site):
-      if tracker is not None:
-        tracker.access(s.buf, sview, avc, t.sr_comp, g, r_site, False,
-                       issued=vc)
+    def read(s=s, sview=sview, snap=snap, where=where):
+      blk.hb.store_read(op, s, where)
       snap.append(sview.copy())
       group.unread -= 1
       sched.notify(res)
 
-    def write(d=d, dview=dview, snap=snap, reduce=reduce, w_site=w_site):
-      if tracker is not None:
-        tracker.access(d.buf, dview, vc, t.sw_comp, g, w_site, True,
-                       atomic=reduce is not None)
+    def write(d=d, dview=dview, snap=snap, reduce=reduce, where=where):
+      blk.hb.store_write(op, d, where, atomic=reduce is not None)
       if reduce is None:
         dview[...] = snap[0]
       else:
         dview[...] = reduce(dview, snap[0])
+      blk.group.wrote(d)
       group.unwritten -= 1
       sched.notify(res)
-    sched.at(read_done, read)
-    sched.at(done, write)
-    t.block.event(f"{t.name} TMA", f"store {s.buf.name}->{d.buf.name}", start, done)
+    blk.at(read_done, read)
+    blk.at(done, write)
+    blk.event(f"{wg.name} TMA", f"store {s.buf.name}->{d.buf.name}", start, done)
 
 
 @rule("commit_group")
 def _commit_group(eqn, cx):
-  gpu = cx.gpu
+  timing = cx.timing
 
-  def commit(t):
-    _commit(t, gpu)
+  def commit(wg):
+    _commit(wg, timing)
     return []
   return commit
 
@@ -265,9 +232,9 @@ def _wait_smem_to_gmem(eqn, cx):
   where = cx.where(eqn)
   field = "unread" if read_only else "unwritten"
 
-  def ready_fn(t):
+  def ready_fn(wg):
     def ready():
-      groups = t.stores
+      groups = wg.stores
       while groups and groups[0].unwritten == 0:
         groups.popleft()
       older = len(groups) - n
@@ -277,15 +244,13 @@ def _wait_smem_to_gmem(eqn, cx):
       return True
     return ready
 
-  def wait(t):
-    ready = ready_fn(t)
+  def wait(wg):
+    ready = ready_fn(wg)
     if not ready():
-      yield Wait(ready, (t.store_res,),
+      yield Wait(ready, (wg.store_res,),
                  f"wait_smem_to_gmem({n}, wait_read_only={read_only})", where)
-    if t.vc is not None:  # all but the newest n groups are observed
-      done = t.base + t.store_groups - n
-      t.learn(t.sr_comp, done)
-      if not read_only:
-        t.learn(t.sw_comp, done)
+    # all but the newest n groups are observed (their reads at least)
+    wg.store_reads_awaited = max(wg.store_reads_awaited, wg.store_groups - n)
+    wg.block.hb.stores_awaited(wg, n, read_only)
     return []
   return Gen(wait)

@@ -134,12 +134,12 @@ def _wgmma_ref(eqn, cx):
   trees = (p["acc_transforms_tree"], p["a_transforms_tree"], p["b_transforms_tree"])
   ats = [refview.compile_transforms(tr) for tr in trees]
   counts = [refview.num_leaves(tr) for tr in trees]
-  gpu = cx.gpu
+  timing = cx.timing
   a_is_ref = hasattr(eqn.invars[1].aval, "inner_aval")
   where = cx.where(eqn)
   checked = [True] if _static_check(eqn, trees, a_is_ref) else []
 
-  def wgmma(t, acc, a, b, *leaves):
+  def wgmma(wg, acc, a, b, *leaves):
     i0, i1 = counts[0], counts[0] + counts[1]
     acc_r = ats[0](acc, leaves[:i0])
     b_r = ats[2](b, leaves[i1:i1 + counts[2]])
@@ -153,41 +153,26 @@ def _wgmma_ref(eqn, cx):
       _check_operands(acc_r, a_r, a_val, b_r)
       checked.append(True)
     n = b_r.view.shape[1]
-    flops = 2 * m * n * k
-    blk = t.block
-    blk.stats.wgmma_flops += flops
-    start = max(t.time, blk.tc_free)
-    busy = flops / gpu.tensor_flop_per_clk_per_sm
-    blk.tc_free = start + busy
-    done = start + busy + gpu.wgmma_latency
-    if t.wgmma:
-      done = max(done, t.wgmma[-1][0])  # groups retire in order
+    blk = wg.block
+    blk.stats.wgmma_flops += 2 * m * n * k
+    start, done = timing.wgmma(blk.engines, wg.time, m, n, k, b_r.view.dtype)
+    if wg.wgmma:
+      done = max(done, wg.wgmma[-1][0])  # groups retire in order
     acc_view, b_view = acc_r.view, b_r.view
     a_view = a_r.view if a_r is not None else a_val
     group = [done]
-    t.wgmma.append(group)
-    sched = blk.sched
-    tracker = blk.tracker
-    if tracker is not None:
-      # Groups of one thread retire in order: group s is ordered after s-1.
-      t.wg_issued += 1
-      s = t.base + t.wg_issued
-      vc, avc = t.op_vectors(prev=(t.wg_comp, s - 1))
-      sites = [(r, t.site("wgmma", "wgmma", where, r.buf.name, acc))
-               for r, acc in ((a_r, "read"), (b_r, "read"), (acc_r, "write"))
-               if r is not None]
+    wg.wgmma.append(group)
+    wg.wg_issued += 1
+    op = blk.hb.wgmma(wg, [(r, access) for r, access in (
+        (a_r, "read"), (b_r, "read"), (acc_r, "write")) if r is not None], where)
 
     def finish():
-      if tracker is not None:
-        for r, site in sites:
-          vec = vc if r.buf.space == "regs" else avc
-          tracker.access(r.buf, r.view, vec, t.wg_comp, s, site,
-                         site.access == "write", issued=vc)
+      blk.hb.wgmma_done(op)
       mma(acc_view, a_view, b_view)
-      t.wgmma.remove(group)
-      sched.notify(t.wgmma_res)
-    sched.at(done, finish)
-    blk.event(f"{t.name} wgmma", f"wgmma {m}x{n}x{k}", start, done)
+      wg.wgmma.remove(group)
+      blk.sched.notify(wg.wgmma_res)
+    blk.at(done, finish)
+    blk.event(f"{wg.name} wgmma", f"wgmma {m}x{n}x{k}", start, done)
     return []
   return wgmma
 
@@ -197,14 +182,10 @@ def _wgmma_wait(eqn, cx):
   n = eqn.params["n"]
   where = cx.where(eqn)
 
-  def wait(t):
-    yield from t.wait_wgmma(n, f"wgmma_wait({n})", where)
+  def wait(wg):
+    yield from wg.wait_wgmma(n, f"wgmma_wait({n})", where)
     return []
   return Gen(wait)
-
-
-def _deref_site(t, acc, where):
-  return t.site("thread", "acc[...]", where, acc.buf.name, "read")
 
 
 @rule("wgmma_accumulator_deref_p", "wgmma_accumulator_deref")
@@ -212,10 +193,9 @@ def _acc_deref(eqn, cx):
   n = eqn.params.get("wait_n", 0)
   where = cx.where(eqn)
 
-  def deref(t, acc):
-    yield from t.wait_wgmma(n, "accumulator read (acc[...])", where)
-    if t.vc is not None:
-      t.check(acc, False, _deref_site(t, acc, where))
+  def deref(wg, acc):
+    yield from wg.wait_wgmma(n, "accumulator read (acc[...])", where)
+    wg.block.hb.plain(wg, acc, False, "acc[...]", where)
     return acc.view.copy()
   return Gen(deref)
 
@@ -224,10 +204,8 @@ def _acc_deref(eqn, cx):
 def _acc_store(eqn, cx):
   where = cx.where(eqn)
 
-  def store(t, acc, val):
-    if t.vc is not None:
-      t.check(acc, True, t.site("thread", "acc[...] =", where, acc.buf.name,
-                                "write"))
+  def store(wg, acc, val):
+    wg.block.hb.plain(wg, acc, True, "acc[...] =", where)
     acc.view[...] = val
     return []
   return store

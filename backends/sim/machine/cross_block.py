@@ -1,0 +1,114 @@
+"""Races between blocks, found when group results merge (in block order).
+
+Blocks of a launch are unordered on hardware: two accesses of different
+blocks to the same GMEM element, one of them a write, race (unless both are
+TMA reductions: atomics), in whatever order they ran here. Per GMEM buffer
+and element this keeps which block wrote it (plainly or atomically) and up to
+two blocks that read it, each with the site; a GMEM buffer only ever read
+(inputs, usually) keeps nothing: its reads are logged until its first write,
+then replayed.
+"""
+import numpy as np
+
+from pallas_sim.backends.sim.machine.races import _view, advice, element_range
+
+
+def _others(b, me):
+  """Mask of elements last touched by a block other than `me`, or None."""
+  lo, hi = b.min(), b.max()
+  if hi == 0 or (lo == hi == me):
+    return None
+  m = (b != 0) & (b != me)
+  return m if m.any() else None
+
+
+class _Summary:
+  """Per-element blocks and sites of one GMEM buffer (arrays on first use;
+  block numbers are 1-based, 0 is none)."""
+
+  def __init__(self, shape):
+    self.shape = shape
+    self.written = False
+    self.read_log = []
+    self.any_xread = self.any_atomic = False
+
+  def __getattr__(self, name):
+    if name.startswith("_"):
+      raise AttributeError(name)
+    arr = np.zeros(self.shape, np.int32)
+    setattr(self, name, arr)
+    return arr
+
+
+class CrossBlock:
+  """Cross-block race detection for one launch; `add` receives a group's
+  GMEM access events in order and reports to `log` (races.RaceLog)."""
+
+  def __init__(self, log):
+    self.log = log
+    self.summaries = {}
+
+  def _summary(self, buf):
+    buf = buf.origin  # (a detached group's copy: the launch's buffer)
+    s = self.summaries.get(id(buf))
+    if s is None:
+      s = self.summaries[id(buf)] = _Summary(buf.data.shape)
+    return s
+
+  def access(self, number, block, buf, off, estrides, shape, site, write, atomic):
+    """One GMEM access of block `block` (the number-th of the launch)."""
+    me = number + 1
+    sh = self._summary(buf)
+    V = lambda arr: _view(arr, off, shape, estrides)
+    if not sh.written:
+      if not write:
+        sh.read_log.append((me, off, estrides, shape, site))
+        return
+      sh.written = True
+      sh.any_xread = bool(sh.read_log)
+      for rme, roff, rest, rshape, rsite in sh.read_log:
+        self._add_reader(sh, lambda arr: _view(arr, roff, rshape, rest), rme, rsite.id)
+      sh.read_log = None
+    checks = [(V(sh.xwb), sh.xws, "write")]
+    if sh.any_atomic and (not atomic or not write):
+      checks.append((V(sh.xab), sh.xas, "write"))
+    if write and sh.any_xread:
+      checks += [(V(sh.xr1b), sh.xr1s, "read"), (V(sh.xr2b), sh.xr2s, "read")]
+    for arr, sarr, prior in checks:
+      m = _others(arr, me)
+      if m is not None:
+        rng = element_range(buf, off, estrides, m)
+        for sid in np.unique(V(sarr)[m]):
+          first = self.log.site_list[int(sid)]
+          kind = ("write-write" if prior == "write" and write else
+                  "read-write" if prior == "read" else "write-read")
+          self.log.add(f"{kind} race between blocks", first, site, block, rng,
+                       advice(first, site, same_block=False))
+    if write:
+      if atomic:
+        sh.any_atomic = True
+      tb, ts = (sh.xab, sh.xas) if atomic else (sh.xwb, sh.xws)
+      V(tb)[...] = me
+      V(ts)[...] = site.id
+      return
+    sh.any_xread = True
+    self._add_reader(sh, V, me, site.id)
+
+  @staticmethod
+  def _add_reader(sh, V, me, sid):
+    """Records block `me` among the (at most two distinct) blocks that read
+    the elements of view V, for the cross-block check of later writes."""
+    xr1b = V(sh.xr1b)
+    lo, hi = xr1b.min(), xr1b.max()
+    if lo == hi == me:
+      return
+    if hi == 0:
+      xr1b[...] = me
+      V(sh.xr1s)[...] = sid
+      return
+    new1 = xr1b == 0
+    xr1b[new1] = me
+    V(sh.xr1s)[new1] = sid
+    add2 = (xr1b != me) & (V(sh.xr2b) == 0)
+    V(sh.xr2b)[add2] = me
+    V(sh.xr2s)[add2] = sid

@@ -1,0 +1,301 @@
+"""Happens-before, as an observer the rules call at every event that orders
+or accesses memory, whether race checking is on or not: `NoObserver` does
+nothing; `HappensBefore` keeps vector clocks and checks every access against
+the element shadows of machine/races.py.
+
+Agents and their clock components, by key (per group of blocks):
+- each warpgroup: ("wg", block, i), ticking at every release it makes and
+  at each of its plain accesses;
+- the async work a warpgroup issues, as channels whose clock is a sequence
+  number, because waits observe them in order: ("wgmma", block, i) (wgmma_wait
+  (n) observes all but the newest n), ("store_read", block, i) and
+  ("store_write", block, i) for TMA store groups (wait_smem_to_gmem(n,
+  wait_read_only=...));
+- each barrier: ("barrier", block, allocation, index), whose clock is its
+  phase; a TMA load that completes phase k is stamped with it, and a wait
+  that observed phase k learns everything that arrived in it.
+An access is ordered after an earlier one stamped (c, k) iff the accessing
+agent's vector V has V[c] >= k. Async work sees its warpgroup's plain SMEM
+accesses only up to its last commit_smem (the async-proxy fence): its vector
+takes warpgroup components from the warpgroup's `avc`. The number of
+components is known before a group runs (Clocks.size), so vectors never grow.
+"""
+import numpy as np
+
+INF = np.iinfo(np.int64).max
+
+
+class NoObserver:
+  """Race checking off: every hook does nothing."""
+  enabled = False
+
+  def warpgroup(self, wg): pass
+  def plain(self, wg, ref, write, prim, where): pass
+  def commit_smem(self, wg): pass
+  def tma_load(self, wg, slot, src, dst, where): return None
+  def tma_load_lands(self, op): pass
+  def store_group(self, wg): return None
+  def store_read(self, op, src, where): pass
+  def store_write(self, op, dst, where, atomic): pass
+  def stores_awaited(self, wg, n, read_only): pass
+  def wgmma(self, wg, operands, where): return None
+  def wgmma_done(self, op): pass
+  def wgmma_awaited(self, wg, n): pass
+  def arrive(self, wg, slot): pass
+  def phase_completed(self, slot): pass
+  def waited(self, wg, slot, n): pass
+  def unordered_waiter(self, slot, wg): return False
+  def end_group(self): pass
+
+
+class _WgClock:
+  """A warpgroup's vectors and components."""
+  __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos")
+
+
+class _BarrierClock:
+  """A barrier's component, clock base, the vectors arrived in the pending
+  phase, those of each completed phase, and each waiter's clock after it
+  observed its last completion."""
+  __slots__ = ("comp", "base", "acc", "phases", "waits")
+
+  def __init__(self, comp, base):
+    self.comp, self.base = comp, base
+    self.acc = None
+    self.phases = []
+    self.waits = {}
+
+
+class _Op:
+  __slots__ = ("wg", "vc", "avc", "comp", "clock", "sites")
+
+
+class HappensBefore:
+  """Vector clocks for one group of blocks at a time; shadows and reports in
+  `tracker` (races.Tracker, reused by the groups of a launch)."""
+  enabled = True
+
+  def __init__(self, tracker, size, events):
+    self.tracker = tracker
+    self.size = size          # clock components (Clocks.size)
+    self.base = tracker.base  # every clock of earlier groups is below this
+    self.comps = {}
+    self.wgs = []
+    self.barriers = []
+    self.top = {}             # barrier component -> clock base for its next slot
+    tracker.start_group(events)
+
+  def comp(self, key):
+    c = self.comps.get(key)
+    if c is None:
+      c = self.comps[key] = len(self.comps) + 1
+      if c >= self.size:
+        raise AssertionError(f"clock components: {key} is over {self.size}")
+    return c
+
+  def new_vector(self):
+    v = np.full(self.size, self.base, np.int64)
+    v[0] = INF  # component 0: "no access"
+    return v
+
+  # --- warpgroups -----------------------------------------------------------
+
+  def warpgroup(self, wg):
+    key = (wg.block.number, wg.index)
+    h = _WgClock()
+    h.thread = self.comp(("wg",) + key)
+    h.wgmma = self.comp(("wgmma",) + key)
+    h.store_read = self.comp(("store_read",) + key)
+    h.store_write = self.comp(("store_write",) + key)
+    h.pos = len(self.wgs)
+    h.vc, h.avc = self.new_vector(), self.new_vector()
+    h.vc[h.thread] = self.base + 1
+    wg.hb = h
+    self.wgs.append(wg)
+    self.tracker.warpgroup(h.thread)
+
+  @staticmethod
+  def _tick(h):
+    """After a release: later accesses are not covered by what it published."""
+    h.vc[h.thread] += 1
+
+  def _op(self, wg, **own):
+    """Vectors for async work issued now (ticks before and after): what it
+    is ordered after; `own` sets the warpgroup's channel components for
+    in-order work."""
+    h = wg.hb
+    self._tick(h)
+    op = _Op()
+    op.wg, op.vc, op.avc = wg, h.vc.copy(), h.avc.copy()
+    for comp, clock in own.values():
+      op.vc[comp] = op.avc[comp] = clock
+    self._tick(h)
+    return op
+
+  @staticmethod
+  def _learn(h, comp, clock):
+    if h.vc[comp] < clock:
+      h.vc[comp] = h.avc[comp] = clock
+
+  def _site(self, wg, agent, prim, where, buffer, access):
+    return self.tracker.log.site(agent, prim, where, buffer, access, wg.index)
+
+  def _access(self, wg, buf, view, vec, comp, clock, site, write, atomic=False,
+              issued=None):
+    self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
+                        wg.block, atomic=atomic, issued=issued)
+
+  def plain(self, wg, ref, write, prim, where):
+    buf = ref.buf
+    if buf.data.dtype == object:  # barriers
+      return
+    h = wg.hb
+    c = h.thread
+    h.vc[c] += 1
+    site = self._site(wg, "thread", prim, where, buf.name, "write" if write else "read")
+    self._access(wg, buf, ref.view, h.vc, c, h.vc[c], site, write)
+
+  def commit_smem(self, wg):
+    """The plain SMEM accesses this warpgroup knows of (its own and, fences
+    being cumulative, those of warpgroups it synchronized with) become
+    visible to the async work it issues from now on."""
+    h = wg.hb
+    tc = self.tracker.thread_comps
+    h.avc[tc] = np.maximum(h.avc[tc], h.vc[tc])
+    self._tick(h)
+
+  # --- TMA --------------------------------------------------------------------
+
+  def tma_load(self, wg, slot, src, dst, where):
+    """A load completing the pending phase of `slot`: stamped with it."""
+    b = self._barrier(slot)
+    op = self._op(wg)
+    op.comp, op.clock = b.comp, b.base + slot.completions + 1
+    self._accumulate(b, op.vc, op.avc)
+    op.sites = [(dst, self._site(wg, "tma_load", "copy_gmem_to_smem", where,
+                                 dst.buf.name, "write")),
+                (src, self._site(wg, "tma_load", "copy_gmem_to_smem", where,
+                                 src.buf.name, "read"))]
+    return op
+
+  def tma_load_lands(self, op):
+    (dst, w_site), (src, r_site) = op.sites
+    self._access(op.wg, dst.buf, dst.view, op.avc, op.comp, op.clock, w_site, True,
+                 issued=op.vc)
+    self._access(op.wg, src.buf, src.view, op.vc, op.comp, op.clock, r_site, False,
+                 issued=op.vc)
+
+  def store_group(self, wg):
+    op = self._op(wg)
+    op.clock = self.base + wg.store_groups
+    return op
+
+  def store_read(self, op, src, where):
+    wg = op.wg
+    site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, src.buf.name, "read")
+    self._access(wg, src.buf, src.view, op.avc, wg.hb.store_read, op.clock, site, False,
+                 issued=op.vc)
+
+  def store_write(self, op, dst, where, atomic):
+    wg = op.wg
+    site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, dst.buf.name, "write")
+    self._access(wg, dst.buf, dst.view, op.vc, wg.hb.store_write, op.clock, site, True,
+                 atomic=atomic)
+
+  def stores_awaited(self, wg, n, read_only):
+    done = self.base + wg.store_groups - n
+    self._learn(wg.hb, wg.hb.store_read, done)
+    if not read_only:
+      self._learn(wg.hb, wg.hb.store_write, done)
+
+  # --- wgmma --------------------------------------------------------------------
+
+  def wgmma(self, wg, operands, where):
+    """Group s of a warpgroup is ordered after its group s-1 (they retire in
+    order). `operands`: (ref, "read" | "write") pairs."""
+    h = wg.hb
+    s = self.base + wg.wg_issued
+    op = self._op(wg, prev=(h.wgmma, s - 1))
+    op.comp, op.clock = h.wgmma, s
+    op.sites = [(r, self._site(wg, "wgmma", "wgmma", where, r.buf.name, access))
+                for r, access in operands]
+    return op
+
+  def wgmma_done(self, op):
+    for r, site in op.sites:
+      vec = op.vc if r.buf.space == "regs" else op.avc
+      self._access(op.wg, r.buf, r.view, vec, op.comp, op.clock, site,
+                   site.access == "write", issued=op.vc)
+
+  def wgmma_awaited(self, wg, n):
+    self._learn(wg.hb, wg.hb.wgmma, self.base + wg.wg_issued - n)
+
+  # --- barriers -------------------------------------------------------------------
+
+  def _barrier(self, slot):
+    """A barrier's clock state; a slot allocated again (a scope in a loop)
+    continues its component's clocks above the last slot's."""
+    b = slot.hb
+    if b is None:
+      comp = self.comp(("barrier", slot.block.number, slot.key))
+      b = slot.hb = _BarrierClock(comp, self.top.get(comp, self.base))
+      self.barriers.append((slot, b))
+    return b
+
+  @staticmethod
+  def _accumulate(b, vc, avc):
+    if b.acc is None:
+      b.acc = (vc.copy(), avc.copy())
+    else:
+      np.maximum(b.acc[0], vc, out=b.acc[0])
+      np.maximum(b.acc[1], avc, out=b.acc[1])
+
+  def arrive(self, wg, slot):
+    h = wg.hb
+    self._accumulate(self._barrier(slot), h.vc, h.avc)
+    self._tick(h)
+
+  def phase_completed(self, slot):
+    b = self._barrier(slot)
+    vc, avc = b.acc if b.acc is not None else (self.new_vector(), self.new_vector())
+    clock = b.base + slot.completions
+    vc[b.comp] = avc[b.comp] = clock
+    b.phases.append((vc, avc))
+    b.acc = None
+    self.top[b.comp] = max(self.top.get(b.comp, self.base), clock)
+
+  def unordered_waiter(self, slot, wg):
+    """Whether the completion just made is not known to happen after `wg`
+    observed the one before (a lost completion, by happens-before)."""
+    b = self._barrier(slot)
+    clock = b.waits.get(wg)
+    return clock is not None and b.phases[-1][0][wg.hb.thread] < clock
+
+  def waited(self, wg, slot, n):
+    b = self._barrier(slot)
+    h = wg.hb
+    np.maximum(h.vc, b.phases[n - 1][0], out=h.vc)
+    np.maximum(h.avc, b.phases[n - 1][1], out=h.avc)
+    b.waits[wg] = int(h.vc[h.thread])
+    self._tick(h)
+
+  def end_group(self):
+    """The next group's clocks start above every clock this one used."""
+    top = self.base
+    for wg in self.wgs:
+      top = max(top, int(wg.hb.vc[1:].max()), self.base + wg.wg_issued,
+                self.base + wg.store_groups)
+    for slot, b in self.barriers:
+      top = max(top, b.base + slot.completions)
+    self.tracker.end_group(top + 1)
+
+
+class Clocks:
+  """How many clock components a group needs: per warpgroup four (itself and
+  its wgmma, TMA-store-read and TMA-store-write channels), per block one per
+  barrier the kernel allocates (a scope entered again reuses its barrier's
+  component)."""
+
+  @staticmethod
+  def size(blocks, warpgroups, barriers_per_block):
+    return 1 + blocks * (4 * warpgroups + barriers_per_block)
