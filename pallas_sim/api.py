@@ -52,7 +52,7 @@ def _simulating(gpu, check_races=True, on_race="raise", check_lowering=True):
     except SimError as e:
       raise e.with_traceback(None) from None
     if ex.errors:
-      err = ex.errors[0]
+      err = _first_with_the_rest(ex.errors)
       if isinstance(err, SimInternalError):  # a bug of ours: keep its cause
         raise err.with_traceback(None)
       if isinstance(err, SimError):
@@ -60,6 +60,17 @@ def _simulating(gpu, check_races=True, on_race="raise", check_lowering=True):
       raise err
   finally:
     capture.pop_executor(ex)
+
+
+def _first_with_the_rest(errors):
+  """The first error found while running, carrying the others: in `.errors`
+  (all of them, in order) and in a note printed with its traceback."""
+  first = errors[0]
+  first.errors = list(errors)
+  if len(errors) > 1:
+    more = "\n".join(f"  {type(e).__name__}: {str(e).splitlines()[0]}" for e in errors[1:])
+    first.add_note(f"and {len(errors) - 1} more error(s) in this simulation:\n{more}")
+  return first
 
 
 def simulate(fn, *args, gpu="h100", check_races=True, on_race="raise",

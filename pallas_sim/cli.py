@@ -22,6 +22,8 @@ import runpy
 import sys
 import traceback
 
+from pallas_sim import gpus
+
 
 def _load(target):
   if target.endswith(".py") or os.path.sep in target:
@@ -50,8 +52,16 @@ def entry_points(mod):
 def check(target, gpu="h100", out=sys.stdout):
   """Runs TARGET's entry points simulated; returns the number that failed."""
   import pallas_sim as ps
-  with ps.backend("sim", gpu=gpu, on_race="report"):
-    mod, path = _load(target)  # kernels run at import time are checked too
+  try:  # kernels run at import time are checked too
+    with ps.backend("sim", gpu=gpu, on_race="report") as report:
+      mod, path = _load(target)
+  except Exception as e:
+    print(f"FAIL import of {target}: {type(e).__name__}: {e}", file=out)
+    return 1
+  import_failed = bool(report.races)
+  if import_failed:
+    _print_races(f"import of {target}", report, out)
+  failed = 0
   points = entry_points(mod)
   if not points:
     def as_main():
@@ -64,7 +74,6 @@ def check(target, gpu="h100", out=sys.stdout):
       finally:
         sys.argv = argv
     points = [("__main__", as_main)]
-  failed = 0
   for name, fn in points:
     try:
       with ps.backend("sim", gpu=gpu, on_race="report") as report:
@@ -79,14 +88,19 @@ def check(target, gpu="h100", out=sys.stdout):
       continue
     if report.races:
       failed += 1
-      print(f"FAIL {name}: {len(report.races)} race(s)", file=out)
-      for r in report.races:
-        print("  " + str(r).replace("\n", "\n  "), file=out)
+      _print_races(name, report, out)
     else:
       print(f"ok   {name}: {len(report.kernels)} kernel launch(es), no races",
             file=out)
-  print(f"{len(points) - failed} passed, {failed} failed", file=out)
-  return failed
+  print(f"{len(points) - failed} passed, {failed} failed"
+        + (", and the import itself failed" if import_failed else ""), file=out)
+  return failed + import_failed
+
+
+def _print_races(name, report, out):
+  print(f"FAIL {name}: {len(report.races)} race(s)", file=out)
+  for r in report.races:
+    print("  " + str(r).replace("\n", "\n  "), file=out)
 
 
 def main(argv=None):
@@ -95,12 +109,12 @@ def main(argv=None):
   sub = ap.add_subparsers(dest="cmd", required=True)
   r = sub.add_parser("run", help="run a script with its kernels simulated")
   r.add_argument("file")
-  r.add_argument("--gpu", default="h100", choices=["h100", "h200"])
+  r.add_argument("--gpu", default="h100", choices=gpus.NAMES)
   r.add_argument("--trace", help="write a Chrome trace of the kernels here")
   r.add_argument("args", nargs=argparse.REMAINDER)
   c = sub.add_parser("check", help="check a file's or module's entry points for races")
   c.add_argument("target")
-  c.add_argument("--gpu", default="h100", choices=["h100", "h200"])
+  c.add_argument("--gpu", default="h100", choices=gpus.NAMES)
   ns = ap.parse_args(argv)
   import pallas_sim as ps
   if ns.cmd == "check":

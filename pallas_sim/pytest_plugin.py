@@ -14,7 +14,8 @@ def pytest_addoption(parser):
   group.addoption("--pallas-sim", action="store_true", default=False,
                   help="run every Mosaic GPU kernel the tests launch in the "
                        "pallas-sim simulator, with race and deadlock checks")
-  group.addoption("--pallas-sim-gpu", default="h100", choices=["h100", "h200"],
+  from pallas_sim import gpus
+  group.addoption("--pallas-sim-gpu", default="h100", choices=gpus.NAMES,
                   help="GPU model for --pallas-sim (default h100)")
 
 

@@ -87,3 +87,27 @@ def test_check_runs_a_script_without_entry_points_as_main(tmp_path):
   r = run(["-m", "pallas_sim.cli", "check", "script.py"], tmp_path)
   assert r.returncode == 1, r.stdout + r.stderr
   assert "FAIL __main__: 1 race(s)" in r.stdout
+
+
+def test_check_reports_races_of_kernels_run_at_import(tmp_path):
+  (tmp_path / "kernels_mod.py").write_text(KERNELS)
+  (tmp_path / "imp.py").write_text(KERNELS + textwrap.dedent('''
+      copy_kernel(False)(jnp.ones((128,), jnp.float32))  # at import: racy
+
+      def check_clean():
+        copy_kernel(True)(jnp.ones((128,), jnp.float32))
+  '''))
+  r = run(["-m", "pallas_sim.cli", "check", "imp.py"], tmp_path)
+  assert r.returncode == 1, r.stdout + r.stderr
+  assert "FAIL import of imp.py: 1 race(s)" in r.stdout
+  assert "no barrier_wait between this TMA load" in r.stdout
+  assert "ok   check_clean" in r.stdout
+  assert "1 passed, 0 failed, and the import itself failed" in r.stdout
+
+
+def test_gpu_choices_come_from_the_model_table(tmp_path):
+  from pallas_sim import gpus
+  r = run(["-m", "pallas_sim.cli", "run", "--gpu", "a100", "x.py"], tmp_path)
+  assert r.returncode == 2
+  assert "--gpu {" + ",".join(gpus.NAMES) + "}" in r.stderr, r.stderr
+  assert gpus.NAMES == tuple(sorted(gpus.GPUS)) and set(gpus.NAMES) == {"h100", "h200"}

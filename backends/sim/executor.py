@@ -208,9 +208,10 @@ class Executor:
     self.report.kernels.append(KernelReport(
         name=launch.name, where=launch.where, grid=grid, num_threads=nt,
         num_blocks=len(blocks), smem_bytes=prep.smem, blocks_per_sm=placement.per_sm,
-        waves=placement.waves, block_cycles_min=float(cycles.min(initial=0)),
+        waves=placement.waves,
+        block_cycles_min=float(cycles.min()) if len(cycles) else 0.0,
         block_cycles_mean=float(cycles.mean()) if len(cycles) else 0.0,
-        block_cycles_max=float(cycles.max(initial=0)), time_s=seconds,
+        block_cycles_max=float(cycles.max()) if len(cycles) else 0.0, time_s=seconds,
         wall_s=wall, clock_hz=self.gpu.clock_hz, trace=trace, **stats))
     return [b.data for b in out_bufs]
 

@@ -5,9 +5,14 @@ from pallas_sim.errors import KernelError
 
 
 def _maybe_complete(slot, at):
+  """`at`: the completing agent's clock (None: the current event's). A
+  warpgroup runs ahead until it blocks, so a waiter may look at the barrier
+  before, in simulated time, the completion it finds: it resumes at
+  `completed_at`, never before."""
   if slot.arrivals >= slot.num_arrivals and slot.tx == 0:
     slot.arrivals -= slot.num_arrivals
     slot.completions += 1
+    slot.completed_at.append(slot.block.sched.now if at is None else at)
     slot.block.hb.phase_completed(slot)
     _check_phase(slot, slot.completions)
     slot.block.sched.notify(slot, at)

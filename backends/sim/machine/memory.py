@@ -52,7 +52,8 @@ class BarrierSlot:
   are in and no transaction bytes are pending; `completions` counts
   completed phases."""
   __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
-               "waiters", "orders_tensor_core", "waits", "block", "key", "hb")
+               "waiters", "orders_tensor_core", "waits", "block", "key", "hb",
+               "completed_at")
 
   def __init__(self, name, num_arrivals, orders_tensor_core=False, block=None, key=None):
     self.name = name
@@ -61,6 +62,7 @@ class BarrierSlot:
     self.arrivals = 0
     self.tx = 0
     self.completions = 0
+    self.completed_at = []  # when each phase completed (cycles)
     self.waiters = []    # tasks blocked on it (scheduler.Resource protocol)
     self.waits = {}      # warpgroup -> [completions it observed, where it last waited]
     self.block = block   # the block whose SMEM holds it

@@ -47,10 +47,13 @@ def _barrier_wait(eqn, cx):
           "parity, so on hardware this wait would wait for a later completion; "
           "each completion must be observed by one wait of each waiting thread "
           "before the next one")
+    start = wg.time
     if slot.completions < n:
-      start = wg.time
       yield Wait(lambda: slot.completions >= n, (slot,),
                  f"barrier_wait on {slot.name} (completion #{n})", where)
+    if slot.completed_at[n - 1] > wg.time:  # (found it before it happened)
+      wg.time = slot.completed_at[n - 1]
+    if wg.time > start:
       wg.block.event(wg.name, f"wait {slot.name}", start, wg.time)
     slot.waits[wg] = [n, where]
     wg.block.hb.waited(wg, slot, n)

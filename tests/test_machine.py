@@ -1,0 +1,234 @@
+"""The machine's shape: block groups merged in order, the happens-before
+observer, the timing component, and the fixes that came with them."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import kernels as K
+import pallas_sim as ps
+from pallas_sim import gpus
+from pallas_sim.backends.sim import capture
+from pallas_sim.backends.sim.executor import Executor
+from pallas_sim.backends.sim.machine.timing import Engines, Timing
+from test_quickstart import matmul_mcs
+
+F32 = jnp.float32
+X = jnp.arange(2 * 128, dtype=F32).reshape(2, 128) + 1
+
+
+def run_on(ex, fn, *args):
+  """fn(*args) simulated by the executor `ex` (for options the API keeps
+  internal)."""
+  capture.push_executor(ex)
+  try:
+    with capture.force_sim():
+      out = jax.block_until_ready(fn(*args))
+      jax.effects_barrier()
+  finally:
+    capture.pop_executor(ex)
+  return out
+
+
+def test_barrier_arrival_hands_over_at_the_arrivers_time():
+  """A producer that computes for a while before arriving hands over then,
+  not at the time its step began (a bug: waiters woke at their own time)."""
+  steps = 400
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), F32),
+                scratch_types=[plgpu.Barrier()], num_threads=2, thread_name="t")
+  def k(x_ref, o_ref, bar):
+    t = lax.axis_index("t")
+
+    @pl.when(t == 1)
+    def _producer():
+      v = lax.fori_loop(0, steps, lambda i, v: v * 1.0001 + 1.0, x_ref[0])
+      o_ref[1] = v
+      plgpu.barrier_arrive(bar)
+
+    @pl.when(t == 0)
+    def _consumer():
+      plgpu.barrier_wait(bar)
+      o_ref[0] = x_ref[0]
+
+  sim = ps.simulate(k, X)
+  [rep] = sim.report.kernels
+  [(_, who, name, start, end)] = [e for e in rep.trace if e[2].startswith("wait")]
+  assert who == "block () thread 0"
+  # The producer's loop alone costs at least one issue per step.
+  assert end >= steps * gpus.H100.op_overhead_cycles
+  assert rep.block_cycles_max >= end
+
+
+def test_misuse_is_reported_without_race_checking():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), F32),
+                scratch_types=[plgpu.Barrier(), plgpu.SMEM((128,), F32)],
+                num_threads=2, thread_name="wg")
+  def k(x_ref, o_ref, bar, smem):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 1)
+    def _():
+      plgpu.barrier_arrive(bar)
+      plgpu.barrier_arrive(bar)  # the waiter has not observed the first
+
+    @pl.when(wg == 0)
+    def _():
+      plgpu.barrier_wait(bar)
+      plgpu.barrier_wait(bar)
+      smem[...] = x_ref[0]
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(smem, o_ref.at[0])  # never awaited
+
+  for check_races in (False, True):
+    sim = ps.simulate(k, X, check_races=check_races, on_race="report")
+    kinds = [r.kind for r in sim.report.races]
+    assert kinds == ["lost barrier completion", "unawaited TMA store"], kinds
+  with pytest.raises(ps.RaceError, match="lost barrier completion"):
+    ps.run(k, X, backend="sim", check_races=False)
+
+
+def test_every_error_of_a_simulation_is_raised():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), F32),
+                scratch_types=[plgpu.Barrier()])
+  def stuck(o_ref, bar):
+    plgpu.barrier_wait(bar)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((1024,), F32), grid=(8,), grid_names=("i",))
+  def overrun(o_ref):
+    o_ref[pl.ds(lax.axis_index("i") * 128 + 64, 128)] = jnp.zeros((128,), F32)
+
+  with pytest.raises(ps.DeadlockError) as e:
+    with ps.backend("sim"):
+      stuck()
+      overrun()
+  assert [type(x) for x in e.value.errors] == [ps.DeadlockError, ps.OutOfBoundsError]
+  assert any("1 more error(s)" in n and "OutOfBoundsError" in n
+             for n in e.value.__notes__)
+
+
+def test_wgmma_rate_depends_on_the_operand_type():
+  t = Timing(gpus.H100)
+  busy = {}
+  for dt in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn, jnp.int8):
+    start, done = t.wgmma(Engines(), 0.0, 64, 256, 64, np.dtype(dt))
+    busy[np.dtype(dt).name] = done - start - gpus.H100.wgmma_latency
+  f16 = busy["float16"]
+  assert f16 == 2 * 64 * 256 * 64 / 4096 and busy["bfloat16"] == f16
+  assert busy["float32"] == 2 * f16            # tf32: half the rate
+  assert busy["float8_e4m3fn"] == busy["int8"] == f16 / 2
+
+
+def test_co_resident_blocks_compete_for_their_sms_engines():
+  """Two blocks per SM: the second on each SM queues behind the first on the
+  SM's TMA engine (one block per SM would not)."""
+  sms = gpus.H100.num_sms
+
+  def kernel(nblocks):
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((nblocks, 64, 128), F32),
+                  grid=(nblocks,), grid_names=("b",),
+                  scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier(),
+                                 plgpu.SMEM((20 * 1024,), F32)])  # 2 blocks per SM
+    def k(x_ref, o_ref, smem, bar, _):
+      b = lax.axis_index("b")
+      plgpu.copy_gmem_to_smem(x_ref.at[b], smem, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
+      plgpu.wait_smem_to_gmem(0)
+    return k
+
+  x = jnp.ones((2 * sms, 64, 128), F32)
+  one = ps.simulate(kernel(sms), x[:sms]).report.kernels[0]
+  two = ps.simulate(kernel(2 * sms), x).report.kernels[0]
+  assert one.blocks_per_sm == two.blocks_per_sm == 2 and two.waves == 1
+  assert one.block_cycles_max == one.block_cycles_min
+  assert two.block_cycles_min == one.block_cycles_min
+  assert two.block_cycles_max > 1.5 * two.block_cycles_min
+  assert two.time_s > one.time_s
+
+
+def test_clock_components_are_sized_per_kernel_not_capped():
+  """300 barriers (ten groups of 30: the lowering takes at most 32 per
+  group) and two warpgroups: far over the 255 clocks race detection used to
+  allow per block."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), F32),
+                scratch_types=[plgpu.SMEM((128,), F32)]
+                + [plgpu.Barrier(num_barriers=30)] * 10,
+                num_threads=2, thread_name="wg")
+  def k(x_ref, o_ref, smem, *bars):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      smem[...] = x_ref[0] * 2
+      for group in bars:
+        for i in range(30):
+          plgpu.barrier_arrive(group.at[i])
+
+    @pl.when(wg == 1)
+    def _():
+      for group in bars:
+        plgpu.barrier_wait(group.at[29])
+      o_ref[0] = smem[...]
+      o_ref[1] = x_ref[1]
+
+  sim = ps.simulate(k, X)
+  assert not sim.report.races
+  np.testing.assert_array_equal(np.asarray(sim.outputs)[0], 2 * np.asarray(X)[0])
+
+
+DETACHED_CASES = [
+    ("quickstart matmul", lambda a, b: matmul_mcs(a, b), "ab"),
+    ("racy matmul (delay_release=0)", lambda a, b: matmul_mcs(a, b, delay_release=0), "ab"),
+] + [(name, fn, make) for name, fn, make, _ in K.EXAMPLES if name not in K.NOT_LOWERABLE]
+
+
+@pytest.mark.parametrize("name,fn,args", DETACHED_CASES, ids=[c[0] for c in DETACHED_CASES])
+def test_detached_groups_merge_to_the_same_outputs_and_reports(rng, name, fn, args):
+  """Groups run on their own copies of GMEM, their writes applied at the
+  merge in block order (as a run over several processes would): the same
+  outputs, bit for bit, and the same race reports in the same order."""
+  if args == "ab":
+    a = jnp.asarray(rng.standard_normal((256, 512)), jnp.float16)
+    args = (a, a.T)
+  else:
+    args = args(0)
+  results = []
+  for detached in (False, True):
+    ex = Executor(check_races=True, on_race="report", detached_groups=detached)
+    out = run_on(ex, fn, *args)
+    results.append(([np.asarray(x) for x in jax.tree.leaves(out)],
+                    [str(r) for r in ex.report.races]))
+  (o1, r1), (o2, r2) = results
+  for x, y in zip(o1, o2):
+    np.testing.assert_array_equal(x, y)
+  assert r1 == r2
+
+
+def test_cross_block_races_are_found_when_groups_merge():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 128), F32), grid=(4,), grid_names=("i",))
+  def k(x_ref, o_ref):
+    i = lax.axis_index("i")
+    o_ref[i] = x_ref[i % 2]
+    o_ref[(i + 1) % 4] = x_ref[0]  # the next block's row
+
+  ex = Executor(check_races=True, on_race="report", detached_groups=True)
+  run_on(ex, k, jnp.ones((2, 128), F32))
+  # Block i+1's own row was written by block i before it, in block order;
+  # block 3's "next" row 0 comes after block 0's own write.
+  rows = [(r.kind, r.first.where.rsplit(":")[1], r.second.where.rsplit(":")[1], r.count)
+          for r in ex.report.races]
+  mine, nxt = (str(_line(test_cross_block_races_are_found_when_groups_merge, s))
+               for s in ("o_ref[i] =", "o_ref[(i + 1) % 4]"))
+  assert rows == [("write-write race between blocks", nxt, mine, 3),
+                  ("write-write race between blocks", mine, nxt, 1)]
+  assert all("blocks of one launch are unordered" in r.advice for r in ex.report.races)
+
+
+def _line(fn, needle):
+  import inspect
+  src, start = inspect.getsourcelines(fn)
+  return start + [i for i, t in enumerate(src) if needle in t][0]
