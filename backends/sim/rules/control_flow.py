@@ -38,18 +38,18 @@ def _scan(eqn, cx):
     return carry + [np.stack(y[::-1] if reverse else y) for y in ys]
 
   # plain and gen are the same loop; gen forwards the body's waits.
-  def plain(t, *args):
+  def plain(wg, *args):
     consts, carry, xs = split(args)
     ys = [[] for _ in range(nys)]
     for i in order:
-      carry = collect(run_plain(body, consts + carry + [x[i] for x in xs], t), ys)
+      carry = collect(run_plain(body, consts + carry + [x[i] for x in xs], wg), ys)
     return finish(carry, ys)
 
-  def gen(t, *args):
+  def gen(wg, *args):
     consts, carry, xs = split(args)
     ys = [[] for _ in range(nys)]
     for i in order:
-      carry = collect((yield from run_gen(body, consts + carry + [x[i] for x in xs], t)), ys)
+      carry = collect((yield from run_gen(body, consts + carry + [x[i] for x in xs], wg)), ys)
     return finish(carry, ys)
 
   return _maybe_gen(body.blocking, plain, gen)
@@ -62,16 +62,16 @@ def _while(eqn, cx):
   body = cx.compile(p["body_jaxpr"])
   cn, bn = p["cond_nconsts"], p["body_nconsts"]
 
-  def plain(t, *args):
+  def plain(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
-    while run_plain(cond, cc + carry, t)[0]:
-      carry = run_plain(body, bc + carry, t)
+    while run_plain(cond, cc + carry, wg)[0]:
+      carry = run_plain(body, bc + carry, wg)
     return carry
 
-  def gen(t, *args):
+  def gen(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
-    while (yield from run_gen(cond, cc + carry, t))[0]:
-      carry = yield from run_gen(body, bc + carry, t)
+    while (yield from run_gen(cond, cc + carry, wg))[0]:
+      carry = yield from run_gen(body, bc + carry, wg)
     return carry
 
   return _maybe_gen(cond.blocking or body.blocking, plain, gen)
@@ -85,11 +85,11 @@ def _cond(eqn, cx):
   def pick(i):
     return branches[min(max(int(i), 0), last)]  # lax.switch clamps
 
-  def plain(t, i, *args):
-    return run_plain(pick(i), list(args), t)
+  def plain(wg, i, *args):
+    return run_plain(pick(i), list(args), wg)
 
-  def gen(t, i, *args):
-    return (yield from run_gen(pick(i), list(args), t))
+  def gen(wg, i, *args):
+    return (yield from run_gen(pick(i), list(args), wg))
 
   return _maybe_gen(any(b.blocking for b in branches), plain, gen)
 
@@ -98,11 +98,11 @@ def _call(param):
   def build(eqn, cx):
     body = cx.compile(eqn.params[param])
 
-    def plain(t, *args):
-      return run_plain(body, list(args), t)
+    def plain(wg, *args):
+      return run_plain(body, list(args), wg)
 
-    def gen(t, *args):
-      return (yield from run_gen(body, list(args), t))
+    def gen(wg, *args):
+      return (yield from run_gen(body, list(args), wg))
     return _maybe_gen(body.blocking, plain, gen)
   return build
 

@@ -19,11 +19,11 @@ def _np_dtype(d):
 
 
 def _unary(name, f):
-  rule(name)(lambda eqn, cx: (lambda t, x: f(x)))
+  rule(name)(lambda eqn, cx: (lambda wg, x: f(x)))
 
 
 def _binary(name, f):
-  rule(name)(lambda eqn, cx: (lambda t, x, y: f(x, y)))
+  rule(name)(lambda eqn, cx: (lambda wg, x, y: f(x, y)))
 
 
 def _keep_dtype(f):
@@ -136,36 +136,36 @@ for _name, _f in {
 def _srl(eqn, cx):
   dt = np.dtype(eqn.invars[0].aval.dtype)
   udt = np.dtype(f"u{dt.itemsize}")
-  return lambda t, x, y: np.right_shift(
+  return lambda wg, x, y: np.right_shift(
       np.asarray(x).view(udt), np.asarray(y).view(udt)).view(dt)
 
 
 @rule("integer_pow")
 def _ipow(eqn, cx):
   y = eqn.params["y"]
-  return lambda t, x: _keep_dtype(lambda a: a ** y)(x)
+  return lambda wg, x: _keep_dtype(lambda a: a ** y)(x)
 
 
 @rule("round")
 def _round_rule(eqn, cx):
   m = eqn.params.get("rounding_method", 0)
-  return lambda t, x: _round(x, m)
+  return lambda wg, x: _round(x, m)
 
 
 @rule("clamp")
 def _clamp(eqn, cx):
-  return lambda t, lo, x, hi: np.minimum(np.maximum(x, lo), hi)
+  return lambda wg, lo, x, hi: np.minimum(np.maximum(x, lo), hi)
 
 
 @rule("select_n")
 def _select_n(eqn, cx):
   if len(eqn.invars) == 3:
-    def sel2(t, p, a, b):
+    def sel2(wg, p, a, b):
       if np.ndim(p) == 0:
         return b if p else a
       return np.where(p, b, a)
     return sel2
-  return lambda t, p, *cases: np.choose(np.asarray(p, np.int32), cases)
+  return lambda wg, p, *cases: np.choose(np.asarray(p, np.int32), cases)
 
 
 @rule("fma")
@@ -173,7 +173,7 @@ def _fma(eqn, cx):
   """p*x*y + s*c rounded once (interpret.contractions picks these)."""
   dt = np.dtype(eqn.outvars[0].aval.dtype)
 
-  def fma(t, x, y, c, sp, sc):
+  def fma(wg, x, y, c, sp, sc):
     r = rounding.fma(sp * np.asarray(x, np.float64), y, sc * np.asarray(c, np.float64), dt)
     return r if r.ndim else r[()]
   return fma
@@ -182,7 +182,7 @@ def _fma(eqn, cx):
 def _cast_fn(new_dtype):
   nd = _np_dtype(new_dtype)
 
-  def cast(t, x):
+  def cast(wg, x):
     x = np.asarray(x)
     if x.dtype == nd:
       return x.copy() if x.ndim else x[()]
@@ -208,7 +208,7 @@ def _convert(eqn, cx):
 @rule("bitcast_convert_type")
 def _bitcast(eqn, cx):
   nd = _np_dtype(eqn.params["new_dtype"])
-  return lambda t, x: np.asarray(x).view(nd)
+  return lambda wg, x: np.asarray(x).view(nd)
 
 
 @rule("iota")
@@ -218,14 +218,14 @@ def _iota(eqn, cx):
   r = np.arange(shape[dim], dtype=dt).reshape(
       [shape[dim] if i == dim else 1 for i in range(len(shape))])
   val = np.broadcast_to(r, shape).copy()
-  return lambda t: val
+  return lambda wg: val
 
 
 @rule("broadcast_in_dim")
 def _bid(eqn, cx):
   shape, bdims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
 
-  def f(t, x, *dyn):
+  def f(wg, x, *dyn):
     x = np.asarray(x)
     exp = [1] * len(shape)
     for src, dst in enumerate(bdims):
@@ -237,37 +237,37 @@ def _bid(eqn, cx):
 @rule("reshape")
 def _reshape(eqn, cx):
   shape = eqn.params["new_sizes"]
-  return lambda t, x, *dyn: np.reshape(x, shape)
+  return lambda wg, x, *dyn: np.reshape(x, shape)
 
 
 @rule("squeeze")
 def _squeeze(eqn, cx):
   dims = tuple(eqn.params["dimensions"])
-  return lambda t, x: np.squeeze(x, dims)
+  return lambda wg, x: np.squeeze(x, dims)
 
 
 @rule("expand_dims")
 def _expand(eqn, cx):
   dims = tuple(eqn.params["dimensions"])
-  return lambda t, x: np.expand_dims(x, dims)
+  return lambda wg, x: np.expand_dims(x, dims)
 
 
 @rule("transpose")
 def _transpose(eqn, cx):
   perm = tuple(eqn.params["permutation"])
-  return lambda t, x: np.ascontiguousarray(np.transpose(x, perm))
+  return lambda wg, x: np.ascontiguousarray(np.transpose(x, perm))
 
 
 @rule("rev")
 def _rev(eqn, cx):
   dims = tuple(eqn.params["dimensions"])
-  return lambda t, x: np.flip(x, dims).copy()
+  return lambda wg, x: np.flip(x, dims).copy()
 
 
 @rule("concatenate")
 def _concat(eqn, cx):
   d = eqn.params["dimension"]
-  return lambda t, *xs: np.concatenate(xs, axis=d)
+  return lambda wg, *xs: np.concatenate(xs, axis=d)
 
 
 @rule("slice")
@@ -276,7 +276,7 @@ def _slice(eqn, cx):
   strides = p["strides"] or (1,) * len(p["start_indices"])
   idx = tuple(slice(s, e, st) for s, e, st in
               zip(p["start_indices"], p["limit_indices"], strides))
-  return lambda t, x: x[idx].copy()
+  return lambda wg, x: x[idx].copy()
 
 
 def _clamped_starts(x, starts, sizes):
@@ -287,7 +287,7 @@ def _clamped_starts(x, starts, sizes):
 def _dslice(eqn, cx):
   sizes = eqn.params["slice_sizes"]
 
-  def f(t, x, *starts):
+  def f(wg, x, *starts):
     st = _clamped_starts(x, starts, sizes)
     return x[tuple(slice(s, s + z) for s, z in zip(st, sizes))].copy()
   return f
@@ -295,7 +295,7 @@ def _dslice(eqn, cx):
 
 @rule("dynamic_update_slice")
 def _dus(eqn, cx):
-  def f(t, x, upd, *starts):
+  def f(wg, x, upd, *starts):
     st = _clamped_starts(x, starts, upd.shape)
     y = x.copy()
     y[tuple(slice(s, s + z) for s, z in zip(st, upd.shape))] = upd
@@ -308,7 +308,7 @@ def _pad(eqn, cx):
   cfg = eqn.params["padding_config"]
   if any(i for _, _, i in cfg) or any(lo < 0 or hi < 0 for lo, hi, _ in cfg):
     raise UnsupportedPrimitiveError("pad with interior or negative padding")
-  return lambda t, x, v: np.pad(x, [(lo, hi) for lo, hi, _ in cfg],
+  return lambda wg, x, v: np.pad(x, [(lo, hi) for lo, hi, _ in cfg],
                                 constant_values=v)
 
 
@@ -324,7 +324,7 @@ def _reduce(np_fn, f32_halves=False):
     in_dt = np.dtype(eqn.invars[0].aval.dtype)
     up = np.float32 if f32_halves and is_float(in_dt) and in_dt.itemsize < 4 else None
 
-    def f(t, x):
+    def f(wg, x):
       r = np.asarray(np_fn(x.astype(up) if up else x, axis=axes)).astype(out_dt, copy=False)
       return r if r.ndim else r[()]
     return f
@@ -358,7 +358,7 @@ def _arg(np_fn):
   def build(eqn, cx):
     axis = eqn.params["axes"][0]
     idt = np.dtype(eqn.params["index_dtype"])
-    return lambda t, x: np.asarray(np_fn(x, axis=axis)).astype(idt)
+    return lambda wg, x: np.asarray(np_fn(x, axis=axis)).astype(idt)
   return build
 
 
@@ -373,7 +373,7 @@ def _cum(eqn, cx):
   fn = {"cumsum": np.cumsum, "cumprod": np.cumprod,
         "cummax": np.maximum.accumulate, "cummin": np.minimum.accumulate}[name]
 
-  def f(t, x):
+  def f(wg, x):
     y = np.flip(x, axis) if rev else x
     y = np.asarray(fn(y, axis=axis)).astype(x.dtype)
     return np.flip(y, axis).copy() if rev else y
@@ -387,7 +387,7 @@ def _dot_general(eqn, cx):
   if lb or rb:
     raise UnsupportedPrimitiveError("batched dot_general in registers")
 
-  def f(t, x, y):
+  def f(wg, x, y):
     acc = np.float32 if is_float(out_dt) else np.int64
     r = np.tensordot(x.astype(acc), y.astype(acc), axes=(tuple(lc), tuple(rc)))
     return r.astype(out_dt)

@@ -6,9 +6,9 @@ from pallas_sim.backends.sim.interpret import rule
 
 @rule("layout_cast", "relayout")
 def _layout_cast(eqn, cx):
-  return lambda t, x: x
+  return lambda wg, x: x
 
 
 @rule("print_layout")
 def _print_layout(eqn, cx):
-  return lambda t, *xs: []
+  return lambda wg, *xs: []

@@ -11,13 +11,13 @@ def _axis_index(eqn, cx):
   name = eqn.params["axis_name"]
   names = name if isinstance(name, tuple) else (name,)
 
-  def axis_index(t):
+  def axis_index(wg):
     idx = 0
     for n in names:
-      if n not in t.axes:
+      if n not in wg.axes:
         raise KernelError(f"unknown axis name {n!r}; this kernel's axes are "
-                          f"{sorted(map(str, t.axes))}")
-      idx = idx * t.axes[n][1] + t.axes[n][0]
+                          f"{sorted(map(str, wg.axes))}")
+      idx = idx * wg.axes[n][1] + wg.axes[n][0]
     return np.int32(idx)
   return axis_index
 
@@ -25,15 +25,15 @@ def _axis_index(eqn, cx):
 @rule("program_id")
 def _program_id(eqn, cx):
   axis = eqn.params["axis"]
-  return lambda t: np.int32(t.axes[("grid", axis)][0])
+  return lambda wg: np.int32(wg.axes[("grid", axis)][0])
 
 
 @rule("num_programs")
 def _num_programs(eqn, cx):
   axis = eqn.params["axis"]
-  return lambda t: np.int32(t.axes[("grid", axis)][1])
+  return lambda wg: np.int32(wg.axes[("grid", axis)][1])
 
 
 @rule("multiple_of")
 def _multiple_of(eqn, cx):
-  return lambda t, x: x
+  return lambda wg, x: x
