@@ -20,7 +20,7 @@ from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import memory, races
 from pallas_sim.backends.sim.machine.cross_block import CrossBlock
-from pallas_sim.backends.sim.group import run_group
+from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.observer import Clocks
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.report import KernelReport, Report
@@ -167,20 +167,21 @@ class Executor:
       tracker = races.Tracker(log, np.uint8 if size <= 256 else np.int32)
       cross = CrossBlock(log)
     cycles = np.zeros(len(blocks))
-    stats = dict(tma_load_bytes=0, tma_store_bytes=0, wgmma_flops=0)
+    loads = stores = flops = 0
     trace = []
     progress = Progress(launch.name, len(blocks))
     t0 = time.perf_counter()
+    runner = GroupRunner(prep, in_bufs + out_bufs, launch, self.timing, placement,
+                         tracker, log, detached=self.detached)
     for number, idx in enumerate(blocks):  # one block per group (clusters: more)
-      result = run_group(
-          number, [(number, idx)], prep, in_bufs + out_bufs, launch, self.timing,
-          placement, tracker, log, trace if number < self.trace_blocks else None,
-          detached=self.detached)
+      result = runner.run(number, [(number, idx)],
+                          trace if number < self.trace_blocks else None)
       # Merge, in block order.
       for number_, c, st in zip(result.numbers, result.cycles, result.stats):
         cycles[number_] = c
-        for k in stats:
-          stats[k] += getattr(st, k)
+        loads += st.tma_load_bytes
+        stores += st.tma_store_bytes
+        flops += st.wgmma_flops
       for ev in result.events:
         if ev[0] == "race":
           log.add(*ev[1:])
@@ -200,7 +201,7 @@ class Executor:
           f"{len(found)} race(s) in kernel {launch.name}:\n"
           + "\n".join(str(r) for r in found), races=found, where=launch.where))
 
-    traffic = stats["tma_load_bytes"] + stats["tma_store_bytes"]
+    traffic = loads + stores
     if not traffic:  # kernels without TMA move their operands with plain ld/st
       traffic = sum(np.asarray(a).nbytes for a in arrays) + sum(
           math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
@@ -212,6 +213,7 @@ class Executor:
         block_cycles_min=float(cycles.min()) if len(cycles) else 0.0,
         block_cycles_mean=float(cycles.mean()) if len(cycles) else 0.0,
         block_cycles_max=float(cycles.max()) if len(cycles) else 0.0, time_s=seconds,
-        wall_s=wall, clock_hz=self.gpu.clock_hz, trace=trace, **stats))
+        wall_s=wall, clock_hz=self.gpu.clock_hz, trace=trace, tma_load_bytes=loads,
+        tma_store_bytes=stores, wgmma_flops=flops))
     return [b.data for b in out_bufs]
 

@@ -40,6 +40,7 @@ class Group:
     self.events = events
     self.hb = NoObserver()
     self.writes = [] if detached else None
+    self.blocks = []
 
   def misuse(self, kind, site, block, text):
     self.events.append(("race", kind, None, site, block.index, "", text))
@@ -55,42 +56,59 @@ class Group:
     self.writes.append((buf.origin, idx, buf.data.reshape(-1)[idx].copy()))
 
 
-def run_group(number, members, prep, io_bufs, launch, timing, placement, tracker, log,
-              trace=None, detached=False):
-  """Runs the blocks `members` ((launch position, grid index) pairs) of a
-  launch to completion. `io_bufs`: the kernel's GMEM operands, inputs then
-  outputs (copied first when detached)."""
-  events = []
-  group = Group(number, timing, log, events, detached)
-  nt = launch.num_threads
-  if tracker is not None:
-    group.hb = HappensBefore(tracker, Clocks.size(len(members), nt, prep.barriers),
-                             events)
-  if detached:
-    copies = {id(b): memory.Buffer(b.name, "gmem", b.data.copy(), origin=b)
-              for b in io_bufs}
-    io_bufs = [copies[id(b)] for b in io_bufs]
-  refs = [refview.root_ref(b) for b in io_bufs]
-  grid, names = tuple(launch.grid), tuple(launch.grid_names)
-  blocks = []
-  for num, idx in members:
-    blk = Block(idx, num, group, placement.engines(num), trace)
-    blocks.append(blk)
-    axes = {}
-    for d, (i, g) in enumerate(zip(idx, grid)):
-      if d < len(names):
-        axes[names[d]] = (i, g)
-      axes[("grid", d)] = (i, g)
-    for w in range(nt):
-      wg_axes = dict(axes)
-      if launch.thread_name is not None:
-        wg_axes[launch.thread_name] = (w, nt)
-      wg = Warpgroup(blk, w, wg_axes, f"block {idx}" + (f" thread {w}" if nt > 1 else ""))
-      group.sched.spawn(wg, _warpgroup(prep.program, refs, wg, launch, group))
-  group.sched.run()
-  group.hb.end_group()
-  return GroupResult([b.number for b in blocks], [b.cycles() for b in blocks],
-                     [b.stats for b in blocks], events, group.writes or [])
+class GroupRunner:
+  """Runs the groups of one launch. `io_bufs`: the kernel's GMEM operands,
+  inputs then outputs (each group copies them first when detached)."""
+
+  def __init__(self, prep, io_bufs, launch, timing, placement, tracker, log,
+               detached=False):
+    self.prep, self.launch, self.timing = prep, launch, timing
+    self.placement, self.tracker, self.log = placement, tracker, log
+    self.io_bufs = io_bufs
+    self.detached = detached
+    self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
+    nt = launch.num_threads
+    self.clocks = Clocks.size(1, nt, prep.barriers)
+    self.comps = {}  # clock components by key, for the groups of one block
+    names = tuple(launch.grid_names)
+    self.axis_keys = [((names[d],) if d < len(names) else ()) + (("grid", d),)
+                      for d in range(len(launch.grid))]
+    self.thread_axes = [({launch.thread_name: (w, nt)} if launch.thread_name is not None
+                         else {}) for w in range(nt)]
+    self.suffix = [f" thread {w}" if nt > 1 else "" for w in range(nt)]
+
+  def run(self, number, members, trace=None):
+    """Runs the blocks `members` ((launch position, grid index) pairs) to
+    completion as group `number`."""
+    launch = self.launch
+    events = []
+    group = Group(number, self.timing, self.log, events, self.detached)
+    if self.tracker is not None:
+      one = len(members) == 1
+      size = self.clocks if one else Clocks.size(
+          len(members), launch.num_threads, self.prep.barriers)
+      group.hb = HappensBefore(self.tracker, size, events, self.comps if one else None)
+    refs = self.refs
+    if refs is None:
+      copies = {id(b): memory.Buffer(b.name, "gmem", b.data.copy(), origin=b)
+                for b in self.io_bufs}
+      refs = [refview.root_ref(copies[id(b)]) for b in self.io_bufs]
+    program = self.prep.program
+    for num, idx in members:
+      blk = Block(idx, num, group, self.placement.engines(num), trace)
+      axes = {}
+      for keys, i, g in zip(self.axis_keys, idx, launch.grid):
+        for key in keys:
+          axes[key] = (i, g)
+      for w, thread_axes in enumerate(self.thread_axes):
+        wg = Warpgroup(blk, w, {**axes, **thread_axes}, f"block {idx}{self.suffix[w]}")
+        group.sched.spawn(wg, _warpgroup(program, refs, wg, launch, group))
+    group.hb.ready()
+    group.sched.run()
+    group.hb.end_group()
+    blocks = group.blocks
+    return GroupResult([b.number for b in blocks], [b.cycles() for b in blocks],
+                       [b.stats for b in blocks], events, group.writes or [])
 
 
 def _warpgroup(prog, refs, wg, launch, group):

@@ -45,6 +45,7 @@ class NoObserver:
   def phase_completed(self, slot): pass
   def waited(self, wg, slot, n): pass
   def unordered_waiter(self, slot, wg): return False
+  def ready(self): pass
   def end_group(self): pass
 
 
@@ -75,11 +76,13 @@ class HappensBefore:
   `tracker` (races.Tracker, reused by the groups of a launch)."""
   enabled = True
 
-  def __init__(self, tracker, size, events):
+  def __init__(self, tracker, size, events, comps=None):
     self.tracker = tracker
     self.size = size          # clock components (Clocks.size)
     self.base = tracker.base  # every clock of earlier groups is below this
-    self.comps = {}
+    # key -> component; keys name a block by its place in the group, so
+    # groups of one shape can share the table (`comps`)
+    self.comps = {} if comps is None else comps
     self.wgs = []
     self.barriers = []
     self.top = {}             # barrier component -> clock base for its next slot
@@ -101,7 +104,7 @@ class HappensBefore:
   # --- warpgroups -----------------------------------------------------------
 
   def warpgroup(self, wg):
-    key = (wg.block.number, wg.index)
+    key = (wg.block.member, wg.index)
     h = _WgClock()
     h.thread = self.comp(("wg",) + key)
     h.wgmma = self.comp(("wgmma",) + key)
@@ -112,7 +115,11 @@ class HappensBefore:
     h.vc[h.thread] = self.base + 1
     wg.hb = h
     self.wgs.append(wg)
-    self.tracker.warpgroup(h.thread)
+
+  def ready(self):
+    """Every warpgroup of the group is known: the tracker gets their
+    components."""
+    self.tracker.thread_comps = np.array([wg.hb.thread for wg in self.wgs])
 
   @staticmethod
   def _tick(h):
@@ -237,7 +244,7 @@ class HappensBefore:
     continues its component's clocks above the last slot's."""
     b = slot.hb
     if b is None:
-      comp = self.comp(("barrier", slot.block.number, slot.key))
+      comp = self.comp(("barrier", slot.block.member, slot.key))
       b = slot.hb = _BarrierClock(comp, self.top.get(comp, self.base))
       self.barriers.append((slot, b))
     return b

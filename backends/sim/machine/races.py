@@ -235,10 +235,7 @@ class Tracker:
   def start_group(self, events):
     self.group += 1
     self.events = events
-    self.thread_comps = np.zeros(0, np.int64)
-
-  def warpgroup(self, comp):
-    self.thread_comps = np.append(self.thread_comps, comp)
+    self.thread_comps = None  # the group's warpgroups' components (observer.ready)
 
   def end_group(self, next_base):
     self.base = next_base

@@ -22,6 +22,8 @@ class Block:
   def __init__(self, index, number, group, engines, trace=None):
     self.index = index        # grid coordinates
     self.number = number      # position in the launch (0-based)
+    self.member = len(group.blocks)  # position in its group
+    group.blocks.append(self)
     self.group = group
     self.sched = group.sched
     self.timing = group.timing
