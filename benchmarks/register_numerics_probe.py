@@ -148,6 +148,33 @@ def half_sum_of_a_large_and_ones():
           f"{float(np.asarray(big + 255.0, dt))}")
 
 
+def known_zero_adds():
+  """x*x + z + y where z is zero in a way the compiler may know: does the
+  add fold away, so that x*x + y fuses into one fma?"""
+  for dt in (jnp.float32, jnp.float16, jnp.bfloat16):
+    zeros = {
+        "iota along an axis of size 1": lambda x: lax.broadcasted_iota(
+            jnp.int32, x.shape, 0).astype(dt),
+        "jnp.zeros_like": jnp.zeros_like,
+        "literal 0.0": lambda x: 0.0,
+        "x * 0 (not known)": lambda x: x * jnp.asarray(0, dt),
+    }
+    for name, zero in zeros.items():
+      @plgpu.kernel(out_type=jax.ShapeDtypeStruct((1, 256), dt))
+      def k(x_ref, y_ref, o_ref):
+        x = x_ref[...]
+        o_ref[...] = (x * x + zero(x)) + y_ref[...]
+      r = np.random.default_rng(3)
+      x = r.uniform(-2, 2, (1, 256)).astype(dt)
+      y = r.uniform(-2, 2, (1, 256)).astype(dt)
+      sim, real = both(k, jnp.asarray(x), jnp.asarray(y))
+      xf, yf = x.astype(np.float64), y.astype(np.float64)
+      fused = np.asarray(tol.fma_round(xf, xf, yf, dt), dt)
+      unfused = np.asarray(tol.round_to(tol.round_to(xf * xf, dt) + yf, dt), dt)
+      print(f"{np.dtype(dt).name:9s} {name:30s} GPU = fused {share_equal(fused, real):.3f}, "
+            f"= unfused {share_equal(unfused, real):.3f}; sim = GPU {share_equal(sim, real):.3f}")
+
+
 def signed_zeros():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((6, 128), jnp.float32))
   def k(x_ref, y_ref, o_ref):
@@ -172,4 +199,5 @@ if __name__ == "__main__":
   half_sum_of_a_large_and_ones()
   fma_with_iota()
   fma_with_iota_f32_where()
+  known_zero_adds()
   signed_zeros()

@@ -19,11 +19,13 @@ The range has width only for the documented exceptions, each named here:
   operations by interval arithmetic. f16/bf16 transcendentals are computed in
   f32 and rounded once, so their range is a point except where the f32
   candidates straddle a rounding boundary of the narrow type.
-* F32_ZERO_ADD_FOLDED: in f32, x*x + i, with i an iota (or another value
-  the GPU compiler knows per register) that is 0, can lose the add, and a
-  following add/sub then fuses with the product instead: where i is 0, the
-  range takes both results (measured on an H200 for rows of a strided
-  layout, benchmarks/register_numerics_probe.py; f16/bf16 did not show it).
+* F32_ZERO_ADD_FOLDED: x*x + i - y, with i an iota that the GPU compiler
+  knows to be 0, loses the add, and x*x - y fuses instead. Along an axis of
+  size 1 the iota is 0 everywhere, in every dtype: the simulator folds it too
+  (exact). In f32 the compiler also knows it per register (a row of a
+  strided layout), which the simulator does not model: where i is 0 there,
+  the range takes both results (measured on an H200,
+  benchmarks/register_numerics_probe.py).
 * sum_error: sums in registers, whose order on the GPU (per lane, then
   across lanes and warps) is not modelled: the range is the exact sum +-
   (n-1) u sum|x| (the bound for any order of additions in a type of unit
