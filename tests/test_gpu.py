@@ -149,3 +149,15 @@ def test_fused_multiply_add_agrees_bit_for_bit(dtype):
   y = jnp.asarray(r.uniform(-2, 2, 128), dtype)
   sim, real = both(k, x, y)
   assert_bit_equal(sim, real)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
+def test_adds_of_known_zeros_fold_as_on_hardware(dtype):
+  from test_semantics import KNOWN_ZEROS, known_zero_kernel
+  r = np.random.default_rng(3)
+  x = jnp.asarray(r.uniform(-2, 2, (1, 256)), dtype)
+  y = jnp.asarray(r.uniform(-2, 2, (1, 256)), dtype)
+  zeros = dict(KNOWN_ZEROS, not_known=lambda v: v * jnp.asarray(0, dtype))
+  for name, zero in zeros.items():
+    sim, real = both(known_zero_kernel(dtype, zero), x, y)
+    assert_bit_equal(sim, real, name)

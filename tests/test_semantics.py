@@ -372,3 +372,41 @@ def test_direct_half_sums_are_summed_in_f32_and_rounded_once(dtype, big):
   x[:, 0] = big
   out = np.asarray(ps.run(k, jnp.asarray(x), backend="sim"), np.float64)
   assert (out == float(np.asarray(big + 255.0, dtype))).all()
+
+
+def known_zero_kernel(dtype, zero):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((1, 256), dtype))
+  def k(x_ref, y_ref, o_ref):
+    x = x_ref[...]
+    o_ref[...] = (x * x + zero(x)) + y_ref[...]
+  return k
+
+
+KNOWN_ZEROS = {
+    "iota along an axis of size 1": lambda x: lax.broadcasted_iota(
+        jnp.int32, x.shape, 0).astype(x.dtype),
+    "zeros_like": jnp.zeros_like,
+    "literal": lambda x: 0.0,
+}
+
+
+@pytest.mark.parametrize("zero", list(KNOWN_ZEROS))
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_an_add_of_a_known_zero_folds_and_the_product_fuses_on(dtype, zero):
+  # Measured on an H200 (benchmarks/register_numerics_probe.py): x*x + 0 + y
+  # is one fused multiply-add x*x + y when the compiler knows the zero;
+  # x * 0 it does not know, and x*x rounds before its + y.
+  r = np.random.default_rng(3)
+  x = r.uniform(-2, 2, (1, 256)).astype(dtype)
+  y = r.uniform(-2, 2, (1, 256)).astype(dtype)
+  from tolerance import fma_round, round_to  # (the agreement suite's own rounding)
+  xf, yf = x.astype(np.float64), y.astype(np.float64)
+  fused = fma_round(xf, xf, yf, dtype).astype(dtype)
+  unfused = round_to(round_to(xf * xf, dtype) + yf, dtype).astype(dtype)
+  assert (fused != unfused).any()
+  got = np.asarray(ps.run(known_zero_kernel(dtype, KNOWN_ZEROS[zero]), jnp.asarray(x),
+                          jnp.asarray(y), backend="sim"))
+  np.testing.assert_array_equal(got, fused)
+  got = np.asarray(ps.run(known_zero_kernel(dtype, lambda v: v * jnp.asarray(0, dtype)),
+                          jnp.asarray(x), jnp.asarray(y), backend="sim"))
+  np.testing.assert_array_equal(got, unfused)

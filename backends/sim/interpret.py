@@ -171,12 +171,13 @@ def contractions(jaxpr):
     if name not in ("add", "sub"):
       continue
     a, b = eqn.invars
-    # p + 0 with a zero the compiler knows (an iota along an axis of size 1):
-    # the add folds away and the product stays unrounded for the next add
-    # (measured on an H200, benchmarks/register_numerics_probe.py).
-    if _in(b, zeros) and _in(a, muls):
+    # p + 0 with a zero the compiler knows (a literal, zeros_like, an iota
+    # along an axis of size 1): the add folds away and the product stays
+    # unrounded for the next add (measured on an H200,
+    # benchmarks/register_numerics_probe.py).
+    if _is_zero(b, zeros) and _in(a, muls):
       muls[eqn.outvars[0]] = muls[a]
-    elif name == "add" and _in(a, zeros) and _in(b, muls):
+    elif name == "add" and _is_zero(a, zeros) and _in(b, muls):
       muls[eqn.outvars[0]] = muls[b]
     for i, v in enumerate((a, b)):
       if not _in(v, muls):
@@ -197,9 +198,17 @@ def _in(v, table):
   return not isinstance(v, jax_extend_core.Literal) and v in table
 
 
+def _is_zero(v, zeros):
+  """Whether v is 0 everywhere at compile time (a literal, or in `zeros`)."""
+  if isinstance(v, jax_extend_core.Literal):
+    return bool(np.all(np.asarray(v.val) == 0))
+  return v in zeros
+
+
 def _known_zeros(jaxpr):
-  """Vars whose every element is 0 at compile time: literal zeros, an iota
-  along an axis of size 1, and casts, broadcasts and reshapes of those."""
+  """Vars whose every element is 0 at compile time: an iota along an axis
+  of size 1, and casts, broadcasts and reshapes of zeros (jnp.zeros_like is
+  a broadcast of a literal 0)."""
   zeros = set()
   for eqn in jaxpr.eqns:
     p = eqn.params
@@ -208,7 +217,7 @@ def _known_zeros(jaxpr):
         zeros.add(eqn.outvars[0])
     elif eqn.primitive.name in ("convert_element_type", "broadcast_in_dim", "reshape",
                                 "squeeze", "expand_dims") and eqn.invars:
-      if _in(eqn.invars[0], zeros):
+      if _is_zero(eqn.invars[0], zeros):
         zeros.add(eqn.outvars[0])
   return zeros
 

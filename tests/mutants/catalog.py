@@ -272,4 +272,10 @@ MUTANTS = [
            "  if wg.open_group or wg.store_reads_awaited < wg.store_groups:",
            "  if group.hb.enabled and (wg.open_group or wg.store_reads_awaited < wg.store_groups):",
            ("tests/test_machine.py",)),
+    Mutant("known-zero-not-folded", "backends/sim/interpret.py",
+           "an add of a zero the compiler knows folds away (the product fuses with "
+           "the next add); the mutant keeps it",
+           "    return bool(np.all(np.asarray(v.val) == 0))\n  return v in zeros",
+           "    return False\n  return False",
+           ("tests/test_semantics.py", AGREE)),
 ]
