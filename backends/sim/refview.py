@@ -146,6 +146,17 @@ def barrier_of(ref, what):
   return v
 
 
+def tiling_of(transforms):
+  """(tiling, swizzle) that a ref's transforms name (None where they do not)."""
+  tiling = swizzle = None
+  for tr in transforms:
+    if isinstance(tr, gpu_core.UntilingTransform):
+      tiling = tr.tiling
+    elif isinstance(tr, gpu_core.UnswizzleRef):
+      swizzle = tr.swizzle
+  return tiling, swizzle
+
+
 def static_ref(aval, treedef, name="ref"):
   """The Ref a primitive would see, from avals alone (before anything runs):
   a buffer of the right logical shape and strides but no memory, dynamic
@@ -159,12 +170,7 @@ def static_ref(aval, treedef, name="ref"):
     return None
   try:
     trs = unflatten(treedef, [0] * num_leaves(treedef))
-    tiling = swizzle = None
-    for tr in trs:
-      if isinstance(tr, gpu_core.UntilingTransform):
-        tiling = tr.tiling
-      elif isinstance(tr, gpu_core.UnswizzleRef):
-        swizzle = tr.swizzle
+    tiling, swizzle = tiling_of(trs)
     shape = tuple(inner.shape)
     if tiling is not None:
       shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)

@@ -59,17 +59,6 @@ def _addupdate(eqn, cx):
   return addupdate
 
 
-def _tiling_of(transforms):
-  """(tiling, swizzle) named by the user-visible transforms of an allocation."""
-  tiling = swizzle = None
-  for tr in transforms:
-    if isinstance(tr, gpu_core.UntilingTransform):
-      tiling = tr.tiling
-    elif isinstance(tr, gpu_core.UnswizzleRef):
-      swizzle = tr.swizzle
-  return tiling, swizzle
-
-
 def _allocator(aval, transforms, label):
   """Returns (shared?, make(block, key)) for one run_scoped allocation; `key`
   names the allocation alike in every block (race detection reuses its
@@ -84,7 +73,7 @@ def _allocator(aval, transforms, label):
   if isinstance(dt, gpu_core.ClusterBarrierType):
     raise UnsupportedPrimitiveError("cluster barriers are not modelled yet")
   shape = tuple(inner.shape)
-  tiling, swizzle = _tiling_of(transforms)
+  tiling, swizzle = refview.tiling_of(transforms)
   if tiling is not None:
     shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
   if space == "smem":
