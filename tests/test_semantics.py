@@ -88,10 +88,11 @@ def test_reading_gmem_before_the_tma_store_lands_sees_the_old_bytes():
   assert "wait_smem_to_gmem" in race.advice
 
 
-def test_wgmma_is_async_until_awaited():
-  """acc[...] waits for every group: three wgmmas issued back to back all
-  land in the accumulator."""
+def wgmma_kernel(body):
+  """A (64, 64) and B (64, 128) f16 loaded by TMA into swizzled SMEM, then
+  body(acc, a_smem, b_smem); the output is the accumulator."""
   T = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
                 scratch_types=dict(a=plgpu.SMEM((64, 64), jnp.float16, transforms=T),
                                    b=plgpu.SMEM((64, 128), jnp.float16, transforms=T),
@@ -101,9 +102,18 @@ def test_wgmma_is_async_until_awaited():
     plgpu.copy_gmem_to_smem(a_ref, a, bar)
     plgpu.copy_gmem_to_smem(b_ref, b, bar)
     plgpu.barrier_wait(bar)
+    body(acc, a, b)
+    o_ref[...] = acc[...]
+  return k
+
+
+def test_wgmma_is_async_until_awaited():
+  """acc[...] waits for every group: three wgmmas issued back to back all
+  land in the accumulator."""
+  def body(acc, a, b):
     for _ in range(3):
       plgpu.wgmma(acc, a, b)
-    o_ref[...] = acc[...]
+  k = wgmma_kernel(body)
 
   rng = np.random.default_rng(0)
   av = jnp.asarray(rng.standard_normal((64, 64)), jnp.float16)
@@ -284,21 +294,11 @@ def test_wgmma_reads_its_operands_when_it_completes():
   lands before the tensor core reads it here: the simulator takes the
   latest moment the hardware may read, so a racy kernel gets wrong numbers
   rather than lucky right ones, and the race is reported."""
-  T = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
-
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
-                scratch_types=dict(a=plgpu.SMEM((64, 64), jnp.float16, transforms=T),
-                                   b=plgpu.SMEM((64, 128), jnp.float16, transforms=T),
-                                   bar=plgpu.Barrier(num_arrivals=2),
-                                   acc=plgpu.ACC((64, 128), jnp.float32)))
-  def k(a_ref, b_ref, o_ref, a, b, bar, acc):
-    plgpu.copy_gmem_to_smem(a_ref, a, bar)
-    plgpu.copy_gmem_to_smem(b_ref, b, bar)
-    plgpu.barrier_wait(bar)
+  def body(acc, a, b):
     plgpu.wgmma(acc, a, b)
     b[...] = jnp.zeros((64, 128), jnp.float16)  # while the wgmma may read b
     plgpu.wgmma_wait(0)
-    o_ref[...] = acc[...]
+  k = wgmma_kernel(body)
 
   rng = np.random.default_rng(0)
   av = jnp.asarray(rng.standard_normal((64, 64)), jnp.float16)
