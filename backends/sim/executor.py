@@ -21,7 +21,6 @@ from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import memory, races
 from pallas_sim.backends.sim.machine.cross_block import CrossBlock
 from pallas_sim.backends.sim.group import GroupRunner
-from pallas_sim.backends.sim.machine.observer import Clocks
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.report import KernelReport, Report
 from pallas_sim.errors import RaceError, UnsupportedPrimitiveError
@@ -161,21 +160,16 @@ class Executor:
     blocks = list(itertools.product(*[range(g) for g in grid]))
     placement = self.timing.launch(len(blocks), prep.smem, nt)
     log = races.RaceLog(launch.name)
-    tracker = cross = None
-    if self.check_races:
-      size = Clocks.size(1, nt, prep.barriers)  # of a one-block group
-      tracker = races.Tracker(log, np.uint8 if size <= 256 else np.int32)
-      cross = CrossBlock(log)
+    cross = CrossBlock(log) if self.check_races else None
     cycles = np.zeros(len(blocks))
     loads = stores = flops = 0
     trace = []
     progress = Progress(launch.name, len(blocks))
     t0 = time.perf_counter()
     runner = GroupRunner(prep, in_bufs + out_bufs, launch, self.timing, placement,
-                         tracker, log, detached=self.detached)
+                         log, self.check_races, detached=self.detached)
     for number, idx in enumerate(blocks):  # one block per group (clusters: more)
-      result = runner.run(number, [(number, idx)],
-                          trace if number < self.trace_blocks else None)
+      result = runner.run([(number, idx)], trace if number < self.trace_blocks else None)
       # Merge, in block order.
       for number_, c, st in zip(result.numbers, result.cycles, result.stats):
         cycles[number_] = c

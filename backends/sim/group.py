@@ -9,8 +9,9 @@ import numpy as np
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import run_gen
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.machine.observer import Clocks, HappensBefore, NoObserver
-from pallas_sim.backends.sim.machine.races import element_map
+from pallas_sim.backends.sim.machine.observer import (HappensBefore, NoObserver,
+                                                      clock_components)
+from pallas_sim.backends.sim.machine.races import Tracker, element_map
 from pallas_sim.backends.sim.machine.scheduler import Scheduler
 from pallas_sim.backends.sim.machine.state import Block, Warpgroup
 
@@ -32,8 +33,7 @@ class Group:
   happens-before observer and the event list; and, when detached, the log
   of its GMEM writes."""
 
-  def __init__(self, number, timing, log, events, detached):
-    self.number = number
+  def __init__(self, timing, log, events, detached):
     self.sched = Scheduler()
     self.timing = timing
     self.log = log        # races.RaceLog: the launch's sites
@@ -58,18 +58,21 @@ class Group:
 
 class GroupRunner:
   """Runs the groups of one launch. `io_bufs`: the kernel's GMEM operands,
-  inputs then outputs (each group copies them first when detached)."""
+  inputs then outputs (each group copies them first when detached). With
+  race checking, its `tracker` holds the launch's element shadows."""
 
-  def __init__(self, prep, io_bufs, launch, timing, placement, tracker, log,
+  def __init__(self, prep, io_bufs, launch, timing, placement, log, check_races,
                detached=False):
     self.prep, self.launch, self.timing = prep, launch, timing
-    self.placement, self.tracker, self.log = placement, tracker, log
+    self.placement, self.log = placement, log
     self.io_bufs = io_bufs
     self.detached = detached
     self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
     nt = launch.num_threads
-    self.clocks = Clocks.size(1, nt, prep.barriers)
+    self.clocks = clock_components(1, nt, prep.barriers)
     self.comps = {}  # clock components by key, for the groups of one block
+    self.tracker = Tracker(log, np.uint8 if self.clocks <= 256 else np.int32
+                           ) if check_races else None
     names = tuple(launch.grid_names)
     self.axis_keys = [((names[d],) if d < len(names) else ()) + (("grid", d),)
                       for d in range(len(launch.grid))]
@@ -77,15 +80,15 @@ class GroupRunner:
                          else {}) for w in range(nt)]
     self.suffix = [f" thread {w}" if nt > 1 else "" for w in range(nt)]
 
-  def run(self, number, members, trace=None):
+  def run(self, members, trace=None):
     """Runs the blocks `members` ((launch position, grid index) pairs) to
-    completion as group `number`."""
+    completion as one group."""
     launch = self.launch
     events = []
-    group = Group(number, self.timing, self.log, events, self.detached)
+    group = Group(self.timing, self.log, events, self.detached)
     if self.tracker is not None:
       one = len(members) == 1
-      size = self.clocks if one else Clocks.size(
+      size = self.clocks if one else clock_components(
           len(members), launch.num_threads, self.prep.barriers)
       group.hb = HappensBefore(self.tracker, size, events, self.comps if one else None)
     refs = self.refs

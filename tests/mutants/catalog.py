@@ -270,7 +270,8 @@ MUTANTS = [
     Mutant("misuse-only-with-races", "backends/sim/group.py",
            "misuse checks do not need race checking",
            "  if wg.open_group or wg.store_reads_awaited < wg.store_groups:",
-           "  if group.hb.enabled and (wg.open_group or wg.store_reads_awaited < wg.store_groups):",
+           "  if not isinstance(group.hb, NoObserver) and (\n"
+           "      wg.open_group or wg.store_reads_awaited < wg.store_groups):",
            ("tests/test_machine.py",)),
     Mutant("known-zero-not-folded", "backends/sim/interpret.py",
            "an add of a zero the compiler knows folds away (the product fuses with "

@@ -18,7 +18,8 @@ An access is ordered after an earlier one stamped (c, k) iff the accessing
 agent's vector V has V[c] >= k. Async work sees its warpgroup's plain SMEM
 accesses only up to its last commit_smem (the async-proxy fence): its vector
 takes warpgroup components from the warpgroup's `avc`. The number of
-components is known before a group runs (Clocks.size), so vectors never grow.
+components is known before a group runs (clock_components), so vectors never
+grow.
 """
 import numpy as np
 
@@ -27,7 +28,6 @@ INF = np.iinfo(np.int64).max
 
 class NoObserver:
   """Race checking off: every hook does nothing."""
-  enabled = False
 
   def warpgroup(self, wg): pass
   def plain(self, wg, ref, write, prim, where): pass
@@ -74,11 +74,10 @@ class _Op:
 class HappensBefore:
   """Vector clocks for one group of blocks at a time; shadows and reports in
   `tracker` (races.Tracker, reused by the groups of a launch)."""
-  enabled = True
 
   def __init__(self, tracker, size, events, comps=None):
     self.tracker = tracker
-    self.size = size          # clock components (Clocks.size)
+    self.size = size          # clock components (clock_components)
     self.base = tracker.base  # every clock of earlier groups is below this
     # key -> component; keys name a block by its place in the group, so
     # groups of one shape can share the table (`comps`)
@@ -297,12 +296,9 @@ class HappensBefore:
     self.tracker.end_group(top + 1)
 
 
-class Clocks:
+def clock_components(blocks, warpgroups, barriers_per_block):
   """How many clock components a group needs: per warpgroup four (itself and
   its wgmma, TMA-store-read and TMA-store-write channels), per block one per
   barrier the kernel allocates (a scope entered again reuses its barrier's
-  component)."""
-
-  @staticmethod
-  def size(blocks, warpgroups, barriers_per_block):
-    return 1 + blocks * (4 * warpgroups + barriers_per_block)
+  component); 0 is "no access"."""
+  return 1 + blocks * (4 * warpgroups + barriers_per_block)

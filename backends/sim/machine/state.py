@@ -26,7 +26,6 @@ class Block:
     group.blocks.append(self)
     self.group = group
     self.sched = group.sched
-    self.timing = group.timing
     self.hb = group.hb
     self.engines = engines
     self.shared = {}          # (id(eqn), occurrence) -> list of Buffers
