@@ -10,6 +10,7 @@ from pallas_sim.backends.sim import capture
 from pallas_sim.backends.sim.executor import Executor
 from pallas_sim.backends.sim.report import Report
 from pallas_sim.errors import BackendError, SimError, SimInternalError
+from pallas_sim.options import Options, take
 
 BACKENDS = ("sim", "mosaic", "auto")
 
@@ -35,14 +36,13 @@ def _wait(out):
 
 
 @contextlib.contextmanager
-def _simulating(gpu, check_races=True, on_race="raise", check_lowering=True):
+def _simulating(options):
   """Routes kernels traced inside to a fresh Executor. Static errors (shared
   memory, unsupported primitives) raise while tracing; errors found while
   running (deadlocks, out-of-bounds accesses) are raised when the block ends,
   as the simulator's own exception with the user's file:line."""
   __tracebackhide__ = True  # pytest: show the user's frames, not ours
-  ex = Executor(gpu, check_races=check_races, on_race=on_race,
-                check_lowering=check_lowering)
+  ex = Executor(options=options)
   capture.push_executor(ex)
   try:
     try:
@@ -73,14 +73,20 @@ def _first_with_the_rest(errors):
   return first
 
 
-def simulate(fn, *args, gpu="h100", check_races=True, on_race="raise",
-             check_lowering=True, **kwargs):
+def simulate(fn, *args, options=None, **kwargs):
   """Runs `fn(*args, **kwargs)` with every Mosaic GPU kernel it launches
-  simulated; returns a Simulation with `.outputs` and `.report`. Races raise
-  ps.RaceError unless on_race="report" (then they are in report.races).
+  simulated; returns a Simulation with `.outputs` and `.report`.
+
+  Keyword arguments named like ps.Options fields (gpu, check_races,
+  on_race, check_lowering, check_uninitialized, on_uninitialized,
+  max_cycles) are options, applied over `options`; the rest go to fn. Races
+  raise ps.RaceError unless on_race="report" (then they are in
+  report.races); uninitialized reads and unwritten outputs likewise
+  (ps.UninitializedError, on_uninitialized, report.uninitialized).
   check_lowering=False skips lowering each kernel with the real Mosaic GPU
   lowering first (then only the simulator's own checks reject kernels)."""
-  with _simulating(gpu, check_races, on_race, check_lowering) as ex:
+  opts = take(kwargs, options)
+  with _simulating(opts) as ex:
     out = _wait(fn(*args, **kwargs))
   return Simulation(out, ex.report)
 
@@ -91,43 +97,48 @@ def _run_mosaic(fn, *args, **kwargs):
     return _wait(fn(*args, **kwargs))
 
 
-def run(fn, *args, backend="auto", gpu="h100", check_races=True,
-        on_race="raise", check_lowering=True, **kwargs):
-  """`fn(*args, **kwargs)` on the chosen backend; returns fn's outputs."""
+def run(fn, *args, backend="auto", options=None, **kwargs):
+  """`fn(*args, **kwargs)` on the chosen backend; returns fn's outputs.
+  Options as for simulate (ignored on the real backend)."""
+  opts = take(kwargs, options)
   if resolve_backend(backend) == "mosaic":
     return _run_mosaic(fn, *args, **kwargs)
-  return simulate(fn, *args, gpu=gpu, check_races=check_races,
-                  on_race=on_race, check_lowering=check_lowering, **kwargs).outputs
+  return simulate(fn, *args, options=opts, **kwargs).outputs
 
 
 @contextlib.contextmanager
-def backend(name="sim", gpu="h100", check_races=True, on_race="raise",
-            check_lowering=True):
+def backend(name="sim", options=None, **option_kwargs):
   """Inside, plain plgpu kernel calls run on the chosen backend. For "sim",
-  yields the Report that the launches inside fill."""
+  yields the Report that the launches inside fill. Options as for simulate."""
   __tracebackhide__ = True
+  opts = take(option_kwargs, options)
+  if option_kwargs:
+    raise TypeError(f"ps.backend: unknown option(s) {sorted(option_kwargs)}; "
+                    f"options are the fields of ps.Options")
   if resolve_backend(name) == "mosaic":
     dev = mosaic.require_hopper()
     with capture.force_real(), jax.default_device(dev):
       yield None
     return
-  with _simulating(gpu, check_races, on_race, check_lowering) as ex:
+  with _simulating(opts) as ex:
     yield ex.report
 
 
-def kernel(body=None, *, backend="auto", gpu="h100", **kernel_kwargs):
-  """Drop-in for `plgpu.kernel` that runs on the chosen backend."""
+def kernel(body=None, *, backend="auto", options=None, **kernel_kwargs):
+  """Drop-in for `plgpu.kernel` that runs on the chosen backend; keyword
+  arguments named like ps.Options fields are options, the rest plgpu.kernel's."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
   if body is None:
-    return functools.partial(kernel, backend=backend, gpu=gpu, **kernel_kwargs)
+    return functools.partial(kernel, backend=backend, options=options, **kernel_kwargs)
+  opts = take(kernel_kwargs, options)
   if resolve_backend(backend) == "mosaic":
     mosaic.require_hopper()
   k = plgpu.kernel(body, **kernel_kwargs)
 
   @functools.wraps(body)
   def call(*args):
-    return run(k, *args, backend=backend, gpu=gpu)
+    return run(k, *args, backend=backend, options=opts)
   return call
 
 
-__all__ = ["run", "simulate", "backend", "kernel", "Simulation", "BackendError"]
+__all__ = ["run", "simulate", "backend", "kernel", "Simulation", "Options", "BackendError"]

@@ -24,6 +24,7 @@ from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.report import KernelReport, Report
 from pallas_sim.errors import RaceError, UnsupportedPrimitiveError
+from pallas_sim.options import take
 
 
 class Progress:
@@ -66,17 +67,17 @@ class Executor:
   writes at the merge, in block order (what a run over several processes
   does; outputs are the same unless blocks race)."""
 
-  def __init__(self, gpu="h100", trace_blocks=2, check_races=True,
-               on_race="raise", check_lowering=True, detached_groups=False):
-    if on_race not in ("raise", "report"):
-      raise ValueError(f"on_race={on_race!r}: choose 'raise' or 'report'")
-    self.gpu = gpus.get(gpu)
+  def __init__(self, options=None, trace_blocks=2, detached_groups=False, **named):
+    self.options = opts = take(named, options)
+    if named:
+      raise TypeError(f"Executor: unknown option(s) {sorted(named)}")
+    self.gpu = gpus.get(opts.gpu)
     self.timing = Timing(self.gpu)
     self.report = Report(self.gpu.name)
     self.trace_blocks = trace_blocks
-    self.check_races = check_races
-    self.on_race = on_race
-    self.check_lowering_on = check_lowering
+    self.check_races = opts.check_races
+    self.on_race = opts.on_race
+    self.check_lowering_on = opts.check_lowering
     self.detached = detached_groups
     self.errors = []
     self._prepared = {}

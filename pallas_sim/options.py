@@ -1,0 +1,52 @@
+"""What every entry point (simulate, run, backend, kernel, the CLI, the pytest
+plugin) takes, as one value: the GPU model, what is checked, and what a
+finding does."""
+import dataclasses
+
+from pallas_sim import gpus
+
+# A block that runs this long (in simulated cycles) is a runaway: 2^32 cycles
+# is 2.3 s of one block at the H100's clock, about 30x the longest block of a
+# persistent 32768^3 f16 matmul; no real kernel comes near it.
+MAX_CYCLES = 2 ** 32
+
+_ON = ("raise", "report")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """gpu: the model ("h100", "h200").
+  check_races / on_race: find data races; "raise" ps.RaceError at the end of
+    the simulation, or "report" them in report.races only.
+  check_lowering: lower each kernel with JAX's real Mosaic GPU lowering first.
+  check_uninitialized / on_uninitialized: find reads of SMEM or output
+    elements nothing wrote, and output elements no block wrote; "raise"
+    ps.UninitializedError, or "report" them in report.uninitialized only.
+  max_cycles: a block still running after this many simulated cycles is a
+    runaway: ps.RunawayKernelError at the looping line."""
+  gpu: str = "h100"
+  check_races: bool = True
+  on_race: str = "raise"
+  check_lowering: bool = True
+  check_uninitialized: bool = True
+  on_uninitialized: str = "raise"
+  max_cycles: float = MAX_CYCLES
+
+  def __post_init__(self):
+    gpus.get(self.gpu)  # raises on an unknown model
+    for name in ("on_race", "on_uninitialized"):
+      if getattr(self, name) not in _ON:
+        raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {_ON}")
+    if not self.max_cycles > 0:
+      raise ValueError(f"max_cycles={self.max_cycles!r}: must be positive")
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Options))
+
+
+def take(kwargs, options=None):
+  """Pops Options fields out of `kwargs` (the rest are the user function's)
+  and applies them over `options`."""
+  named = {k: kwargs.pop(k) for k in FIELDS if k in kwargs}
+  base = options or Options()
+  return dataclasses.replace(base, **named) if named else base
