@@ -17,12 +17,13 @@ from pallas_sim.options import Options  # noqa: E402
 from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
 from pallas_sim.errors import (  # noqa: E402
     BackendError, DeadlockError, KernelError, LoweringError, OutOfBoundsError, RaceError,
-    ResourceError, SimError, SmemOverflowError, UnsupportedPrimitiveError)
+    ResourceError, SimError, SmemOverflowError, UninitializedError,
+    UnsupportedPrimitiveError)
 
 __version__ = "0.1.0"
 __all__ = [
     "run", "simulate", "backend", "kernel", "Simulation", "Options", "Report",
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
     "KernelError", "LoweringError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
-    "DeadlockError", "RaceError", "BackendError",
+    "DeadlockError", "RaceError", "UninitializedError", "BackendError",
 ]

@@ -3,8 +3,11 @@
     pallas-sim run FILE [ARGS...]   run a script with every kernel simulated;
                                     print the report
     pallas-sim check TARGET         run TARGET's declared entry points with
-                                    race checks; exit 1 on any race,
-                                    deadlock or simulator error
+                                    race and uninitialized-memory checks;
+                                    exit 1 on any race, uninitialized read,
+                                    unwritten output, deadlock or simulator
+                                    error (--uninitialized report: print
+                                    those findings but pass)
 
 TARGET is a .py file or an importable module. Its entry points, each run on
 its own in the simulator, are, in order of precedence:
@@ -49,18 +52,20 @@ def entry_points(mod):
           and f.__module__ == mod.__name__]
 
 
-def check(target, gpu="h100", out=sys.stdout):
-  """Runs TARGET's entry points simulated; returns the number that failed."""
+def check(target, gpu="h100", out=sys.stdout, uninitialized="fail"):
+  """Runs TARGET's entry points simulated; returns the number that failed.
+  uninitialized="report": uninitialized-memory findings are printed, not
+  failures."""
   import pallas_sim as ps
+  opts = ps.Options(gpu=gpu, on_race="report", on_uninitialized="report")
+  strict = uninitialized == "fail"
   try:  # kernels run at import time are checked too
-    with ps.backend("sim", gpu=gpu, on_race="report") as report:
+    with ps.backend("sim", options=opts) as report:
       mod, path = _load(target)
   except Exception as e:
     print(f"FAIL import of {target}: {type(e).__name__}: {e}", file=out)
     return 1
-  import_failed = bool(report.races)
-  if import_failed:
-    _print_races(f"import of {target}", report, out)
+  import_failed = _print_findings(f"import of {target}", report, out, strict)
   failed = 0
   points = entry_points(mod)
   if not points:
@@ -76,7 +81,7 @@ def check(target, gpu="h100", out=sys.stdout):
     points = [("__main__", as_main)]
   for name, fn in points:
     try:
-      with ps.backend("sim", gpu=gpu, on_race="report") as report:
+      with ps.backend("sim", options=opts) as report:
         fn()
     except ps.SimError as e:
       failed += 1
@@ -86,21 +91,28 @@ def check(target, gpu="h100", out=sys.stdout):
       failed += 1
       print(f"FAIL {name}: raised\n{traceback.format_exc()}", file=out)
       continue
-    if report.races:
+    if _print_findings(name, report, out, strict):
       failed += 1
-      _print_races(name, report, out)
     else:
-      print(f"ok   {name}: {len(report.kernels)} kernel launch(es), no races",
-            file=out)
+      print(f"ok   {name}: {len(report.kernels)} kernel launch(es), no races"
+            + ("" if report.uninitialized else ", no uninitialized memory"), file=out)
   print(f"{len(points) - failed} passed, {failed} failed"
         + (", and the import itself failed" if import_failed else ""), file=out)
   return failed + import_failed
 
 
-def _print_races(name, report, out):
-  print(f"FAIL {name}: {len(report.races)} race(s)", file=out)
-  for r in report.races:
+def _print_findings(name, report, out, strict):
+  """Prints the races and uninitialized-memory findings of `report`; returns
+  whether they fail `name`."""
+  fails = bool(report.races) or (strict and bool(report.uninitialized))
+  parts = [f"{n} {what}" for n, what in (
+      (len(report.races), "race(s)"),
+      (len(report.uninitialized), "uninitialized-memory finding(s)")) if n]
+  if parts:
+    print(f"{'FAIL' if fails else 'note'} {name}: {', '.join(parts)}", file=out)
+  for r in report.races + report.uninitialized:
     print("  " + str(r).replace("\n", "\n  "), file=out)
+  return fails
 
 
 def main(argv=None):
@@ -115,10 +127,13 @@ def main(argv=None):
   c = sub.add_parser("check", help="check a file's or module's entry points for races")
   c.add_argument("target")
   c.add_argument("--gpu", default="h100", choices=gpus.NAMES)
+  c.add_argument("--uninitialized", default="fail", choices=("fail", "report"),
+                 help="uninitialized reads and unwritten outputs fail the check "
+                      "(default) or are only reported")
   ns = ap.parse_args(argv)
   import pallas_sim as ps
   if ns.cmd == "check":
-    return 1 if check(ns.target, ns.gpu) else 0
+    return 1 if check(ns.target, ns.gpu, uninitialized=ns.uninitialized) else 0
   sys.argv = [ns.file] + ns.args
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status = 0

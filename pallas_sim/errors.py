@@ -68,5 +68,15 @@ class RaceError(SimError):
     super().__init__(message, **kw)
 
 
+class UninitializedError(SimError):
+  """Reads of SMEM or output elements that nothing wrote before them, or
+  output elements that no block wrote (like compute-sanitizer's initcheck);
+  the findings are in `.findings`."""
+
+  def __init__(self, message, *, findings=(), **kw):
+    self.findings = list(findings)
+    super().__init__(message, **kw)
+
+
 class BackendError(RuntimeError):
   """The requested backend cannot run here (e.g. mosaic without a Hopper GPU)."""

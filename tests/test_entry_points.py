@@ -90,10 +90,12 @@ def test_report_summary_names_kernels_resources_time_and_races(rng):
     o_ref[...] = smem[...]  # before the barrier_wait
     plgpu.barrier_wait(bar)
 
-  sim = ps.simulate(racy, jnp.ones((128,), jnp.float32), on_race="report")
+  sim = ps.simulate(racy, jnp.ones((128,), jnp.float32), on_race="report",
+                    on_uninitialized="report")
   text = report.summary()
   lines = text.splitlines()
-  assert lines[0] == "pallas-sim report (h200): 2 kernel launch(es), 0 race(s)"
+  assert lines[0] == ("pallas-sim report (h200): 2 kernel launch(es), 0 race(s), "
+                      "0 uninitialized-memory finding(s)")
   k = report.kernels[0]
   assert lines[1].startswith(f"  kernel (examples/quickstart.py:{k.where.split(':')[1]}): "
                              "grid=(2, 2) threads=1 blocks=4 smem=98320B waves=1 predicted ")
@@ -104,3 +106,8 @@ def test_report_summary_names_kernels_resources_time_and_races(rng):
   assert "1 race(s)" in racy_text.splitlines()[0]
   assert "races:" in racy_text and "write-read race on smem" in racy_text
   assert "no barrier_wait between this TMA load" in racy_text
+  # The same read, seen by the uninitialized-memory check.
+  assert "1 uninitialized-memory finding(s)" in racy_text.splitlines()[0]
+  tail = racy_text[racy_text.index("uninitialized memory:"):].splitlines()
+  assert tail[1] == "  uninitialized read of smem elements (0,)..(127,) (bytes 0..512) (block ()):"
+  assert tail[2].startswith("      read of smem by thread 0 (load at tests/test_entry_points.py:")

@@ -84,9 +84,12 @@ def test_misuse_is_reported_without_race_checking():
       plgpu.copy_smem_to_gmem(smem, o_ref.at[0])  # never awaited
 
   for check_races in (False, True):
-    sim = ps.simulate(k, X, check_races=check_races, on_race="report")
+    sim = ps.simulate(k, X, check_races=check_races, on_race="report",
+                      on_uninitialized="report")
     kinds = [r.kind for r in sim.report.races]
     assert kinds == ["lost barrier completion", "unawaited TMA store"], kinds
+    [unset] = sim.report.uninitialized  # (o_ref[1] is never written)
+    assert unset.kind == "unwritten output" and "o_ref[1:2, 0:128]" in unset.text
   with pytest.raises(ps.RaceError, match="lost barrier completion"):
     ps.run(k, X, backend="sim", check_races=False)
 

@@ -17,7 +17,7 @@ X = jnp.arange(2 * 128, dtype=F32).reshape(2, 128) + 1
 
 
 def races(fn, *args):
-  sim = ps.simulate(fn, *args, on_race="report")
+  sim = ps.simulate(fn, *args, on_race="report", on_uninitialized="report")
   return sim.report.races
 
 

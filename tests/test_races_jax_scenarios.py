@@ -26,7 +26,7 @@ def racy(kernel, *args):
   """(the races found, as a set of (kind, first access, second access,
   buffer)), outputs). Each report must name two accesses at lines of this
   file."""
-  sim = ps.simulate(kernel, *args, on_race="report")
+  sim = ps.simulate(kernel, *args, on_race="report", on_uninitialized="report")
   for r in sim.report.races:
     for site in (r.first, r.second):
       assert site is None or HERE in site.where, str(r)
@@ -356,7 +356,7 @@ def test_unawaited_store_read_side_is_reported():
   def k(out_ref, smem_ref):
     plgpu.copy_smem_to_gmem(smem_ref, out_ref)
 
-  sim = ps.simulate(k, on_race="report")
+  sim = ps.simulate(k, on_race="report", on_uninitialized="report")
   assert [r.kind for r in sim.report.races] == ["unawaited TMA store"]
 
 

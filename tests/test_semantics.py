@@ -31,8 +31,10 @@ def test_read_after_barrier_wait_sees_the_tma_data():
 
 
 def test_read_before_barrier_wait_sees_poison_not_the_data():
-  sim = ps.simulate(load_kernel(False), X, on_race="report")
+  sim = ps.simulate(load_kernel(False), X, on_race="report", on_uninitialized="report")
   assert np.isnan(np.asarray(sim.outputs)).all()
+  [unset] = sim.report.uninitialized
+  assert unset.kind == "uninitialized read" and unset.site.agent == "thread"
   [race] = sim.report.races  # and the detector says why, in program order
   assert race.first.agent == "tma_load" and race.second.agent == "thread"
   assert "no barrier_wait" in race.advice
@@ -44,8 +46,11 @@ def test_unwritten_outputs_and_smem_are_poisoned():
   def k(o_ref, smem):
     o_ref[pl.ds(0, 128)] = smem[...]  # SMEM never written; second half untouched
 
-  out = np.asarray(ps.run(k, backend="sim"))
-  assert np.isnan(out).all()
+  sim = ps.simulate(k, on_uninitialized="report")
+  assert np.isnan(np.asarray(sim.outputs)).all()
+  read, unwritten = sim.report.uninitialized
+  assert read.buffer == "smem" and unwritten.buffer == "o_ref"
+  assert "o_ref[128:256] of shape (256,): 128 of 256 elements" in unwritten.text
 
 
 def test_int_outputs_are_poisoned_with_a_sentinel():
@@ -53,7 +58,7 @@ def test_int_outputs_are_poisoned_with_a_sentinel():
   def k(o_ref):
     o_ref[pl.ds(0, 128)] = jnp.ones((128,), jnp.int32)
 
-  out = np.asarray(ps.run(k, backend="sim"))
+  out = np.asarray(ps.run(k, backend="sim", on_uninitialized="report"))
   assert (out[:128] == 1).all() and (out[128:] != 0).all() and (out[128:] == out[128]).all()
 
 
@@ -81,7 +86,7 @@ def test_reading_gmem_before_the_tma_store_lands_sees_the_old_bytes():
     o_ref[1] = o_ref[0]  # too early: the store is still in flight
     plgpu.wait_smem_to_gmem(0)
 
-  sim = ps.simulate(k, on_race="report")
+  sim = ps.simulate(k, on_race="report", on_uninitialized="report")
   out = np.asarray(sim.outputs)
   assert (out[0] == 3.0).all() and np.isnan(out[1]).all()
   [race] = sim.report.races

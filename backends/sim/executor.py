@@ -18,12 +18,12 @@ from pallas_sim import gpus
 from pallas_sim.backends.sim import resources
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
-from pallas_sim.backends.sim.machine import memory, races
+from pallas_sim.backends.sim.machine import initcheck, memory, races
 from pallas_sim.backends.sim.machine.cross_block import CrossBlock
 from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.report import KernelReport, Report
-from pallas_sim.errors import RaceError, UnsupportedPrimitiveError
+from pallas_sim.errors import RaceError, UninitializedError, UnsupportedPrimitiveError
 from pallas_sim.options import take
 
 
@@ -146,11 +146,13 @@ class Executor:
     aliases = dict((o, i) for i, o in launch.aliases)
     out_bufs = []
     for j, aval in enumerate(launch.out_avals):
-      if j in aliases:
+      if j in aliases:  # (holds the input's values: counts as written)
         out_bufs.append(in_bufs[aliases[j]])
       else:
-        out_bufs.append(memory.Buffer(names[n_in + j], "gmem",
-                                      memory.poison(aval.shape, aval.dtype)))
+        buf = memory.Buffer(names[n_in + j], "gmem", memory.poison(aval.shape, aval.dtype))
+        if self.options.check_uninitialized:
+          initcheck.track(buf)
+        out_bufs.append(buf)
     return in_bufs, out_bufs
 
   def _execute(self, launch, arrays):
@@ -167,8 +169,10 @@ class Executor:
     trace = []
     progress = Progress(launch.name, len(blocks))
     t0 = time.perf_counter()
+    init_log = initcheck.InitLog()
     runner = GroupRunner(prep, in_bufs + out_bufs, launch, self.timing, placement,
-                         log, self.check_races, detached=self.detached)
+                         log, self.check_races, detached=self.detached,
+                         check_init=self.options.check_uninitialized)
     for number, idx in enumerate(blocks):  # one block per group (clusters: more)
       result = runner.run([(number, idx)], trace if number < self.trace_blocks else None)
       # Merge, in block order.
@@ -180,10 +184,13 @@ class Executor:
       for ev in result.events:
         if ev[0] == "race":
           log.add(*ev[1:])
+        elif ev[0] == "uninit":
+          init_log.add(init_log.site(*ev[1:6]), *ev[6:])
         else:
           cross.access(*ev[1:])
       for buf, idx, values in result.writes:
         buf.data.reshape(-1)[idx] = values
+        initcheck.mark_flat(buf, idx)
       if number & 63 == 63:
         progress.update(number + 1)
     progress.close()
@@ -195,6 +202,14 @@ class Executor:
       self.record_error(RaceError(
           f"{len(found)} race(s) in kernel {launch.name}:\n"
           + "\n".join(str(r) for r in found), races=found, where=launch.where))
+    for buf in out_bufs:
+      init_log.unwritten_output(buf, grid)
+    unset = init_log.findings()
+    self.report.uninitialized.extend(unset)
+    if unset and self.options.on_uninitialized == "raise":
+      self.record_error(UninitializedError(
+          f"{len(unset)} uninitialized-memory finding(s) in kernel {launch.name}:\n"
+          + "\n".join(str(f) for f in unset), findings=unset, where=launch.where))
 
     traffic = loads + stores
     if not traffic:  # kernels without TMA move their operands with plain ld/st

@@ -8,7 +8,7 @@ import numpy as np
 
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import run_gen
-from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.machine import initcheck, memory
 from pallas_sim.backends.sim.machine.observer import (HappensBefore, NoObserver,
                                                       clock_components)
 from pallas_sim.backends.sim.machine.races import Tracker, element_map
@@ -22,8 +22,9 @@ class GroupResult:
   cycles: list      # per block: when its last warpgroup or async work ended
   stats: list       # per block: machine.state.BlockStats
   # In order: ("race", kind, first site, second site, block, elements,
-  # advice) and ("gmem", number, block, buffer, offset, element strides,
-  # shape, site, write, atomic) for the cross-block check.
+  # advice), ("gmem", number, block, buffer, offset, element strides,
+  # shape, site, write, atomic) for the cross-block check, and ("uninit",
+  # agent, primitive, where, buffer name, thread, block, elements).
   events: list
   writes: list      # detached groups: (GMEM buffer, flat element indices, values)
 
@@ -31,22 +32,34 @@ class GroupResult:
 class Group:
   """What the blocks of a group share: the scheduler, the timing model, the
   happens-before observer and the event list; and, when detached, the log
-  of its GMEM writes."""
+  of its GMEM writes. `check_init`: SMEM it allocates is tracked for
+  uninitialized reads (machine/initcheck.py)."""
 
-  def __init__(self, timing, log, events, detached):
+  def __init__(self, timing, log, events, detached, check_init=False):
     self.sched = Scheduler()
     self.timing = timing
     self.log = log        # races.RaceLog: the launch's sites
     self.events = events
     self.hb = NoObserver()
     self.writes = [] if detached else None
+    self.check_init = check_init
     self.blocks = []
+
+  def read(self, ref, agent, prim, where, thread, block):
+    """A read through `ref` by `agent` ("thread", "tma_load", "tma_store",
+    "wgmma"): elements nothing wrote before it are an event."""
+    rng = initcheck.unwritten_in(ref)
+    if rng is not None:
+      self.events.append(("uninit", agent, prim, where, ref.buf.name, thread,
+                          block.index, rng))
 
   def misuse(self, kind, site, block, text):
     self.events.append(("race", kind, None, site, block.index, "", text))
 
   def wrote(self, ref):
-    """A write to GMEM through `ref` happened (logged when detached)."""
+    """A write through `ref` happened: its elements count as written; GMEM
+    writes are logged when detached."""
+    initcheck.mark(ref)
     if self.writes is None or ref.buf.space != "gmem":
       return
     buf = ref.buf
@@ -62,11 +75,12 @@ class GroupRunner:
   race checking, its `tracker` holds the launch's element shadows."""
 
   def __init__(self, prep, io_bufs, launch, timing, placement, log, check_races,
-               detached=False):
+               detached=False, check_init=False):
     self.prep, self.launch, self.timing = prep, launch, timing
     self.placement, self.log = placement, log
     self.io_bufs = io_bufs
     self.detached = detached
+    self.check_init = check_init
     self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
     nt = launch.num_threads
     self.clocks = clock_components(1, nt, prep.barriers)
@@ -85,7 +99,7 @@ class GroupRunner:
     completion as one group."""
     launch = self.launch
     events = []
-    group = Group(self.timing, self.log, events, self.detached)
+    group = Group(self.timing, self.log, events, self.detached, self.check_init)
     if self.tracker is not None:
       one = len(members) == 1
       size = self.clocks if one else clock_components(
@@ -95,6 +109,8 @@ class GroupRunner:
     if refs is None:
       copies = {id(b): memory.Buffer(b.name, "gmem", b.data.copy(), origin=b)
                 for b in self.io_bufs}
+      for b in self.io_bufs:
+        initcheck.copy_state(b, copies[id(b)])
       refs = [refview.root_ref(copies[id(b)]) for b in self.io_bufs]
     program = self.prep.program
     for num, idx in members:

@@ -41,14 +41,20 @@ class Report:
   gpu: str
   kernels: list = dataclasses.field(default_factory=list)
   races: list = dataclasses.field(default_factory=list)
+  # machine/initcheck.Uninitialized findings: reads of elements nothing
+  # wrote, outputs no block wrote in full
+  uninitialized: list = dataclasses.field(default_factory=list)
 
   def summary(self):
     lines = [f"pallas-sim report ({self.gpu}): {len(self.kernels)} kernel "
-             f"launch(es), {len(self.races)} race(s)"]
+             f"launch(es), {len(self.races)} race(s), {len(self.uninitialized)} "
+             "uninitialized-memory finding(s)"]
     lines += ["  " + k.summary() for k in self.kernels]
-    if self.races:
-      lines.append("races:")
-      lines += ["  " + str(r).replace("\n", "\n  ") for r in self.races]
+    for title, items in (("races:", self.races),
+                         ("uninitialized memory:", self.uninitialized)):
+      if items:
+        lines.append(title)
+        lines += ["  " + str(r).replace("\n", "\n  ") for r in items]
     return "\n".join(lines)
 
   def __str__(self):

@@ -29,7 +29,7 @@ class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
-               "alloc_key", "origin")
+               "alloc_key", "origin", "written", "unwritten")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
                origin=None):
@@ -41,6 +41,8 @@ class Buffer:
     self.shadow = None  # race detection's per-element history (races.py)
     self.alloc_key = alloc_key  # which allocation made it, in every block
     self.origin = origin or self  # a group's private copy of a GMEM buffer: whose
+    self.written = None  # uninitialized-memory check's mask (initcheck.py)
+    self.unwritten = 0
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
 
   def __repr__(self):

@@ -7,7 +7,7 @@ from jax._src.pallas.mosaic_gpu import core as gpu_core
 
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
-from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.machine import initcheck, memory
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 
@@ -24,7 +24,9 @@ def _get(eqn, cx):
 
   def get(wg, ref, *idx):
     r = at(ref, idx)
-    wg.block.hb.plain(wg, r, False, "load", where)
+    blk = wg.block
+    blk.hb.plain(wg, r, False, "load", where)
+    blk.group.read(r, "thread", "load", where, wg.index, blk)
     return _value(r.view)
   return get
 
@@ -52,7 +54,9 @@ def _addupdate(eqn, cx):
 
   def addupdate(wg, ref, val, *idx):
     r = at(ref, idx)
-    wg.block.hb.plain(wg, r, True, "addupdate", where)
+    blk = wg.block
+    blk.hb.plain(wg, r, True, "addupdate", where)
+    blk.group.read(r, "thread", "addupdate", where, wg.index, blk)
     r.view[...] = r.view + val
     wg.block.group.wrote(r)
     return []
@@ -77,8 +81,13 @@ def _allocator(aval, transforms, label):
   if tiling is not None:
     shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
   if space == "smem":
-    return True, lambda block, key: memory.Buffer(
-        label, "smem", memory.poison(shape, dt), tiling, swizzle, alloc_key=key)
+    def smem(block, key):
+      buf = memory.Buffer(label, "smem", memory.poison(shape, dt), tiling, swizzle,
+                          alloc_key=key)
+      if block.group.check_init:
+        initcheck.track(buf)
+      return buf
+    return True, smem
   if space == "regs":
     # Accumulators start at zero: the lowering allocates them with
     # WGMMAAccumulator.zero. Registers belong to one warpgroup.

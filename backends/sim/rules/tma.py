@@ -100,7 +100,9 @@ def _copy_gmem_to_smem(eqn, cx):
 
     def land():
       blk.hb.tma_load_lands(op)
+      blk.group.read(s, "tma_load", what, where, wg.index, blk)
       dview[...] = sview
+      blk.group.wrote(d)
       barriers.complete_tx(slot, nbytes)
     blk.at(done, land)
     blk.event(f"{wg.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
@@ -197,6 +199,7 @@ def _commit(wg, timing):
 
     def read(s=s, sview=sview, snap=snap, where=where):
       blk.hb.store_read(op, s, where)
+      blk.group.read(s, "tma_store", "copy_smem_to_gmem", where, wg.index, blk)
       snap.append(sview.copy())
       group.unread -= 1
       sched.notify(res)
@@ -206,6 +209,7 @@ def _commit(wg, timing):
       if reduce is None:
         dview[...] = snap[0]
       else:
+        blk.group.read(d, "tma_store", "copy_smem_to_gmem", where, wg.index, blk)
         dview[...] = reduce(dview, snap[0])
       blk.group.wrote(d)
       group.unwritten -= 1

@@ -168,6 +168,9 @@ def _wgmma_ref(eqn, cx):
 
     def finish():
       blk.hb.wgmma_done(op)
+      for r in (a_r, b_r):
+        if r is not None:
+          blk.group.read(r, "wgmma", "wgmma", where, wg.index, blk)
       mma(acc_view, a_view, b_view)
       wg.wgmma.remove(group)
       blk.sched.notify(wg.wgmma_res)
