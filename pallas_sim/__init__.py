@@ -17,7 +17,8 @@ from pallas_sim.options import Options  # noqa: E402
 from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
 from pallas_sim.errors import (  # noqa: E402
     BackendError, DeadlockError, KernelError, LoweringError, OutOfBoundsError, RaceError,
-    ResourceError, SimError, SmemOverflowError, UninitializedError,
+    ResourceError, RunawayKernelError, SimError, SmemOverflowError, UninitializedError,
+    UninitializedWarning,
     UnsupportedPrimitiveError)
 
 __version__ = "0.1.0"
@@ -25,5 +26,7 @@ __all__ = [
     "run", "simulate", "backend", "kernel", "Simulation", "Options", "Report",
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
     "KernelError", "LoweringError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
-    "DeadlockError", "RaceError", "UninitializedError", "BackendError",
+    "DeadlockError", "RaceError", "UninitializedError", "UninitializedWarning",
+    "RunawayKernelError",
+    "BackendError",
 ]

@@ -51,6 +51,9 @@ def _simulating(options):
         jax.effects_barrier()
     except SimError as e:
       raise e.with_traceback(None) from None
+    if ex.interrupted is not None:  # Ctrl-C while a kernel ran
+      raise KeyboardInterrupt("pallas-sim: simulation interrupted; where each "
+                              "thread was is printed above")
     if ex.errors:
       err = _first_with_the_rest(ex.errors)
       if isinstance(err, SimInternalError):  # a bug of ours: keep its cause

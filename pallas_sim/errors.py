@@ -60,6 +60,11 @@ class DeadlockError(SimError):
     super().__init__(message, **kw)
 
 
+class RunawayKernelError(SimError):
+  """A block ran past `max_cycles` simulated cycles (ps.Options): a loop that
+  does not end, most likely; raised at the looping line."""
+
+
 class RaceError(SimError):
   """Accesses not ordered by happens-before (see DESIGN.md)."""
 
@@ -76,6 +81,11 @@ class UninitializedError(SimError):
   def __init__(self, message, *, findings=(), **kw):
     self.findings = list(findings)
     super().__init__(message, **kw)
+
+
+class UninitializedWarning(UserWarning):
+  """An uninitialized-memory finding, where findings are only reported
+  (pytest --pallas-sim-uninitialized report)."""
 
 
 class BackendError(RuntimeError):

@@ -1,9 +1,12 @@
 """pytest plugin, registered by installing pallas-sim.
 
 * `pytest --pallas-sim`: every Mosaic GPU kernel a test launches runs in the
-  simulator with race checks; a test whose kernels race or deadlock fails,
-  with the report in its failure message. (Calls that ask for
-  backend="mosaic" explicitly still go to the real lowering.)
+  simulator with race and uninitialized-memory checks; a test whose kernels
+  race, read memory nothing wrote, leave outputs unwritten or deadlock
+  fails, with the report in its failure message
+  (`--pallas-sim-uninitialized report`: uninitialized-memory findings are
+  warnings instead). (Calls that ask for backend="mosaic" explicitly still
+  go to the real lowering.)
 * The `gpu` marker: such tests are skipped where no Hopper GPU is present.
 """
 import pytest
@@ -17,6 +20,10 @@ def pytest_addoption(parser):
   from pallas_sim import gpus
   group.addoption("--pallas-sim-gpu", default="h100", choices=gpus.NAMES,
                   help="GPU model for --pallas-sim (default h100)")
+  group.addoption("--pallas-sim-uninitialized", default="fail",
+                  choices=("fail", "report"),
+                  help="uninitialized reads and unwritten outputs fail the test "
+                       "(default) or are reported as warnings")
 
 
 def pytest_configure(config):
@@ -41,8 +48,15 @@ def pytest_runtest_call(item):
   if not item.config.getoption("--pallas-sim"):
     return (yield)
   __tracebackhide__ = True
+  import warnings
+
   import pallas_sim as ps
-  # Races and deadlocks found in the test's kernels raise when the block
-  # ends, failing the test with the full report.
-  with ps.backend("sim", gpu=item.config.getoption("--pallas-sim-gpu")):
-    return (yield)
+  # Races, uninitialized memory and deadlocks found in the test's kernels
+  # raise when the block ends, failing the test with the full report.
+  report_only = item.config.getoption("--pallas-sim-uninitialized") == "report"
+  with ps.backend("sim", gpu=item.config.getoption("--pallas-sim-gpu"),
+                  on_uninitialized="report" if report_only else "raise") as report:
+    out = yield
+  for f in report.uninitialized:
+    warnings.warn(ps.UninitializedWarning(str(f)))
+  return out

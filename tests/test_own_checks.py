@@ -117,6 +117,19 @@ def gmem_scratch_kernel():
 
 # (id, kernel factory and its arguments, our class, our message (regex), what
 # the lowering says where it names the same rule)
+def print_kernel(fmt, what="scalar", dtype=F32):
+  """A debug_print of `what`: a scalar of dtype, x as an array, two arrays,
+  or a keyword argument (jax.debug.print)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), F32))
+  def k(x_ref, o_ref):
+    x = x_ref[...]
+    args = {"scalar": (x_ref[0].astype(dtype),), "two arrays": (x, x)}.get(what, ())
+    kw = dict(x=x_ref[0]) if what == "keyword" else {}
+    (jax.debug.print if kw else pl.debug_print)(fmt, *args, **kw)  # <-
+    o_ref[...] = x
+  return k, (jnp.ones((128,), F32),)
+
+
 CHECKS = [
     ("smem_overflow", smem_kernel, {}, ps.SmemOverflowError,
      r"Mosaic GPU kernel exceeds available shared memory: smem_bytes=245760 > "
@@ -159,6 +172,20 @@ CHECKS = [
     ("wgmma_bf16_into_f16", wgmma_kernel, dict(a_dtype=BF16, b_dtype=BF16, acc_dtype=F16),
      ps.KernelError, r"Unsupported wgmma types: accumulator float16, operand bfloat16",
      "only supports accumulators of type f32"),
+    ("debug_print_format_spec", print_kernel, dict(fmt="x {:.2f}"), ps.KernelError,
+     r"\[debug_print\] The format string should not contain any format specs",
+     "The format string should not contain any format specs or conversions"),
+    ("debug_print_placeholders", print_kernel, dict(fmt="x {} {}"), ps.KernelError,
+     r"\[debug_print\] The format string expects 2 arguments, but got 1",
+     "The format string expects 2 arguments, but got 1"),
+    ("debug_print_keywords", print_kernel, dict(fmt="x {x}", what="keyword"),
+     ps.KernelError, r"Only positional arguments are supported by debug_print",
+     "Only positional arguments are supported by debug_print on Pallas"),
+    ("debug_print_two_arrays", print_kernel, dict(fmt="{} {}", what="two arrays"),
+     ps.UnsupportedPrimitiveError, r"debug_print only supports printing of scalar "
+     r"values, or a single array", "only supports printing of scalar values"),
+    ("debug_print_fp8", print_kernel, dict(fmt="x {}", dtype=jnp.float8_e4m3fn),
+     ps.UnsupportedPrimitiveError, r"Can't print the type float8_e4m3fn", None),
 ]
 
 

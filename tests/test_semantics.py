@@ -166,42 +166,6 @@ def test_fori_loop_while_cond_in_kernel():
   np.testing.assert_allclose(ps.run(k, x, backend="sim"), want, rtol=1e-6)
 
 
-def test_progress_bar_only_on_a_terminal(capsys, monkeypatch):
-  from pallas_sim.backends.sim.executor import Progress
-  p = Progress("k", 100, after_s=0.0)
-  p.update(50)
-  p.close()
-  assert capsys.readouterr().err == ""  # pytest's stderr is not a TTY
-
-  monkeypatch.delenv("CI", raising=False)
-  import sys
-
-  class TTY:
-    def __init__(self):
-      self.text = ""
-
-    def isatty(self):
-      return True
-
-    def write(self, s):
-      self.text += s
-
-    def flush(self):
-      pass
-
-  tty = TTY()
-  monkeypatch.setattr(sys, "stderr", tty)
-  p = Progress("k", 100, after_s=0.0)
-  p.update(50)
-  p.close()
-  assert "50/100 blocks" in tty.text
-  monkeypatch.setenv("CI", "true")
-  tty.text = ""
-  p = Progress("k", 100, after_s=0.0)
-  p.update(50)
-  assert tty.text == ""
-
-
 def test_integer_indexed_refs_are_views_into_the_buffer():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
                 scratch_types=[plgpu.SMEM((2, 128), jnp.float32)])

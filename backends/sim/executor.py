@@ -8,7 +8,6 @@ blocks of a cluster. Groups are unordered on hardware; here they run one
 after the other, in block order, deterministically."""
 import itertools
 import math
-import os
 import sys
 import time
 
@@ -22,37 +21,10 @@ from pallas_sim.backends.sim.machine import initcheck, memory, races
 from pallas_sim.backends.sim.machine.cross_block import CrossBlock
 from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.timing import Timing
+from pallas_sim.backends.sim.progress import Progress, backtrace
 from pallas_sim.backends.sim.report import KernelReport, Report
 from pallas_sim.errors import RaceError, UninitializedError, UnsupportedPrimitiveError
 from pallas_sim.options import take
-
-
-class Progress:
-  """A progress line on a terminal for simulations longer than a few
-  seconds; silent when stderr is not a TTY or under CI."""
-
-  def __init__(self, name, total, after_s=2.0):
-    self.name, self.total, self.after = name, total, after_s
-    self.t0 = time.perf_counter()
-    self.on = sys.stderr.isatty() and not os.environ.get("CI")
-    self.shown = False
-
-  def update(self, done):
-    if not self.on:
-      return
-    el = time.perf_counter() - self.t0
-    if el < self.after:
-      return
-    self.shown = True
-    frac = done / self.total
-    bar = "#" * int(30 * frac)
-    sys.stderr.write(f"\r[pallas-sim] {self.name}: [{bar:<30}] {done}/{self.total} "
-                     f"blocks {el:.1f}s")
-    sys.stderr.flush()
-
-  def close(self):
-    if self.shown:
-      sys.stderr.write("\n")
 
 
 class Prepared:
@@ -80,6 +52,8 @@ class Executor:
     self.check_lowering_on = opts.check_lowering
     self.detached = detached_groups
     self.errors = []
+    self.interrupted = None  # Ctrl-C: where every thread was (text)
+    self._running = None     # (launch, block number, grid index, group runner)
     self._prepared = {}
     self._lowered = {}
 
@@ -113,7 +87,7 @@ class Executor:
     p.jaxpr = jaxpr
     p.smem = resources.smem_bytes(jaxpr)
     resources.check_smem(p.smem, self.gpu, where=launch.where)
-    p.program = Compiler(self.timing, launch).compile(jaxpr)
+    p.program = Compiler(self.timing, launch, self.options.max_cycles).compile(jaxpr)
     p.barriers = resources.barrier_count(jaxpr)
     self._prepared[key] = p
     return p
@@ -133,8 +107,29 @@ class Executor:
     self._lowered[key] = launch.jaxpr
 
   def execute(self, launch, arrays):
-    with np.errstate(all="ignore"):
-      return self._execute(launch, arrays)
+    """Runs one launch; returns its outputs. After a Ctrl-C (here or in an
+    earlier launch) returns poison at once: the API raises KeyboardInterrupt
+    when the user's function returns."""
+    if self.interrupted is None:
+      try:
+        with np.errstate(all="ignore"):
+          return self._execute(launch, arrays)
+      except KeyboardInterrupt as e:
+        self.interrupted = self._where_interrupted(e)
+        sys.stderr.write(self.interrupted + "\n")
+        sys.stderr.flush()
+    return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
+
+  def _where_interrupted(self, exc):
+    """Where every thread of the block running at a Ctrl-C was."""
+    if self._running is None:
+      return "pallas-sim: interrupted before any block ran"
+    launch, number, idx, runner = self._running
+    group = runner.group
+    lines = [f"pallas-sim: interrupted in kernel {launch.name} ({launch.where}), "
+             f"block {idx} ({number + 1} of {math.prod(launch.grid or ())}):"]
+    lines += backtrace(group.sched.tasks if group else (), exc.__traceback__)
+    return "\n".join(lines)
 
   def _buffers(self, launch, arrays):
     n_in, n_out = launch.num_inputs, launch.num_outputs
@@ -155,6 +150,25 @@ class Executor:
         out_bufs.append(buf)
     return in_bufs, out_bufs
 
+  @staticmethod
+  def _merge(result, cycles, stats, log, init_log, cross):
+    """Merges a group's result, in block order."""
+    for number, c, st in zip(result.numbers, result.cycles, result.stats):
+      cycles[number] = c
+      stats[0] += st.tma_load_bytes
+      stats[1] += st.tma_store_bytes
+      stats[2] += st.wgmma_flops
+    for ev in result.events:
+      if ev[0] == "race":
+        log.add(*ev[1:])
+      elif ev[0] == "uninit":
+        init_log.add(init_log.site(*ev[1:6]), *ev[6:])
+      else:
+        cross.access(*ev[1:])
+    for buf, idx, values in result.writes:
+      buf.data.reshape(-1)[idx] = values
+      initcheck.mark_flat(buf, idx)
+
   def _execute(self, launch, arrays):
     prep = self.prepare(launch)
     in_bufs, out_bufs = self._buffers(launch, arrays)
@@ -165,35 +179,21 @@ class Executor:
     log = races.RaceLog(launch.name)
     cross = CrossBlock(log) if self.check_races else None
     cycles = np.zeros(len(blocks))
-    loads = stores = flops = 0
+    stats = [0, 0, 0]  # TMA load bytes, TMA store bytes, wgmma flops
     trace = []
-    progress = Progress(launch.name, len(blocks))
     t0 = time.perf_counter()
     init_log = initcheck.InitLog()
     runner = GroupRunner(prep, in_bufs + out_bufs, launch, self.timing, placement,
                          log, self.check_races, detached=self.detached,
                          check_init=self.options.check_uninitialized)
-    for number, idx in enumerate(blocks):  # one block per group (clusters: more)
-      result = runner.run([(number, idx)], trace if number < self.trace_blocks else None)
-      # Merge, in block order.
-      for number_, c, st in zip(result.numbers, result.cycles, result.stats):
-        cycles[number_] = c
-        loads += st.tma_load_bytes
-        stores += st.tma_store_bytes
-        flops += st.wgmma_flops
-      for ev in result.events:
-        if ev[0] == "race":
-          log.add(*ev[1:])
-        elif ev[0] == "uninit":
-          init_log.add(init_log.site(*ev[1:6]), *ev[6:])
-        else:
-          cross.access(*ev[1:])
-      for buf, idx, values in result.writes:
-        buf.data.reshape(-1)[idx] = values
-        initcheck.mark_flat(buf, idx)
-      if number & 63 == 63:
-        progress.update(number + 1)
-    progress.close()
+    with Progress(launch.name, len(blocks)) as progress:
+      for number, idx in enumerate(blocks):  # one block per group (clusters: more)
+        progress.done = number
+        self._running = (launch, number, idx, runner)
+        result = runner.run([(number, idx)], trace if number < self.trace_blocks else None)
+        self._merge(result, cycles, stats, log, init_log, cross)
+    self._running = None
+    loads, stores, flops = stats
     wall = time.perf_counter() - t0
 
     found = log.races()

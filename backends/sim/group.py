@@ -81,6 +81,7 @@ class GroupRunner:
     self.io_bufs = io_bufs
     self.detached = detached
     self.check_init = check_init
+    self.group = None  # the group running now (for a Ctrl-C backtrace)
     self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
     nt = launch.num_threads
     self.clocks = clock_components(1, nt, prep.barriers)
@@ -99,7 +100,8 @@ class GroupRunner:
     completion as one group."""
     launch = self.launch
     events = []
-    group = Group(self.timing, self.log, events, self.detached, self.check_init)
+    group = self.group = Group(self.timing, self.log, events, self.detached,
+                               self.check_init)
     if self.tracker is not None:
       one = len(members) == 1
       size = self.clocks if one else clock_components(

@@ -12,6 +12,7 @@ import numpy as np
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
+from pallas_sim.options import MAX_CYCLES
 from pallas_sim.backends.sim import capture
 from pallas_sim.backends.sim.machine import memory
 
@@ -53,9 +54,10 @@ class Compiler:
   """Compiles jaxprs to Programs; one per launch (rules may close over launch
   facts, and ask the timing model, machine/timing.py, for costs)."""
 
-  def __init__(self, timing, launch=None):
+  def __init__(self, timing, launch=None, max_cycles=MAX_CYCLES):
     self.timing = timing
     self.launch = launch
+    self.max_cycles = max_cycles  # loops end a runaway block past this
     self._cache = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]
 
@@ -248,6 +250,7 @@ def run_plain(prog, args, wg):
   env = prog.template.copy()
   for i, a in zip(prog.invars, args):
     env[i] = a
+  wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
   st = None
   try:
     for st in prog.steps:
@@ -272,6 +275,7 @@ def run_gen(prog, args, wg):
   env = prog.template.copy()
   for i, a in zip(prog.invars, args):
     env[i] = a
+  wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
   st = None
   try:
     for st in prog.steps:

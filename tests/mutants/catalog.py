@@ -265,7 +265,7 @@ MUTANTS = [
            ("tests/test_machine.py",)),
     Mutant("detached-writes-dropped", "backends/sim/executor.py",
            "a detached group's GMEM writes are applied at the merge",
-           "        buf.data.reshape(-1)[idx] = values", "        pass",
+           "      buf.data.reshape(-1)[idx] = values", "      pass",
            ("tests/test_machine.py",)),
     Mutant("misuse-only-with-races", "backends/sim/group.py",
            "misuse checks do not need race checking",

@@ -7,10 +7,22 @@ a plain function, otherwise as a generator that forwards the body's waits.
 import numpy as np
 
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
+from pallas_sim.errors import RunawayKernelError
 
 
 def _maybe_gen(blocking, plain, gen):
   return Gen(gen) if blocking else plain
+
+
+# Loops check the block's simulated time once per iteration (a loop is the
+# only way a block runs without end: waits that never complete are
+# deadlocks). Their counters are named `iteration`: progress reports and
+# Ctrl-C backtraces (backends/sim/progress.py) read them from the frames.
+def _runaway(wg, iteration, limit):
+  return RunawayKernelError(
+      f"ran past max_cycles={limit:.0f} simulated cycles in this loop "
+      f"(at iteration {iteration}; {wg.steps} equations run): a loop that does "
+      "not end? Pass max_cycles= to simulate longer")
 
 
 @rule("scan")
@@ -37,19 +49,27 @@ def _scan(eqn, cx):
   def finish(carry, ys):
     return carry + [np.stack(y[::-1] if reverse else y) for y in ys]
 
+  limit = cx.max_cycles
+
   # plain and gen are the same loop; gen forwards the body's waits.
   def plain(wg, *args):
     consts, carry, xs = split(args)
     ys = [[] for _ in range(nys)]
-    for i in order:
-      carry = collect(run_plain(body, consts + carry + [x[i] for x in xs], wg), ys)
+    for iteration in order:
+      carry = collect(run_plain(
+          body, consts + carry + [x[iteration] for x in xs], wg), ys)
+      if wg.time > limit:
+        raise _runaway(wg, iteration, limit)
     return finish(carry, ys)
 
   def gen(wg, *args):
     consts, carry, xs = split(args)
     ys = [[] for _ in range(nys)]
-    for i in order:
-      carry = collect((yield from run_gen(body, consts + carry + [x[i] for x in xs], wg)), ys)
+    for iteration in order:
+      carry = collect((yield from run_gen(
+          body, consts + carry + [x[iteration] for x in xs], wg)), ys)
+      if wg.time > limit:
+        raise _runaway(wg, iteration, limit)
     return finish(carry, ys)
 
   return _maybe_gen(body.blocking, plain, gen)
@@ -61,17 +81,26 @@ def _while(eqn, cx):
   cond = cx.compile(p["cond_jaxpr"])
   body = cx.compile(p["body_jaxpr"])
   cn, bn = p["cond_nconsts"], p["body_nconsts"]
+  limit = cx.max_cycles
 
   def plain(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
+    iteration = 0
     while run_plain(cond, cc + carry, wg)[0]:
       carry = run_plain(body, bc + carry, wg)
+      iteration += 1
+      if wg.time > limit:
+        raise _runaway(wg, iteration, limit)
     return carry
 
   def gen(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
+    iteration = 0
     while (yield from run_gen(cond, cc + carry, wg))[0]:
       carry = yield from run_gen(body, bc + carry, wg)
+      iteration += 1
+      if wg.time > limit:
+        raise _runaway(wg, iteration, limit)
     return carry
 
   return _maybe_gen(cond.blocking or body.blocking, plain, gen)
