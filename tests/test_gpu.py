@@ -161,3 +161,41 @@ def test_adds_of_known_zeros_fold_as_on_hardware(dtype):
   for name, zero in zeros.items():
     sim, real = both(known_zero_kernel(dtype, zero), x, y)
     assert_bit_equal(sim, real, name)
+
+
+def test_debug_print_writes_what_the_gpu_prints(capfd):
+  """The same lines as the GPU's printf, tags aside (the GPU's order across
+  threads is its own: compared as multisets)."""
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32), grid=(2,),
+                grid_names=("b",), num_threads=2, thread_name="t")
+  def k(x_ref, i_ref, o_ref):
+    t = lax.axis_index("t")
+    b = lax.axis_index("b")
+    pl.debug_print("b={} t={} i={} u8={} flag={} 100%% done", b, t, i_ref[0],
+                   i_ref[1].astype(jnp.uint8), i_ref[0] < 0)
+    pl.debug_print("f32 {} f16 {} bf16 {} nan {} -inf {} -0 {}", x_ref[0],
+                   x_ref[1].astype(jnp.float16), x_ref[1].astype(jnp.bfloat16),
+                   x_ref[2], x_ref[3], x_ref[4])
+
+    @pl.when(jnp.logical_and(t == 0, b == 1))
+    def _():
+      pl.debug_print("x: {}", x_ref[...])
+      pl.debug_print("i: {}", i_ref[...])
+    o_ref[t] = x_ref[...]
+
+  x = np.arange(128, dtype=np.float32) / 3 + 1
+  x[2:5] = [np.nan, -np.inf, -0.0]
+  i = np.array([-1, 255] + list(range(-63, 63)), np.int32)
+  args = (jnp.asarray(x), jnp.asarray(i))
+  capfd.readouterr()
+  jax.block_until_ready(ps.run(k, *args, backend="mosaic"))
+  real = capfd.readouterr().out.splitlines()
+  ps.run(k, *args, backend="sim", on_race="report")
+  sim = [ln.split("] ", 1)[1] for ln in capfd.readouterr().out.splitlines()
+         if ln.startswith("[block")]
+  assert len(real) == 2 * 2 * 2 + 2 * 128, real[:10]
+  assert sorted(sim) == sorted(real), sorted(set(sim) ^ set(real))[:10]

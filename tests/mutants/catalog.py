@@ -279,4 +279,36 @@ MUTANTS = [
            "    return bool(np.all(np.asarray(v.val) == 0))\n  return v in zeros",
            "    return False\n  return False",
            ("tests/test_semantics.py", AGREE)),
+    # --- debugging: prints, uninitialized memory, runaways ------------------------
+    Mutant("print-sign-extended", "backends/sim/rules/debugging.py",
+           "debug_print writes integers as %llu of the value zero-extended to 64 bits; "
+           "the mutant prints the signed value",
+           "    return str(int(x) & (2 ** (8 * x.dtype.itemsize) - 1))",
+           "    return str(int(x))",
+           ("tests/test_debugging.py",)),
+    Mutant("print-untagged", "backends/sim/rules/debugging.py",
+           "each printed line is tagged with its block and thread; the mutant drops it",
+           '    print(f"[{wg.name}] {line}", file=sys.stdout, flush=True)',
+           '    print(line, file=sys.stdout, flush=True)',
+           ("tests/test_debugging.py",)),
+    Mutant("init-reads-unchecked", "backends/sim/group.py",
+           "reads of elements nothing wrote are reported; the mutant never looks",
+           "    rng = initcheck.unwritten_in(ref)", "    rng = None",
+           ("tests/test_debugging.py",)),
+    Mutant("init-tma-load-writes-nothing", TMA,
+           "a TMA load writes its SMEM when it lands; the mutant forgets to mark it "
+           "(false uninitialized reads)",
+           "      dview[...] = sview\n      blk.group.wrote(d)", "      dview[...] = sview",
+           ("tests/test_debugging.py",)),
+    Mutant("unwritten-outputs-unreported", "backends/sim/executor.py",
+           "outputs with elements no block wrote are reported at the end of a launch",
+           "      init_log.unwritten_output(buf, grid)", "      pass",
+           ("tests/test_debugging.py",)),
+    Mutant("runaway-loops-unchecked", "backends/sim/rules/control_flow.py",
+           "a while loop ends a block past max_cycles; the mutant never checks",
+           "      carry = run_plain(body, bc + carry, wg)\n      iteration += 1\n"
+           "      if wg.time > limit:",
+           "      carry = run_plain(body, bc + carry, wg)\n      iteration += 1\n"
+           "      if False:",
+           ("tests/test_debugging.py",)),
 ]

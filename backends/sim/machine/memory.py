@@ -29,7 +29,7 @@ class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
-               "alloc_key", "origin", "written", "unwritten")
+               "alloc_key", "origin", "written", "unwritten", "_addr")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
                origin=None):
@@ -43,7 +43,14 @@ class Buffer:
     self.origin = origin or self  # a group's private copy of a GMEM buffer: whose
     self.written = None  # uninitialized-memory check's mask (initcheck.py)
     self.unwritten = 0
+    self._addr = None
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
+
+  def address(self):
+    """The address of data's first byte (cached: views are located by it)."""
+    if self._addr is None:
+      self._addr = self.data.__array_interface__["data"][0]
+    return self._addr
 
   def __repr__(self):
     return f"<{self.space} {self.name} {self.data.dtype}{list(self.data.shape)}>"

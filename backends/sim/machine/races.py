@@ -190,7 +190,7 @@ def element_map(buf, view):
   covering 1-D range when the view is a bitcast."""
   base = buf.data
   isz = base.itemsize
-  off_b = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+  off_b = view.__array_interface__["data"][0] - buf.address()
   if view.dtype.itemsize == isz and all(s % isz == 0 for s in view.strides):
     return off_b // isz, [s // isz for s in view.strides], view.shape
   lo = off_b // isz
