@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -186,7 +187,8 @@ def test_aliased_outputs_count_as_written_and_tma_loads_write():
     return stateful((x, x))[1]
 
   x = jnp.arange(256, dtype=F32)
-  with pytest.warns(DeprecationWarning, match="core_map"):
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", "jax.experimental.pallas.core_map is deprecated")
     sim = ps.simulate(f, x)
   assert sim.report.uninitialized == []
   np.testing.assert_array_equal(np.asarray(sim.outputs)[128:], x[:128] + x[128:])
