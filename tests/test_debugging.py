@@ -280,7 +280,7 @@ def test_pytest_plugin_and_check_command_fail_on_unwritten_outputs(tmp_path):
 
 # --- runaway kernels ---------------------------------------------------------
 
-def _spinning_kernel():
+def _spinning_kernel(steps=2 ** 31 - 1):
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), F32),
                 scratch_types=[plgpu.Barrier()], num_threads=2, thread_name="t")
   def k(x_ref, o_ref, bar):
@@ -293,14 +293,14 @@ def _spinning_kernel():
 
     @pl.when(t == 1)
     def _():
-      n = lax.while_loop(lambda n: n < 2 ** 31 - 1, lambda n: n + 1, jnp.int32(0))  # <-
+      n = lax.while_loop(lambda n: n < steps, lambda n: n + 1, jnp.int32(0))  # <-
       x_ref[0] = n.astype(F32)
       plgpu.barrier_arrive(bar)
   return k
 
 
 def test_max_cycles_ends_a_runaway_loop_at_its_line():
-  k = _spinning_kernel()
+  k = _spinning_kernel(100_000)  # (ends by itself, later: the limit must stop it)
   line = _marked_line(_spinning_kernel)
   with pytest.raises(ps.RunawayKernelError) as e:
     ps.run(k, jnp.ones((128,), F32), backend="sim", max_cycles=20_000)
@@ -334,7 +334,8 @@ def test_progress_line_shows_the_block_cycles_and_line_being_run(monkeypatch):
   monkeypatch.setattr(executor, "Progress", lambda name, total: progress.Progress(
       name, total, after_s=0.2, every_s=0.1, stream=tty))
   with pytest.raises(ps.RunawayKernelError):
-    ps.run(_spinning_kernel(), jnp.ones((128,), F32), backend="sim", max_cycles=2e6)
+    ps.run(_spinning_kernel(1_000_000), jnp.ones((128,), F32), backend="sim",
+           max_cycles=2e6)
   line = _marked_line(_spinning_kernel)
   assert re.search(r"\[pallas-sim\] k: \[ *\] 0/1 blocks \d+s; block \(\) thread 1: "
                    rf"cycle [\d.e+]+, [\d,]+ equations, at {re.escape(line)}  while "
