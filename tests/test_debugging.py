@@ -343,7 +343,10 @@ def test_progress_line_shows_the_block_cycles_and_line_being_run(monkeypatch):
 
 
 CTRL_C = '''
-import sys
+import signal, sys
+# (A shell starts background jobs with SIGINT ignored, and children inherit
+# that: restore what a terminal user has.)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 import jax.numpy as jnp
 import pallas_sim as ps
