@@ -68,10 +68,6 @@ class Executor:
     hit = self._prepared.get(key)
     if hit is not None and hit.jaxpr is launch.jaxpr:
       return hit
-    if math.prod(launch.cluster or (1,)) > 1:
-      raise UnsupportedPrimitiveError(
-          f"kernel {launch.name}: clusters {launch.cluster} are not modelled yet",
-          where=launch.where)
     if any(not bm.has_trivial_window() for bm in launch.block_mappings):
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: pallas_call BlockSpecs with index maps are not "
@@ -126,8 +122,9 @@ class Executor:
       return "pallas-sim: interrupted before any block ran"
     launch, number, idx, runner = self._running
     group = runner.group
+    total = math.prod(launch.grid or ()) * math.prod(launch.cluster or ())
     lines = [f"pallas-sim: interrupted in kernel {launch.name} ({launch.where}), "
-             f"block {idx} ({number + 1} of {math.prod(launch.grid or ())}):"]
+             f"block {idx} ({number + 1} of {total}):"]
     lines += backtrace(group.sched.tasks if group else (), exc.__traceback__)
     return "\n".join(lines)
 
@@ -174,7 +171,13 @@ class Executor:
     in_bufs, out_bufs = self._buffers(launch, arrays)
     grid = tuple(launch.grid) or ()
     nt = launch.num_threads
-    blocks = list(itertools.product(*[range(g) for g in grid]))
+    clusters = list(itertools.product(*[range(g) for g in grid]))
+    # A group per cluster (a block each without clusters); blocks are
+    # numbered cluster after cluster.
+    in_cluster = list(itertools.product(*[range(c) for c in launch.cluster]))
+    groups = [[(g * len(in_cluster) + j, idx, c) for j, c in enumerate(in_cluster)]
+              for g, idx in enumerate(clusters)]
+    blocks = [m for members in groups for m in members]
     placement = self.timing.launch(len(blocks), prep.smem, nt)
     log = races.RaceLog(launch.name)
     cross = CrossBlock(log) if self.check_races else None
@@ -187,10 +190,11 @@ class Executor:
                          log, self.check_races, detached=self.detached,
                          check_init=self.options.check_uninitialized)
     with Progress(launch.name, len(blocks)) as progress:
-      for number, idx in enumerate(blocks):  # one block per group (clusters: more)
+      for members in groups:
+        number, idx, _ = members[0]
         progress.done = number
         self._running = (launch, number, idx, runner)
-        result = runner.run([(number, idx)], trace if number < self.trace_blocks else None)
+        result = runner.run(members, trace if number < self.trace_blocks else None)
         self._merge(result, cycles, stats, log, init_log, cross)
     self._running = None
     loads, stores, flops = stats

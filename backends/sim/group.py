@@ -44,6 +44,28 @@ class Group:
     self.writes = [] if detached else None
     self.check_init = check_init
     self.blocks = []
+    self.by_cluster = {}  # cluster coordinates -> Block
+    self.number = 0       # the group's number in the launch (its first block's)
+    self.makers = {}      # run_scoped equation id -> its allocators (peer lookups)
+    self.cluster_axes = {}  # cluster axis name -> (dimension, size)
+
+  def peers(self, block, axes, line=False):
+    """The blocks of this group whose cluster coordinates equal `block`'s
+    except along the cluster axes `axes` (names or tuples of names): all
+    of them (line=False, a multicast), or those differing along at most
+    one of the axes (line=True, a cluster barrier's arrival)."""
+    groups = [[self.cluster_axes[n][0] for n in (a if isinstance(a, tuple) else (a,))]
+              for a in axes]
+    free = {d for g in groups for d in g}
+    out = []
+    for c, blk in self.by_cluster.items():
+      diff = {d for d, (x, y) in enumerate(zip(c, block.cluster)) if x != y}
+      if line:
+        if not diff or any(diff <= set(g) for g in groups):
+          out.append(blk)
+      elif diff <= free:
+        out.append(blk)
+    return out
 
   def read(self, ref, agent, prim, where, thread, block):
     """A read through `ref` by `agent` ("thread", "tma_load", "tma_store",
@@ -88,6 +110,8 @@ class GroupRunner:
     self.comps = {}  # clock components by key, for the groups of one block
     self.tracker = Tracker(log, np.uint8 if self.clocks <= 256 else np.int32
                            ) if check_races else None
+    self.cluster_axes = {n: (d, c) for d, (n, c) in enumerate(
+        zip(launch.cluster_names, launch.cluster))}
     names = tuple(launch.grid_names)
     self.axis_keys = [((names[d],) if d < len(names) else ()) + (("grid", d),)
                       for d in range(len(launch.grid))]
@@ -96,12 +120,15 @@ class GroupRunner:
     self.suffix = [f" thread {w}" if nt > 1 else "" for w in range(nt)]
 
   def run(self, members, trace=None):
-    """Runs the blocks `members` ((launch position, grid index) pairs) to
-    completion as one group."""
+    """Runs the blocks `members` ((launch position, grid index, cluster
+    index) triples: a block, or the blocks of one cluster) to completion as
+    one group."""
     launch = self.launch
     events = []
     group = self.group = Group(self.timing, self.log, events, self.detached,
                                self.check_init)
+    group.number = members[0][0]
+    group.cluster_axes = self.cluster_axes
     if self.tracker is not None:
       one = len(members) == 1
       size = self.clocks if one else clock_components(
@@ -115,14 +142,18 @@ class GroupRunner:
         initcheck.copy_state(b, copies[id(b)])
       refs = [refview.root_ref(copies[id(b)]) for b in self.io_bufs]
     program = self.prep.program
-    for num, idx in members:
-      blk = Block(idx, num, group, self.placement.engines(num), trace)
+    in_cluster = len(members) > 1
+    for num, idx, cidx in members:
+      blk = Block(idx + cidx if in_cluster else idx, num, group,
+                  self.placement.engines(num), trace, cidx)
       axes = {}
       for keys, i, g in zip(self.axis_keys, idx, launch.grid):
         for key in keys:
           axes[key] = (i, g)
+      for name, i, c in zip(launch.cluster_names, cidx, launch.cluster):
+        axes[name] = (i, c)
       for w, thread_axes in enumerate(self.thread_axes):
-        wg = Warpgroup(blk, w, {**axes, **thread_axes}, f"block {idx}{self.suffix[w]}")
+        wg = Warpgroup(blk, w, {**axes, **thread_axes}, f"block {blk.index}{self.suffix[w]}")
         group.sched.spawn(wg, _warpgroup(program, refs, wg, launch, group))
     group.hb.ready()
     group.sched.run()

@@ -56,7 +56,9 @@ class CrossBlock:
     return s
 
   def access(self, number, block, buf, off, estrides, shape, site, write, atomic):
-    """One GMEM access of block `block` (the number-th of the launch)."""
+    """One GMEM access of block `block`, of the number-th group of the launch
+    (the blocks of one group, a cluster, are ordered by happens-before:
+    checked inside the group)."""
     me = number + 1
     sh = self._summary(buf)
     V = lambda arr: _view(arr, off, shape, estrides)

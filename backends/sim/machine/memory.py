@@ -62,7 +62,7 @@ class BarrierSlot:
   completed phases."""
   __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
                "waiters", "orders_tensor_core", "waits", "block", "key", "hb",
-               "completed_at")
+               "completed_at", "owner", "collective")
 
   def __init__(self, name, num_arrivals, orders_tensor_core=False, block=None, key=None):
     self.name = name
@@ -77,6 +77,8 @@ class BarrierSlot:
     self.block = block   # the block whose SMEM holds it
     self.key = key       # (allocation, flat index): the same in every block
     self.hb = None       # the happens-before observer's state for it
+    self.owner = None    # the Buffer of its allocation
+    self.collective = ()  # a cluster barrier's cluster axes
 
   def __repr__(self):
     return (f"<barrier {self.name}: {self.arrivals}/{self.num_arrivals} arrivals, "

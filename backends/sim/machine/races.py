@@ -265,7 +265,7 @@ class Tracker:
     sh = self.shadow(buf)
     off, estrides, shape = element_map(buf, view)
     if buf.space == "gmem":  # (checked against other groups when they merge)
-      self.events.append(("gmem", block.number, block.index, buf, off, estrides,
+      self.events.append(("gmem", block.group.number, block.index, buf, off, estrides,
                           shape, site, write, atomic))
     if issued is None:
       issued = vec

@@ -19,11 +19,13 @@ class Block:
   scheduler, happens-before observer and event log are shared by its
   blocks."""
 
-  def __init__(self, index, number, group, engines, trace=None):
-    self.index = index        # grid coordinates
+  def __init__(self, index, number, group, engines, trace=None, cluster=()):
+    self.index = index        # grid coordinates (then cluster coordinates, in a cluster)
+    self.cluster = cluster    # coordinates in its cluster
     self.number = number      # position in the launch (0-based)
     self.member = len(group.blocks)  # position in its group
     group.blocks.append(self)
+    group.by_cluster[cluster] = self
     self.group = group
     self.sched = group.sched
     self.hb = group.hb

@@ -5,6 +5,7 @@ from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
 from pallas_sim.backends.sim.machine.scheduler import Wait
+from pallas_sim.backends.sim.rules.refs import peer_buffer
 
 
 @rule("barrier_arrive")
@@ -18,10 +19,21 @@ def _barrier_arrive(eqn, cx):
       if not pred:
         return []
     slot = refview.barrier_of(at(ref, rest), "barrier_arrive")
-    wg.block.hb.arrive(wg, slot)
-    barriers.arrive(slot, at=wg.time)
+    blk = wg.block
+    # A cluster barrier: one arrival on its copy in every block of the
+    # cluster that differs from this one along at most one of its axes.
+    for peer in (blk.group.peers(blk, slot.collective, line=True) if slot.collective
+                 else (blk,)):
+      s = slot if peer is blk else peer_slot(peer, slot)
+      blk.hb.arrive(wg, s)
+      barriers.arrive(s, at=wg.time)
     return []
   return arrive
+
+
+def peer_slot(peer, slot):
+  """`slot`'s counterpart in cluster peer `peer`'s SMEM."""
+  return peer_buffer(peer, slot.owner).data.reshape(-1)[slot.key[1]]
 
 
 @rule("barrier_wait")

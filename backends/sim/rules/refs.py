@@ -63,19 +63,50 @@ def _addupdate(eqn, cx):
   return addupdate
 
 
-def _allocator(aval, transforms, label):
+def _barriers(label, shape, num_arrivals, orders_tensor_core, collective=()):
+  def make(block, key):
+    buf = memory.Buffer(label, "smem", memory.barrier_array(
+        label, shape, num_arrivals, orders_tensor_core, block, key[:2]), alloc_key=key)
+    for slot in buf.data.reshape(-1):
+      slot.owner, slot.collective = buf, collective
+    return buf
+  return True, make
+
+
+def _cluster_arrivals(axes, launch):
+  """How many blocks arrive on each block's copy of a cluster barrier over
+  `axes`: those differing along at most one of them (as the lowering's
+  CollectiveBarrierRef counts: sum of the sizes, minus the overcounted self)."""
+  sizes = dict(zip(launch.cluster_names, launch.cluster))
+  dims = []
+  for a in axes:
+    names = a if isinstance(a, tuple) else (a,)
+    for n in names:
+      if n not in sizes:
+        raise KernelError(f"Unknown cluster axis {n}, available axes: "
+                          f"{list(launch.cluster_names)}")
+    dims.append(math.prod(sizes[n] for n in names))
+  return sum(dims) - len(dims) + 1
+
+
+def _allocator(aval, transforms, label, launch):
   """Returns (shared?, make(block, key)) for one run_scoped allocation; `key`
   names the allocation alike in every block (race detection reuses its
-  shadow; a barrier keeps its clock component)."""
+  shadow; a barrier keeps its clock component; a cluster peer finds its
+  copy by it)."""
   space = str(aval.memory_space)
   inner = aval.inner_aval
   dt = inner.dtype
   if isinstance(dt, gpu_core.BarrierType):
-    return True, lambda block, key: memory.Buffer(
-        label, "smem", memory.barrier_array(label, inner.shape, dt.num_arrivals,
-                                            dt.orders_tensor_core, block, key[:2]))
+    return _barriers(label, inner.shape, dt.num_arrivals, dt.orders_tensor_core)
   if isinstance(dt, gpu_core.ClusterBarrierType):
-    raise UnsupportedPrimitiveError("cluster barriers are not modelled yet")
+    if dt.leader_tracked:
+      raise UnsupportedPrimitiveError("leader-tracked cluster barriers are not "
+                                      "modelled yet")
+    axes = tuple(dt.collective_axes)
+    return _barriers(label, inner.shape,
+                     dt.num_arrivals * _cluster_arrivals(axes, launch),
+                     dt.orders_tensor_core, axes)
   shape = tuple(inner.shape)
   tiling, swizzle = refview.tiling_of(transforms)
   if tiling is not None:
@@ -105,6 +136,24 @@ def _names(jaxpr, n):
   return [nm for nm in names]
 
 
+def _shared(blk, key, count, allocs):
+  """The block's SMEM allocations of the count-th entry to scope `key`
+  (made on first use, by whichever of its threads or cluster peers asks)."""
+  skey = (key, count)
+  bufs = blk.shared.get(skey)
+  if bufs is None:
+    bufs = blk.shared[skey] = [make(blk, (key, i, count, blk.member)) if sh else None
+                               for i, (sh, make) in enumerate(allocs)]
+  return bufs
+
+
+def peer_buffer(peer, buf):
+  """`buf`'s counterpart in the SMEM of `peer`, a block of the same cluster
+  (a multicast TMA load or a cluster barrier arrival reaches it)."""
+  key, i, count = buf.alloc_key[:3]
+  return _shared(peer, key, count, peer.group.makers[key])[i]
+
+
 @rule("run_scoped")
 def _run_scoped(eqn, cx):
   jaxpr = eqn.params["jaxpr"]
@@ -116,19 +165,16 @@ def _run_scoped(eqn, cx):
   for i, v in enumerate(jaxpr.invars):
     label = labels[i] or f"scratch{i}"
     trs = ref_transforms[i] if i < len(ref_transforms) else ()
-    allocs.append(_allocator(v.aval, trs, label))
+    allocs.append(_allocator(v.aval, trs, label, cx.launch))
   key = id(eqn)
 
   def allocate(wg):
     count = wg.scope_counts.get(key, 0)
     wg.scope_counts[key] = count + 1
     blk = wg.block
-    skey = (key, count)
-    bufs = blk.shared.get(skey)
-    if bufs is None:
-      bufs = blk.shared[skey] = [make(blk, (key, i, count)) if sh else None
-                                 for i, (sh, make) in enumerate(allocs)]
-    return [refview.root_ref(b if sh else make(blk, (key, i, count, wg.index)))
+    blk.group.makers[key] = allocs
+    bufs = _shared(blk, key, count, allocs)
+    return [refview.root_ref(b if sh else make(blk, (key, i, count, blk.member, wg.index)))
             for i, (b, (sh, make)) in enumerate(zip(bufs, allocs))]
 
   if prog.blocking:

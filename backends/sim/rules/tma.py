@@ -13,7 +13,10 @@ import numpy as np
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
+from pallas_sim.backends.sim.machine.races import _view, element_map
 from pallas_sim.backends.sim.machine.scheduler import Wait
+from pallas_sim.backends.sim.rules.barriers import peer_slot
+from pallas_sim.backends.sim.rules.refs import peer_buffer
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 
@@ -58,9 +61,10 @@ def _static_check(eqn, what, smem_operand):
 @rule("copy_gmem_to_smem")
 def _copy_gmem_to_smem(eqn, cx):
   p = eqn.params
-  if p.get("collective_axes"):
-    raise UnsupportedPrimitiveError("multicast (collective) TMA loads are not "
-                                    "modelled yet")
+  collective = tuple(p.get("collective_axes") or ())
+  if p.get("leader_tracked") is not None:
+    raise UnsupportedPrimitiveError("leader-tracked (partitioned or replicated) "
+                                    "collective TMA loads are not modelled yet")
   has_barrier = p.get("has_barrier", True)
   if not has_barrier:
     raise KernelError("copy_gmem_to_smem without a barrier is only supported on "
@@ -91,23 +95,60 @@ def _copy_gmem_to_smem(eqn, cx):
       return []
     blk = wg.block
     nbytes = d.view.nbytes
-    start, _, done = timing.tma(blk.engines, wg.time, nbytes)
-    blk.stats.tma_load_bytes += nbytes
-    sview, dview = s.view, d.view
-    # The load is stamped with the barrier phase its bytes complete.
-    op = blk.hb.tma_load(wg, slot, s, d, where)
-    barriers.arrive(slot, expect_tx=nbytes, at=wg.time)
-
-    def land():
-      blk.hb.tma_load_lands(op)
-      blk.group.read(s, "tma_load", what, where, wg.index, blk)
-      dview[...] = sview
-      blk.group.wrote(d)
-      barriers.complete_tx(slot, nbytes)
-    blk.at(done, land)
+    barriers.arrive(slot, expect_tx=nbytes, at=wg.time)  # (tx pending: no completion)
+    targets = [(d, slot)]
+    if collective:
+      # Multicast: the blocks of the cluster along `collective` each load a
+      # part of the box (the first axis it divides, as the lowering
+      # partitions it) into every one of them, completing each one's
+      # barrier by that part's bytes; each expects the whole box.
+      peers = blk.group.peers(blk, collective)
+      s, d = _partition(s, d, peers.index(blk), len(peers))
+      targets = [(d, slot) if peer is blk else
+                 (_peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
+    part_bytes = d.view.nbytes
+    start, _, done = timing.tma(blk.engines, wg.time, part_bytes)
+    blk.stats.tma_load_bytes += part_bytes
+    for pd, pslot in targets:
+      _land_at(done, wg, s, pd, pslot, part_bytes, where, what)
     blk.event(f"{wg.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
     return []
   return load
+
+
+def _land_at(done, wg, s, d, slot, nbytes, where, what):
+  """Schedules a load's landing in `d` (some block's SMEM), completing `slot`
+  (that block's barrier) by `nbytes`; stamped with the phase it completes."""
+  blk = wg.block
+  op = blk.hb.tma_load(wg, slot, s, d, where)
+  sview, dview = s.view, d.view
+
+  def land():
+    blk.hb.tma_load_lands(op)
+    blk.group.read(s, "tma_load", what, where, wg.index, blk)
+    dview[...] = sview
+    blk.group.wrote(d)
+    barriers.complete_tx(slot, nbytes)
+  blk.at(done, land)
+
+
+def _partition(s, d, k, n):
+  """The k-th of n parts of a copy from s to d, split along the first axis
+  of the box that n divides."""
+  for ax, size in enumerate(d.view.shape):
+    if size % n == 0:
+      lo, hi = k * size // n, (k + 1) * size // n
+      cut = (slice(None),) * ax + (slice(lo, hi),)
+      return (refview.Ref(s.buf, s.view[cut]), refview.Ref(d.buf, d.view[cut]))
+  raise KernelError(f"None of the leading dimensions in the slice shape "
+                    f"{d.view.shape} is divisible by the collective size {n}")
+
+
+def _peer_ref(peer, ref):
+  """The same elements of `ref`'s allocation in cluster peer `peer`'s SMEM."""
+  buf = peer_buffer(peer, ref.buf)
+  off, estrides, shape = element_map(ref.buf, ref.view)
+  return refview.Ref(buf, _view(buf.data, off, shape, estrides))
 
 
 class _StoreGroup:

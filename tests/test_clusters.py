@@ -1,0 +1,134 @@
+"""Clusters: the blocks of a cluster run together (one group), with cluster
+axes, TMA multicast into every block of the cluster along its axes, cluster
+barriers, and race detection across the cluster's SMEM and GMEM."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+
+F32 = jnp.float32
+
+
+def multicast_kernel(issue_all=True, wait_cluster=True, cluster=(2,), tile=(128, 128)):
+  """Each cluster multicasts tile x[g] into the SMEM of each of its blocks;
+  block c writes it scaled by c + 1 to out[g, c]; then a cluster barrier."""
+  n = int(np.prod(cluster))
+  names = ("c", "d")[:len(cluster)]
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, n) + tile, F32),
+                grid=(2,), grid_names=("g",), cluster=cluster, cluster_names=names,
+                scratch_types=[plgpu.SMEM(tile, F32), plgpu.Barrier(),
+                               plgpu.ClusterBarrier(collective_axes=names)])
+  def k(x_ref, o_ref, smem, bar, cbar):
+    g = lax.axis_index("g")
+    c = lax.axis_index(names)  # (the linear index over the cluster axes)
+
+    @pl.when(jnp.logical_or(issue_all, c == 0))
+    def _():
+      plgpu.copy_gmem_to_smem(x_ref.at[g], smem, bar, collective_axes=names)
+    plgpu.barrier_wait(bar)
+    o_ref[g, c] = smem[...] * (c + 1).astype(F32)
+    if wait_cluster:
+      plgpu.barrier_arrive(cbar)
+      plgpu.barrier_wait(cbar)
+  return k
+
+
+def _x(tile=(128, 128)):
+  return jnp.asarray(np.random.default_rng(0).standard_normal((2,) + tile), F32)
+
+
+@pytest.mark.parametrize("cluster", [(2,), (4,), (2, 2)])
+def test_multicast_delivers_the_tile_to_every_block_of_the_cluster(cluster):
+  x = _x()
+  sim = ps.simulate(multicast_kernel(cluster=cluster), x)
+  n = int(np.prod(cluster))
+  want = np.stack([np.stack([np.asarray(x[g]) * (c + 1) for c in range(n)])
+                   for g in range(2)])
+  np.testing.assert_array_equal(np.asarray(sim.outputs), want)
+  [k] = sim.report.kernels
+  assert k.num_blocks == 2 * n and k.grid == (2,)
+  # Each block loads its part of the tile only.
+  assert k.tma_load_bytes == 2 * 128 * 128 * 4
+
+
+def test_a_multicast_that_not_every_block_issues_never_completes():
+  """Each block loads only its part of a multicast: if block 1 never issues,
+  block 0's barrier waits for bytes that never come (a hang on hardware)."""
+  with pytest.raises(ps.DeadlockError, match="barrier_wait on bar"):
+    ps.run(multicast_kernel(issue_all=False), _x(), backend="sim", check_lowering=False)
+
+
+def test_cluster_barrier_counts_an_arrival_from_every_block():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 128), F32), grid=(1,),
+                grid_names=("g",), cluster=(4,), cluster_names=("c",),
+                scratch_types=[plgpu.ClusterBarrier(collective_axes=("c",))])
+  def k(o_ref, cbar):
+    c = lax.axis_index("c")
+
+    @pl.when(c != 3)  # block 3 never arrives
+    def _():
+      plgpu.barrier_arrive(cbar)
+    plgpu.barrier_wait(cbar)
+    o_ref[c] = jnp.full((128,), c, F32)
+
+  with pytest.raises(ps.DeadlockError) as e:
+    ps.run(k, backend="sim", check_lowering=False)
+  blocked = {name for name, _, _ in e.value.blocked}
+  assert blocked == {f"block (0, {c})" for c in range(4)}, blocked
+
+
+def _exchange_kernel(sync):
+  """Block 0 of each cluster writes GMEM that block 1 then reads, ordered by
+  a cluster barrier (or not)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), F32), grid=(1,),
+                grid_names=("g",), cluster=(2,), cluster_names=("c",),
+                scratch_types=[plgpu.ClusterBarrier(collective_axes=("c",))])
+  def k(x_ref, o_ref, cbar):
+    c = lax.axis_index("c")
+
+    @pl.when(c == 0)
+    def _():
+      o_ref[0] = x_ref[...] + 1.0
+    if sync:
+      plgpu.barrier_arrive(cbar)
+      plgpu.barrier_wait(cbar)
+
+    @pl.when(c == 1)
+    def _():
+      o_ref[1] = o_ref[0] * 2.0
+  return k
+
+
+def test_a_cluster_barrier_orders_gmem_between_the_blocks_of_a_cluster():
+  x = jnp.arange(128, dtype=F32)
+  sim = ps.simulate(_exchange_kernel(True), x)
+  assert sim.report.races == []
+  np.testing.assert_array_equal(np.asarray(sim.outputs)[1], (x + 1) * 2)
+  sim = ps.simulate(_exchange_kernel(False), x, on_race="report")
+  [race] = sim.report.races
+  assert race.kind == "write-read race" and race.second.buffer == "o_ref"
+
+
+def test_reading_a_multicast_tile_before_its_barrier_races_across_the_cluster():
+  """Block 1 reads its SMEM without waiting: the part that block 0's copy
+  writes there is unordered with the read."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128, 128), F32), grid=(1,),
+                grid_names=("g",), cluster=(2,), cluster_names=("c",),
+                scratch_types=[plgpu.SMEM((128, 128), F32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    c = lax.axis_index("c")
+    plgpu.copy_gmem_to_smem(x_ref.at[0], smem, bar, collective_axes="c")
+    o_ref[c] = smem[...]  # too early
+    plgpu.barrier_wait(bar)
+
+  sim = ps.simulate(k, _x(), on_race="report", on_uninitialized="report")
+  found = {(r.kind, r.first.agent, r.second.agent, r.second.buffer)
+           for r in sim.report.races}
+  assert ("write-read race", "tma_load", "thread", "smem") in found, found
+  assert any(f.kind == "uninitialized read" for f in sim.report.uninitialized)
