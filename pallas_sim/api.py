@@ -6,7 +6,7 @@ import functools
 import jax
 
 from pallas_sim.backends import mosaic
-from pallas_sim.backends.sim import capture
+from pallas_sim.backends.sim import capture, device
 from pallas_sim.backends.sim.executor import Executor
 from pallas_sim.backends.sim.report import Report
 from pallas_sim.errors import BackendError, SimError, SimInternalError
@@ -46,7 +46,7 @@ def _simulating(options):
   capture.push_executor(ex)
   try:
     try:
-      with capture.force_sim():
+      with capture.force_sim(), device.simulated():
         yield ex
         jax.effects_barrier()
     except SimError as e:

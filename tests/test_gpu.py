@@ -199,3 +199,34 @@ def test_debug_print_writes_what_the_gpu_prints(capfd):
          if ln.startswith("[block")]
   assert len(real) == 2 * 2 * 2 + 2 * 128, real[:10]
   assert sorted(sim) == sorted(real), sorted(set(sim) ^ set(real))[:10]
+
+
+@pytest.mark.parametrize("name", [
+    "hopper_matmul cluster=None float16", "hopper_matmul cluster=M bfloat16",
+    "hopper_matmul cluster=N float16", "attention", "attention causal",
+    "attention_with_pipeline_emitter"])
+def test_production_kernels_agree(name):
+  """JAX's own kernels: the matmuls bit for bit; attention within the f32
+  exp's last bits (the documented libdevice exception)."""
+  from test_production_kernels import CASES
+  make, args = CASES[name]
+  fn, inputs, want = make(*args)
+  sim, real = both(fn, *inputs)
+  if name.startswith("hopper_matmul"):
+    assert_bit_equal(sim, real, name)
+  else:
+    sim, real = np.asarray(sim, np.float32), np.asarray(real, np.float32)
+    assert np.abs(sim - real).max() <= 4e-3 * np.abs(real).max(), name
+
+
+@pytest.mark.parametrize("cluster", [(2,), (4,), (2, 2)])
+def test_cluster_multicast_agrees(cluster):
+  from test_clusters import _x, multicast_kernel
+  sim, real = both(multicast_kernel(cluster=cluster), _x())
+  assert_bit_equal(sim, real, f"multicast {cluster}")
+
+
+def test_cluster_barrier_exchange_agrees():
+  from test_clusters import _exchange_kernel
+  sim, real = both(_exchange_kernel(True), jnp.arange(128, dtype=jnp.float32))
+  assert_bit_equal(sim, real, "cluster exchange")

@@ -88,6 +88,12 @@ def pop_executor(ex):
   _active.remove(ex)
 
 
+def active_gpu():
+  """The GPU model of the simulation running now (an H100 outside one)."""
+  from pallas_sim import gpus
+  return _active[-1].gpu if _active else gpus.get("h100")
+
+
 def _active_executor(launch):
   if not _active:
     raise SimError(f"kernel {launch.name} was traced for the simulator but runs "

@@ -163,7 +163,7 @@ MUTANTS = [
     # --- asynchrony and ordering ------------------------------------------------------
     Mutant("tma-load-lands-at-issue", TMA,
            "a TMA load writes SMEM when it completes; the mutant writes at issue",
-           "    blk.at(done, land)", "    land()",
+           "  blk.at(done, land)", "  land()",
            ("tests/test_semantics.py",)),
     Mutant("wgmma-reads-at-issue", WG,
            "a wgmma reads its operands and updates the accumulator when it "

@@ -1,0 +1,122 @@
+"""JAX's own production Hopper kernels (jax.experimental.pallas.ops.gpu, from
+the installed jax, never copied), at small sizes, in the simulator against
+their references: with no race and no uninitialized memory where JAX's code
+has none. They read device properties while tracing (SM count, CUDA
+versions): under the simulator they see the simulated GPU's
+(backends/sim/device.py). tests/test_gpu.py runs the same calls on an H200
+and compares bit for bit."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_sim as ps
+
+hm = pytest.importorskip("jax.experimental.pallas.ops.gpu.hopper_matmul_mgpu")
+am = pytest.importorskip("jax.experimental.pallas.ops.gpu.attention_mgpu")
+
+
+def matmul_case(cluster, dtype):
+  """(fn, args, reference) for hopper_matmul_mgpu.matmul, 512x256x512."""
+  rng = np.random.default_rng(0)
+  a = jnp.asarray(rng.standard_normal((512, 256)), dtype)
+  b = jnp.asarray(rng.standard_normal((256, 512)), dtype)
+  cfg = hm.TuningConfig(
+      tile_m=64, tile_n=128, tile_k=64, max_concurrent_steps=2,
+      cluster_dimension=None if cluster is None else hm.MatmulDimension[cluster],
+      grid_minor_dim=hm.MatmulDimension.N, grid_tile_width=4,
+      wg_dimension=hm.MatmulDimension.N, epi_tile_n=64, epi_tile_m=64)
+  want = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  return (lambda a, b: hm.matmul(a, b, None, cfg)), (a, b), want
+
+
+def attention_case(causal, pipeline_emitter=False):
+  """(fn, args, reference) for attention_mgpu: 2 query heads sharing one
+  key/value head (GQA), sequence 256, head 64."""
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.standard_normal((1, 256, 2, 64)), jnp.float16)
+  k = jnp.asarray(rng.standard_normal((1, 256, 1, 64)), jnp.float16)
+  v = jnp.asarray(rng.standard_normal((1, 256, 1, 64)), jnp.float16)
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, causal=causal)
+  fn = am.attention_with_pipeline_emitter if pipeline_emitter else am.attention
+  want = np.asarray(am.attention_reference(q, k, v, causal=causal), np.float32)
+  return (lambda q, k, v: fn(q, k, v, cfg)), (q, k, v), want
+
+
+CASES = {
+    **{f"hopper_matmul cluster={c} {jnp.dtype(d).name}": (matmul_case, (c, d))
+       for c in (None, "M", "N") for d in (jnp.float16, jnp.bfloat16)},
+    "attention": (attention_case, (False,)),
+    "attention causal": (attention_case, (True,)),
+    "attention_with_pipeline_emitter": (attention_case, (False, True)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_production_kernel_matches_its_reference_without_findings(name):
+  make, args = CASES[name]
+  fn, inputs, want = make(*args)
+  sim = ps.simulate(fn, *inputs)  # races and uninitialized memory raise
+  got = np.asarray(sim.outputs, np.float32)
+  assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), name
+  assert sim.report.kernels
+
+
+def test_kernels_see_the_simulated_gpu_and_nothing_leaks_out():
+  from jax.extend import backend
+  from jax._src import lib as jax_lib
+  had = hasattr(type(jax.devices()[0]), "core_count")
+  with ps.backend("sim", gpu="h200"):
+    assert backend.get_default_device().core_count == 132
+    assert am.cuda_versions is not None and jax_lib.cuda_versions is not None
+  assert hasattr(type(jax.devices()[0]), "core_count") == had
+  if jax.devices()[0].platform == "cpu":
+    assert am.cuda_versions is None and jax_lib.cuda_versions is None
+
+
+rd = pytest.importorskip("jax.experimental.pallas.ops.gpu.ragged_dot_mgpu")
+mt = pytest.importorskip("jax.experimental.pallas.ops.gpu.hopper_mixed_type_matmul_mgpu")
+
+
+def ragged_dot_case():
+  rng = np.random.default_rng(2)
+  lhs = jnp.asarray(rng.standard_normal((512, 256)), jnp.float16)
+  rhs = jnp.asarray(rng.standard_normal((4, 256, 256)), jnp.float16)
+  gs = jnp.array([128, 100, 156, 128], jnp.int32)
+  want = np.asarray(jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=jnp.float32))
+  fn = lambda a, b, g: rd.ragged_dot(a, b, group_sizes=g, block_m=64, block_n=64,
+                                     block_k=64, max_concurrent_steps=2, grid_block_n=2)
+  return fn, (lhs, rhs, gs), want
+
+
+def mixed_type_case():
+  rng = np.random.default_rng(3)
+  a = jnp.asarray(rng.integers(-128, 127, (256, 256)), jnp.int8)
+  b = jnp.asarray(rng.standard_normal((256, 256)), jnp.bfloat16)
+  cfg = mt.TuningConfig(tile_m=64, tile_n=128, tile_k=64, max_concurrent_steps=2)
+  fn = lambda a, b: mt.mixed_matmul_kernel(a, b, out_dtype=jnp.bfloat16, config=cfg)
+  return fn, (a, b), np.asarray(mt.reference(a, b, out_dtype=jnp.float32))
+
+
+# Kernels of JAX's whose races are JAX's own (issue 11 judges them): the
+# values are right in this timing; the reports name the two agents.
+RACY = {
+    # wgmma issued in the pipeline body with delay_release=1 and never
+    # awaited: a TMA refill may overwrite SMEM a wgmma group still reads.
+    "ragged_dot": (ragged_dot_case, ("wgmma", "tma_load")),
+    # plain SMEM reads of an emit_pipeline stage, then its TMA refill with
+    # no commit_smem between them.
+    "mixed_type_matmul": (mixed_type_case, ("thread", "tma_load")),
+}
+
+
+@pytest.mark.parametrize("name", list(RACY))
+def test_production_kernels_with_races_in_jax_s_code(name):
+  make, agents = RACY[name]
+  fn, inputs, want = make()
+  sim = ps.simulate(fn, *inputs, on_race="report")
+  got = np.asarray(sim.outputs, np.float32)
+  assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max(), name
+  found = {(r.kind, r.first.agent, r.second.agent) for r in sim.report.races}
+  assert found == {("read-write race",) + agents}, found
+  assert sim.report.uninitialized == []
