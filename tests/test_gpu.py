@@ -230,3 +230,20 @@ def test_cluster_barrier_exchange_agrees():
   from test_clusters import _exchange_kernel
   sim, real = both(_exchange_kernel(True), jnp.arange(128, dtype=jnp.float32))
   assert_bit_equal(sim, real, "cluster exchange")
+
+
+@pytest.mark.parametrize("name", ["ragged_dot", "transposed_ragged_dot",
+                                  "mixed_type_matmul"])
+def test_production_kernels_with_races_agree(name):
+  """JAX's kernels whose races are latent on the H200: same values."""
+  from test_production_kernels import RACY
+  fn, inputs, _ = RACY[name][0]()
+  sim, real = both(fn, *inputs)
+  assert_bit_equal(sim, real, name)
+
+
+def test_tma_boxes_past_the_end_agree():
+  from test_semantics import tma_past_the_end_kernel
+  x = jnp.arange(100 * 128, dtype=jnp.float32).reshape(100, 128)
+  sim, real = both(tma_past_the_end_kernel(), x)
+  assert_bit_equal(sim, real, "TMA past the end")

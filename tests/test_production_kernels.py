@@ -75,6 +75,7 @@ def test_kernels_see_the_simulated_gpu_and_nothing_leaks_out():
 
 
 rd = pytest.importorskip("jax.experimental.pallas.ops.gpu.ragged_dot_mgpu")
+trd = pytest.importorskip("jax.experimental.pallas.ops.gpu.transposed_ragged_dot_mgpu")
 mt = pytest.importorskip("jax.experimental.pallas.ops.gpu.hopper_mixed_type_matmul_mgpu")
 
 
@@ -86,6 +87,20 @@ def ragged_dot_case():
   want = np.asarray(jax.lax.ragged_dot(lhs, rhs, gs, preferred_element_type=jnp.float32))
   fn = lambda a, b, g: rd.ragged_dot(a, b, group_sizes=g, block_m=64, block_n=64,
                                      block_k=64, max_concurrent_steps=2, grid_block_n=2)
+  return fn, (lhs, rhs, gs), want
+
+
+def transposed_ragged_dot_case():
+  """Groups along K; its TMA boxes reach past the group (and the array's)
+  end, relying on TMA's zero fill."""
+  rng = np.random.default_rng(4)
+  lhs = jnp.asarray(rng.standard_normal((512, 128)), jnp.float16)
+  rhs = jnp.asarray(rng.standard_normal((512, 128)), jnp.float16)
+  gs = jnp.array([128, 64, 192, 128], jnp.int32)
+  want = np.asarray(trd.ref_transposed_ragged_dot(lhs, rhs, gs), np.float32)
+  fn = lambda a, b, g: trd.transposed_ragged_dot(
+      a, b, group_sizes=g, block_m=64, block_n=64, block_k=64, max_concurrent_steps=2,
+      grid_block_n=1)
   return fn, (lhs, rhs, gs), want
 
 
@@ -104,6 +119,7 @@ RACY = {
     # wgmma issued in the pipeline body with delay_release=1 and never
     # awaited: a TMA refill may overwrite SMEM a wgmma group still reads.
     "ragged_dot": (ragged_dot_case, ("wgmma", "tma_load")),
+    "transposed_ragged_dot": (transposed_ragged_dot_case, ("wgmma", "tma_load")),
     # plain SMEM reads of an emit_pipeline stage, then its TMA refill with
     # no commit_smem between them.
     "mixed_type_matmul": (mixed_type_case, ("thread", "tma_load")),

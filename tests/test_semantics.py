@@ -379,3 +379,50 @@ def test_an_add_of_a_known_zero_folds_and_the_product_fuses_on(dtype, zero):
   got = np.asarray(ps.run(known_zero_kernel(dtype, lambda v: v * jnp.asarray(0, dtype)),
                           jnp.asarray(x), jnp.asarray(y), backend="sim"))
   np.testing.assert_array_equal(got, unfused)
+
+
+def tma_past_the_end_kernel(oob_mode=None, rows=100):
+  """A (64, 128) TMA box at rows 64.. of a `rows`-row array, round trip:
+  the load reaches past the end (TMA fills zeros by default), the store too
+  (TMA drops what falls outside)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((rows, 128), jnp.float32),
+                scratch_types=[plgpu.SMEM((64, 128), jnp.float32), plgpu.Barrier()],
+                grid=(1,), grid_names=("i",))
+  def k(x_ref, o_ref, smem, bar):
+    kw = {} if oob_mode is None else dict(oob_mode=oob_mode)
+    start = 64 + lax.axis_index("i")  # (dynamic: JAX checks static slices itself)
+    plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(start, 64)], smem, bar, **kw)
+    plgpu.barrier_wait(bar)
+    smem[...] = smem[...] + 1.0
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[pl.ds(start, 64)])
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[pl.ds(0, 64)])
+    plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+def test_tma_boxes_past_the_end_fill_zeros_on_load_and_drop_on_store():
+  x = jnp.arange(100 * 128, dtype=jnp.float32).reshape(100, 128)
+  sim = ps.simulate(tma_past_the_end_kernel(), x)
+  out = np.asarray(sim.outputs)
+  np.testing.assert_array_equal(out[64:], np.asarray(x)[64:] + 1)
+  np.testing.assert_array_equal(out[:36], np.asarray(x)[64:] + 1)
+  np.testing.assert_array_equal(out[36:64], 1.0)  # the zeros the load filled, + 1
+  assert sim.report.uninitialized == [] and sim.report.races == []
+
+
+def test_tma_box_past_the_end_with_promise_in_bounds_is_an_error():
+  from jax.experimental.mosaic.gpu.launch_context import OOBFillMode
+  x = jnp.zeros((100, 128), jnp.float32)
+  with pytest.raises(ps.OutOfBoundsError, match="reaches past its ends"):
+    ps.run(tma_past_the_end_kernel(OOBFillMode.PROMISE_IN_BOUNDS), x, backend="sim")
+
+
+def test_tma_box_past_the_end_undefined_leaves_smem_unwritten():
+  from jax.experimental.mosaic.gpu.launch_context import OOBFillMode
+  x = jnp.zeros((100, 128), jnp.float32)
+  sim = ps.simulate(tma_past_the_end_kernel(OOBFillMode.UNDEFINED), x,
+                    on_uninitialized="report")
+  [f] = sim.report.uninitialized
+  assert f.kind == "uninitialized read" and f.buffer == "smem"
+  assert "elements (36, 0)..(63, 127)" in str(f)

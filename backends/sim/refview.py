@@ -129,6 +129,17 @@ def compile_transforms(treedef):
   return lambda ref, leaves: apply(ref, unflatten(treedef, leaves))
 
 
+def compile_clipped(treedef):
+  """compile_transforms for apply_clipped: f(ref, leaves) -> (Ref, box shape,
+  in-bounds slices or None)."""
+  if treedef is None:
+    return lambda ref, leaves: (ref, ref.view.shape, None)
+  if treedef.num_leaves == 0:
+    trs = unflatten(treedef, [])
+    return lambda ref, leaves: apply_clipped(ref, trs)
+  return lambda ref, leaves: apply_clipped(ref, unflatten(treedef, leaves))
+
+
 def num_leaves(treedef):
   return 0 if treedef is None else treedef.num_leaves
 
@@ -184,3 +195,62 @@ def static_ref(aval, treedef, name="ref"):
     return apply(root_ref(buf), trs)
   except Exception:  # an exotic ref: checked at run time instead
     return None
+
+
+def apply_clipped(ref, transforms):
+  """`apply` for the GMEM side of a TMA copy, whose box may reach past the
+  array's ends (TMA clips it: loads fill the rest, stores drop it). Returns
+  (Ref of the in-bounds part, the box's shape, the box's in-bounds slices),
+  the slices None where the box is in bounds. Indexers only are clipped; a
+  ref with other transforms must stay in bounds."""
+  if not all(isinstance(tr, jax_indexing.NDIndexer) for tr in transforms):
+    r = apply(ref, transforms)
+    return r, r.view.shape, None
+  view = ref.view
+  box = [(n, 0, n) for n in view.shape]  # per axis: size, in-bounds [lo, hi)
+  for tr in transforms:
+    view, box = _index_clipped(view, box, tr, ref.buf.name)
+  shape = tuple(n for n, _, _ in box)
+  if all(lo == 0 and hi == n for n, lo, hi in box):
+    return Ref(ref.buf, view), shape, None
+  return Ref(ref.buf, view), shape, tuple(slice(lo, hi) for _, lo, hi in box)
+
+
+def _index_clipped(view, box, indexer, bufname):
+  idx, out = [], []
+  empty = False
+  for d, (ix, (n, lo, hi)) in enumerate(zip(indexer.indices, box)):
+    if isinstance(ix, jax_indexing.Slice):
+      start, size, stride = _as_int(ix.start), int(ix.size), int(ix.stride)
+      if stride != 1:
+        last = start + (size - 1) * stride if size else start
+        if start < lo or last >= hi:
+          raise UnsupportedPrimitiveError(
+              f"a strided TMA box past the ends of {bufname} is not modelled")
+        idx.append(slice(start - lo, start - lo + size * stride, stride))
+        out.append((size, 0, size))
+        continue
+      new_lo = min(max(lo - start, 0), size)
+      new_hi = min(max(hi - start, 0), size)
+      new_hi = max(new_hi, new_lo)
+      a = start + new_lo - lo
+      idx.append(slice(a, a + new_hi - new_lo))
+      out.append((size, new_lo, new_hi))
+    else:
+      a = np.asarray(ix)
+      if a.ndim:
+        raise UnsupportedPrimitiveError(
+            f"array (gather) indexing of ref {bufname} is not modelled")
+      i = int(a)
+      if lo <= i < hi:
+        idx.append(i - lo)
+      else:
+        empty = True
+        idx.append(slice(0, 0))
+  for n, lo, hi in box[len(indexer.indices):]:
+    out.append((n, lo, hi))
+  view = view[tuple(idx) + (Ellipsis,)]
+  if empty:  # an integer index off the array: nothing of the box is in bounds
+    view = np.empty((0,) * len(out), view.dtype)
+    out = [(n, 0, 0) for n, _, _ in out]
+  return view, out

@@ -17,7 +17,7 @@ from pallas_sim.backends.sim.machine.races import _view, element_map
 from pallas_sim.backends.sim.machine.scheduler import Wait
 from pallas_sim.backends.sim.rules.barriers import peer_slot
 from pallas_sim.backends.sim.rules.refs import peer_buffer
-from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
+from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
 
 
 def _box(ref):
@@ -69,9 +69,14 @@ def _copy_gmem_to_smem(eqn, cx):
   if not has_barrier:
     raise KernelError("copy_gmem_to_smem without a barrier is only supported on "
                       "pre-Hopper GPUs, which use the cp.async implementation")
-  src_at = refview.compile_transforms(p["src_transforms_treedef"])
+  src_at = refview.compile_clipped(p["src_transforms_treedef"])
   dst_at = refview.compile_transforms(p["dst_transforms_treedef"])
   bar_at = refview.compile_transforms(p["barrier_transforms_treedef"])
+  # Out of the array's bounds, TMA loads fill zeros by default (the
+  # lowering's default for copy_gmem_to_smem), leave SMEM as it was with
+  # UNDEFINED, and must not go with PROMISE_IN_BOUNDS.
+  oob = p.get("oob_mode")
+  oob = "ZEROS" if oob is None else oob.name
   ns = refview.num_leaves(p["src_transforms_treedef"])
   nd = refview.num_leaves(p["dst_transforms_treedef"])
   nb = refview.num_leaves(p["barrier_transforms_treedef"])
@@ -83,7 +88,7 @@ def _copy_gmem_to_smem(eqn, cx):
   static = _static_check(eqn, what, (1, "dst"))
 
   def load(wg, src, dst, bar, *leaves):
-    s = src_at(src, leaves[:ns])
+    s, _, inb = src_at(src, leaves[:ns])
     d = dst_at(dst, leaves[ns:ns + nd])
     b = bar_at(bar, leaves[ns + nd:ns + nd + nb])
     pred = leaves[ns + nd + nb] if has_pred else True
@@ -97,6 +102,18 @@ def _copy_gmem_to_smem(eqn, cx):
     nbytes = d.view.nbytes
     barriers.arrive(slot, expect_tx=nbytes, at=wg.time)  # (tx pending: no completion)
     targets = [(d, slot)]
+    if inb is not None:
+      if oob == "PROMISE_IN_BOUNDS" or collective:
+        raise OutOfBoundsError(
+            f"TMA box of {s.buf.name} reaches past its ends"
+            + (" (a multicast past the ends is not modelled)" if collective else
+               " with oob_mode=PROMISE_IN_BOUNDS"))
+      fill = oob == "ZEROS"
+      start, _, done = timing.tma(blk.engines, wg.time, nbytes)
+      blk.stats.tma_load_bytes += s.view.nbytes
+      _land_at(done, wg, s, d, slot, nbytes, where, what, inb, fill)
+      blk.event(f"{wg.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
+      return []
     if collective:
       # Multicast: the blocks of the cluster along `collective` each load a
       # part of the box (the first axis it divides, as the lowering
@@ -116,18 +133,24 @@ def _copy_gmem_to_smem(eqn, cx):
   return load
 
 
-def _land_at(done, wg, s, d, slot, nbytes, where, what):
+def _land_at(done, wg, s, d, slot, nbytes, where, what, inb=None, fill=False):
   """Schedules a load's landing in `d` (some block's SMEM), completing `slot`
-  (that block's barrier) by `nbytes`; stamped with the phase it completes."""
+  (that block's barrier) by `nbytes`; stamped with the phase it completes.
+  `inb`: the part of the box in the array's bounds (the rest is zeros with
+  `fill`, else left as it was), or None."""
   blk = wg.block
-  op = blk.hb.tma_load(wg, slot, s, d, where)
-  sview, dview = s.view, d.view
+  inside = d if inb is None else refview.Ref(d.buf, d.view[inb])
+  written = d if inb is None or fill else inside
+  op = blk.hb.tma_load(wg, slot, s, written, where)
+  sview, dview, iview = s.view, d.view, inside.view
 
   def land():
     blk.hb.tma_load_lands(op)
     blk.group.read(s, "tma_load", what, where, wg.index, blk)
-    dview[...] = sview
-    blk.group.wrote(d)
+    if fill:
+      dview[...] = 0
+    iview[...] = sview
+    blk.group.wrote(written)
     barriers.complete_tx(slot, nbytes)
   blk.at(done, land)
 
@@ -188,7 +211,7 @@ _REDUCE = {
 def _copy_smem_to_gmem(eqn, cx):
   p = eqn.params
   src_at = refview.compile_transforms(p["src_transforms_treedef"])
-  dst_at = refview.compile_transforms(p["dst_transforms_treedef"])
+  dst_at = refview.compile_clipped(p["dst_transforms_treedef"])
   ns = refview.num_leaves(p["src_transforms_treedef"])
   nd = refview.num_leaves(p["dst_transforms_treedef"])
   has_pred = p.get("has_user_predicate", False)
@@ -208,10 +231,12 @@ def _copy_smem_to_gmem(eqn, cx):
 
   def store(wg, src, dst, *leaves):
     s = src_at(src, leaves[:ns])
-    d = dst_at(dst, leaves[ns:ns + nd])
+    d, _, inb = dst_at(dst, leaves[ns:ns + nd])
     pred = leaves[ns + nd] if has_pred else True
     if not static:
       _check_box(s, what)
+    if inb is not None:  # past the array's ends: TMA drops those elements
+      s = refview.Ref(s.buf, s.view[inb])
     if pred:
       wg.open_group.append((s, d, reduce, where))
     if commit:
