@@ -18,7 +18,7 @@ from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
 from pallas_sim.errors import (  # noqa: E402
     BackendError, DeadlockError, KernelError, LoweringError, OutOfBoundsError, RaceError,
     ResourceError, RunawayKernelError, SimError, SmemOverflowError, UninitializedError,
-    UninitializedWarning,
+    UninitializedWarning, RaceWarning,
     UnsupportedPrimitiveError)
 
 __version__ = "0.1.0"
@@ -26,7 +26,8 @@ __all__ = [
     "run", "simulate", "backend", "kernel", "Simulation", "Options", "Report",
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
     "KernelError", "LoweringError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
-    "DeadlockError", "RaceError", "UninitializedError", "UninitializedWarning",
+    "DeadlockError", "RaceError", "RaceWarning", "UninitializedError",
+    "UninitializedWarning",
     "RunawayKernelError",
     "BackendError",
 ]

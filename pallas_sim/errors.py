@@ -83,6 +83,11 @@ class UninitializedError(SimError):
     super().__init__(message, **kw)
 
 
+class RaceWarning(UserWarning):
+  """A race report, where races are only reported (pytest
+  --pallas-sim-races report)."""
+
+
 class UninitializedWarning(UserWarning):
   """An uninitialized-memory finding, where findings are only reported
   (pytest --pallas-sim-uninitialized report)."""

@@ -4,8 +4,8 @@
   simulator with race and uninitialized-memory checks; a test whose kernels
   race, read memory nothing wrote, leave outputs unwritten or deadlock
   fails, with the report in its failure message
-  (`--pallas-sim-uninitialized report`: uninitialized-memory findings are
-  warnings instead). (Calls that ask for backend="mosaic" explicitly still
+  (`--pallas-sim-uninitialized report`, `--pallas-sim-races report`: those
+  findings are warnings instead). (Calls that ask for backend="mosaic" explicitly still
   go to the real lowering.)
 * The `gpu` marker: such tests are skipped where no Hopper GPU is present.
 """
@@ -20,6 +20,8 @@ def pytest_addoption(parser):
   from pallas_sim import gpus
   group.addoption("--pallas-sim-gpu", default="h100", choices=gpus.NAMES,
                   help="GPU model for --pallas-sim (default h100)")
+  group.addoption("--pallas-sim-races", default="fail", choices=("fail", "report"),
+                  help="races fail the test (default) or are reported as warnings")
   group.addoption("--pallas-sim-uninitialized", default="fail",
                   choices=("fail", "report"),
                   help="uninitialized reads and unwritten outputs fail the test "
@@ -53,10 +55,15 @@ def pytest_runtest_call(item):
   import pallas_sim as ps
   # Races, uninitialized memory and deadlocks found in the test's kernels
   # raise when the block ends, failing the test with the full report.
-  report_only = item.config.getoption("--pallas-sim-uninitialized") == "report"
-  with ps.backend("sim", gpu=item.config.getoption("--pallas-sim-gpu"),
-                  on_uninitialized="report" if report_only else "raise") as report:
+  opt = item.config.getoption
+  report_unset = opt("--pallas-sim-uninitialized") == "report"
+  report_races = opt("--pallas-sim-races") == "report"
+  with ps.backend("sim", gpu=opt("--pallas-sim-gpu"),
+                  on_race="report" if report_races else "raise",
+                  on_uninitialized="report" if report_unset else "raise") as report:
     out = yield
+  for r in report.races:
+    warnings.warn(ps.RaceWarning(str(r)))
   for f in report.uninitialized:
     warnings.warn(ps.UninitializedWarning(str(f)))
   return out

@@ -1,0 +1,198 @@
+"""JAX's own Mosaic GPU test suite as a measuring stick: which of its tests
+pass in the simulator (every kernel inside pallas_sim.backend("sim"), on a
+CPU told it is an sm_90a CUDA device), against which pass natively on a
+Hopper GPU. The test file is extracted from a jax-ml/jax checkout at run
+time and never committed.
+
+    # extract (a git checkout, bare or not; the newest mirrored revision by default)
+    ./dev python benchmarks/jax_suite.py extract --jax-repo /path/to/jax [--rev REV]
+    # run: in the simulator (default) or natively (--native, on the GPU machine)
+    ./dev python benchmarks/jax_suite.py run [--native] [-n 8] [-k EXPR] --out DIR
+    # compare the two runs' results.json
+    ./dev python benchmarks/jax_suite.py compare NATIVE.json SIM.json
+
+Runs go through pytest (with pytest-xdist's -n where given); races and
+uninitialized memory are reported (warnings), not failures, so that a test
+passes when its values do; `--strict` makes them fail as `pytest
+--pallas-sim` does by default.
+"""
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORK = os.path.join(ROOT, "build", "jax_suite")  # (ignored by git)
+TEST = os.path.join(WORK, "mosaic_gpu_test.py")
+
+# Every run: each result as it comes (a run cut short keeps what it did),
+# and a time limit per test (SIGALRM: inside a simulation the exception is
+# recorded and raised when the test's kernel call returns).
+COMMON = '''
+import json, os, signal
+import pytest
+
+class SuiteTimeout(Exception):
+  pass
+
+def _alarm(signum, frame):
+  raise SuiteTimeout("the test ran past the suite's time limit per test")
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+  limit = int(os.environ.get("JAX_SUITE_TEST_TIMEOUT", "0"))
+  if limit:
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(limit)
+  try:
+    return (yield)
+  finally:
+    signal.alarm(0)
+
+def pytest_runtest_logreport(report):
+  log = os.environ.get("JAX_SUITE_LOG")
+  if log and (report.when == "call" or report.outcome != "passed"):
+    msg = ""
+    if report.failed:
+      msg = getattr(report.longrepr, "reprcrash", None)
+      msg = msg.message if msg is not None else str(report.longrepr)[-300:]
+    elif report.skipped:
+      msg = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
+    with open(log, "a") as f:
+      f.write(json.dumps([report.nodeid, report.outcome, msg.strip()[:300]]) + "\\n")
+'''
+
+# The suite's device checks, told that this CPU is an sm_90a CUDA device
+# with the H200 machine's CUDA 13.0 (backends/sim/device.py).
+CONFTEST = '''
+from jax._src import test_util as jtu
+
+def _cap(v):
+  return tuple(int(x) for x in str(v).split("."))
+
+jtu.test_device_matches = lambda names: any(n in ("cuda", "gpu") for n in names)
+jtu.is_cuda_compute_capability_at_least = lambda v: _cap(v) <= (9, 0)
+jtu.is_cuda_compute_capability_equal = lambda v: _cap(v) == (9, 0)
+jtu.is_cuda_version_at_least = lambda major, minor=0: (major, minor) <= (13, 0)
+jtu.device_under_test = lambda: "gpu"
+jtu.CudaArchSpecificTest.skip_unless_sm90a = lambda self: None
+jtu.CudaArchSpecificTest.skip_unless_tcgen05 = (
+    lambda self: self.skipTest("Blackwell (tcgen05) test: not on a Hopper"))
+'''
+
+
+def extract(args):
+  os.makedirs(WORK, exist_ok=True)
+  git = ["git", "--git-dir", os.path.join(args.jax_repo, ".git")
+         if os.path.isdir(os.path.join(args.jax_repo, ".git")) else args.jax_repo]
+  text = subprocess.run(git + ["show", f"{args.rev}:tests/pallas/mosaic_gpu_test.py"],
+                        check=True, capture_output=True, text=True).stdout
+  rev = subprocess.run(git + ["rev-parse", args.rev], check=True, capture_output=True,
+                       text=True).stdout.strip()
+  with open(TEST, "w") as f:
+    f.write(text)
+  with open(os.path.join(WORK, "REVISION"), "w") as f:
+    f.write(rev + "\n")
+  print(f"{TEST}: {len(text.splitlines())} lines, jax-ml/jax {rev}")
+
+
+def run(args):
+  out = os.path.abspath(args.out)
+  os.makedirs(out, exist_ok=True)
+  conftest = os.path.join(WORK, "conftest.py")
+  with open(conftest, "w") as f:
+    f.write(COMMON + ("" if args.native else CONFTEST))
+  log = os.path.join(out, "results.jsonl")
+  if os.path.exists(log):
+    os.remove(log)
+  cmd = [sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider",
+         "--rootdir", WORK, "-W", "ignore::DeprecationWarning"]
+  if args.n:
+    cmd += ["-n", str(args.n)]
+  if args.k:
+    cmd += ["-k", args.k]
+  if not args.native:
+    cmd += ["--pallas-sim"]
+    if not args.strict:
+      cmd += ["--pallas-sim-races", "report", "--pallas-sim-uninitialized", "report"]
+  env = dict(os.environ, PALLAS_SIM_PROGRESS="0", JAX_SUITE_LOG=log,
+             JAX_SUITE_TEST_TIMEOUT=str(args.timeout))
+  if not args.native:
+    env["JAX_PLATFORMS"] = "cpu"
+  print(" ".join(cmd), flush=True)
+  p = subprocess.run(cmd, env=env, cwd=WORK, capture_output=True, text=True)
+  with open(os.path.join(out, "pytest.txt"), "w") as f:
+    f.write(p.stdout + p.stderr)
+  results = parse_log(log)
+  with open(os.path.join(out, "results.json"), "w") as f:
+    json.dump(results, f, indent=0, sort_keys=True)
+  counts = collections.Counter(r[0] for r in results.values())
+  print(f"{'native' if args.native else 'simulated'}: {dict(counts)}")
+
+
+def parse_log(path):
+  """test id (Class::test) -> (outcome, first line of its message)."""
+  out = {}
+  if not os.path.exists(path):
+    return out
+  for line in open(path):
+    nodeid, outcome, msg = json.loads(line)
+    tid = "::".join(nodeid.split("::")[-2:])
+    if out.get(tid, ("passed",))[0] == "passed":  # (a failed teardown counts)
+      out[tid] = (outcome, (msg.splitlines() or [""])[0][:200])
+  return out
+
+
+def reason(msg):
+  """A failure message, shortened to its kind (file:line and numbers off)."""
+  import re
+  msg = re.sub(r"\S+\.py:\d+: ", "", msg)
+  msg = re.sub(r"\d+", "N", msg)
+  return msg[:110]
+
+
+def compare(args):
+  native = json.load(open(args.native_json))
+  sim = json.load(open(args.sim_json))
+  ok = [t for t, (o, _) in native.items() if o == "passed"]
+  passed = [t for t in ok if sim.get(t, ("missing",))[0] == "passed"]
+  print(f"pass natively: {len(ok)}; of those, pass in the simulator: {len(passed)} "
+        f"({len(ok) - len(passed)} do not)")
+  kinds = collections.Counter()
+  examples = {}
+  for t in ok:
+    o, msg = sim.get(t, ("missing", ""))
+    if o != "passed":
+      k = f"{o}: {reason(msg)}"
+      kinds[k] += 1
+      examples.setdefault(k, t)
+  print("\n| count | what | e.g. |\n|---:|---|---|")
+  for k, n in kinds.most_common():
+    print(f"| {n} | {k.replace('|', '/')} | {examples[k]} |")
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = ap.add_subparsers(dest="cmd", required=True)
+  e = sub.add_parser("extract")
+  e.add_argument("--jax-repo", required=True)
+  e.add_argument("--rev", default="HEAD")
+  r = sub.add_parser("run")
+  r.add_argument("--native", action="store_true")
+  r.add_argument("--strict", action="store_true")
+  r.add_argument("-n", type=int, default=0)
+  r.add_argument("-k", default=None)
+  r.add_argument("--timeout", type=int, default=120, help="seconds per test")
+  r.add_argument("--out", required=True)
+  c = sub.add_parser("compare")
+  c.add_argument("native_json")
+  c.add_argument("sim_json")
+  args = ap.parse_args()
+  {"extract": extract, "run": run, "compare": compare}[args.cmd](args)
+
+
+if __name__ == "__main__":
+  main()
