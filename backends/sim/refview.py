@@ -42,6 +42,14 @@ def _as_int(x):
   return int(x)
 
 
+def _scalar_index(ix, bufname):
+  a = np.asarray(ix)
+  if a.ndim:
+    raise UnsupportedPrimitiveError(
+        f"array (gather) indexing of ref {bufname} is not modelled")
+  return int(a)
+
+
 def _index(view, indexer, bufname):
   shape = view.shape
   idx = []
@@ -56,11 +64,7 @@ def _index(view, indexer, bufname):
             f"bounds for ref {bufname} of shape {tuple(shape)}")
       idx.append(slice(start, start + size * stride, stride))
     else:
-      a = np.asarray(ix)
-      if a.ndim:
-        raise UnsupportedPrimitiveError(
-            f"array (gather) indexing of ref {bufname} is not modelled")
-      i = int(a)
+      i = _scalar_index(ix, bufname)
       if not 0 <= i < dim:
         raise OutOfBoundsError(
             f"index {i} on axis {d} is out of bounds for ref {bufname} of "
@@ -237,11 +241,7 @@ def _index_clipped(view, box, indexer, bufname):
       idx.append(slice(a, a + new_hi - new_lo))
       out.append((size, new_lo, new_hi))
     else:
-      a = np.asarray(ix)
-      if a.ndim:
-        raise UnsupportedPrimitiveError(
-            f"array (gather) indexing of ref {bufname} is not modelled")
-      i = int(a)
+      i = _scalar_index(ix, bufname)
       if lo <= i < hi:
         idx.append(i - lo)
       else:
