@@ -84,3 +84,21 @@ def test_bfloat16_fma_just_above_a_tie_rounds_once():
   out = np.asarray(ps.run(fma_kernel(jnp.bfloat16), jnp.asarray(x), jnp.asarray(x),
                           jnp.asarray(c), backend="sim"), np.float64)
   assert (out[0] == 1 + 2.0 ** -3 + 2.0 ** -7).all()
+
+
+@pytest.mark.parametrize("dtype", ["int32", "uint32", "int16", "uint8"])
+def test_count_leading_zeros(dtype):
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  import pallas_sim as ps
+  info = np.iinfo(dtype)
+  x = np.random.default_rng(0).integers(info.min, info.max, 256, endpoint=True)
+  x = jnp.asarray(x, dtype).at[0].set(0).at[1].set(1)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,), dtype))
+  def k(x_ref, o_ref):
+    o_ref[...] = lax.clz(x_ref[...])
+
+  np.testing.assert_array_equal(ps.run(k, x, backend="sim"), lax.clz(x))

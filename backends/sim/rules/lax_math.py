@@ -113,9 +113,20 @@ for _name, _f in {
     "erf": _float_op(lambda x: _erf(x).astype(x.dtype)),
     "population_count": _keep_dtype(
         lambda x: np.bitwise_count(x).astype(np.result_type(x))),
+    "clz": _keep_dtype(lambda x: _clz(np.asarray(x))),
     "copy": np.copy, "copy_p": np.copy, "real": np.real, "imag": np.imag,
 }.items():
   _unary(_name, _f)
+
+
+def _clz(x):
+  """Leading zero bits of each integer's bit pattern (its width if 0)."""
+  width = x.dtype.itemsize * 8
+  u = x.view(f"u{x.dtype.itemsize}")
+  bits = np.zeros(u.shape, np.int64)  # bit length, one bit position at a time
+  for b in range(width):
+    bits += (u >> np.asarray(b, u.dtype)) != 0
+  return (width - bits).astype(x.dtype)
 
 
 @rule("optimization_barrier")
