@@ -88,11 +88,7 @@ def test_bfloat16_fma_just_above_a_tie_rounds_once():
 
 @pytest.mark.parametrize("dtype", ["int32", "uint32", "int16", "uint8"])
 def test_count_leading_zeros(dtype):
-  import jax
-  import jax.numpy as jnp
   from jax import lax
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-  import pallas_sim as ps
   info = np.iinfo(dtype)
   x = np.random.default_rng(0).integers(info.min, info.max, 256, endpoint=True)
   x = jnp.asarray(x, dtype).at[0].set(0).at[1].set(1)
