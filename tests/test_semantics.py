@@ -426,3 +426,12 @@ def test_tma_box_past_the_end_undefined_leaves_smem_unwritten():
   [f] = sim.report.uninitialized
   assert f.kind == "uninitialized read" and f.buffer == "smem"
   assert "elements (36, 0)..(63, 127)" in str(f)
+
+
+def test_async_prefetch_changes_no_value():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,), jnp.float32))
+  def k(x_ref, o_ref):
+    plgpu.async_prefetch(x_ref)
+    o_ref[...] = x_ref[...] + 1
+
+  np.testing.assert_array_equal(ps.run(k, X, backend="sim"), X + 1)
