@@ -51,6 +51,16 @@ def _simulating(options):
         jax.effects_barrier()
     except SimError as e:
       raise e.with_traceback(None) from None
+    except Exception as e:
+      # The user's code failed after a kernel did (e.g. a test's assertion
+      # on its poison outputs): the kernel's error is the cause to show.
+      if not ex.errors or ex.interrupted is not None:
+        raise
+      err = _first_with_the_rest(ex.errors)
+      err.add_note(f"(the code around the simulated kernels then raised "
+                   f"{type(e).__name__}: {str(e).strip()[:200]}; the failed "
+                   "kernels' outputs were poison)")
+      raise err.with_traceback(None) from e
     if ex.interrupted is not None:  # Ctrl-C while a kernel ran
       raise KeyboardInterrupt("pallas-sim: simulation interrupted; where each "
                               "thread was is printed above")

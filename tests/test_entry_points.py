@@ -111,3 +111,19 @@ def test_report_summary_names_kernels_resources_time_and_races(rng):
   tail = racy_text[racy_text.index("uninitialized memory:"):].splitlines()
   assert tail[1] == "  uninitialized read of smem elements (0,)..(127,) (bytes 0..512) (block ()):"
   assert tail[2].startswith("      read of smem by thread 0 (load at tests/test_entry_points.py:")
+
+
+def test_a_kernel_error_is_raised_even_when_the_code_after_it_fails():
+  """A test that asserts on a failed kernel's (poison) outputs sees the
+  kernel's error, not only its own AssertionError."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.Barrier()])
+  def stuck(o_ref, bar):
+    plgpu.barrier_wait(bar)
+
+  with pytest.raises(ps.DeadlockError) as e:
+    with ps.backend("sim"):
+      out = stuck()
+      np.testing.assert_array_equal(out, 0.0)  # poison: fails
+  assert isinstance(e.value.__cause__, AssertionError)
+  assert any("then raised AssertionError" in n for n in e.value.__notes__)
