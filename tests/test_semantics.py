@@ -435,3 +435,17 @@ def test_async_prefetch_changes_no_value():
     o_ref[...] = x_ref[...] + 1
 
   np.testing.assert_array_equal(ps.run(k, X, backend="sim"), X + 1)
+
+
+def test_run_state_returns_what_its_body_returns_as_the_lowering_does():
+  """pl.run_state(f)(ACC.init(x)): the lowering gives f's own result (here
+  x + 4x = 5) where f returns one, as JAX's test_fori_loop_accumulator
+  checks on the GPU, not the accumulator's final value (1)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 64), jnp.float16))
+  def k(i_ref, o_ref):
+    def scope(acc_ref):
+      return lax.fori_loop(0, 4, lambda _, v: v + acc_ref[...], acc_ref[...])
+    o_ref[...] = pl.run_state(scope)(plgpu.ACC.init(i_ref[...]))
+
+  out = ps.run(k, jnp.ones((64, 64), jnp.float16), backend="sim")
+  np.testing.assert_array_equal(out, 5.0)

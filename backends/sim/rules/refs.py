@@ -188,7 +188,11 @@ def _run_scoped(eqn, cx):
 @rule("run_state")
 def _run_state(eqn, cx):
   """Fresh refs initialized from the operands (or poisoned where
-  `is_initialized` says none was given); returns their final values."""
+  `is_initialized` says none was given). Its results are the lowering's
+  (mosaic_gpu/lowering.py, _run_state_lowering_rule): one per operand, a ref
+  passed in is passed out, and the others take, in order, the body's own
+  outputs first and then the final values of the refs (so `run_state(f)` of
+  an accumulator returns what `f` returns, when it returns anything)."""
   jaxpr = eqn.params["jaxpr"]
   prog = cx.compile(jaxpr)
   inits = eqn.params["is_initialized"]
@@ -196,30 +200,30 @@ def _run_state(eqn, cx):
 
   def make_refs(wg, operands):
     it = iter(operands)
-    refs = []
+    refs, passed = [], []
     for i, (init, aval) in enumerate(zip(inits, avals)):
       if init:
         x = next(it)
         if isinstance(x, refview.Ref):  # an existing ref passes through
           refs.append(x)
+          passed.append(True)
           continue
       inner = aval.inner_aval
       space = str(getattr(aval, "memory_space", None) or "regs")
       data = (np.array(x, dtype=inner.dtype, copy=True) if init
               else memory.poison(inner.shape, inner.dtype))
       refs.append(refview.root_ref(memory.Buffer(f"state{i}", space, data)))
-    return refs
-
-  def results(refs):
-    return [_value(r.view) for r in refs]
+      passed.append(False)
+    return refs, passed
 
   # The lowering awaits every wgmma group when run_state ends, so the
   # accumulator values it returns are final.
   where = cx.where(eqn)
 
   def state(wg, *operands):
-    refs = make_refs(wg, operands)
-    yield from run_gen(prog, refs, wg)
+    refs, passed = make_refs(wg, operands)
+    outs = yield from run_gen(prog, refs, wg)
     yield from wg.wait_wgmma(0, "end of run_state (awaits its wgmma)", where)
-    return results(refs)
+    vals = iter(list(outs) + [_value(r.view) for r, p in zip(refs, passed) if not p])
+    return [r if p else next(vals) for r, p in zip(refs, passed)]
   return Gen(state)
