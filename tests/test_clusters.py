@@ -132,3 +132,41 @@ def test_reading_a_multicast_tile_before_its_barrier_races_across_the_cluster():
            for r in sim.report.races}
   assert ("write-read race", "tma_load", "thread", "smem") in found, found
   assert any(f.kind == "uninitialized read" for f in sim.report.uninitialized)
+
+
+def cluster_ref_kernel(sync=True, tiled=True):
+  """Each block of a cluster of 2 loads its half of x into SMEM, then reads
+  its peer's SMEM through plgpu.cluster_ref (after a cluster barrier, or
+  not)."""
+  tr = dict(transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
+            ) if tiled else {}
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 64, 32), F32), cluster=(2,),
+                cluster_names=("c",),
+                scratch_types=[plgpu.SMEM((64, 32), F32, **tr), plgpu.Barrier(),
+                               plgpu.ClusterBarrier(collective_axes=("c",))])
+  def k(x_ref, o_ref, smem, bar, cbar):
+    c = lax.axis_index("c")
+    plgpu.copy_gmem_to_smem(x_ref.at[c], smem, bar)
+    plgpu.barrier_wait(bar)
+    if sync:
+      plgpu.barrier_arrive(cbar)
+      plgpu.barrier_wait(cbar)
+    o_ref[c] = plgpu.cluster_ref(smem, {"c": 1 - c})[...]
+  return k
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_cluster_ref_reads_the_peer_s_smem(tiled):
+  x = jnp.arange(2 * 64 * 32, dtype=F32).reshape(2, 64, 32)
+  sim = ps.simulate(cluster_ref_kernel(tiled=tiled), x)
+  np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x)[::-1])
+
+
+def test_reading_a_peer_s_smem_without_the_cluster_barrier_races():
+  x = jnp.arange(2 * 64 * 32, dtype=F32).reshape(2, 64, 32)
+  sim = ps.simulate(cluster_ref_kernel(sync=False), x, on_race="report",
+                    on_uninitialized="report")
+  found = {(r.kind, r.first.agent, r.second.agent, r.second.buffer)
+           for r in sim.report.races}
+  assert ("write-read race", "tma_load", "thread", "smem") in found, found

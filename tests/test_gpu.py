@@ -247,3 +247,11 @@ def test_tma_boxes_past_the_end_agree():
   x = jnp.arange(100 * 128, dtype=jnp.float32).reshape(100, 128)
   sim, real = both(tma_past_the_end_kernel(), x)
   assert_bit_equal(sim, real, "TMA past the end")
+
+
+@pytest.mark.parametrize("tiled", [False, True])
+def test_cluster_ref_agrees(tiled):
+  from test_clusters import cluster_ref_kernel
+  x = jnp.arange(2 * 64 * 32, dtype=jnp.float32).reshape(2, 64, 32)
+  sim, real = both(cluster_ref_kernel(tiled=tiled), x)
+  assert_bit_equal(sim, real, "cluster_ref")

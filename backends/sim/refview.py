@@ -75,12 +75,17 @@ def _index(view, indexer, bufname):
   return view[tuple(idx) + (Ellipsis,)]
 
 
-def apply(ref, transforms):
-  """Applies a sequence of JAX ref transforms to `ref`; returns a new Ref."""
+def apply(ref, transforms, wg=None):
+  """Applies a sequence of JAX ref transforms to `ref`; returns a new Ref.
+  `wg`: the accessing warpgroup, where a transform needs to know whose it
+  is (plgpu.cluster_ref: a cluster peer's SMEM)."""
   view = ref.view
   raw = ref.raw_tiled
   buf = ref.buf
   for tr in transforms:
+    if isinstance(tr, gpu_core.ClusterRefTransform) and wg is not None and not raw:
+      buf, view = _cluster_peer(buf, view, tr, wg)
+      continue
     if isinstance(tr, gpu_core.UntilingTransform):
       if not raw:
         raise UnsupportedPrimitiveError(
@@ -113,6 +118,33 @@ def apply(ref, transforms):
   return Ref(buf, view, raw)
 
 
+def _cluster_peer(buf, view, tr, wg):
+  """The same elements of `buf`'s allocation in the cluster peer that
+  `tr` (plgpu.cluster_ref) names: this block's cluster coordinates with
+  those of `tr.dims` replaced."""
+  from pallas_sim.backends.sim.machine.races import _view, element_map
+  from pallas_sim.backends.sim.rules.refs import peer_buffer
+  blk = wg.block
+  group = blk.group
+  coords = list(blk.cluster)
+  for name, i in zip(tr.dims, tr.idxs):
+    if name not in group.cluster_axes:
+      raise KernelError(f"cluster_ref: {name!r} is not a cluster axis of this kernel "
+                        f"({sorted(group.cluster_axes)})")
+    d, size = group.cluster_axes[name]
+    i = _as_int(i)
+    if not 0 <= i < size:
+      raise OutOfBoundsError(f"cluster_ref: index {i} along cluster axis {name!r} "
+                             f"of size {size}")
+    coords[d] = i
+  peer = group.by_cluster[tuple(coords)]
+  if peer is blk:
+    return buf, view
+  other = peer_buffer(peer, buf)
+  off, estrides, shape = element_map(buf, view)
+  return other, _view(other.data, off, shape, estrides)
+
+
 def unflatten(treedef, leaves):
   """Transforms from a primitive's treedef param and its flat operands."""
   if treedef is None:
@@ -124,13 +156,13 @@ def compile_transforms(treedef):
   """Decodes a primitive's transform treedef once: returns f(ref, leaves) -> Ref.
   Static transforms (no dynamic leaves) are unflattened here, not per call."""
   if treedef is None:
-    return lambda ref, leaves: ref
+    return lambda ref, leaves, wg=None: ref
   if treedef.num_leaves == 0:
     trs = unflatten(treedef, [])
     if not trs:
-      return lambda ref, leaves: ref
-    return lambda ref, leaves: apply(ref, trs)
-  return lambda ref, leaves: apply(ref, unflatten(treedef, leaves))
+      return lambda ref, leaves, wg=None: ref
+    return lambda ref, leaves, wg=None: apply(ref, trs, wg)
+  return lambda ref, leaves, wg=None: apply(ref, unflatten(treedef, leaves), wg)
 
 
 def compile_clipped(treedef):

@@ -23,7 +23,7 @@ def _get(eqn, cx):
   where = cx.where(eqn)
 
   def get(wg, ref, *idx):
-    r = at(ref, idx)
+    r = at(ref, idx, wg)
     blk = wg.block
     blk.hb.plain(wg, r, False, "load", where)
     blk.group.read(r, "thread", "load", where, wg.index, blk)
@@ -37,7 +37,7 @@ def _swap(eqn, cx):
   where = cx.where(eqn)
 
   def swap(wg, ref, val, *idx):
-    r = at(ref, idx)
+    r = at(ref, idx, wg)
     wg.block.hb.plain(wg, r, True, "store", where)
     view = r.view
     old = _value(view)
@@ -53,7 +53,7 @@ def _addupdate(eqn, cx):
   where = cx.where(eqn)
 
   def addupdate(wg, ref, val, *idx):
-    r = at(ref, idx)
+    r = at(ref, idx, wg)
     blk = wg.block
     blk.hb.plain(wg, r, True, "addupdate", where)
     blk.group.read(r, "thread", "addupdate", where, wg.index, blk)
