@@ -33,6 +33,15 @@ def _frame_steps(frames):
   return out
 
 
+def _running_wg(frames):
+  """The warpgroup whose program the innermost interpreter frame runs."""
+  wg = None
+  for fr in frames:
+    if fr.f_code in _RUNNERS and "wg" in fr.f_locals:
+      wg = fr.f_locals["wg"]
+  return wg
+
+
 def _tb_frames(tb):
   frames = []
   while tb is not None:
@@ -73,11 +82,8 @@ def backtrace(tasks, exc_tb):
   """Lines saying where each warpgroup of the interrupted group is: the
   running one from the exception's traceback, the others from their
   suspended generators, each with the wait it is blocked in."""
-  running = _frame_steps(_tb_frames(exc_tb))
-  running_wg = None
-  for fr in _tb_frames(exc_tb):
-    if fr.f_code in _RUNNERS and "wg" in fr.f_locals:
-      running_wg = fr.f_locals["wg"]
+  frames = _tb_frames(exc_tb)
+  running, running_wg = _frame_steps(frames), _running_wg(frames)
   lines = []
   for t in tasks:
     if t.done:
@@ -158,11 +164,7 @@ class Progress:
     text = (f"[pallas-sim] {self.name}: [{bar:<20}] {self.done}/{self.total} blocks "
             f"{el:.0f}s")
     frames = _stack_frames(self._sim)
-    steps = _frame_steps(frames)
-    wg = None
-    for fr in frames:
-      if fr.f_code in _RUNNERS and "wg" in fr.f_locals:
-        wg = fr.f_locals["wg"]
+    steps, wg = _frame_steps(frames), _running_wg(frames)
     if wg is not None and steps:
       loop = [(st, it) for st, it in steps if it is not None]
       at = _step_text(*(loop[-1] if loop else steps[-1]))

@@ -84,7 +84,8 @@ def apply(ref, transforms, wg=None):
   buf = ref.buf
   for tr in transforms:
     if isinstance(tr, gpu_core.ClusterRefTransform) and wg is not None and not raw:
-      buf, view = _cluster_peer(buf, view, tr, wg)
+      r = _cluster_peer(Ref(buf, view), tr, wg)
+      buf, view = r.buf, r.view
       continue
     if isinstance(tr, gpu_core.UntilingTransform):
       if not raw:
@@ -118,12 +119,10 @@ def apply(ref, transforms, wg=None):
   return Ref(buf, view, raw)
 
 
-def _cluster_peer(buf, view, tr, wg):
-  """The same elements of `buf`'s allocation in the cluster peer that
-  `tr` (plgpu.cluster_ref) names: this block's cluster coordinates with
-  those of `tr.dims` replaced."""
-  from pallas_sim.backends.sim.machine.races import _view, element_map
-  from pallas_sim.backends.sim.rules.refs import peer_buffer
+def _cluster_peer(ref, tr, wg):
+  """`ref`'s elements in the cluster peer that `tr` (plgpu.cluster_ref)
+  names: this block's cluster coordinates with those of `tr.dims` replaced."""
+  from pallas_sim.backends.sim.rules.refs import peer_ref
   blk = wg.block
   group = blk.group
   coords = list(blk.cluster)
@@ -138,11 +137,7 @@ def _cluster_peer(buf, view, tr, wg):
                              f"of size {size}")
     coords[d] = i
   peer = group.by_cluster[tuple(coords)]
-  if peer is blk:
-    return buf, view
-  other = peer_buffer(peer, buf)
-  off, estrides, shape = element_map(buf, view)
-  return other, _view(other.data, off, shape, estrides)
+  return ref if peer is blk else peer_ref(peer, ref)
 
 
 def unflatten(treedef, leaves):

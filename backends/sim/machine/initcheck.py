@@ -51,10 +51,10 @@ def mark_flat(buf, idx):
   if buf.written is None:
     return
   flat = buf.written.reshape(-1)
-  new = len(idx) - np.count_nonzero(flat[idx])
+  new = len(idx) - np.count_nonzero(flat[idx])  # (a view's indices are distinct)
   if new:
     flat[idx] = True
-    buf.unwritten = buf.data.size - np.count_nonzero(flat)
+    buf.unwritten -= new
     if buf.unwritten == 0:
       buf.written = None
 

@@ -8,6 +8,7 @@ from jax._src.pallas.mosaic_gpu import core as gpu_core
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.machine import initcheck, memory
+from pallas_sim.backends.sim.machine.races import _view, element_map
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 
@@ -152,6 +153,13 @@ def peer_buffer(peer, buf):
   (a multicast TMA load or a cluster barrier arrival reaches it)."""
   key, i, count = buf.alloc_key[:3]
   return _shared(peer, key, count, peer.group.makers[key])[i]
+
+
+def peer_ref(peer, ref):
+  """The same elements of `ref`'s allocation in cluster peer `peer`'s SMEM."""
+  buf = peer_buffer(peer, ref.buf)
+  off, estrides, shape = element_map(ref.buf, ref.view)
+  return refview.Ref(buf, _view(buf.data, off, shape, estrides))
 
 
 @rule("run_scoped")

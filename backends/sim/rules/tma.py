@@ -13,10 +13,9 @@ import numpy as np
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
-from pallas_sim.backends.sim.machine.races import _view, element_map
 from pallas_sim.backends.sim.machine.scheduler import Wait
 from pallas_sim.backends.sim.rules.barriers import peer_slot
-from pallas_sim.backends.sim.rules.refs import peer_buffer
+from pallas_sim.backends.sim.rules.refs import peer_ref
 from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
 
 
@@ -101,7 +100,7 @@ def _copy_gmem_to_smem(eqn, cx):
     blk = wg.block
     nbytes = d.view.nbytes
     barriers.arrive(slot, expect_tx=nbytes, at=wg.time)  # (tx pending: no completion)
-    targets = [(d, slot)]
+    targets, fill = [(d, slot)], False
     if inb is not None:
       if oob == "PROMISE_IN_BOUNDS" or collective:
         raise OutOfBoundsError(
@@ -109,12 +108,7 @@ def _copy_gmem_to_smem(eqn, cx):
             + (" (a multicast past the ends is not modelled)" if collective else
                " with oob_mode=PROMISE_IN_BOUNDS"))
       fill = oob == "ZEROS"
-      start, _, done = timing.tma(blk.engines, wg.time, nbytes)
-      blk.stats.tma_load_bytes += s.view.nbytes
-      _land_at(done, wg, s, d, slot, nbytes, where, what, inb, fill)
-      blk.event(f"{wg.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
-      return []
-    if collective:
+    elif collective:
       # Multicast: the blocks of the cluster along `collective` each load a
       # part of the box (the first axis it divides, as the lowering
       # partitions it) into every one of them, completing each one's
@@ -122,12 +116,12 @@ def _copy_gmem_to_smem(eqn, cx):
       peers = blk.group.peers(blk, collective)
       s, d = _partition(s, d, peers.index(blk), len(peers))
       targets = [(d, slot) if peer is blk else
-                 (_peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
-    part_bytes = d.view.nbytes
-    start, _, done = timing.tma(blk.engines, wg.time, part_bytes)
-    blk.stats.tma_load_bytes += part_bytes
+                 (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
+    tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
+    start, _, done = timing.tma(blk.engines, wg.time, tx)
+    blk.stats.tma_load_bytes += s.view.nbytes
     for pd, pslot in targets:
-      _land_at(done, wg, s, pd, pslot, part_bytes, where, what)
+      _land_at(done, wg, s, pd, pslot, tx, where, what, inb, fill)
     blk.event(f"{wg.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
     return []
   return load
@@ -165,13 +159,6 @@ def _partition(s, d, k, n):
       return (refview.Ref(s.buf, s.view[cut]), refview.Ref(d.buf, d.view[cut]))
   raise KernelError(f"None of the leading dimensions in the slice shape "
                     f"{d.view.shape} is divisible by the collective size {n}")
-
-
-def _peer_ref(peer, ref):
-  """The same elements of `ref`'s allocation in cluster peer `peer`'s SMEM."""
-  buf = peer_buffer(peer, ref.buf)
-  off, estrides, shape = element_map(ref.buf, ref.view)
-  return refview.Ref(buf, _view(buf.data, off, shape, estrides))
 
 
 class _StoreGroup:
