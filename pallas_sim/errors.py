@@ -36,7 +36,28 @@ class OutOfBoundsError(KernelError, IndexError):
 
 class LoweringError(KernelError):
   """JAX's real Mosaic GPU lowering rejects the kernel (checked on the CPU for
-  every kernel before it is simulated); carries the lowering's message."""
+  every kernel before it is simulated); carries the lowering's message. The
+  instance raised is also of the lowering's own exception class (ValueError,
+  NotImplementedError, jax's LoweringError...), so code that catches what the
+  GPU backend raises catches it here too (`LoweringError.of`)."""
+
+  _kinds = {}
+
+  @classmethod
+  def of(cls, original, message, **kw):
+    """A LoweringError that is also an instance of type(original)."""
+    base = type(original)
+    kind = cls._kinds.get(base)
+    if kind is None:
+      try:
+        kind = type(cls.__name__, (cls, base), {"__module__": cls.__module__,
+                                                "__str__": Exception.__str__})
+      except TypeError:  # (a built-in layout that cannot be mixed in)
+        kind = cls
+      cls._kinds[base] = kind
+    err = kind.__new__(kind)
+    cls.__init__(err, message, **kw)
+    return err
 
 
 class ResourceError(KernelError):

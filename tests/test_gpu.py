@@ -255,3 +255,24 @@ def test_cluster_ref_agrees(tiled):
   x = jnp.arange(2 * 64 * 32, dtype=jnp.float32).reshape(2, 64, 32)
   sim, real = both(cluster_ref_kernel(tiled=tiled), x)
   assert_bit_equal(sim, real, "cluster_ref")
+
+
+def test_warp_level_kernels_agree():
+  import test_warps as W
+  x = jax.random.uniform(jax.random.key(0), (64, 32), jnp.float32)
+  for name, fn, args in [("warp ids", W.warp_ids(), ()),
+                         ("ping-pong", W.ping_pong(), ()),
+                         ("TMA between warps", W.tma_between_warps(), (x,)),
+                         ("GMEM between warps", W.gmem_between_warps(True),
+                          (jnp.array([7], jnp.int32),)),
+                         ("barrier_test", W.barrier_test_kernel(), ())]:
+    sim, real = both(fn, *args)
+    assert_bit_equal(sim, real, name)
+
+
+def test_semaphore_kernels_agree():
+  import test_semaphores as S
+  for name, fn in [("handoff", S.handoff()), ("values", S.values_kernel()),
+                   ("per block", S.per_block_kernel())]:
+    sim, real = both(fn)
+    assert_bit_equal(sim, real, name)

@@ -20,8 +20,10 @@ import jax
 import jaxlib
 import numpy as np
 from jax._src import callback as jax_callback
+from jax._src import core as _jax_core
 from jax._src import source_info_util
 from jax._src.frozen_dict import FrozenDict
+from jax._src.pallas import core as _pallas_core
 from jax._src.pallas import mpmd as _mpmd
 from jax._src.pallas import pallas_call as _pallas_call
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as _jax_interp
@@ -183,12 +185,44 @@ def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
         *xs, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=None,
         input_output_aliases=input_output_aliases, out_avals=tuple(out_avals),
         interpret=False, name=name, **kw)
+  jaxpr = _uninterpreted(jaxpr)
   avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
   try:
     jax.export.export(jax.jit(fn), platforms=["cuda"])(*avals)
   except Exception as e:  # the lowering raises ValueError, NotImplementedError...
     return e, lowering_location(e)
   return None
+
+
+def _uninterpreted(jaxpr):
+  """The kernel body as the GPU backend sees it: an mpmd_map nested in it
+  (plgpu.warp_map) traced under the simulator carries our interpret params
+  and their IO effect, which the real lowering would refuse."""
+  ours = _pallas_core.get_interpret_effects(SIM_PARAMS)
+  changed = False
+  eqns = []
+  for eqn in jaxpr.eqns:
+    params = {k: _uninterpreted_param(v) for k, v in eqn.params.items()}
+    if isinstance(params.get("interpret"), SimParams):
+      params["interpret"] = False
+    if any(params[k] is not v for k, v in eqn.params.items()):
+      changed = True
+      eqn = eqn.replace(params=params, effects=eqn.effects - ours)
+    eqns.append(eqn)
+  return jaxpr.replace(eqns=eqns, effects=jaxpr.effects - ours) if changed else jaxpr
+
+
+def _uninterpreted_param(v):
+  if isinstance(v, _jax_core.Jaxpr):
+    return _uninterpreted(v)
+  if isinstance(v, _jax_core.ClosedJaxpr):
+    j = _uninterpreted(v.jaxpr)
+    return v if j is v.jaxpr else v.replace(jaxpr=j)
+  if isinstance(v, tuple) and any(isinstance(x, (_jax_core.Jaxpr, _jax_core.ClosedJaxpr))
+                                  for x in v):
+    new = tuple(_uninterpreted_param(x) for x in v)
+    return v if all(a is b for a, b in zip(new, v)) else new
+  return v
 
 
 _orig_interpret = _jax_interp.interpret_pallas_call

@@ -19,6 +19,7 @@ from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import initcheck, memory, races
 from pallas_sim.backends.sim.machine.cross_block import CrossBlock
+from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP
 from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.progress import Progress, backtrace
@@ -29,7 +30,7 @@ from pallas_sim.options import take
 
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
-  __slots__ = ("jaxpr", "program", "smem", "barriers")
+  __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together")
 
 
 class Executor:
@@ -85,6 +86,15 @@ class Executor:
     resources.check_smem(p.smem, self.gpu, where=launch.where)
     p.program = Compiler(self.timing, launch, self.options.max_cycles).compile(jaxpr)
     p.barriers = resources.barrier_count(jaxpr)
+    names = resources.primitive_names(jaxpr)
+    # Warps of a warp_map get clock components of their own.
+    p.warps = WARPS_PER_WARPGROUP if "mpmd_map" in names else 0
+    # Blocks that can wait for each other (global semaphores) run together.
+    p.together = "get_global" in names
+    if p.together and launch.cluster and math.prod(launch.cluster) > 1:
+      raise UnsupportedPrimitiveError(
+          f"kernel {launch.name}: global semaphores (pl.get_global) in a kernel "
+          "with clusters are not modelled", where=launch.where)
     self._prepared[key] = p
     return p
 
@@ -178,6 +188,8 @@ class Executor:
     groups = [[(g * len(in_cluster) + j, idx, c) for j, c in enumerate(in_cluster)]
               for g, idx in enumerate(clusters)]
     blocks = [m for members in groups for m in members]
+    if prep.together:  # (all resident at once, as the kernel assumes)
+      groups = [blocks]
     placement = self.timing.launch(len(blocks), prep.smem, nt)
     log = races.RaceLog(launch.name)
     cross = CrossBlock(log) if self.check_races else None
@@ -187,7 +199,8 @@ class Executor:
     t0 = time.perf_counter()
     init_log = initcheck.InitLog()
     runner = GroupRunner(prep, in_bufs + out_bufs, launch, self.timing, placement,
-                         log, self.check_races, detached=self.detached,
+                         log, self.check_races, max(map(len, groups)),
+                         detached=self.detached,
                          check_init=self.options.check_uninitialized)
     with Progress(launch.name, len(blocks)) as progress:
       for members in groups:

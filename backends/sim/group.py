@@ -48,6 +48,7 @@ class Group:
     self.number = 0       # the group's number in the launch (its first block's)
     self.makers = {}      # run_scoped equation id -> its allocators (peer lookups)
     self.cluster_axes = {}  # cluster axis name -> (dimension, size)
+    self.globals = {}       # get_global's semaphores (the launch's)
 
   def peers(self, block, axes, line=False):
     """The blocks of this group whose cluster coordinates equal `block`'s
@@ -97,7 +98,7 @@ class GroupRunner:
   race checking, its `tracker` holds the launch's element shadows."""
 
   def __init__(self, prep, io_bufs, launch, timing, placement, log, check_races,
-               detached=False, check_init=False):
+               group_size=1, detached=False, check_init=False):
     self.prep, self.launch, self.timing = prep, launch, timing
     self.placement, self.log = placement, log
     self.io_bufs = io_bufs
@@ -106,10 +107,12 @@ class GroupRunner:
     self.group = None  # the group running now (for a Ctrl-C backtrace)
     self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
     nt = launch.num_threads
-    self.clocks = clock_components(1, nt, prep.barriers)
+    self.clocks = clock_components(1, nt, prep.barriers, prep.warps)
     self.comps = {}  # clock components by key, for the groups of one block
-    self.tracker = Tracker(log, np.uint8 if self.clocks <= 256 else np.int32
+    most = clock_components(group_size, nt, prep.barriers, prep.warps)
+    self.tracker = Tracker(log, np.uint8 if most <= 256 else np.int32
                            ) if check_races else None
+    self.globals = {}  # get_global's semaphores: one per call site, per launch
     self.cluster_axes = {n: (d, c) for d, (n, c) in enumerate(
         zip(launch.cluster_names, launch.cluster))}
     names = tuple(launch.grid_names)
@@ -129,11 +132,13 @@ class GroupRunner:
                                self.check_init)
     group.number = members[0][0]
     group.cluster_axes = self.cluster_axes
+    group.globals = self.globals
     if self.tracker is not None:
       one = len(members) == 1
       size = self.clocks if one else clock_components(
-          len(members), launch.num_threads, self.prep.barriers)
-      group.hb = HappensBefore(self.tracker, size, events, self.comps if one else None)
+          len(members), launch.num_threads, self.prep.barriers, self.prep.warps)
+      group.hb = HappensBefore(self.tracker, size, events, self.comps if one else None,
+                               self.prep.warps)
     refs = self.refs
     if refs is None:
       copies = {id(b): memory.Buffer(b.name, "gmem", b.data.copy(), origin=b)

@@ -126,8 +126,8 @@ def lowering_error(exc, where=None):
     lines.append(line.replace(" Please file an issue at "
                               "https://github.com/jax-ml/jax/issues/new/choose.", ""))
   m = _UNIMPLEMENTED.search(msg)
-  return LoweringError(
-      f"the Mosaic GPU lowering rejects this kernel "
+  return LoweringError.of(
+      exc, f"the Mosaic GPU lowering rejects this kernel "
       f"({type(exc).__name__}): " + "\n".join(lines).strip(),
       primitive=m.group(1) if m else None, where=where)
 
@@ -140,6 +140,21 @@ def _sub_jaxprs(value):
   elif isinstance(value, (tuple, list)):
     for v in value:
       yield from _sub_jaxprs(v)
+
+
+def primitive_names(kernel_jaxpr):
+  """The names of every primitive in the kernel body, nested bodies included."""
+  names, seen, stack = set(), set(), [kernel_jaxpr]
+  while stack:
+    j = stack.pop()
+    if id(j) in seen:
+      continue
+    seen.add(id(j))
+    for eqn in j.eqns:
+      names.add(eqn.primitive.name)
+      for p in eqn.params.values():
+        stack.extend(_sub_jaxprs(p))
+  return names
 
 
 def barrier_count(kernel_jaxpr):

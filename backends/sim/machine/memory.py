@@ -1,7 +1,7 @@
 """Buffers of GMEM, SMEM and accumulators, and the barrier objects in SMEM."""
 import numpy as np
 
-SPACES = ("gmem", "smem", "regs")
+SPACES = ("gmem", "smem", "regs", "sem")
 
 
 def is_float(dtype):

@@ -45,13 +45,19 @@ class NoObserver:
   def phase_completed(self, slot): pass
   def waited(self, wg, slot, n): pass
   def unordered_waiter(self, slot, wg): return False
+  def sem_signal(self, wg, sem): pass
+  def sem_acquire(self, wg, sem): pass
+  def fork(self, wg, warps): pass
+  def join(self, wg, warps): pass
   def ready(self): pass
   def end_group(self): pass
 
 
 class _WgClock:
-  """A warpgroup's vectors and components."""
-  __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos")
+  """A warpgroup's (or a warp's) vectors and components; a warpgroup's
+  `warps`: the clocks its warps take in warp_map."""
+  __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
+               "warps")
 
 
 class _BarrierClock:
@@ -75,14 +81,16 @@ class HappensBefore:
   """Vector clocks for one group of blocks at a time; shadows and reports in
   `tracker` (races.Tracker, reused by the groups of a launch)."""
 
-  def __init__(self, tracker, size, events, comps=None):
+  def __init__(self, tracker, size, events, comps=None, warps=0):
     self.tracker = tracker
+    self.warps = warps        # warps per warpgroup with clocks (warp_map), 0 or 4
     self.size = size          # clock components (clock_components)
     self.base = tracker.base  # every clock of earlier groups is below this
     # key -> component; keys name a block by its place in the group, so
     # groups of one shape can share the table (`comps`)
     self.comps = {} if comps is None else comps
     self.wgs = []
+    self.threads = []         # thread components, by `pos` (warpgroups and warps)
     self.barriers = []
     self.top = {}             # barrier component -> clock base for its next slot
     tracker.start_group(events)
@@ -109,16 +117,43 @@ class HappensBefore:
     h.wgmma = self.comp(("wgmma",) + key)
     h.store_read = self.comp(("store_read",) + key)
     h.store_write = self.comp(("store_write",) + key)
-    h.pos = len(self.wgs)
+    h.pos = len(self.threads)
+    self.threads.append(h.thread)
     h.vc, h.avc = self.new_vector(), self.new_vector()
     h.vc[h.thread] = self.base + 1
+    # A warp's own component; its async channels are the warpgroup's.
+    h.warps = []
+    for w in range(self.warps):
+      hw = _WgClock()
+      hw.thread = self.comp(("warp",) + key + (w,))
+      hw.wgmma, hw.store_read, hw.store_write = h.wgmma, h.store_read, h.store_write
+      hw.pos = len(self.threads)
+      self.threads.append(hw.thread)
+      h.warps.append(hw)
     wg.hb = h
     self.wgs.append(wg)
 
   def ready(self):
-    """Every warpgroup of the group is known: the tracker gets their
-    components."""
-    self.tracker.thread_comps = np.array([wg.hb.thread for wg in self.wgs])
+    """Every warpgroup of the group is known: the tracker gets the thread
+    components (warpgroups' and warps')."""
+    self.tracker.thread_comps = np.array(self.threads)
+
+  def fork(self, wg, warps):
+    """warp_map: each warp starts knowing what its warpgroup knows."""
+    h = wg.hb
+    for warp in warps:
+      hw = warp.hb = h.warps[warp.warp]
+      hw.vc, hw.avc = h.vc.copy(), h.avc.copy()
+      hw.vc[hw.thread] += 1  # (above its clocks of an earlier warp_map)
+    self._tick(h)
+
+  def join(self, wg, warps):
+    """The end of warp_map: the warpgroup knows what every warp knew."""
+    h = wg.hb
+    for warp in warps:
+      np.maximum(h.vc, warp.hb.vc, out=h.vc)
+      np.maximum(h.avc, warp.hb.avc, out=h.avc)
+    self._tick(h)
 
   @staticmethod
   def _tick(h):
@@ -285,6 +320,27 @@ class HappensBefore:
     b.waits[wg] = int(h.vc[h.thread])
     self._tick(h)
 
+  # --- semaphores -----------------------------------------------------------------
+
+  def sem_signal(self, wg, sem):
+    """A signal releases what the signalling thread knows."""
+    h = wg.hb
+    if sem.acc is None:
+      sem.acc = (h.vc.copy(), h.avc.copy())
+    else:
+      np.maximum(sem.acc[0], h.vc, out=sem.acc[0])
+      np.maximum(sem.acc[1], h.avc, out=sem.acc[1])
+    self._tick(h)
+
+  def sem_acquire(self, wg, sem):
+    """A wait (or read) acquires every signal made so far (more than the
+    hardware promises when a wait needed fewer of them)."""
+    if sem.acc is not None:
+      h = wg.hb
+      np.maximum(h.vc, sem.acc[0], out=h.vc)
+      np.maximum(h.avc, sem.acc[1], out=h.avc)
+      self._tick(h)
+
   def end_group(self):
     """The next group's clocks start above every clock this one used."""
     top = self.base
@@ -296,9 +352,10 @@ class HappensBefore:
     self.tracker.end_group(top + 1)
 
 
-def clock_components(blocks, warpgroups, barriers_per_block):
+def clock_components(blocks, warpgroups, barriers_per_block, warps=0):
   """How many clock components a group needs: per warpgroup four (itself and
-  its wgmma, TMA-store-read and TMA-store-write channels), per block one per
-  barrier the kernel allocates (a scope entered again reuses its barrier's
-  component); 0 is "no access"."""
-  return 1 + blocks * (4 * warpgroups + barriers_per_block)
+  its wgmma, TMA-store-read and TMA-store-write channels) and one per warp
+  when the kernel has a warp_map (`warps`), per block one per barrier the
+  kernel allocates (a scope entered again reuses its barrier's component);
+  0 is "no access"."""
+  return 1 + blocks * ((4 + warps) * warpgroups + barriers_per_block)

@@ -67,7 +67,7 @@ class Warpgroup(Task):
     self.stores = collections.deque()  # committed TMA store groups
     self.store_res = Resource(f"{name} TMA stores")
     self.open_group = []        # TMA stores not yet committed to a group
-    self.bar_waits = {}         # id(BarrierSlot) -> waits done by this warpgroup
+    self.bar_waits = {}         # BarrierSlot -> waits done by this warpgroup
     self.scope_counts = {}      # id(eqn) -> times this warpgroup entered it
     self.wg_issued = 0          # wgmma groups issued so far
     self.store_groups = 0       # TMA store groups committed so far
@@ -82,3 +82,42 @@ class Warpgroup(Task):
     if len(self.wgmma) > n:
       yield Wait(lambda: len(self.wgmma) <= n, (self.wgmma_res,), what, where)
     self.block.hb.wgmma_awaited(self, n)
+
+
+WARPS_PER_WARPGROUP = 4
+
+
+def _parents(name):
+  return property(lambda self: getattr(self.parent, name),
+                  lambda self, v: setattr(self.parent, name, v))
+
+
+class Warp(Warpgroup):
+  """One of the four warps of a warpgroup inside `plgpu.warp_map` (an
+  mpmd_map over a WarpMesh): a task of its own, forked when the warpgroup
+  enters the map and joined when it leaves (the lowering's warpgroup
+  barriers around it). Its clock and its barrier phases are its own; its
+  async queues are the warpgroup's: TMA store groups and wgmma groups
+  issued by any warp are awaited by a wait of the warpgroup after the join
+  (each lane waits for its own bulk groups, and the lanes that issued them
+  are among the warpgroup's). A wait inside one warp also waits for the
+  other warps' groups: stronger than the hardware, where a lane waits only
+  for its own (a documented blind spot of the race detector)."""
+  __slots__ = ("parent", "warp")
+
+  wgmma, wgmma_res = _parents("wgmma"), _parents("wgmma_res")
+  stores, store_res = _parents("stores"), _parents("store_res")
+  open_group, store_groups = _parents("open_group"), _parents("store_groups")
+  store_reads_awaited = _parents("store_reads_awaited")
+  wg_issued, scope_counts = _parents("wg_issued"), _parents("scope_counts")
+
+  def __init__(self, parent, warp, axes):
+    Task.__init__(self, f"{parent.name} warp {warp}", parent.sched)
+    self.parent = parent
+    self.warp = warp
+    self.block = parent.block
+    self.index = f"{parent.index} warp {warp}"  # ("thread 0 warp 1" in reports)
+    self.axes = axes
+    self.bar_waits = dict(parent.bar_waits)
+    self.time = parent.time
+    self.hb = None

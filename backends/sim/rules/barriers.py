@@ -1,11 +1,14 @@
 """Barriers and fences: barrier_arrive, barrier_wait, commit_smem,
 set_max_registers. A barrier_wait by a warpgroup waits for the next
 completion of that barrier it has not yet observed (the phase it tracks)."""
+import numpy as np
+
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
 from pallas_sim.backends.sim.machine.scheduler import Wait
 from pallas_sim.backends.sim.rules.refs import peer_buffer
+from pallas_sim.errors import KernelError
 
 
 @rule("barrier_arrive")
@@ -36,6 +39,39 @@ def peer_slot(peer, slot):
   return peer_buffer(peer, slot.owner).data.reshape(-1)[slot.key[1]]
 
 
+def _next_completion(wg, slot, prim):
+  """The completion of `slot` that `wg`'s next wait (or test) is for."""
+  n = wg.bar_waits.get(slot, 0) + 1
+  if n <= 0:  # (warps.DIVERGED)
+    raise KernelError(
+        f"{prim} on {slot.name} by thread {wg.index}: inside a warp_map its "
+        "warps waited on this barrier different numbers of times, so its lanes "
+        "disagree on the barrier's phase (each lane tracks its own)")
+  return n
+
+
+@rule("barrier_test")
+def _barrier_test(eqn, cx):
+  """A wait that does not block: whether the completion the thread's next
+  wait is for has happened by now; if it has, it counts as observed (the
+  lowering flips the thread's phase parity only then)."""
+  at = refview.compile_transforms(eqn.params["transforms_treedef"])
+  where = cx.where(eqn)
+
+  def test(wg, ref, *leaves):
+    slot = refview.barrier_of(at(ref, leaves), "barrier_test")
+    n = _next_completion(wg, slot, "barrier_test")
+    # (resumed at its own time: every completion before it has been applied)
+    yield Wait(lambda: True, (), "barrier_test", where)
+    done = slot.completions >= n and slot.completed_at[n - 1] <= wg.time
+    if done:
+      wg.bar_waits[slot] = n
+      slot.waits[wg] = [n, where]
+      wg.block.hb.waited(wg, slot, n)
+    return np.bool_(done)
+  return Gen(test)
+
+
 @rule("barrier_wait")
 def _barrier_wait(eqn, cx):
   at = refview.compile_transforms(eqn.params["transforms_treedef"])
@@ -44,9 +80,8 @@ def _barrier_wait(eqn, cx):
 
   def wait(wg, ref, *leaves):
     slot = refview.barrier_of(at(ref, leaves), "barrier_wait")
-    key = id(slot)
-    n = wg.bar_waits.get(key, 0) + 1
-    wg.bar_waits[key] = n
+    n = _next_completion(wg, slot, "barrier_wait")
+    wg.bar_waits[slot] = n
     if wg not in slot.waits:  # a waiter from now on
       slot.waits[wg] = [n - 1, where]
     if slot.completions > n:

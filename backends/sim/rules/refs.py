@@ -9,6 +9,7 @@ from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.machine import initcheck, memory
 from pallas_sim.backends.sim.machine.races import _view, element_map
+from pallas_sim.backends.sim.rules import semaphores
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 
@@ -125,6 +126,10 @@ def _allocator(aval, transforms, label, launch):
     # WGMMAAccumulator.zero. Registers belong to one warpgroup.
     return False, lambda block, key: memory.Buffer(label, "regs", np.zeros(shape, dt),
                                                    alloc_key=key)
+  if semaphores.is_semaphore(inner):
+    # A block's own semaphores (the lowering slices them per block out of a
+    # zeroed GMEM array); shared by the block's threads.
+    return True, lambda block, key: semaphores.Semaphores(label, shape)
   # As the lowering: scoped GMEM (plgpu.GMEM scratch) is rejected too.
   raise KernelError(f"Unsupported memory space: {space} (allocation {label} "
                     "in run_scoped / scratch_types)")

@@ -1,0 +1,101 @@
+"""Semaphores: pl.get_global (shared by the launch's blocks, which then run
+together), run_scoped semaphores (one per block), signal / wait / read,
+and the happens-before order a signal and its wait make."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+
+I32 = jnp.int32
+
+
+def handoff(wait=True, grid=4):
+  """The last block writes a row and signals; every other block waits for
+  it (in launch order they come first, so run one after another they would
+  wait for ever), then copies that row into its own."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((grid, 128), I32), grid=(grid,),
+                grid_names=("x",))
+  def k(o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    b = lax.axis_index("x")
+
+    @pl.when(b == grid - 1)
+    def _():
+      o_ref[grid - 1] = jnp.full((128,), 7, I32)
+      pl.semaphore_signal(sem, grid - 1)
+
+    @pl.when(b < grid - 1)
+    def _():
+      if wait:
+        pl.semaphore_wait(sem, 1)
+      o_ref[b] = o_ref[grid - 1] + b
+  return k
+
+
+def test_blocks_wait_for_a_later_block_through_a_global_semaphore():
+  sim = ps.simulate(handoff())
+  np.testing.assert_array_equal(sim.outputs[:, 0], [7, 8, 9, 7])
+  assert sim.report.races == []
+
+
+def test_without_the_wait_the_blocks_race_on_the_row():
+  sim = ps.simulate(handoff(wait=False), on_race="report", on_uninitialized="report")
+  kinds = {r.kind for r in sim.report.races}
+  assert kinds == {"read-write race"} or kinds == {"write-read race"}, kinds
+  assert all("o_ref" in str(r) for r in sim.report.races)
+
+
+def test_a_wait_no_signal_can_satisfy_is_a_deadlock():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), I32), grid=(2,),
+                grid_names=("x",))
+  def k(o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    pl.semaphore_signal(sem)
+    pl.semaphore_wait(sem, 3)  # (two signals in all)
+    o_ref[...] = jnp.zeros((128,), I32)
+  with pytest.raises(ps.DeadlockError, match="semaphore_wait on global semaphore"):
+    ps.run(k, backend="sim")
+
+
+def values_kernel():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4,), I32))
+  def k(o_ref):
+    g = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    pl.semaphore_signal(g, 5)
+    o_ref[0] = pl.semaphore_read(g)
+    pl.semaphore_wait(g, 2)                   # decrements by 2
+    o_ref[1] = pl.semaphore_read(g)
+    plgpu.semaphore_wait(g, 3, decrement=False, memory_scope="gpu")
+    o_ref[2] = pl.semaphore_read(g)
+    plgpu.semaphore_signal(g, -3, memory_scope="gpu")  # (an add of 2^32 - 3)
+    o_ref[3] = pl.semaphore_read(g)
+  return k
+
+
+def test_values_signal_wait_and_read_as_the_lowering_defines():
+  np.testing.assert_array_equal(ps.run(values_kernel(), backend="sim"), [5, 3, 3, 0])
+
+
+def per_block_kernel():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3,), I32), grid=(3,),
+                grid_names=("x",))
+  def k(o_ref):
+    b = lax.axis_index("x")
+
+    @functools.partial(pl.run_scoped, sem=plgpu.SemaphoreType.REGULAR)
+    def _(sem):
+      pl.semaphore_signal(sem, 2)
+      o_ref[b] = pl.semaphore_read(sem) + b
+      pl.semaphore_wait(sem, 2)
+  return k
+
+
+def test_run_scoped_semaphores_are_per_block_and_start_at_zero():
+  np.testing.assert_array_equal(ps.run(per_block_kernel(), backend="sim"), [2, 3, 4])
