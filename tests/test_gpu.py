@@ -276,3 +276,14 @@ def test_semaphore_kernels_agree():
                    ("per block", S.per_block_kernel())]:
     sim, real = both(fn)
     assert_bit_equal(sim, real, name)
+
+
+def test_atomics_and_async_store_smem_agree():
+  import test_atomics as A
+  for op in ("add", "max", "xor"):
+    x = A._inputs(jnp.int32)
+    sim, real = both(A.two_thread_atomic(op), x)
+    assert_bit_equal(sim, real, f"atomic_{op}")
+  for atomic in (None, "add"):
+    sim, real = both(A.exchange(atomic), *A._exchange_args())
+    assert_bit_equal(sim, real, f"async_store_smem atomic={atomic}")

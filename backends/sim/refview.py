@@ -123,21 +123,27 @@ def _cluster_peer(ref, tr, wg):
   """`ref`'s elements in the cluster peer that `tr` (plgpu.cluster_ref)
   names: this block's cluster coordinates with those of `tr.dims` replaced."""
   from pallas_sim.backends.sim.rules.refs import peer_ref
+  peer = cluster_peer(wg, tr.dims, tr.idxs, "cluster_ref")
+  return ref if peer is wg.block else peer_ref(peer, ref)
+
+
+def cluster_peer(wg, dims, idxs, what):
+  """The block of wg's cluster whose coordinates are wg's block's with
+  those along the cluster axes `dims` replaced by `idxs`."""
   blk = wg.block
   group = blk.group
   coords = list(blk.cluster)
-  for name, i in zip(tr.dims, tr.idxs):
+  for name, i in zip(dims, idxs):
     if name not in group.cluster_axes:
-      raise KernelError(f"cluster_ref: {name!r} is not a cluster axis of this kernel "
+      raise KernelError(f"{what}: {name!r} is not a cluster axis of this kernel "
                         f"({sorted(group.cluster_axes)})")
     d, size = group.cluster_axes[name]
     i = _as_int(i)
     if not 0 <= i < size:
-      raise OutOfBoundsError(f"cluster_ref: index {i} along cluster axis {name!r} "
+      raise OutOfBoundsError(f"{what}: index {i} along cluster axis {name!r} "
                              f"of size {size}")
     coords[d] = i
-  peer = group.by_cluster[tuple(coords)]
-  return ref if peer is blk else peer_ref(peer, ref)
+  return group.by_cluster[tuple(coords)]
 
 
 def unflatten(treedef, leaves):

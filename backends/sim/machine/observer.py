@@ -30,9 +30,10 @@ class NoObserver:
   """Race checking off: every hook does nothing."""
 
   def warpgroup(self, wg): pass
-  def plain(self, wg, ref, write, prim, where): pass
+  def plain(self, wg, ref, write, prim, where, atomic=False): pass
   def commit_smem(self, wg): pass
-  def tma_load(self, wg, slot, src, dst, where): return None
+  def tma_load(self, wg, slot, src, dst, where, prim="copy_gmem_to_smem",
+               atomic=False): return None
   def tma_load_lands(self, op): pass
   def store_group(self, wg): return None
   def store_read(self, op, src, where): pass
@@ -74,7 +75,7 @@ class _BarrierClock:
 
 
 class _Op:
-  __slots__ = ("wg", "vc", "avc", "comp", "clock", "sites")
+  __slots__ = ("wg", "vc", "avc", "comp", "clock", "sites", "atomic")
 
 
 class HappensBefore:
@@ -186,7 +187,9 @@ class HappensBefore:
     self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
                         wg.block, atomic=atomic, issued=issued)
 
-  def plain(self, wg, ref, write, prim, where):
+  def plain(self, wg, ref, write, prim, where, atomic=False):
+    """A load or store by the thread; `atomic`: an atomic read-modify-write
+    (recorded as a write that does not race with other atomic ones)."""
     buf = ref.buf
     if buf.data.dtype == object:  # barriers
       return
@@ -194,7 +197,7 @@ class HappensBefore:
     c = h.thread
     h.vc[c] += 1
     site = self._site(wg, "thread", prim, where, buf.name, "write" if write else "read")
-    self._access(wg, buf, ref.view, h.vc, c, h.vc[c], site, write)
+    self._access(wg, buf, ref.view, h.vc, c, h.vc[c], site, write, atomic)
 
   def commit_smem(self, wg):
     """The plain SMEM accesses this warpgroup knows of (its own and, fences
@@ -207,24 +210,28 @@ class HappensBefore:
 
   # --- TMA --------------------------------------------------------------------
 
-  def tma_load(self, wg, slot, src, dst, where):
-    """A load completing the pending phase of `slot`: stamped with it."""
+  def tma_load(self, wg, slot, src, dst, where, prim="copy_gmem_to_smem",
+               atomic=False):
+    """A load completing the pending phase of `slot`: stamped with it. `src`
+    None: from registers (async_store_smem); `atomic`: a reduction into dst."""
     b = self._barrier(slot)
     op = self._op(wg)
     op.comp, op.clock = b.comp, b.base + slot.completions + 1
+    op.atomic = atomic
     self._accumulate(b, op.vc, op.avc)
-    op.sites = [(dst, self._site(wg, "tma_load", "copy_gmem_to_smem", where,
-                                 dst.buf.name, "write")),
-                (src, self._site(wg, "tma_load", "copy_gmem_to_smem", where,
-                                 src.buf.name, "read"))]
+    op.sites = [(dst, self._site(wg, "tma_load", prim, where, dst.buf.name, "write"))]
+    if src is not None:
+      op.sites.append((src, self._site(wg, "tma_load", prim, where, src.buf.name,
+                                       "read")))
     return op
 
   def tma_load_lands(self, op):
-    (dst, w_site), (src, r_site) = op.sites
+    (dst, w_site), *read = op.sites
     self._access(op.wg, dst.buf, dst.view, op.avc, op.comp, op.clock, w_site, True,
-                 issued=op.vc)
-    self._access(op.wg, src.buf, src.view, op.vc, op.comp, op.clock, r_site, False,
-                 issued=op.vc)
+                 atomic=op.atomic, issued=op.vc)
+    for src, r_site in read:
+      self._access(op.wg, src.buf, src.view, op.vc, op.comp, op.clock, r_site, False,
+                   issued=op.vc)
 
   def store_group(self, wg):
     op = self._op(wg)

@@ -157,6 +157,7 @@ class Shadow:
     # logged (inputs are usually never written): replayed at that write.
     self.written = not gmem
     self.read_log = []
+    self.any_atomic = False  # whether an atomic write was recorded (`wa`)
 
   def __getattr__(self, name):  # only called for arrays not yet allocated
     if name.startswith("_"):
@@ -286,11 +287,18 @@ class Tracker:
     wc, wk = V(sh.wc), V(sh.wk)
     self.sites[(sh.uid, comp, clock)] = (site, issue, know)
     m = _unordered(wc, wk, vec)
+    if m is not None and atomic and sh.any_atomic:
+      # Atomic read-modify-writes do not race with each other.
+      m &= V(sh.wa) == 0
+      m = m if m.any() else None
     if m is not None:
       self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue, agent, block)
     if write:
       wc[...] = comp
       wk[...] = clock
+      if atomic or sh.any_atomic:
+        V(sh.wa)[...] = atomic  # (whether the last write was atomic)
+        sh.any_atomic = True
       if not sh.any_read:  # e.g. an output only ever written
         return
       r1c = V(sh.r1c)

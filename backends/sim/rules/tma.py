@@ -14,6 +14,7 @@ from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
 from pallas_sim.backends.sim.machine.scheduler import Wait
+from pallas_sim.backends.sim.rules.atomics import OPS
 from pallas_sim.backends.sim.rules.barriers import peer_slot
 from pallas_sim.backends.sim.rules.refs import peer_ref
 from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
@@ -127,26 +128,66 @@ def _copy_gmem_to_smem(eqn, cx):
   return load
 
 
-def _land_at(done, wg, s, d, slot, nbytes, where, what, inb=None, fill=False):
+def _land_at(done, wg, s, d, slot, nbytes, where, what, inb=None, fill=False,
+             value=None, combine=None):
   """Schedules a load's landing in `d` (some block's SMEM), completing `slot`
   (that block's barrier) by `nbytes`; stamped with the phase it completes.
   `inb`: the part of the box in the array's bounds (the rest is zeros with
-  `fill`, else left as it was), or None."""
+  `fill`, else left as it was), or None. `s` None: `value` (registers) lands,
+  combined with what is there by `combine` where given."""
   blk = wg.block
   inside = d if inb is None else refview.Ref(d.buf, d.view[inb])
   written = d if inb is None or fill else inside
-  op = blk.hb.tma_load(wg, slot, s, written, where)
-  sview, dview, iview = s.view, d.view, inside.view
+  op = blk.hb.tma_load(wg, slot, s, written, where, what, combine is not None)
+  sview = value if s is None else s.view
+  dview, iview = d.view, inside.view
 
   def land():
     blk.hb.tma_load_lands(op)
-    blk.group.read(s, "tma_load", what, where, wg.index, blk)
+    if s is not None:
+      blk.group.read(s, "tma_load", what, where, wg.index, blk)
+    if combine is not None:
+      blk.group.read(inside, "tma_load", what, where, wg.index, blk)
     if fill:
       dview[...] = 0
-    iview[...] = sview
+    iview[...] = sview if combine is None else combine(iview, sview)
     blk.group.wrote(written)
     barriers.complete_tx(slot, nbytes)
   blk.at(done, land)
+
+
+@rule("async_store_smem")
+def _async_store_smem(eqn, cx):
+  """A store of registers into the SMEM of a block of the cluster (this one
+  or a peer), completing that block's barrier: it arrives there announcing
+  the bytes, and they complete it when they land (st.async)."""
+  p = eqn.params
+  ref_at = refview.compile_transforms(p["ref_transforms_treedef"])
+  bar_at = refview.compile_transforms(p["barrier_transforms_treedef"])
+  nr = refview.num_leaves(p["ref_transforms_treedef"])
+  dim = p["cluster_dim"]
+  combine = OPS[p["atomic"]] if p["atomic"] is not None else None
+  timing = cx.timing
+  where = cx.where(eqn)
+  what = "async_store_smem"
+
+  def store(wg, src, ref, bar, cluster_idx, *leaves):
+    d = ref_at(ref, leaves[:nr])
+    slot = refview.barrier_of(bar_at(bar, leaves[nr:]), what)
+    blk = wg.block
+    peer = refview.cluster_peer(wg, (dim,), (cluster_idx,), what)
+    if peer is not blk:
+      d, slot = peer_ref(peer, d), peer_slot(peer, slot)
+    nbytes = d.view.nbytes
+    barriers.arrive(slot, expect_tx=nbytes, at=wg.time)
+    blk.hb.arrive(wg, slot)
+    start, _, done = timing.tma(blk.engines, wg.time, nbytes)
+    _land_at(done, wg, None, d, slot, nbytes, where, what,
+             value=np.array(src, copy=True), combine=combine)
+    blk.event(f"{wg.name} TMA", f"async store ->{d.buf.name}", start, done)
+    return []
+  return store
+
 
 
 def _partition(s, d, k, n):

@@ -1,0 +1,45 @@
+"""Atomic stores: `plgpu.atomic_add/max/min/and/or/xor` (mgpu_atomic_store),
+element-wise read-modify-writes of SMEM or GMEM (a cluster peer's SMEM
+through `plgpu.cluster_ref` too).
+
+Each element is updated atomically, in the order the simulated threads
+issue them (on the GPU that order varies from run to run: float sums may
+differ in their last bits). For race detection an atomic update is a write
+that does not race with other atomic updates, but does with plain accesses
+that are not ordered with it.
+"""
+import numpy as np
+from jax import tree_util
+
+from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim.interpret import rule
+from pallas_sim.errors import KernelError
+
+OPS = {  # (also async_store_smem's, rules/tma.py)
+    "add": np.add, "max": np.maximum, "min": np.minimum,
+    "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+}
+
+
+@rule("mgpu_atomic_store")
+def _atomic_store(eqn, cx):
+  tree = eqn.params["args_tree"]
+  kind = eqn.params["atomic_type"].value
+  op = OPS[kind]
+  where = cx.where(eqn)
+  prim = f"atomic_{kind}"
+
+  def atomic(wg, *operands):
+    ref, transforms, val = tree_util.tree_unflatten(tree, operands)
+    r = refview.apply(ref, transforms or (), wg)
+    view = r.view
+    if view.shape != np.shape(val):
+      raise KernelError(f"{prim}: value of shape {np.shape(val)} into a ref of "
+                        f"shape {view.shape}")
+    blk = wg.block
+    blk.hb.plain(wg, r, True, prim, where, atomic=True)
+    blk.group.read(r, "thread", prim, where, wg.index, blk)
+    view[...] = op(view, np.asarray(val, view.dtype))
+    blk.group.wrote(r)
+    return []
+  return atomic
