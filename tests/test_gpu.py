@@ -287,3 +287,18 @@ def test_atomics_and_async_store_smem_agree():
   for atomic in (None, "add"):
     sim, real = both(A.exchange(atomic), *A._exchange_args())
     assert_bit_equal(sim, real, f"async_store_smem atomic={atomic}")
+
+
+@pytest.mark.parametrize("per_warp", [False, True])
+def test_profiler_traces_have_the_gpus_structure(tmp_path, per_warp):
+  """The same ranges on the same tracks as the real profiler's trace (the
+  times are the simulated clock's; the GPU's are not compared)."""
+  from test_profiler import _trace, _x, scoped_kernel
+  out = {}
+  for backend in ("sim", "mosaic"):
+    d = tmp_path / backend
+    ps.run(scoped_kernel(d, per_warp=per_warp), _x(), backend=backend)
+    by_tid = out[backend] = {}
+    for e in _trace(d):
+      by_tid.setdefault(e["tid"], []).append((e["name"], e["ph"]))
+  assert out["sim"] == out["mosaic"]

@@ -31,6 +31,7 @@ from jax._src.pallas.mosaic_gpu.interpret import params as _jax_interp_params
 
 import pallas_sim.errors as _errors
 from pallas_sim.errors import SimError
+from pallas_sim.backends.sim import profiler
 from pallas_sim.backends.sim.machine import memory
 
 KNOWN_JAX = "0.11.2"
@@ -73,6 +74,7 @@ class KernelLaunch:
   block_mappings: tuple = ()   # pallas_call BlockSpecs (grid_mapping), if any
   where: str = ""              # user file:line of the kernel body
   arg_names: tuple = ()        # the body's parameter names, where recoverable
+  profile: object = None       # profiler.Spec when compiler_params ask for a profile
 
 
 # --- executing launches: the active executor receives them ----------------
@@ -151,7 +153,8 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
       thread_name=thread_name, num_inputs=grid_mapping.num_inputs,
       num_outputs=grid_mapping.num_outputs, out_avals=tuple(out_avals),
       aliases=tuple(input_output_aliases), block_mappings=block_mappings,
-      where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr))
+      where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr),
+      profile=profiler.spec_of(kw.get("compiler_params")))
   if _active:
     # Static checks (shared memory, unsupported primitives) at lowering time,
     # where an exception reaches the caller as it is. Ours first (they name
@@ -186,6 +189,8 @@ def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
         input_output_aliases=input_output_aliases, out_avals=tuple(out_avals),
         interpret=False, name=name, **kw)
   jaxpr = _uninterpreted(jaxpr)
+  if "compiler_params" in kw:
+    kw["compiler_params"] = profiler.without_profiler(kw["compiler_params"])
   avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
   try:
     jax.export.export(jax.jit(fn), platforms=["cuda"])(*avals)

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim import resources
+from pallas_sim.backends.sim import profiler, resources
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import initcheck, memory, races
@@ -83,6 +83,8 @@ class Executor:
     p = Prepared()
     p.jaxpr = jaxpr
     p.smem = resources.smem_bytes(jaxpr)
+    if launch.profile is not None:  # (the profiler's buffer is in SMEM too)
+      p.smem += launch.profile.smem_bytes(launch.num_threads)
     resources.check_smem(p.smem, self.gpu, where=launch.where)
     p.program = Compiler(self.timing, launch, self.options.max_cycles).compile(jaxpr)
     p.barriers = resources.barrier_count(jaxpr)
@@ -198,10 +200,12 @@ class Executor:
     trace = []
     t0 = time.perf_counter()
     init_log = initcheck.InitLog()
+    recorder = profiler.Recorder(launch.profile) if launch.profile else None
     runner = GroupRunner(prep, in_bufs + out_bufs, launch, self.timing, placement,
                          log, self.check_races, max(map(len, groups)),
                          detached=self.detached,
                          check_init=self.options.check_uninitialized)
+    runner.profile = recorder
     with Progress(launch.name, len(blocks)) as progress:
       for members in groups:
         number, idx, _ = members[0]
@@ -210,6 +214,8 @@ class Executor:
         result = runner.run(members, trace if number < self.trace_blocks else None)
         self._merge(result, cycles, stats, log, init_log, cross)
     self._running = None
+    if recorder is not None:
+      recorder.dump(launch, self.gpu.clock_hz, self.gpu.num_sms)
     loads, stores, flops = stats
     wall = time.perf_counter() - t0
 

@@ -49,6 +49,7 @@ class Group:
     self.makers = {}      # run_scoped equation id -> its allocators (peer lookups)
     self.cluster_axes = {}  # cluster axis name -> (dimension, size)
     self.globals = {}       # get_global's semaphores (the launch's)
+    self.profile = None     # profiler.Recorder, when the kernel is profiled
 
   def peers(self, block, axes, line=False):
     """The blocks of this group whose cluster coordinates equal `block`'s
@@ -113,6 +114,7 @@ class GroupRunner:
     self.tracker = Tracker(log, np.uint8 if most <= 256 else np.int32
                            ) if check_races else None
     self.globals = {}  # get_global's semaphores: one per call site, per launch
+    self.profile = None  # profiler.Recorder when the kernel asks for a profile
     self.cluster_axes = {n: (d, c) for d, (n, c) in enumerate(
         zip(launch.cluster_names, launch.cluster))}
     names = tuple(launch.grid_names)
@@ -133,6 +135,7 @@ class GroupRunner:
     group.number = members[0][0]
     group.cluster_axes = self.cluster_axes
     group.globals = self.globals
+    group.profile = self.profile
     if self.tracker is not None:
       one = len(members) == 1
       size = self.clocks if one else clock_components(

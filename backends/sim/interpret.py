@@ -13,7 +13,7 @@ from jax.extend import core as jax_extend_core
 
 from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
 from pallas_sim.options import MAX_CYCLES
-from pallas_sim.backends.sim import capture
+from pallas_sim.backends.sim import capture, profiler
 from pallas_sim.backends.sim.machine import memory
 
 RULES = {}
@@ -60,6 +60,8 @@ class Compiler:
     self.max_cycles = max_cycles  # loops end a runaway block past this
     self._cache = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]
+    # Named scopes open and close regions of the kernel's profile (profiler.py)
+    self.profile = launch is not None and getattr(launch, "profile", None) is not None
 
   def where(self, eqn):
     """The user's file:line for `eqn`; equations JAX helpers traced for the
@@ -117,6 +119,7 @@ class Compiler:
     prog.steps = []
     blocking = False
     fused = contractions(jaxpr)
+    scopes = []  # (the profile's open regions, as the lowering tracks them)
     for eqn in jaxpr.eqns:
       where = self.where(eqn)
       builder = RULES.get(eqn.primitive.name)
@@ -150,11 +153,47 @@ class Compiler:
       st.outs = tuple(slot(v) for v in eqn.outvars)
       st.multi = eqn.primitive.multiple_results
       st.cost = self.timing.issue_cycles(eqn)
+      if self.profile:
+        names = [sc.name for sc in eqn.source_info.name_stack.stack]
+        _profiled(st, *profiler.scope_changes(scopes, names), scopes)
+        scopes = names
       prog.steps.append(st)
+    if self.profile and scopes:  # (what is open closes at the jaxpr's end)
+      end = Step()
+      end.eqn, end.where, end.gen, end.fn = None, self._where[-1], False, lambda wg: None
+      end.ins, end.outs, end.multi, end.cost = (), (), False, 0
+      _profiled(end, len(scopes), [], scopes)
+      prog.steps.append(end)
     prog.outvars = [read(v) for v in jaxpr.outvars]
     prog.template = template
     prog.blocking = blocking
     return prog
+
+
+def _profiled(st, closes, opens, open_names):
+  """Wraps step `st` so that it first closes `closes` of the regions
+  `open_names` and opens `opens` in the warpgroup's profile."""
+  if not closes and not opens:
+    return
+  events = [(n, False) for n in reversed(open_names[len(open_names) - closes:])]
+  events += [(n, True) for n in opens]
+  fn = st.fn
+
+  def record(wg):
+    rec = wg.block.group.profile
+    for name, begin in events:
+      rec.event(wg, name, begin)
+
+  if st.gen:
+    def gen(wg, *args):
+      record(wg)
+      return (yield from fn(wg, *args))
+    st.fn = gen
+  else:
+    def plain(wg, *args):
+      record(wg)
+      return fn(wg, *args)
+    st.fn = plain
 
 
 def contractions(jaxpr):
