@@ -8,7 +8,7 @@ import numpy as np
 
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import run_gen
-from pallas_sim.backends.sim.machine import initcheck, memory
+from pallas_sim.backends.sim.machine import aliasing, initcheck, memory
 from pallas_sim.backends.sim.machine.observer import (HappensBefore, NoObserver,
                                                       clock_components)
 from pallas_sim.backends.sim.machine.races import Tracker, element_map
@@ -72,6 +72,8 @@ class Group:
   def read(self, ref, agent, prim, where, thread, block):
     """A read through `ref` by `agent` ("thread", "tma_load", "tma_store",
     "wgmma"): elements nothing wrote before it are an event."""
+    if ref.buf.aliases is not None:
+      aliasing.read(ref)
     rng = initcheck.unwritten_in(ref)
     if rng is not None:
       self.events.append(("uninit", agent, prim, where, ref.buf.name, thread,
@@ -84,6 +86,8 @@ class Group:
     """A write through `ref` happened: its elements count as written; GMEM
     writes are logged when detached."""
     initcheck.mark(ref)
+    if ref.buf.aliases is not None:
+      aliasing.wrote(ref)
     if self.writes is None or ref.buf.space != "gmem":
       return
     buf = ref.buf

@@ -7,24 +7,37 @@ tiling and swizzling change only where bytes live in real SMEM, not which
 logical element a (transformed) ref names, so `UntilingTransform` and
 `UnswizzleRef` at the head of a chain are identities here.
 """
+import math
+
 import numpy as np
+from jax._src import dtypes as jax_dtypes
 from jax._src.state import indexing as jax_indexing
 from jax._src.state import types as jax_state_types
 from jax._src.pallas.mosaic_gpu import core as gpu_core
 from jax import tree_util
 
-from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.machine import aliasing, memory
 from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
 
 
 class Ref:
-  __slots__ = ("buf", "view", "raw_tiled")
+  __slots__ = ("buf", "view", "raw_tiled", "layout")
 
-  def __init__(self, buf, view, raw_tiled=False):
+  def __init__(self, buf, view, raw_tiled=False, layout=None):
     self.buf = buf
     self.view = view
     # True while a tiled buffer's root ref has not yet been untiled.
     self.raw_tiled = raw_tiled
+    # A RefUnion member's own tiling and swizzle (machine/aliasing.py).
+    self.layout = layout
+
+  @property
+  def tiling(self):
+    return self.buf.tiling if self.layout is None else self.layout.tiling
+
+  @property
+  def swizzle(self):
+    return self.buf.swizzle if self.layout is None else self.layout.swizzle
 
   @property
   def shape(self):
@@ -82,10 +95,15 @@ def apply(ref, transforms, wg=None):
   view = ref.view
   raw = ref.raw_tiled
   buf = ref.buf
-  for tr in transforms:
+  layout = ref.layout
+  for i, tr in enumerate(transforms):
     if isinstance(tr, gpu_core.ClusterRefTransform) and wg is not None and not raw:
       r = _cluster_peer(Ref(buf, view), tr, wg)
       buf, view = r.buf, r.view
+      continue
+    if isinstance(tr, gpu_core.ExtractAliasedRef):
+      view, layout = _aliased(buf, view, tr, transforms[i + 1:])
+      raw = layout.tiling is not None
       continue
     if isinstance(tr, gpu_core.UntilingTransform):
       if not raw:
@@ -115,8 +133,33 @@ def apply(ref, transforms, wg=None):
       view = view.view(tr.dtype)
     else:
       raise UnsupportedPrimitiveError(
-          f"ref transform {type(tr).__name__} is not modelled")
-  return Ref(buf, view, raw)
+          f"ref transform {type(tr).__name__} is not modelled (transforms: "
+          f"{', '.join(type(t).__name__ for t in transforms)})")
+  return Ref(buf, view, raw, layout)
+
+
+def _aliased(buf, view, tr, rest):
+  """A RefUnion member: the union's bytes at the member's offset, viewed as
+  its elements in logical order (the untiled shape where `rest` untiles it),
+  and its Layout."""
+  if view.dtype != np.int8 or view.ndim != 1 or view.size != buf.data.size:
+    raise UnsupportedPrimitiveError(
+        f"ExtractAliasedRef of {buf.name}: only the whole union is modelled")
+  tiling, swizzle = tiling_of(rest)
+  shape = tuple(tr.shape)
+  if tiling is not None:
+    k = len(tiling)
+    shape = shape[:-2 * k] + tuple(n * t for n, t in zip(shape[-2 * k:-k], shape[-k:]))
+  dtype = np.dtype(tr.dtype)
+  if jax_dtypes.itemsize_bits(tr.dtype) != 8 * dtype.itemsize:
+    raise UnsupportedPrimitiveError(
+        f"aliased ref of {buf.name} with sub-byte dtype {tr.dtype}: not modelled")
+  nbytes = math.prod(shape) * dtype.itemsize
+  if tr.offset + nbytes > view.size:
+    raise OutOfBoundsError(f"aliased ref of {buf.name}: bytes {tr.offset}.."
+                           f"{tr.offset + nbytes} past its {view.size}")
+  member = view[tr.offset:tr.offset + nbytes].view(dtype).reshape(shape)
+  return member, aliasing.layout_for(buf, dtype, shape, tiling, swizzle)
 
 
 def _cluster_peer(ref, tr, wg):
@@ -187,10 +230,10 @@ def barrier_of(ref, what):
   if isinstance(v, np.ndarray):
     if v.dtype != object:
       raise KernelError(f"{what}: {ref.buf.name} is not a barrier ref")
-    if v.ndim:
+    if v.size != 1:  # (a slice of one barrier names it, as in the lowering)
       raise KernelError(f"{what}: barrier ref {ref.buf.name} of shape "
                         f"{v.shape} must be indexed down to one barrier")
-    return v[()]
+    return v.reshape(())[()]
   return v
 
 

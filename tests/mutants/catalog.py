@@ -298,7 +298,9 @@ MUTANTS = [
     Mutant("init-tma-load-writes-nothing", TMA,
            "a TMA load writes its SMEM when it lands; the mutant forgets to mark it "
            "(false uninitialized reads)",
-           "    iview[...] = sview\n    blk.group.wrote(written)", "    iview[...] = sview",
+           "    iview[...] = sview if combine is None else combine(iview, sview)\n"
+           "    blk.group.wrote(written)",
+           "    iview[...] = sview if combine is None else combine(iview, sview)",
            ("tests/test_debugging.py",)),
     Mutant("unwritten-outputs-unreported", "backends/sim/executor.py",
            "outputs with elements no block wrote are reported at the end of a launch",

@@ -29,7 +29,7 @@ class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
-               "alloc_key", "origin", "written", "unwritten", "_addr")
+               "alloc_key", "origin", "written", "unwritten", "_addr", "aliases")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
                origin=None):
@@ -44,6 +44,7 @@ class Buffer:
     self.written = None  # uninitialized-memory check's mask (initcheck.py)
     self.unwritten = 0
     self._addr = None
+    self.aliases = None  # a RefUnion's byte tags (machine/aliasing.py)
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
 
   def address(self):

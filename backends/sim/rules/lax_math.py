@@ -142,18 +142,40 @@ for _name, _f in {
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal,
     "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
-    "shift_left": _keep_dtype(np.left_shift),
-    "shift_right_arithmetic": _keep_dtype(np.right_shift),
 }.items():
   _binary(_name, _f)
 
 
-@rule("shift_right_logical")
-def _srl(eqn, cx):
-  dt = np.dtype(eqn.invars[0].aval.dtype)
-  udt = np.dtype(f"u{dt.itemsize}")
-  return lambda wg, x, y: np.right_shift(
-      np.asarray(x).view(udt), np.asarray(y).view(udt)).view(dt)
+def _shift(kind):
+  """Shifts of the bit pattern, whatever the signedness of the type (as XLA
+  and the lowering: an arithmetic shift of a uint32 fills with its top bit),
+  with amounts at or past the width clamped to it (as PTX shl/shr: 0, or
+  all sign bits)."""
+  def build(eqn, cx):
+    dt = np.dtype(eqn.invars[0].aval.dtype)
+    width = 8 * dt.itemsize
+    sdt, udt = np.dtype(f"i{dt.itemsize}"), np.dtype(f"u{dt.itemsize}")
+
+    def shift(wg, x, y):
+      x = np.asarray(x, dt)
+      amount = np.asarray(y, dt).view(udt)
+      big = amount >= width
+      amount = np.minimum(amount, width - 1).astype(udt)
+      if kind == "left":
+        out = np.where(big, 0, np.left_shift(x.view(udt), amount))
+      elif kind == "logical":
+        out = np.where(big, 0, np.right_shift(x.view(udt), amount))
+      else:  # (width - 1 already fills every bit with the sign)
+        out = np.right_shift(x.view(sdt), amount.astype(sdt)).view(udt)
+      out = np.asarray(out, udt).view(dt)
+      return out if out.ndim else out[()]
+    return shift
+  return build
+
+
+rule("shift_left")(_shift("left"))
+rule("shift_right_logical")(_shift("logical"))
+rule("shift_right_arithmetic")(_shift("arithmetic"))
 
 
 @rule("integer_pow")

@@ -23,7 +23,7 @@ from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiv
 def _box(ref):
   """The box of a TMA transfer of this SMEM ref, as the lowering builds its
   descriptor: the view's shape, tiled as its buffer is."""
-  shape, t = ref.view.shape, ref.buf.tiling
+  shape, t = ref.view.shape, ref.tiling
   if t and len(shape) >= len(t):
     lead, minor = shape[:-len(t)], shape[-len(t):]
     shape = lead + tuple(d // e for d, e in zip(minor, t)) + tuple(t)

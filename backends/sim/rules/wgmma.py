@@ -99,7 +99,7 @@ def _check_operands(acc_r, a_r, a_val, b_r):
   if k != k2 or acc_r.view.shape != (m, n):
     raise KernelError(f"wgmma shapes do not match: acc {acc_r.view.shape}, "
                       f"lhs {(m, k)}, rhs {(k2, n)}")
-  validate(acc_r.view, a, b_r.view, a_r is not None, b_r.buf.swizzle)
+  validate(acc_r.view, a, b_r.view, a_r is not None, b_r.swizzle)
 
 
 def _static_check(eqn, trees, a_is_ref):
