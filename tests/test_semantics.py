@@ -449,3 +449,20 @@ def test_run_state_returns_what_its_body_returns_as_the_lowering_does():
 
   out = ps.run(k, jnp.ones((64, 64), jnp.float16), backend="sim")
   np.testing.assert_array_equal(out, 5.0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint32])
+def test_shifts_act_on_bit_patterns_with_clamped_amounts(dtype):
+  @plgpu.kernel(out_type=[jax.ShapeDtypeStruct((256,), dtype)] * 3)
+  def k(x_ref, y_ref, l_ref, r_ref, a_ref):
+    x, y = x_ref[...], y_ref[...]
+    l_ref[...] = lax.shift_left(x, y)
+    r_ref[...] = lax.shift_right_logical(x, y)
+    a_ref[...] = lax.shift_right_arithmetic(x, y)
+  info = jnp.iinfo(dtype)
+  x = jnp.linspace(jnp.array(info.min, dtype), jnp.array(info.max, dtype), 256, dtype=dtype)
+  y = (jnp.arange(256) % 40).astype(dtype)  # (past the width: 0, or the sign)
+  outs = ps.run(k, x, y, backend="sim")
+  for got, op in zip(outs, (lax.shift_left, lax.shift_right_logical,
+                            lax.shift_right_arithmetic)):
+    np.testing.assert_array_equal(got, op(x, y), err_msg=op.__name__)
