@@ -327,3 +327,12 @@ def test_shifts_agree(dtype):
   y = (jnp.arange(256) % 32).astype(dtype)  # (in range: past it the GPU's
   sim, real = both(k, x, y)                  # answer is the compiler's choice)
   assert_bit_equal(sim, real, "shifts")
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn,
+                                   jnp.float8_e5m2, jnp.int8, jnp.int4])
+def test_mma_sync_agrees(dtype):
+  from test_wgmma import mma_sync_kernel, mma_sync_operands
+  a, bt = mma_sync_operands(dtype, seed=3)
+  sim, real = both(mma_sync_kernel(dtype), a, bt)
+  assert_bit_equal(sim, real, f"mma {jnp.dtype(dtype).name}")

@@ -151,3 +151,40 @@ def test_simulated_wgmma_is_bit_exact_with_the_h200():
                  transforms=True, out_dtype=jnp.float32)
     np.testing.assert_array_equal(np.asarray(out)[:hw.shape[0], :hw.shape[1]], hw,
                                   err_msg=key)
+
+
+def mma_sync_kernel(dtype, m=128, k=128, n=8):
+  """plgpu.mma: acc + a @ b from registers (mma.sync); b is given (n, k)."""
+  dtype = jnp.dtype(dtype)
+  acc_dtype = jnp.int32 if jnp.issubdtype(dtype, jnp.integer) else jnp.float32
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((m, n), acc_dtype))
+  def kern(a_ref, b_ref, o_ref):
+    acc = plgpu.layout_cast(jnp.zeros((m, n), acc_dtype), plgpu.Layout.MMA_ACC(dtype))
+    a = plgpu.load(a_ref, layout=plgpu.Layout.MMA_LHS(dtype), optimized=False)
+    b = plgpu.load(b_ref.T, layout=plgpu.Layout.MMA_RHS(dtype), optimized=False)
+    o_ref[...] = plgpu.mma(acc, a, b)
+  return kern
+
+
+def mma_sync_operands(dtype, m=128, k=128, n=8, seed=0):
+  rng = np.random.default_rng(seed)
+  dtype = jnp.dtype(dtype)
+  if jnp.issubdtype(dtype, jnp.integer):
+    info = jnp.iinfo(dtype)
+    return (rng.integers(info.min, info.max + 1, (m, k)).astype(dtype),
+            rng.integers(info.min, info.max + 1, (n, k)).astype(dtype))
+  return (rng.uniform(-1, 1, (m, k)).astype(dtype), rng.uniform(-1, 1, (n, k)).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn,
+                                   jnp.int8, jnp.int4])
+def test_mma_sync_computes_acc_plus_a_b(dtype):
+  a, bt = mma_sync_operands(dtype)
+  out = np.asarray(ps.run(mma_sync_kernel(dtype), a, bt, backend="sim"))
+  if jnp.issubdtype(dtype, jnp.integer):
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ bt.T.astype(np.int64))
+  else:
+    want = a.astype(np.float64) @ bt.T.astype(np.float64)
+    assert rel_err(out, want) < 1e-5
+    # (the tensor core truncates: not numpy's rounded f32 sum, bit for bit)

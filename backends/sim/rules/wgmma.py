@@ -1,5 +1,6 @@
 """wgmma: asynchronous warpgroup matmul-accumulate into an ACC, wgmma_wait,
-and reading/writing the accumulator.
+and reading/writing the accumulator; and `plgpu.mma`, the synchronous
+register matmul (Ampere mma.sync).
 
 Each `wgmma` is one committed group with its own end time from the SM's
 tensor-core timeline. The group reads its SMEM operands and updates the
@@ -16,7 +17,7 @@ import numpy as np
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
 from pallas_sim.backends.sim.machine import tensor_core
-from pallas_sim.errors import KernelError
+from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 _HALF = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
          np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
@@ -212,3 +213,26 @@ def _acc_store(eqn, cx):
     acc.view[...] = val
     return []
   return store
+
+
+@rule("mma")
+def _mma_sync(eqn, cx):
+  """acc + a @ b from registers, synchronously (mma.sync). Integer operands
+  accumulate exactly in int32 (wrapping); float ones into f32 as the tensor
+  core sums wgmma's (the same slices of K). Other accumulators (f16, f64)
+  are not fitted on the GPU and are rejected."""
+  acc_dt = np.dtype(eqn.invars[0].aval.dtype)
+  if acc_dt not in (_F32, np.dtype(np.int32)):
+    raise UnsupportedPrimitiveError(
+        f"mma with a {acc_dt} accumulator: only f32 and int32 accumulation is "
+        "modelled (the tensor core's rounding into others is not measured)")
+
+  def run(wg, acc, a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    if acc_dt == np.int32:
+      prod = a.astype(np.int64) @ b.astype(np.int64)
+      return (np.asarray(acc, np.int64) + prod).astype(np.int32)
+    out = np.array(acc, _F32, copy=True)
+    mma(out, a, b)
+    return out
+  return run
