@@ -186,5 +186,6 @@ def test_mma_sync_computes_acc_plus_a_b(dtype):
     np.testing.assert_array_equal(out, a.astype(np.int64) @ bt.T.astype(np.int64))
   else:
     want = a.astype(np.float64) @ bt.T.astype(np.float64)
-    assert rel_err(out, want) < 1e-5
+    # (fp8 sums keep 13 fraction bits between slices of K)
+    assert rel_err(out, want) < (1e-3 if jnp.dtype(dtype).itemsize == 1 else 1e-5)
     # (the tensor core truncates: not numpy's rounded f32 sum, bit for bit)
