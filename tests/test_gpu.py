@@ -297,6 +297,7 @@ def test_profiler_traces_have_the_gpus_structure(tmp_path, per_warp):
   out = {}
   for backend in ("sim", "mosaic"):
     d = tmp_path / backend
+    d.mkdir()  # (the real profiler writes into an existing directory)
     ps.run(scoped_kernel(d, per_warp=per_warp), _x(), backend=backend)
     by_tid = out[backend] = {}
     for e in _trace(d):

@@ -77,14 +77,22 @@ def _mma(acc, a, b, ea, eb, kslice, align_bits, result_bits):
       acc[i, j] = s[j]
 
 
-def mma_f32(acc, a, b, itemsize):
+# mma.sync (plgpu.mma), fitted on an H200 (benchmarks/mma_numerics_probe.py):
+# f16/bf16 sum as wgmma does; fp8 in slices of 8 with f16's precision, not
+# wgmma's 13 bits. (elements per slice, align bits, result bits) by width.
+SYNC = {2: (16, 25, 23), 1: (8, 25, 23)}
+
+
+def mma_f32(acc, a, b, itemsize, sync=False):
   """acc (M, N) float32, updated in place: acc += a (M, K) @ b (K, N), where
   a and b hold the operand values (as the tensor core sees them) and
-  itemsize is the operands' width in bytes."""
-  align_bits, result_bits = PRECISION[itemsize]
+  itemsize is the operands' width in bytes; `sync`: as mma.sync sums."""
+  if sync:
+    kslice, align_bits, result_bits = SYNC[itemsize]
+  else:
+    (align_bits, result_bits), kslice = PRECISION[itemsize], SLICE_BYTES // itemsize
   a = np.ascontiguousarray(a, np.float64)
   b = np.ascontiguousarray(b, np.float64)
   out = np.ascontiguousarray(acc, np.float32)
-  _mma(out, a, b, exponents(a), exponents(b), SLICE_BYTES // itemsize,
-       align_bits, result_bits)
+  _mma(out, a, b, exponents(a), exponents(b), kslice, align_bits, result_bits)
   acc[...] = out

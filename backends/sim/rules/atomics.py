@@ -2,8 +2,8 @@
 element-wise read-modify-writes of SMEM or GMEM (a cluster peer's SMEM
 through `plgpu.cluster_ref` too).
 
-Each element is updated atomically, in the order the simulated threads
-issue them (on the GPU that order varies from run to run: float sums may
+Each element is updated atomically (int32 max/min as unsigned, as the
+lowering emits them), in the order the simulated threads issue them (on the GPU that order varies from run to run: float sums may
 differ in their last bits). For race detection an atomic update is a write
 that does not race with other atomic updates, but does with plain accesses
 that are not ordered with it.
@@ -15,8 +15,20 @@ from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import rule
 from pallas_sim.errors import KernelError
 
+def unsigned(f):
+  """f on the unsigned view of signed integers (umin/umax)."""
+  def g(a, b):
+    if a.dtype.kind != "i":
+      return f(a, b)
+    u = np.dtype(f"u{a.dtype.itemsize}")
+    return f(a.view(u), np.asarray(b, a.dtype).view(u)).view(a.dtype)
+  return g
+
+
+# int32 max and min compare as unsigned: the lowering (jax 0.11.2) emits
+# u32 atomics for them (measured on an H200: benchmarks/atomic_probe.py).
 OPS = {  # (also async_store_smem's, rules/tma.py)
-    "add": np.add, "max": np.maximum, "min": np.minimum,
+    "add": np.add, "max": unsigned(np.maximum), "min": unsigned(np.minimum),
     "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
 }
 

@@ -14,7 +14,7 @@ from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
 from pallas_sim.backends.sim.machine.scheduler import Wait
-from pallas_sim.backends.sim.rules.atomics import OPS
+from pallas_sim.backends.sim.rules.atomics import OPS, unsigned
 from pallas_sim.backends.sim.rules.barriers import peer_slot
 from pallas_sim.backends.sim.rules.refs import peer_ref
 from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
@@ -210,14 +210,6 @@ class _StoreGroup:
     self.unwritten = n
 
 
-def _unsigned(f):
-  """f on the unsigned view of signed integers (umin/umax)."""
-  def g(a, b):
-    u = np.dtype(f"u{a.dtype.itemsize}")
-    return f(a.view(u), np.asarray(b).view(u)).view(a.dtype)
-  return g
-
-
 # reduction op -> (combine, the element types the lowering takes for it: the
 # PTX table of cp.reduce.async.bulk, mosaic/gpu/launch_context.py)
 _REDUCE = {
@@ -227,8 +219,8 @@ _REDUCE = {
     "min": (np.minimum, {"float16", "bfloat16"}),
     "max": (np.maximum, {"float16", "bfloat16"}),
     "smin": (np.minimum, {"int32", "int64"}), "smax": (np.maximum, {"int32", "int64"}),
-    "umin": (_unsigned(np.minimum), {"int32", "int64", "uint32", "uint64"}),
-    "umax": (_unsigned(np.maximum), {"int32", "int64", "uint32", "uint64"}),
+    "umin": (unsigned(np.minimum), {"int32", "int64", "uint32", "uint64"}),
+    "umax": (unsigned(np.maximum), {"int32", "int64", "uint32", "uint64"}),
     "and": (np.bitwise_and, {"int32", "int64", "uint32", "uint64"}),
     "or": (np.bitwise_or, {"int32", "int64", "uint32", "uint64"}),
     "xor": (np.bitwise_xor, {"int32", "int64", "uint32", "uint64"}),

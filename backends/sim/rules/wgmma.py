@@ -119,11 +119,11 @@ def _static_check(eqn, trees, a_is_ref):
   return True
 
 
-def mma(acc_view, a, b):
-  """acc += a @ b as the tensor core computes it."""
+def mma(acc_view, a, b, sync=False):
+  """acc += a @ b as the tensor core computes it (`sync`: for mma.sync)."""
   if acc_view.dtype == _F32:
     tensor_core.mma_f32(acc_view, operand(a, _F32), operand(b, _F32),
-                        a.dtype.itemsize)
+                        a.dtype.itemsize, sync)
     return
   r = np.matmul(operand(a, acc_view.dtype), operand(b, acc_view.dtype))
   acc_view[...] = acc_view + r.astype(acc_view.dtype)
@@ -219,8 +219,8 @@ def _acc_store(eqn, cx):
 def _mma_sync(eqn, cx):
   """acc + a @ b from registers, synchronously (mma.sync). Integer operands
   accumulate exactly in int32 (wrapping); float ones into f32 as the tensor
-  core sums wgmma's (the same slices of K). Other accumulators (f16, f64)
-  are not fitted on the GPU and are rejected."""
+  core sums (machine/tensor_core.py SYNC, fitted on an H200). Other
+  accumulators (f16, f64) are not fitted on the GPU and are rejected."""
   acc_dt = np.dtype(eqn.invars[0].aval.dtype)
   if acc_dt not in (_F32, np.dtype(np.int32)):
     raise UnsupportedPrimitiveError(
@@ -233,6 +233,6 @@ def _mma_sync(eqn, cx):
       prod = a.astype(np.int64) @ b.astype(np.int64)
       return (np.asarray(acc, np.int64) + prod).astype(np.int32)
     out = np.array(acc, _F32, copy=True)
-    mma(out, a, b)
+    mma(out, a, b, sync=True)
     return out
   return run
