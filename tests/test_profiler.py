@@ -53,7 +53,8 @@ def test_a_profiled_kernel_writes_its_named_scopes_with_simulated_times(tmp_path
   for e in events:
     by_tid.setdefault(e["tid"], []).append((e["name"], e["ph"]))
   assert sorted(by_tid) == [1, 2]  # one trace per warpgroup of each block
-  assert by_tid[1] == [("load", "B"), ("load", "E"), ("compute", "B"),
+  assert by_tid[1] == [("Init", "B"), ("Init", "E"),  # (the kernel's prologue)
+                       ("load", "B"), ("load", "E"), ("compute", "B"),
                        ("square", "B"), ("square", "E"), ("compute", "E")]
   t = {(e["tid"], e["name"], e["ph"]): e["ts"] for e in events}
   # The load waits for a TMA copy: it takes simulated time; times only grow.
@@ -70,12 +71,13 @@ def test_warp_scope_has_a_trace_per_warp(tmp_path):
 
 
 def test_a_full_buffer_truncates_with_bounds_check_and_is_an_error_without(tmp_path):
-  # profile_space=2: 8 entries, 3 of them the header: 2 events per trace.
-  ps.run(scoped_kernel(tmp_path / "a", space=2, bounds_check=True), _x(), backend="sim")
+  # profile_space=3: 12 entries, 3 of them the header: 4 events per trace.
+  ps.run(scoped_kernel(tmp_path / "a", space=3, bounds_check=True), _x(), backend="sim")
   events = [e for e in _trace(tmp_path / "a") if e["tid"] == 1]
-  assert [(e["name"], e["ph"]) for e in events] == [("load", "B"), ("load", "E")]
-  with pytest.raises(ps.KernelError, match="profile_space=2 holds 2"):
-    ps.run(scoped_kernel(tmp_path / "b", space=2), _x(), backend="sim")
+  assert [(e["name"], e["ph"]) for e in events] == [
+      ("Init", "B"), ("Init", "E"), ("load", "B"), ("load", "E")]
+  with pytest.raises(ps.KernelError, match="profile_space=3 holds 4"):
+    ps.run(scoped_kernel(tmp_path / "b", space=3), _x(), backend="sim")
 
 
 def test_the_profile_buffer_counts_against_shared_memory(tmp_path):

@@ -181,6 +181,9 @@ def _warpgroup(prog, refs, wg, launch, group):
   (jax 0.11.2 awaits only in wait_smem_to_gmem), and the SMEM they read may
   be freed. (Their GMEM writes still land: seen on an H200,
   benchmarks/gpu_probes.py, so an unawaited write side is not reported.)"""
+  if group.profile is not None:  # (the kernel's prologue: its profile's first range)
+    group.profile.event(wg, "Init", True)
+    group.profile.event(wg, "Init", False)
   yield from run_gen(prog, refs, wg)
   if wg.open_group or wg.store_reads_awaited < wg.store_groups:
     site = group.log.site("thread", "end of kernel", launch.where, "TMA stores", "end",
