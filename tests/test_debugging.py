@@ -395,3 +395,21 @@ def _read_until(stream, text, timeout=120):
       assert chunk, got
       got += chunk
   return got
+
+
+def test_debug_check_stops_the_kernel_with_its_message_when_checks_are_on():
+  from jax._src import config
+
+  def make():
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct([256], jnp.int32))
+    def k(x_ref, o_ref):
+      pl.debug_check(jnp.sum(x_ref[...]) > 0, "x.sum() is negative")
+      o_ref[...] = x_ref[...]
+    return k
+  x = jnp.arange(256, dtype=jnp.int32)
+  with config.jax_pallas_enable_debug_checks(True):
+    np.testing.assert_array_equal(ps.run(make(), x, backend="sim"), x)
+    with pytest.raises(ps.KernelError, match="debug_check failed: x.sum.. is negative"):
+      ps.run(make(), -x, backend="sim")
+  # Off (the default), the check is not compiled in: nothing happens.
+  np.testing.assert_array_equal(ps.run(make(), -x, backend="sim"), -x)

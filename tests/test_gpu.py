@@ -337,3 +337,12 @@ def test_mma_sync_agrees(dtype):
   a, bt = mma_sync_operands(dtype, seed=3)
   sim, real = both(mma_sync_kernel(dtype), a, bt)
   assert_bit_equal(sim, real, f"mma {jnp.dtype(dtype).name}")
+
+
+def test_bulk_copies_and_their_limit_agree():
+  from test_semantics import bulk_copy_kernel
+  x = jnp.arange(8 * 512, dtype=jnp.float32).reshape(8, 512)
+  sim, real = both(bulk_copy_kernel(), x)
+  assert_bit_equal(sim, real, "bulk copy")
+  with pytest.raises(Exception, match="<=256 elements along each dimension"):
+    ps.run(bulk_copy_kernel(out_shape=(8, 1024)), x, backend="mosaic")

@@ -466,3 +466,24 @@ def test_shifts_act_on_bit_patterns_with_clamped_amounts(dtype):
   for got, op in zip(outs, (lax.shift_left, lax.shift_right_logical,
                             lax.shift_right_arithmetic)):
     np.testing.assert_array_equal(got, op(x, y), err_msg=op.__name__)
+
+
+def bulk_copy_kernel(shape=(8, 512), out_shape=(8, 512)):
+  """A TMA load (oob_mode UNDEFINED) and a store of a box longer than 256
+  elements: one contiguous range each way when `out_shape` is the box."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(out_shape, jnp.float32),
+                scratch_types=[plgpu.SMEM(shape, jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar, oob_mode=plgpu.OOBFillMode.UNDEFINED)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[:shape[0], :shape[1]])
+    plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+def test_contiguous_copies_take_the_bulk_path_without_the_256_limit():
+  x = jnp.arange(8 * 512, dtype=jnp.float32).reshape(8, 512)
+  np.testing.assert_array_equal(ps.run(bulk_copy_kernel(), x, backend="sim"), x)
+  # A box that is not one contiguous range of its array needs a tensor map.
+  with pytest.raises(ps.KernelError, match="<=256 elements along each dimension"):
+    ps.run(bulk_copy_kernel(out_shape=(8, 1024)), x, backend="sim")

@@ -119,3 +119,34 @@ def _print_array(fmt, aval, static, in_tree):
     print("\n".join(lines), file=sys.stdout, flush=True)
     return []
   return debug_print
+
+
+@rule("check")
+def _debug_check(eqn, cx):
+  """pl.debug_check: with debug checks on when the kernel is traced
+  (config.jax_pallas_enable_debug_checks, as the lowering reads it), a
+  false predicate stops the kernel (the GPU traps on a device-side assert)
+  with its message, here a KernelError at the user's line; off, nothing."""
+  from jax._src.checkify import FailedCheckError
+  from jax._src.pallas import core as pallas_core
+  import jax
+  p = eqn.params
+  if not p.get("debug", False):
+    raise UnsupportedPrimitiveError(
+        "Non-debug checks are not supported by the Mosaic GPU backend. "
+        "Functionalize them via `jax.experimental.checkify`.")
+  if not pallas_core.debug_checks_enabled():
+    return lambda wg, *args: []
+  tree = p["err_tree"]
+
+  def check(wg, *args):
+    error = jax.tree.unflatten(tree, list(args))
+    [pred] = error._pred.values()
+    if not bool(np.asarray(pred)):  # (check_p's predicate is "failed")
+      return []
+    [exc_tree] = error._metadata.values()
+    [payload] = error._payload.values()
+    exc = jax.tree.unflatten(exc_tree, payload)
+    msg = exc.fmt_string if isinstance(exc, FailedCheckError) else str(exc)
+    raise KernelError(f"debug_check failed: {msg}")
+  return check

@@ -30,29 +30,55 @@ def _box(ref):
   return tuple(shape)
 
 
-def _check_box(ref, what):
-  """The lowering's TMA limits (mosaic/gpu/launch_context.py), its messages."""
+def _check_box(ref, what, bulk=False):
+  """The lowering's TMA limits (mosaic/gpu/launch_context.py), its messages.
+  `bulk`: the copy takes the plain bulk path (cp.async.bulk of one
+  contiguous range), which has no limit on a dimension's length."""
   box = _box(ref)
   bits = (box[-1] if box else 1) * ref.view.dtype.itemsize * 8
   if bits % 128:
     raise KernelError(
         f"{what}: Async copies require the number of bits copied along the last"
         f" dimension to be divisible by 128, but got {bits}")
-  if box and max(box) > 256:
+  if box and max(box) > 256 and not bulk:
     raise KernelError(
         f"{what}: Async copies only support copying <=256 elements along each"
         f" dimension, got {box}")
 
 
-def _static_check(eqn, what, smem_operand):
+def _may_be_bulk(smem_ref, collective=False, reduce=None, zero_fill=False):
+  """Whether the lowering may copy with one plain bulk copy (its
+  `is_simple_contiguous_copy`): SMEM not swizzled, no reduction, no
+  multicast, no zero fill past the ends; then it depends on the GMEM slice."""
+  return (smem_ref.swizzle is None and reduce is None and not collective
+          and not zero_fill)
+
+
+def _contiguous(gmem_ref):
+  """The GMEM slice is one contiguous range of its array."""
+  v = gmem_ref.view
+  isz = v.itemsize
+  expected = 1
+  for dim, stride in zip(reversed(v.shape), reversed(v.strides)):
+    if dim != 1 and stride != expected * isz:
+      return False
+    expected *= dim
+  return True
+
+
+def _static_check(eqn, what, smem_operand, bulk_possible=False):
   """Checks a copy from avals alone (refview.static_ref), when the kernel is
   compiled: before the real lowering's checks, at the user's line. False
-  where the ref cannot be built statically (then each copy is checked).
-  (Memory spaces, shapes and dtypes of both sides JAX checks while tracing.)"""
+  where the ref cannot be built statically, or the limits depend on the GMEM
+  slice (then each copy is checked). (Memory spaces, shapes and dtypes of
+  both sides JAX checks while tracing.)"""
   i, name = smem_operand
   ref = refview.static_ref(eqn.invars[i].aval, eqn.params[f"{name}_transforms_treedef"],
                            name)
   if ref is None:
+    return False
+  if bulk_possible and _may_be_bulk(ref):
+    _check_box(ref, what, bulk=True)  # (the length limit waits for the GMEM slice)
     return False
   _check_box(ref, what)
   return True
@@ -85,7 +111,8 @@ def _copy_gmem_to_smem(eqn, cx):
   what = "copy_gmem_to_smem"
   where = cx.where(eqn)
   # Checks that need no data run now, before the real lowering's.
-  static = _static_check(eqn, what, (1, "dst"))
+  bulk_possible = not collective and oob != "ZEROS"
+  static = _static_check(eqn, what, (1, "dst"), bulk_possible)
 
   def load(wg, src, dst, bar, *leaves):
     s, _, inb = src_at(src, leaves[:ns])
@@ -93,7 +120,7 @@ def _copy_gmem_to_smem(eqn, cx):
     b = bar_at(bar, leaves[ns + nd:ns + nd + nb])
     pred = leaves[ns + nd + nb] if has_pred else True
     if not static:
-      _check_box(d, what)
+      _check_box(d, what, bulk_possible and _may_be_bulk(d) and _contiguous(s))
     slot = refview.barrier_of(b, what)
     if not pred:
       barriers.arrive(slot, at=wg.time)
@@ -247,14 +274,14 @@ def _copy_smem_to_gmem(eqn, cx):
   timing = cx.timing
   what = "copy_smem_to_gmem"
   where = cx.where(eqn)
-  static = _static_check(eqn, what, (0, "src"))
+  static = _static_check(eqn, what, (0, "src"), bulk_possible=op is None)
 
   def store(wg, src, dst, *leaves):
     s = src_at(src, leaves[:ns])
     d, _, inb = dst_at(dst, leaves[ns:ns + nd])
     pred = leaves[ns + nd] if has_pred else True
     if not static:
-      _check_box(s, what)
+      _check_box(s, what, op is None and _may_be_bulk(s) and _contiguous(d))
     if inb is not None:  # past the array's ends: TMA drops those elements
       s = refview.Ref(s.buf, s.view[inb])
     if pred:
