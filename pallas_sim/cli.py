@@ -104,7 +104,8 @@ def check(target, gpu="h100", out=sys.stdout, uninitialized="fail"):
 def _print_findings(name, report, out, strict):
   """Prints the races and uninitialized-memory findings of `report`; returns
   whether they fail `name`."""
-  fails = bool(report.races) or (strict and bool(report.uninitialized))
+  fails = any(not r.library for r in report.races) or (
+      strict and bool(report.uninitialized))
   parts = [f"{n} {what}" for n, what in (
       (len(report.races), "race(s)"),
       (len(report.uninitialized), "uninitialized-memory finding(s)")) if n]

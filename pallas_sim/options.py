@@ -22,6 +22,13 @@ class Options:
   check_uninitialized / on_uninitialized: find reads of SMEM or output
     elements nothing wrote, and output elements no block wrote; "raise"
     ps.UninitializedError, or "report" them in report.uninitialized only.
+  library_races: races both of whose accesses are made by code inside the
+    installed jax package (JAX's own kernels, e.g. jax.experimental.pallas.ops)
+    are "report"ed by default: in report.races (race.library is True) and as
+    a ps.RaceWarning, never raising, since the user cannot change that code;
+    "raise" treats them as any other race. A race with an access in the
+    user's code (including JAX helpers such as emit_pipeline called from it,
+    which are located at the user's call) is the user's.
   max_cycles: a block still running after this many simulated cycles is a
     runaway: ps.RunawayKernelError at the looping line."""
   gpu: str = "h100"
@@ -30,11 +37,12 @@ class Options:
   check_lowering: bool = True
   check_uninitialized: bool = True
   on_uninitialized: str = "raise"
+  library_races: str = "report"
   max_cycles: float = MAX_CYCLES
 
   def __post_init__(self):
     gpus.get(self.gpu)  # raises on an unknown model
-    for name in ("on_race", "on_uninitialized"):
+    for name in ("on_race", "on_uninitialized", "library_races"):
       if getattr(self, name) not in _ON:
         raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {_ON}")
     if not self.max_cycles > 0:

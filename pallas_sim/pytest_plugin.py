@@ -5,7 +5,8 @@
   race, read memory nothing wrote, leave outputs unwritten or deadlock
   fails, with the report in its failure message
   (`--pallas-sim-uninitialized report`, `--pallas-sim-races report`: those
-  findings are warnings instead). (Calls that ask for backend="mosaic" explicitly still
+  findings are warnings instead). Races inside jax's own code are warnings
+  unless `--pallas-sim-library-races fail`. (Calls that ask for backend="mosaic" explicitly still
   go to the real lowering.)
 * The `gpu` marker: such tests are skipped where no Hopper GPU is present.
 """
@@ -22,6 +23,10 @@ def pytest_addoption(parser):
                   help="GPU model for --pallas-sim (default h100)")
   group.addoption("--pallas-sim-races", default="fail", choices=("fail", "report"),
                   help="races fail the test (default) or are reported as warnings")
+  group.addoption("--pallas-sim-library-races", default="report",
+                  choices=("report", "fail"),
+                  help="races inside jax's own code (both accesses in the jax "
+                       "package) are warnings (default) or fail the test")
   group.addoption("--pallas-sim-uninitialized", default="fail",
                   choices=("fail", "report"),
                   help="uninitialized reads and unwritten outputs fail the test "
@@ -58,7 +63,8 @@ def pytest_runtest_call(item):
   opt = item.config.getoption
   report_unset = opt("--pallas-sim-uninitialized") == "report"
   report_races = opt("--pallas-sim-races") == "report"
-  with ps.backend("sim", gpu=opt("--pallas-sim-gpu"),
+  library = "raise" if opt("--pallas-sim-library-races") == "fail" else "report"
+  with ps.backend("sim", gpu=opt("--pallas-sim-gpu"), library_races=library,
                   on_race="report" if report_races else "raise",
                   on_uninitialized="report" if report_unset else "raise") as report:
     out = yield

@@ -562,3 +562,31 @@ def test_too_few_arrivals_deadlocks():
   with pytest.raises(ps.DeadlockError) as e:
     ps.run(k, X, backend="sim")
   assert "bar" in str(e.value) and "test_races.py" in str(e.value)
+
+
+def late_read_kernel(spin):
+  """A TMA load, then `spin` iterations of other work, then a read of its
+  SMEM with no barrier_wait before it (the wait comes after)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,), jnp.float32),
+                scratch_types=[plgpu.SMEM((256,), jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    acc = jax.lax.fori_loop(0, spin, lambda i, a: a * 1.0001 + 1.0,
+                            jnp.zeros((256,), jnp.float32))
+    o_ref[...] = smem[...] + acc * 0
+    plgpu.barrier_wait(bar)
+  return k
+
+
+def test_each_race_says_whether_the_timing_overlapped_or_left_slack():
+  x = jnp.arange(256, dtype=jnp.float32)
+  early = ps.simulate(late_read_kernel(0), x, on_race="report",
+                      on_uninitialized="report").report.races
+  # (its values are still the stale ones: a read that no wait orders sees
+  # memory as of its thread's last wait, whatever the clocks say)
+  late = ps.simulate(late_read_kernel(2000), x, on_race="report",
+                     on_uninitialized="report").report.races
+  assert len(early) == len(late) == 1
+  assert early[0].overlapped == 1 and "overlapped in the simulated timing" in str(early[0])
+  assert late[0].overlapped == 0 and late[0].min_slack > 0
+  assert f"{late[0].min_slack:.0f} cycles of slack" in str(late[0])

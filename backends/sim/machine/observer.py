@@ -75,7 +75,7 @@ class _BarrierClock:
 
 
 class _Op:
-  __slots__ = ("wg", "vc", "avc", "comp", "clock", "sites", "atomic")
+  __slots__ = ("wg", "vc", "avc", "comp", "clock", "sites", "atomic", "t")
 
 
 class HappensBefore:
@@ -169,6 +169,7 @@ class HappensBefore:
     self._tick(h)
     op = _Op()
     op.wg, op.vc, op.avc = wg, h.vc.copy(), h.avc.copy()
+    op.t = wg.time  # (issued: from then on it may touch its memory)
     for comp, clock in own.values():
       op.vc[comp] = op.avc[comp] = clock
     self._tick(h)
@@ -183,9 +184,13 @@ class HappensBefore:
     return self.tracker.log.site(agent, prim, where, buffer, access, wg.index)
 
   def _access(self, wg, buf, view, vec, comp, clock, site, write, atomic=False,
-              issued=None):
+              issued=None, since=None):
+    """`since`: for async work, when it was issued; it takes effect now (the
+    event's time). A plain access takes effect at the thread's clock."""
+    now = wg.block.sched.now if since is not None else wg.time
     self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
-                        wg.block, atomic=atomic, issued=issued)
+                        wg.block, atomic=atomic, issued=issued,
+                        span=(now if since is None else since, now))
 
   def plain(self, wg, ref, write, prim, where, atomic=False):
     """A load or store by the thread; `atomic`: an atomic read-modify-write
@@ -228,10 +233,10 @@ class HappensBefore:
   def tma_load_lands(self, op):
     (dst, w_site), *read = op.sites
     self._access(op.wg, dst.buf, dst.view, op.avc, op.comp, op.clock, w_site, True,
-                 atomic=op.atomic, issued=op.vc)
+                 atomic=op.atomic, issued=op.vc, since=op.t)
     for src, r_site in read:
       self._access(op.wg, src.buf, src.view, op.vc, op.comp, op.clock, r_site, False,
-                   issued=op.vc)
+                   issued=op.vc, since=op.t)
 
   def store_group(self, wg):
     op = self._op(wg)
@@ -242,13 +247,13 @@ class HappensBefore:
     wg = op.wg
     site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, src.buf.name, "read")
     self._access(wg, src.buf, src.view, op.avc, wg.hb.store_read, op.clock, site, False,
-                 issued=op.vc)
+                 issued=op.vc, since=op.t)
 
   def store_write(self, op, dst, where, atomic):
     wg = op.wg
     site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, dst.buf.name, "write")
     self._access(wg, dst.buf, dst.view, op.vc, wg.hb.store_write, op.clock, site, True,
-                 atomic=atomic)
+                 atomic=atomic, since=op.t)
 
   def stores_awaited(self, wg, n, read_only):
     done = self.base + wg.store_groups - n
@@ -273,7 +278,7 @@ class HappensBefore:
     for r, site in op.sites:
       vec = op.vc if r.buf.space == "regs" else op.avc
       self._access(op.wg, r.buf, r.view, vec, op.comp, op.clock, site,
-                   site.access == "write", issued=op.vc)
+                   site.access == "write", issued=op.vc, since=op.t)
 
   def wgmma_awaited(self, wg, n):
     self._learn(wg.hb, wg.hb.wgmma, self.base + wg.wg_issued - n)

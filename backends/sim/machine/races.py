@@ -13,6 +13,9 @@ of two groups are found when their results merge (machine/cross_block.py):
 here, each GMEM access is also emitted as an event, in order, with the
 group's intra-group race reports.
 """
+import os
+
+import jax
 import numpy as np
 
 NONE = 0                        # "no access": its clock is +inf in every vector
@@ -22,12 +25,14 @@ NONE = 0                        # "no access": its clock is +inf in every vector
 
 
 class Site:
-  """A static access site: which agent, what primitive, where, which buffer."""
-  __slots__ = ("id", "agent", "prim", "where", "buffer", "access", "thread")
+  """A static access site: which agent, what primitive, where, which buffer;
+  `library`: its line is inside the installed jax package."""
+  __slots__ = ("id", "agent", "prim", "where", "buffer", "access", "thread", "library")
 
   def __init__(self, sid, agent, prim, where, buffer, access, thread):
     self.id, self.agent, self.prim, self.where = sid, agent, prim, where
     self.buffer, self.access, self.thread = buffer, access, thread
+    self.library = in_jax(where)
 
   def describe(self):
     if self.access in ("end", "wait"):
@@ -42,11 +47,47 @@ class Site:
 class Race:
   """One folded race report: both accesses, an example, and how often."""
 
-  def __init__(self, kind, first, second, example, advice):
+  def __init__(self, kind, first, second, example, advice, timing=None):
     self.kind, self.first, self.second = kind, first, second
+    # Both accesses are made by jax's own code (Options.library_races).
+    self.library = bool(first is not None and first.library and second.library)
     self.example = example  # (block, element range text)
     self.advice = advice
     self.count = 1
+    # What the simulated timing saw (timing_verdict), over the occurrences:
+    # how many overlapped, and the least slack of those that did not.
+    self.overlapped = 0
+    self.min_slack = None
+    self.timed = 0
+    self.fold_timing(timing)
+
+  def fold_timing(self, timing):
+    if timing is None:
+      return
+    self.timed += 1
+    overlapped, slack = timing
+    if overlapped:
+      self.overlapped += 1
+    elif self.min_slack is None or slack < self.min_slack:
+      self.min_slack = slack
+
+  def timing_text(self):
+    """Whether the two accesses overlapped in the simulated timing (the
+    values as simulated may be wrong) or were only unordered, with slack."""
+    if not self.timed:
+      return None
+    if self.overlapped == self.timed:
+      return ("overlapped in the simulated timing: the second access began before "
+              "the first had finished, so with this timing the values can be wrong "
+              "on the GPU now")
+    slack = f"{self.min_slack:.0f} cycles of slack"
+    if self.overlapped:
+      return (f"overlapped in {self.overlapped} of {self.timed} occurrences in the "
+              f"simulated timing (there the values can be wrong on the GPU now); the "
+              f"others had {slack} at least")
+    return (f"only unordered: in the simulated timing the first finished before the "
+            f"second began, with {slack} at least; a faster GPU, other tiles or "
+            f"other timing can close that gap")
 
   def __str__(self):
     block, rng = self.example
@@ -54,10 +95,14 @@ class Race:
     if self.first is None:  # misuse: one site
       return (f"{self.kind} (block {block}{times}): {self.second.describe()}\n"
               f"    {self.advice}")
+    timing = self.timing_text()
     return (f"{self.kind} on {self.second.buffer} {rng} (block {block}{times}):\n"
             f"    first:  {self.first.describe()}\n"
             f"    second: {self.second.describe()}\n"
-            f"    {self.advice}")
+            + (f"    timing: {timing}\n" if timing else "")
+            + (f"    in jax's own code, not yours: reported, not raised (pass "
+               f"library_races='raise' to fail on it)\n" if self.library else "")
+            + f"    {self.advice}")
 
 
 class RaceLog:
@@ -77,16 +122,37 @@ class RaceLog:
       self.site_list.append(s)
     return s
 
-  def add(self, kind, first, second, block, rng, advice):
+  def add(self, kind, first, second, block, rng, advice, timing=None):
     key = (kind, first.id if first else -1, second.id)
     r = self.reports.get(key)
     if r is None:
-      self.reports[key] = Race(kind, first, second, (block, rng), advice)
+      self.reports[key] = Race(kind, first, second, (block, rng), advice, timing)
     else:
       r.count += 1
+      r.fold_timing(timing)
 
   def races(self):
     return list(self.reports.values())
+
+
+_JAX_DIR = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
+
+
+def in_jax(where):
+  """Whether a user-visible location ("file:line") lies inside the installed
+  jax package (its kernels in jax.experimental.pallas.ops, for instance)."""
+  path = (where or "").rsplit(":", 1)[0]
+  return bool(path) and os.path.abspath(path).startswith(_JAX_DIR)
+
+
+def timing_verdict(first, second):
+  """(overlapped, slack in cycles) of two accesses reported as a race, first
+  and second in issue order, each as (start, end): the cycles in which it
+  may touch the memory (an async copy or wgmma from its issue to its
+  completion; a plain access at one cycle). They overlapped when the second
+  began before the first had finished; else the slack is the gap."""
+  (_, end1), (start2, _) = first, second
+  return (start2 < end1, max(0.0, start2 - end1))
 
 
 def advice(first, second, same_block=True):
@@ -256,11 +322,14 @@ class Tracker:
     return sh
 
   def access(self, buf, view, vec, comp, clock, site, write, agent, block,
-             atomic=False, issued=None):
+             atomic=False, issued=None, span=(0.0, 0.0)):
     """Checks one access against the shadow, reports races, records it.
     `agent`: the clock state of the warpgroup that made (or issued) it;
     `issued`: its vector at issue, for async work (default `vec`), to
-    report pairs in happens-before order."""
+    report pairs in happens-before order; `span`: (when it may start to
+    touch the memory, when it took effect) in simulated cycles: the issue
+    and the completion of async work, the thread's clock twice for a plain
+    access."""
     if view.size == 0:
       return
     sh = self.shadow(buf)
@@ -274,7 +343,7 @@ class Tracker:
     know = issued[self.thread_comps]
     if not sh.written:
       if not write:
-        self.sites[(sh.uid, comp, clock)] = (site, issue, know)
+        self.sites[(sh.uid, comp, clock)] = (site, issue, know, span)
         sh.read_log.append((self.group, off, estrides, shape, comp, clock))
         return
       self._replay(sh)
@@ -285,14 +354,15 @@ class Tracker:
       sh.any_read = sh.any_r2 = False
     V = lambda arr: _view(arr, off, shape, estrides)
     wc, wk = V(sh.wc), V(sh.wk)
-    self.sites[(sh.uid, comp, clock)] = (site, issue, know)
+    self.sites[(sh.uid, comp, clock)] = (site, issue, know, span)
     m = _unordered(wc, wk, vec)
     if m is not None and atomic and sh.any_atomic:
       # Atomic read-modify-writes do not race with each other.
       m &= V(sh.wa) == 0
       m = m if m.any() else None
     if m is not None:
-      self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue, agent, block)
+      self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue, agent, block,
+                   span)
     if write:
       wc[...] = comp
       wk[...] = clock
@@ -309,7 +379,7 @@ class Tracker:
         m = _unordered(rc, rk, vec)
         if m is not None:
           self._report("read", m, rc, rk, sh, buf, off, estrides, site, issue, agent,
-                       block)
+                       block, span)
         rc[...] = NONE
       return
     sh.any_read = True
@@ -343,19 +413,21 @@ class Tracker:
     sh.read_log = None
 
   def _report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site,
-              issue, agent, block):
+              issue, agent, block, span):
     rng = element_range(buf, off, estrides, mask)
     pairs = np.unique(np.stack([comps[mask].astype(np.int64), clocks[mask]]), axis=1)
     for c, k in pairs.T:
-      first, _, first_know = self.sites[(sh.uid, int(c), int(k))]
+      first, _, first_know, first_span = self.sites[(sh.uid, int(c), int(k))]
       a, b = (prior, first), (site.access, site)
+      spans = (first_span, span)
       # Report in the order the two were issued where happens-before says
       # (async work counts from its issue), whatever order the simulated
       # timing found them in: e.g. a TMA store issued before a barrier,
       # whose SMEM another warpgroup overwrites after waiting on it.
       if agent.pos < len(first_know) and first_know[agent.pos] >= issue:
         a, b = b, a
+        spans = spans[::-1]
       kind = ("write-write" if a[0] == b[0] == "write" else
               "read-write" if a[0] == "read" else "write-read") + " race"
       self.events.append(("race", kind, a[1], b[1], block.index, rng,
-                          advice(a[1], b[1])))
+                          advice(a[1], b[1]), timing_verdict(*spans)))
