@@ -590,3 +590,46 @@ def test_each_race_says_whether_the_timing_overlapped_or_left_slack():
   assert early[0].overlapped == 1 and "overlapped in the simulated timing" in str(early[0])
   assert late[0].overlapped == 0 and late[0].min_slack > 0
   assert f"{late[0].min_slack:.0f} cycles of slack" in str(late[0])
+
+
+def three_readers_kernel():
+  """Threads 0, 2 and 1 read a tile, in that order in time; thread 0 then
+  refills it once threads 0 and 1 are done (a barrier both arrive on):
+  thread 2's read is unordered with the refill."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3, 128), jnp.float32), num_threads=3,
+                thread_name="wg",
+                scratch_types=[plgpu.SMEM((128,), jnp.float32), plgpu.Barrier(),
+                               plgpu.Barrier(num_arrivals=2), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, loaded, consumed, refilled):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      plgpu.copy_gmem_to_smem(x_ref, smem, loaded)
+    plgpu.barrier_wait(loaded)
+    spin = jnp.where(wg == 0, 0, jnp.where(wg == 2, 100, 300))
+    acc = lax.fori_loop(0, spin, lambda i, a: a * 1.0001 + 1.0,
+                        jnp.zeros((128,), jnp.float32))
+    o_ref[wg] = smem[...] + acc * 0
+
+    @pl.when(wg < 2)
+    def _():
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(consumed)
+
+    @pl.when(wg == 0)
+    def _():
+      plgpu.barrier_wait(consumed)
+      plgpu.copy_gmem_to_smem(x_ref, smem, refilled)
+      plgpu.barrier_wait(refilled)
+  return k
+
+
+def test_a_third_concurrent_reader_is_not_forgotten():
+  x = jnp.arange(128, dtype=jnp.float32)
+  sim = ps.simulate(three_readers_kernel(), x, on_race="report")
+  text = "\n".join(map(str, sim.report.races))
+  assert len(sim.report.races) == 1, text
+  r = sim.report.races[0]
+  assert r.first.agent == "thread" and r.first.thread == 2, text
+  assert r.second.agent == "tma_load", text

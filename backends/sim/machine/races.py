@@ -216,7 +216,7 @@ class Shadow:
     self.uid = Shadow._uid
     self.shape = shape
     self.comp_dtype = comp_dtype
-    self.any_r2 = False  # whether an element held two unordered reads (group)
+    self.read_slots = 0  # read slots that may hold this group's reads
     self.any_read = False  # whether a read was recorded in the current group
     self.group = 0         # the group the two flags above speak for
     # GMEM reads before the buffer's first write in the launch are only
@@ -224,6 +224,10 @@ class Shadow:
     self.written = not gmem
     self.read_log = []
     self.any_atomic = False  # whether an atomic write was recorded (`wa`)
+
+  def slot(self, i):
+    """Read slot i's (components, clocks) arrays (allocated on first use)."""
+    return getattr(self, f"r{i + 1}c"), getattr(self, f"r{i + 1}k")
 
   def __getattr__(self, name):  # only called for arrays not yet allocated
     if name.startswith("_"):
@@ -351,7 +355,8 @@ class Tracker:
       # Entries of earlier groups are all ordered before this one (see
       # Shadow), so reads recorded then need no checking now.
       sh.group = self.group
-      sh.any_read = sh.any_r2 = False
+      sh.any_read = False
+      sh.read_slots = 0
     V = lambda arr: _view(arr, off, shape, estrides)
     wc, wk = V(sh.wc), V(sh.wk)
     self.sites[(sh.uid, comp, clock)] = (site, issue, know, span)
@@ -371,11 +376,8 @@ class Tracker:
         sh.any_atomic = True
       if not sh.any_read:  # e.g. an output only ever written
         return
-      r1c = V(sh.r1c)
-      reads = [(r1c, V(sh.r1k))]
-      if sh.any_r2:
-        reads.append((V(sh.r2c), V(sh.r2k)))
-      for rc, rk in reads:
+      for i in range(sh.read_slots):
+        rc, rk = map(V, sh.slot(i))
         m = _unordered(rc, rk, vec)
         if m is not None:
           self._report("read", m, rc, rk, sh, buf, off, estrides, site, issue, agent,
@@ -383,20 +385,33 @@ class Tracker:
         rc[...] = NONE
       return
     sh.any_read = True
-    r1c, r1k = V(sh.r1c), V(sh.r1k)
-    # Keep at most two mutually unordered reads: a read ordered before this
-    # one is subsumed by it (any access after this one is after it too).
-    keep1 = _unordered(r1c, r1k, vec)
-    if keep1 is None:
-      r1c[...] = comp
-      r1k[...] = clock
-      return
-    new1 = ~keep1
-    r1c[new1] = comp
-    r1k[new1] = clock
-    V(sh.r2c)[keep1] = comp
-    V(sh.r2k)[keep1] = clock
-    sh.any_r2 = True
+    # Every read since the last write that is unordered with the others is
+    # kept, in as many slots as it takes: a read ordered before this one is
+    # subsumed by it (any access after this one is after it too), so this
+    # one goes to the first slot whose entry it subsumes (or that is empty).
+    pending = None
+    for i in range(max(sh.read_slots, 1)):
+      rc, rk = map(V, sh.slot(i))
+      keep = _unordered(rc, rk, vec)
+      if keep is None and pending is None:  # (the common case: one slot)
+        rc[...] = comp
+        rk[...] = clock
+        sh.read_slots = max(sh.read_slots, 1)
+        return
+      place = ~keep if keep is not None else np.ones(rc.shape, bool)
+      if pending is not None:
+        place &= pending
+      rc[place] = comp
+      rk[place] = clock
+      pending = ~place if pending is None else pending & ~place
+      sh.read_slots = max(sh.read_slots, i + 1)
+      if not pending.any():
+        return
+    i = sh.read_slots  # (a further mutually unordered read: a new slot)
+    rc, rk = map(V, sh.slot(i))
+    rc[pending] = comp
+    rk[pending] = clock
+    sh.read_slots = i + 1
 
   def _replay(self, sh):
     """The first write to a GMEM buffer: the reads logged so far in the
@@ -408,6 +423,7 @@ class Tracker:
         V = lambda arr: _view(arr, off, shape, estrides)
         sh.any_read = True
         sh.group = group
+        sh.read_slots = max(sh.read_slots, 1)
         V(sh.r1c)[...] = comp
         V(sh.r1k)[...] = clock
     sh.read_log = None
