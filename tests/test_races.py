@@ -633,3 +633,38 @@ def test_a_third_concurrent_reader_is_not_forgotten():
   r = sim.report.races[0]
   assert r.first.agent == "thread" and r.first.thread == 2, text
   assert r.second.agent == "tma_load", text
+
+
+def scopes_kernel(wait_in_scope):
+  """A scope issues a TMA load and leaves (awaiting it inside, or only
+  after); the next scope gets the same SMEM bytes and writes them."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,), jnp.float32),
+                scratch_types=[plgpu.Barrier()])
+  def k(x_ref, o_ref, bar):
+    def first(a):
+      plgpu.copy_gmem_to_smem(x_ref, a, bar)
+      if wait_in_scope:
+        plgpu.barrier_wait(bar)
+    pl.run_scoped(first, plgpu.SMEM((256,), jnp.float32))
+
+    def second(b):
+      b[...] = jnp.ones((256,), jnp.float32)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(b, o_ref)
+      plgpu.wait_smem_to_gmem(0)
+    pl.run_scoped(second, plgpu.SMEM((256,), jnp.float32))
+    if not wait_in_scope:
+      plgpu.barrier_wait(bar)
+  return k
+
+
+def test_async_work_that_outlives_its_run_scoped_races_with_the_next_scope():
+  x = jnp.arange(256, dtype=jnp.float32)
+  ok = ps.simulate(scopes_kernel(True), x)
+  assert ok.report.races == []
+  bad = ps.simulate(scopes_kernel(False), x, on_race="report").report.races
+  assert len(bad) == 1, "\n".join(map(str, bad))
+  r = bad[0]
+  assert r.kind == "async work outlives its run_scoped"
+  assert r.first.agent == "tma_load" and r.second.agent == "thread"
+  assert r.overlapped == 1  # (the load was still in flight at the write)

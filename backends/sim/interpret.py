@@ -60,6 +60,9 @@ class Compiler:
     self.max_cycles = max_cycles  # loops end a runaway block past this
     self._cache = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]
+    # Byte offset in SMEM where the scope being compiled starts its
+    # allocations (rules/refs.py, run_scoped; resources.scope_layout).
+    self.smem_base = 0
     # Named scopes open and close regions of the kernel's profile (profiler.py)
     self.profile = launch is not None and getattr(launch, "profile", None) is not None
 
@@ -81,7 +84,7 @@ class Compiler:
     return self._cached(jaxpr, (), True)
 
   def _cached(self, jaxpr, consts, open_consts):
-    key = (id(jaxpr), open_consts)
+    key = (id(jaxpr), open_consts, self.smem_base)
     hit = self._cache.get(key)
     if hit is not None and hit[0] is jaxpr:
       return hit[1]

@@ -55,6 +55,19 @@ def _alloc_need(aval):
   return _Need()
 
 
+def scope_layout(avals, base):
+  """Where a run_scoped's SMEM allocations lie, as the lowering lays them
+  out: one after another from `base`, each rounded up to 1024 bytes (a
+  nested scope starts after them; scopes in sequence start at the same
+  base). Returns ([(start, end) or None per allocation], the next base)."""
+  ranges, top = [], base
+  for aval in avals:
+    size = _alloc_need(aval).smem
+    ranges.append((top, top + size) if size else None)
+    top += size
+  return ranges, top
+
+
 def _jaxpr_need(jaxpr, reduction_bytes):
   need = _Need()
   for eqn in jaxpr.eqns:

@@ -29,7 +29,8 @@ class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
-               "alloc_key", "origin", "written", "unwritten", "_addr", "aliases")
+               "alloc_key", "origin", "written", "unwritten", "_addr", "aliases",
+               "smem_range")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
                origin=None):
@@ -45,6 +46,7 @@ class Buffer:
     self.unwritten = 0
     self._addr = None
     self.aliases = None  # a RefUnion's byte tags (machine/aliasing.py)
+    self.smem_range = None  # SMEM bytes [start, end) of a run_scoped allocation
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
 
   def address(self):

@@ -23,6 +23,8 @@ grow.
 """
 import numpy as np
 
+from pallas_sim.backends.sim.machine.races import timing_verdict
+
 INF = np.iinfo(np.int64).max
 
 
@@ -46,6 +48,8 @@ class NoObserver:
   def phase_completed(self, slot): pass
   def waited(self, wg, slot, n): pass
   def unordered_waiter(self, slot, wg): return False
+  def store_pending(self, op, src, where): pass
+  def scope_end(self, wg, bufs, where): pass
   def sem_signal(self, wg, sem): pass
   def sem_acquire(self, wg, sem): pass
   def fork(self, wg, warps): pass
@@ -94,6 +98,9 @@ class HappensBefore:
     self.threads = []         # thread components, by `pos` (warpgroups and warps)
     self.barriers = []
     self.top = {}             # barrier component -> clock base for its next slot
+    # Async work not yet done, by the SMEM it will touch: (id(op), id(ref))
+    # -> (op, ref, agent, primitive, where), for scope_end.
+    self.pending = {}
     tracker.start_group(events)
 
   def comp(self, key):
@@ -188,9 +195,11 @@ class HappensBefore:
     """`since`: for async work, when it was issued; it takes effect now (the
     event's time). A plain access takes effect at the thread's clock."""
     now = wg.block.sched.now if since is not None else wg.time
+    span = (now if since is None else since, now)
+    if wg.block.zombies and buf.smem_range:
+      self._zombies(wg, buf, vec, site, span)
     self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
-                        wg.block, atomic=atomic, issued=issued,
-                        span=(now if since is None else since, now))
+                        wg.block, atomic=atomic, issued=issued, span=span)
 
   def plain(self, wg, ref, write, prim, where, atomic=False):
     """A load or store by the thread; `atomic`: an atomic read-modify-write
@@ -228,10 +237,12 @@ class HappensBefore:
     if src is not None:
       op.sites.append((src, self._site(wg, "tma_load", prim, where, src.buf.name,
                                        "read")))
+    self.pending[(id(op), id(dst))] = (op, dst, "tma_load", prim, where, True)
     return op
 
   def tma_load_lands(self, op):
     (dst, w_site), *read = op.sites
+    self.pending.pop((id(op), id(dst)), None)
     self._access(op.wg, dst.buf, dst.view, op.avc, op.comp, op.clock, w_site, True,
                  atomic=op.atomic, issued=op.vc, since=op.t)
     for src, r_site in read:
@@ -243,7 +254,13 @@ class HappensBefore:
     op.clock = self.base + wg.store_groups
     return op
 
+  def store_pending(self, op, src, where):
+    """A TMA store of `op`'s group will read `src`."""
+    self.pending[(id(op), id(src))] = (op, src, "tma_store", "copy_smem_to_gmem",
+                                       where, False)
+
   def store_read(self, op, src, where):
+    self.pending.pop((id(op), id(src)), None)
     wg = op.wg
     site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, src.buf.name, "read")
     self._access(wg, src.buf, src.view, op.avc, wg.hb.store_read, op.clock, site, False,
@@ -272,9 +289,15 @@ class HappensBefore:
     op.comp, op.clock = h.wgmma, s
     op.sites = [(r, self._site(wg, "wgmma", "wgmma", where, r.buf.name, access))
                 for r, access in operands]
+    for r, access in operands:
+      if r.buf.space == "smem":
+        self.pending[(id(op), id(r))] = (op, r, "wgmma", "wgmma", where,
+                                         access == "write")
     return op
 
   def wgmma_done(self, op):
+    for r, _ in op.sites:
+      self.pending.pop((id(op), id(r)), None)
     for r, site in op.sites:
       vec = op.vc if r.buf.space == "regs" else op.avc
       self._access(op.wg, r.buf, r.view, vec, op.comp, op.clock, site,
@@ -331,6 +354,66 @@ class HappensBefore:
     np.maximum(h.avc, b.phases[n - 1][1], out=h.avc)
     b.waits[wg] = int(h.vc[h.thread])
     self._tick(h)
+
+  # --- run_scoped -----------------------------------------------------------------
+
+  def scope_end(self, wg, bufs, where):
+    """`wg` leaves a run_scoped whose SMEM is `bufs`. The lowering hands
+    those bytes to later scopes (resources.scope_layout), so async work that
+    `wg` issued on them and has not observed (still in flight, or landed
+    but not awaited) may clash with whatever a later scope puts there: it
+    is remembered, and checked at every access to those bytes (_zombies)."""
+    ids = {id(b): b for b in bufs}
+    blk = wg.block
+    for op, ref, agent, prim, opwhere, write in list(self.pending.values()):
+      if op.wg is wg and id(ref.buf) in ids and ref.buf.smem_range:
+        site = self._site(wg, agent, prim, opwhere, ref.buf.name,
+                          "write" if write else "read")
+        blk.zombies.append((ref.buf, op, op.comp if agent != "tma_store" else
+                            wg.hb.store_read, op.clock, site, None, where))
+    threads = set(self.threads)
+    tracker = self.tracker
+    h = wg.hb
+    for buf in bufs:
+      sh = buf.shadow
+      if sh is None or sh.group != tracker.group or not buf.smem_range:
+        continue
+      for comps, clocks in [(sh.wc, sh.wk)] + [sh.slot(i) for i in range(sh.read_slots)]:
+        late = (clocks > h.vc[comps]) & (comps != 0)
+        late &= ~np.isin(comps, list(threads))
+        if not late.any():
+          continue
+        for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
+          entry = tracker.sites.get((sh.uid, c, k))
+          if entry is not None and entry[0].thread == wg.index:
+            blk.zombies.append((buf, None, c, k, entry[0], entry[3], where))
+
+  def _zombies(self, wg, buf, vec, site, span):
+    """An access to SMEM bytes that async work of an ended scope may still
+    touch, unobserved by the accessing agent: a race with that work."""
+    lo, hi = buf.smem_range
+    blk = wg.block
+    keep = []
+    for z in blk.zombies:
+      old, op, comp, clock, first, first_span, end_where = z
+      zlo, zhi = old.smem_range
+      if old is buf or zhi <= lo or hi <= zlo:
+        keep.append(z)
+        continue
+      in_flight = op is not None and any(
+          k[0] == id(op) for k in self.pending)
+      if not in_flight and vec[comp] >= clock:
+        continue  # (observed: those bytes are free now)
+      timing = (True, 0.0) if in_flight else (
+          timing_verdict(first_span, span) if first_span else (False, 0.0))
+      self.tracker.events.append((
+          "race", "async work outlives its run_scoped", first, site, blk.index,
+          f"(bytes {max(lo, zlo)}..{min(hi, zhi)} of SMEM)",
+          f"{first.describe()} was not awaited before its run_scoped ended "
+          f"({end_where}), and the lowering gives those bytes to {buf.name}: "
+          "await it (barrier_wait, wgmma_wait or wait_smem_to_gmem) before the "
+          "scope ends", timing))
+    blk.zombies = keep
 
   # --- semaphores -----------------------------------------------------------------
 

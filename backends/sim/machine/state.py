@@ -35,6 +35,9 @@ class Block:
     self.trace = trace        # list of (block, agent, name, start, end) or None
     self.until = 0.0          # when its last async work completes
     self.warpgroups = []
+    # Async work on SMEM of run_scoped scopes that ended before it was
+    # observed (machine/observer.py, scope_end).
+    self.zombies = []
 
   def at(self, time, fn):
     """Schedules async work of this block completing at `time`."""

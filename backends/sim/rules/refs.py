@@ -5,7 +5,7 @@ import math
 import numpy as np
 from jax._src.pallas.mosaic_gpu import core as gpu_core
 
-from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim import refview, resources
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.machine import initcheck, memory
 from pallas_sim.backends.sim.machine.races import _view, element_map
@@ -171,7 +171,12 @@ def peer_ref(peer, ref):
 def _run_scoped(eqn, cx):
   jaxpr = eqn.params["jaxpr"]
   ref_transforms = eqn.params.get("ref_transforms") or ()
-  prog = cx.compile_open(jaxpr)
+  base = cx.smem_base
+  ranges, cx.smem_base = resources.scope_layout([v.aval for v in jaxpr.invars], base)
+  try:
+    prog = cx.compile_open(jaxpr)
+  finally:
+    cx.smem_base = base
   n = len(jaxpr.invars)
   labels = _names(jaxpr, n)
   allocs = []
@@ -187,15 +192,35 @@ def _run_scoped(eqn, cx):
     blk = wg.block
     blk.group.makers[key] = allocs
     bufs = _shared(blk, key, count, allocs)
-    return [refview.root_ref(b if sh else make(blk, (key, i, count, blk.member, wg.index)))
+    refs = [refview.root_ref(b if sh else make(blk, (key, i, count, blk.member, wg.index)))
             for i, (b, (sh, make)) in enumerate(zip(bufs, allocs))]
+    for r, rng in zip(refs, ranges):
+      if rng is not None and r.buf.space == "smem":
+        r.buf.smem_range = rng
+    return refs
+
+  where = cx.where(eqn)
+
+  def leave(wg, refs):
+    """The scope's SMEM may go to a later scope: async work on it must be done."""
+    smem = [r.buf for r in refs if r.buf.space == "smem" and r.buf.data.dtype != object]
+    if smem:
+      wg.block.hb.scope_end(wg, smem, where)
 
   if prog.blocking:
     def scoped_gen(wg, *operands):
-      outs = yield from run_gen(prog, list(operands) + allocate(wg), wg)
+      refs = allocate(wg)
+      outs = yield from run_gen(prog, list(operands) + refs, wg)
+      leave(wg, refs)
       return outs
     return Gen(scoped_gen)
-  return lambda wg, *operands: run_plain(prog, list(operands) + allocate(wg), wg)
+
+  def scoped(wg, *operands):
+    refs = allocate(wg)
+    outs = run_plain(prog, list(operands) + refs, wg)
+    leave(wg, refs)
+    return outs
+  return scoped
 
 
 @rule("run_state")

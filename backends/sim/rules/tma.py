@@ -304,6 +304,7 @@ def _commit(wg, timing):
   wg.store_groups += 1
   op = blk.hb.store_group(wg)
   for s, d, reduce, where in copies:
+    blk.hb.store_pending(op, s, where)
     sview, dview = s.view, d.view
     nbytes = sview.nbytes
     start, read_done, done = timing.tma(blk.engines, wg.time, nbytes)
