@@ -121,6 +121,8 @@ def run(args):
              JAX_SUITE_TEST_TIMEOUT=str(args.timeout))
   if not args.native:
     env["JAX_PLATFORMS"] = "cpu"
+  elif args.n:  # (workers share the GPU: no worker may take 75% of its memory)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   print(" ".join(cmd), flush=True)
   p = subprocess.run(cmd, env=env, cwd=WORK, capture_output=True, text=True)
   with open(os.path.join(out, "pytest.txt"), "w") as f:

@@ -346,3 +346,21 @@ def test_bulk_copies_and_their_limit_agree():
   assert_bit_equal(sim, real, "bulk copy")
   with pytest.raises(Exception, match="<=256 elements along each dimension"):
     ps.run(bulk_copy_kernel(out_shape=(8, 1024)), x, backend="mosaic")
+
+
+def test_the_tensor_cores_sum_is_the_gpus_reference_not_xla_cpus():
+  """JAX's PipelineTest.test_realistic_matmul compares with `a @ b`: on the
+  GPU that is the tensor core's sum (bit for bit the kernel's, and ours);
+  on a CPU, XLA:CPU rounds its f32 sums differently, so that test's own
+  reference fails there, not the simulator."""
+  import jax.random as jr
+  k1, k2 = jr.split(jr.key(42))
+  a = jr.uniform(k1, (512, 640), jnp.float16)
+  b = jr.uniform(k2, (640, 512), jnp.float16)
+  fn = lambda a, b: matmul_mcs(a, b, tile_n=128, tile_k=64, max_concurrent_steps=2)
+  sim, real = both(fn, a, b)
+  assert_bit_equal(sim, real, "pipelined matmul")
+  assert_bit_equal(real, np.asarray(a @ b), "XLA:GPU a @ b")
+  cpu = jax.devices("cpu")[0]
+  on_cpu = np.asarray(jax.device_put(a, cpu) @ jax.device_put(b, cpu))
+  assert (on_cpu != real).any()  # (XLA:CPU's sums: not the tensor core's)
