@@ -130,6 +130,10 @@ def _allocator(aval, transforms, label, launch):
     # A block's own semaphores (the lowering slices them per block out of a
     # zeroed GMEM array); shared by the block's threads.
     return True, lambda block, key: semaphores.Semaphores(label, shape)
+  if space == "tmem":
+    raise UnsupportedPrimitiveError(
+        f"TMEM allocation {label}: tensor memory is Blackwell (sm_100) only; "
+        "pallas-sim simulates a Hopper (sm_90) GPU, H100 or H200")
   # As the lowering: scoped GMEM (plgpu.GMEM scratch) is rejected too.
   raise KernelError(f"Unsupported memory space: {space} (allocation {label} "
                     "in run_scoped / scratch_types)")

@@ -1,0 +1,46 @@
+"""Primitives of jax 0.11.2's Mosaic GPU API that the simulator rejects by
+name, each with its reason (any other primitive it does not model raises
+the generic "not modelled" error), and the grid-dependency controls, which
+need nothing here.
+
+The rejection is raised when the kernel is compiled for the simulator, at
+the user's line, before anything runs.
+"""
+from pallas_sim.backends.sim.interpret import rule
+from pallas_sim.errors import UnsupportedPrimitiveError
+
+_BLACKWELL = (
+    "tcgen05_mma", "tcgen05_commit_arrive", "async_copy_scales_to_tmem",
+    "async_copy_smem_to_tmem", "async_copy_sparse_metadata_to_tmem",
+    "async_store_tmem", "commit_tmem", "wait_load_tmem", "try_cluster_cancel",
+    "query_cluster_cancel",
+)
+_OTHER_GPUS = (
+    "multimem_load_reduce", "multimem_store", "semaphore_signal_multicast", "reshard",
+)
+REASONS = {
+    **{n: "a Blackwell (sm_100) instruction: pallas-sim simulates a Hopper (sm_90) "
+          "GPU, H100 or H200" for n in _BLACKWELL},
+    **{n: "it acts on other GPUs (multicast memory, sharding): pallas-sim "
+          "simulates one GPU" for n in _OTHER_GPUS},
+    "inline_mgpu_p": (
+        "plgpu.inline_mgpu runs Mosaic GPU IR-building code (MLIR operations on "
+        "FragmentedArrays) that only the real lowering can execute; JAX's "
+        "interpret mode rejects it too"),
+}
+
+
+def _reject(eqn, cx):
+  raise UnsupportedPrimitiveError(
+      f"primitive '{eqn.primitive.name}' is not supported: "
+      f"{REASONS[eqn.primitive.name]}")
+
+
+rule(*REASONS)(_reject)
+
+
+@rule("griddepcontrol_wait", "griddepcontrol_launch_dependents")
+def _griddepcontrol(eqn, cx):
+  # Programmatic dependent launch: launches run one after another here, so
+  # the previous kernel has finished when this one starts.
+  return lambda wg: []
