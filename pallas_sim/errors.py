@@ -16,6 +16,23 @@ class SimError(Exception):
     parts.append(message)
     super().__init__("".join(parts))
 
+  def __str__(self):
+    """The message, then the user's line of code it points at (as a
+    traceback would show it)."""
+    text = super().__str__()
+    code = _source_line(self.where)
+    return f"{text}\n    {code}" if code and code not in text else text
+
+
+def _source_line(where):
+  if not where or ":" not in where:
+    return None
+  path, _, line = where.rpartition(":")
+  if not line.isdigit():
+    return None
+  import linecache
+  return linecache.getline(path, int(line)).strip() or None
+
 
 class SimInternalError(SimError):
   """A bug in pallas-sim itself; the original exception is its __cause__."""
@@ -50,8 +67,7 @@ class LoweringError(KernelError):
     kind = cls._kinds.get(base)
     if kind is None:
       try:
-        kind = type(cls.__name__, (cls, base), {"__module__": cls.__module__,
-                                                "__str__": Exception.__str__})
+        kind = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
       except TypeError:  # (a built-in layout that cannot be mixed in)
         kind = cls
       cls._kinds[base] = kind
