@@ -51,6 +51,16 @@ def pytest_runtest_call(item):
   finally:
     signal.alarm(0)
 
+def pytest_warning_recorded(warning_message, when, nodeid, location):
+  # Race reports (pytest --pallas-sim-races report): one line each, with the
+  # test, in races.jsonl beside the results.
+  log = os.environ.get("JAX_SUITE_LOG")
+  w = warning_message.message
+  if log and type(w).__name__ == "RaceWarning":
+    with open(os.path.join(os.path.dirname(log), "races.jsonl"), "a") as f:
+      f.write(json.dumps([nodeid, str(w)]) + "\n")
+
+
 def pytest_runtest_logreport(report):
   log = os.environ.get("JAX_SUITE_LOG")
   if log and (report.when == "call" or report.outcome != "passed"):
@@ -105,8 +115,9 @@ def run(args):
   with open(conftest, "w") as f:
     f.write(COMMON + ("" if args.native else CONFTEST))
   log = os.path.join(out, "results.jsonl")
-  if os.path.exists(log):
-    os.remove(log)
+  for stale in (log, os.path.join(out, "races.jsonl")):
+    if os.path.exists(stale):
+      os.remove(stale)
   cmd = [sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider",
          "--rootdir", WORK, "-W", "ignore::DeprecationWarning"]
   if args.n:
