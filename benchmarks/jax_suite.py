@@ -58,7 +58,7 @@ def pytest_warning_recorded(warning_message, when, nodeid, location):
   w = warning_message.message
   if log and type(w).__name__ == "RaceWarning":
     with open(os.path.join(os.path.dirname(log), "races.jsonl"), "a") as f:
-      f.write(json.dumps([nodeid, str(w)]) + "\n")
+      f.write(json.dumps([nodeid, str(w)]) + "\\n")
 
 
 def pytest_runtest_logreport(report):
