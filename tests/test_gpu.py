@@ -314,19 +314,10 @@ def test_ref_union_aliasing_agrees():
 
 @pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint32])
 def test_shifts_agree(dtype):
-  from jax import lax
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-
-  @plgpu.kernel(out_type=[jax.ShapeDtypeStruct((256,), dtype)] * 3)
-  def k(x_ref, y_ref, l_ref, r_ref, a_ref):
-    x, y = x_ref[...], y_ref[...]
-    l_ref[...] = lax.shift_left(x, y)
-    r_ref[...] = lax.shift_right_logical(x, y)
-    a_ref[...] = lax.shift_right_arithmetic(x, y)
-  info = jnp.iinfo(dtype)
-  x = jnp.linspace(jnp.array(info.min, dtype), jnp.array(info.max, dtype), 256, dtype=dtype)
-  y = (jnp.arange(256) % 32).astype(dtype)  # (in range: past it the GPU's
-  sim, real = both(k, x, y)                  # answer is the compiler's choice)
+  from test_semantics import shifts_kernel
+  # (amounts in range: past it the GPU's answer is the compiler's choice)
+  k, args = shifts_kernel(dtype, 32)
+  sim, real = both(k, *args)
   assert_bit_equal(sim, real, "shifts")
 
 

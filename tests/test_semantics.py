@@ -451,8 +451,8 @@ def test_run_state_returns_what_its_body_returns_as_the_lowering_does():
   np.testing.assert_array_equal(out, 5.0)
 
 
-@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint32])
-def test_shifts_act_on_bit_patterns_with_clamped_amounts(dtype):
+def shifts_kernel(dtype, max_amount):
+  """The three shifts of a linspace over dtype's range, by 0..max_amount-1."""
   @plgpu.kernel(out_type=[jax.ShapeDtypeStruct((256,), dtype)] * 3)
   def k(x_ref, y_ref, l_ref, r_ref, a_ref):
     x, y = x_ref[...], y_ref[...]
@@ -461,7 +461,12 @@ def test_shifts_act_on_bit_patterns_with_clamped_amounts(dtype):
     a_ref[...] = lax.shift_right_arithmetic(x, y)
   info = jnp.iinfo(dtype)
   x = jnp.linspace(jnp.array(info.min, dtype), jnp.array(info.max, dtype), 256, dtype=dtype)
-  y = (jnp.arange(256) % 40).astype(dtype)  # (past the width: 0, or the sign)
+  return k, (x, (jnp.arange(256) % max_amount).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint32])
+def test_shifts_act_on_bit_patterns_with_clamped_amounts(dtype):
+  k, (x, y) = shifts_kernel(dtype, 40)  # (past the width: 0, or the sign)
   outs = ps.run(k, x, y, backend="sim")
   for got, op in zip(outs, (lax.shift_left, lax.shift_right_logical,
                             lax.shift_right_arithmetic)):
