@@ -228,7 +228,7 @@ class Executor:
       strict = self.options.library_races == "raise"
       mine = [r for r in found if strict or not r.library]
       for r in found:
-        if r not in mine:
+        if r.library and not strict:
           warnings.warn(RaceWarning(f"kernel {launch.name}: {r}"), stacklevel=2)
       if mine:
         self.record_error(RaceError(

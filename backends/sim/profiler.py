@@ -87,7 +87,6 @@ class Recorder:
   def __init__(self, spec):
     self.spec = spec
     self.traces = {}
-    self.open = {}
 
   def event(self, wg, name, begin):
     """A region of `wg` (a warpgroup, or a warp in a warp_map) opens or closes."""

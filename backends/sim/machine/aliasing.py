@@ -12,6 +12,7 @@ UnsupportedPrimitiveError instead of returning values the GPU would not.
 """
 import numpy as np
 
+from pallas_sim.backends.sim.machine.races import element_map
 from pallas_sim.errors import UnsupportedPrimitiveError
 
 UNWRITTEN, TRIVIAL = 0, 1  # (TRIVIAL: row-major, the physical order is the logical one)
@@ -58,11 +59,10 @@ def layout_for(buf, dtype, shape, tiling, swizzle):
 
 
 def _bytes(ref):
-  """The byte range [lo, hi) of the union that ref's view covers."""
-  base = ref.buf.address()
-  lo = ref.view.__array_interface__["data"][0] - base
-  span = sum((d - 1) * abs(s) for d, s in zip(ref.view.shape, ref.view.strides))
-  return lo, lo + span + ref.view.itemsize
+  """The byte range [lo, hi) of the union that ref's view covers (the union
+  is a byte array, so its elements are bytes)."""
+  off, estrides, shape = element_map(ref.buf, ref.view)
+  return off, off + sum((d - 1) * abs(s) for d, s in zip(shape, estrides)) + 1
 
 
 def wrote(ref):

@@ -99,7 +99,7 @@ class HappensBefore:
     self.barriers = []
     self.top = {}             # barrier component -> clock base for its next slot
     # Async work not yet done, by the SMEM it will touch: (id(op), id(ref))
-    # -> (op, ref, agent, primitive, where), for scope_end.
+    # -> (op, ref, agent, primitive, where, writes it), for scope_end.
     self.pending = {}
     tracker.start_group(events)
 
@@ -251,7 +251,7 @@ class HappensBefore:
 
   def store_group(self, wg):
     op = self._op(wg)
-    op.clock = self.base + wg.store_groups
+    op.comp, op.clock = wg.hb.store_read, self.base + wg.store_groups
     return op
 
   def store_pending(self, op, src, where):
@@ -296,9 +296,8 @@ class HappensBefore:
     return op
 
   def wgmma_done(self, op):
-    for r, _ in op.sites:
-      self.pending.pop((id(op), id(r)), None)
     for r, site in op.sites:
+      self.pending.pop((id(op), id(r)), None)
       vec = op.vc if r.buf.space == "regs" else op.avc
       self._access(op.wg, r.buf, r.view, vec, op.comp, op.clock, site,
                    site.access == "write", issued=op.vc, since=op.t)
@@ -365,13 +364,11 @@ class HappensBefore:
     is remembered, and checked at every access to those bytes (_zombies)."""
     ids = {id(b): b for b in bufs}
     blk = wg.block
-    for op, ref, agent, prim, opwhere, write in list(self.pending.values()):
+    for key, (op, ref, agent, prim, opwhere, write) in self.pending.items():
       if op.wg is wg and id(ref.buf) in ids and ref.buf.smem_range:
         site = self._site(wg, agent, prim, opwhere, ref.buf.name,
                           "write" if write else "read")
-        blk.zombies.append((ref.buf, op, op.comp if agent != "tma_store" else
-                            wg.hb.store_read, op.clock, site, None, where))
-    threads = set(self.threads)
+        blk.zombies.append((ref.buf, key, op.comp, op.clock, site, None, where))
     tracker = self.tracker
     h = wg.hb
     for buf in bufs:
@@ -380,7 +377,7 @@ class HappensBefore:
         continue
       for comps, clocks in [(sh.wc, sh.wk)] + [sh.slot(i) for i in range(sh.read_slots)]:
         late = (clocks > h.vc[comps]) & (comps != 0)
-        late &= ~np.isin(comps, list(threads))
+        late &= ~np.isin(comps, self.threads)
         if not late.any():
           continue
         for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
@@ -395,13 +392,12 @@ class HappensBefore:
     blk = wg.block
     keep = []
     for z in blk.zombies:
-      old, op, comp, clock, first, first_span, end_where = z
+      old, pending, comp, clock, first, first_span, end_where = z
       zlo, zhi = old.smem_range
       if old is buf or zhi <= lo or hi <= zlo:
         keep.append(z)
         continue
-      in_flight = op is not None and any(
-          k[0] == id(op) for k in self.pending)
+      in_flight = pending in self.pending
       if not in_flight and vec[comp] >= clock:
         continue  # (observed: those bytes are free now)
       timing = (True, 0.0) if in_flight else (

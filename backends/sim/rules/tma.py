@@ -46,12 +46,11 @@ def _check_box(ref, what, bulk=False):
         f" dimension, got {box}")
 
 
-def _may_be_bulk(smem_ref, collective=False, reduce=None, zero_fill=False):
-  """Whether the lowering may copy with one plain bulk copy (its
-  `is_simple_contiguous_copy`): SMEM not swizzled, no reduction, no
-  multicast, no zero fill past the ends; then it depends on the GMEM slice."""
-  return (smem_ref.swizzle is None and reduce is None and not collective
-          and not zero_fill)
+def _may_be_bulk(smem_ref):
+  """The SMEM side of the lowering's `is_simple_contiguous_copy` (one plain
+  bulk copy): not swizzled. (The callers check the rest: no reduction, no
+  multicast, no zero fill past the ends, and a contiguous GMEM slice.)"""
+  return smem_ref.swizzle is None
 
 
 def _contiguous(gmem_ref):
