@@ -23,10 +23,6 @@ REASONS = {
           "GPU, H100 or H200" for n in _BLACKWELL},
     **{n: "it acts on other GPUs (multicast memory, sharding): pallas-sim "
           "simulates one GPU" for n in _OTHER_GPUS},
-    "inline_mgpu_p": (
-        "plgpu.inline_mgpu runs Mosaic GPU IR-building code (MLIR operations on "
-        "FragmentedArrays) that only the real lowering can execute; JAX's "
-        "interpret mode rejects it too"),
 }
 
 

@@ -1,0 +1,235 @@
+"""plgpu.inline_mgpu: Mosaic GPU code (FragmentedArrays, raw MLIR) inside a
+kernel, built as the lowering builds it and evaluated lane by lane
+(rules/inline_mgpu.py, machine/mlir_eval.py). The kernels here also run on
+the H200 in test_gpu.py."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.lib.mlir import ir
+from jax._src.lib.mlir.dialects import arith as arith_dialect
+from jax._src.lib.mlir.dialects import gpu as gpu_dialect
+from jax._src.lib.mlir.dialects import memref as memref_dialect
+import jax.experimental.mosaic.gpu as mgpu
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from pallas_sim.backends.sim.rules.inline_mgpu import cuda_place, physical_order
+
+
+def scaled_rows(x, s, layout=plgpu.Layout.WGMMA):
+  """x * s[:, None] in bf16, the broadcast and product written in Mosaic GPU."""
+  shape = x.shape
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(shape, jnp.bfloat16))
+  def k(x_ref, s_ref, o_ref):
+    xv = plgpu.load(x_ref, layout=layout, optimized=False).astype(jnp.bfloat16)
+    sv = plgpu.load(s_ref, layout=layout.reduce(1), optimized=False)
+
+    @plgpu.inline_mgpu(arg_types=(layout, layout.reduce(1)),
+                       return_type=plgpu.ShapeDtypeStruct(shape, jnp.bfloat16, layout=layout))
+    def scale(ctx, x_fa, s_fa):
+      return s_fa.broadcast_in_dim(shape, [0], layout=layout.to_mgpu()) * x_fa
+
+    o_ref[...] = scale(xv, sv)
+  return k(x, s)
+
+
+def twice_plus_one_swizzled(x):
+  """x[0] + x[0] + 1 through a tiled, 128-byte-swizzled SMEM buffer: loaded
+  with FragmentedArray.load_tiled (ldmatrix), stored with store_tiled
+  (stmatrix) and copied out by the launch context's TMA copy."""
+  dtype = x.dtype
+  shape = x.shape[1:]
+  tile = (64, 128 // dtype.itemsize)
+  transforms = (plgpu.TilingTransform(tile), plgpu.SwizzleTransform(128))
+  signed = mgpu.utils.is_signed(dtype)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(shape, dtype),
+                scratch_types=[plgpu.SMEM(x.shape, dtype, transforms=transforms),
+                               plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    plgpu.barrier_wait(bar)
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(transforms),),
+                       return_type=plgpu.ShapeDtypeStruct(shape, dtype,
+                                                          layout=plgpu.Layout.WGMMA))
+    def twice_plus_one(ctx, ref):
+      v = mgpu.FragmentedArray.load_tiled(ref, swizzle=128, is_signed=signed)
+      one = mgpu.FragmentedArray.splat(mgpu.c(1, v.mlir_dtype), shape=v.shape,
+                                       layout=v.layout, is_signed=signed)
+      return v + v + one
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType(transforms),
+                                  plgpu.RefType()))
+    def store(ctx, arr, ref, out):
+      first = mgpu.memref_slice(ref, (0,))
+      arr.store_tiled(first, swizzle=128)
+      mgpu.commit_shared()
+      ctx.async_copy(src_ref=first, dst_ref=out, swizzle=128,
+                     gmem_transform=mgpu.TileTransform(tile))
+      ctx.await_async_copy(0)
+
+    store(twice_plus_one(smem.at[0]), smem, o_ref)
+  return k(x)
+
+
+def cuda_block_index(grid, cluster):
+  """Each block's linear index in the CUDA grid the lowering launches,
+  read with gpu.block_id / gpu.grid_dim."""
+  names = tuple("abcd"[:len(grid)])
+  cnames = tuple("xyz"[:len(cluster)])
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((*cluster, *grid, 128), jnp.int32),
+                grid=grid, grid_names=names, cluster=cluster, cluster_names=cnames)
+  def k(o_ref):
+    @plgpu.inline_mgpu(return_type=plgpu.ShapeDtypeStruct((), jnp.int32,
+                                                          layout=plgpu.Layout.WG_SPLAT))
+    def linear(ctx):
+      d = gpu_dialect.Dimension
+      gx, gy = gpu_dialect.grid_dim(d.x), gpu_dialect.grid_dim(d.y)
+      bx, by, bz = (gpu_dialect.block_id(d.x), gpu_dialect.block_id(d.y),
+                    gpu_dialect.block_id(d.z))
+      i = arith_dialect.addi(bx, arith_dialect.addi(
+          arith_dialect.muli(by, gx), arith_dialect.muli(bz, arith_dialect.muli(gx, gy))))
+      return mgpu.FragmentedArray.splat(
+          arith_dialect.index_cast(ir.IntegerType.get_signless(32), i), (),
+          is_signed=False)
+    idx = [jax.lax.axis_index(a) for a in (*cnames, *names)]
+    o_ref[*idx] = jnp.full((128,), linear())
+  return k()
+
+
+def warp_scalar():
+  """Inside warp_map: warp 1 stores its id through a ref and returns id + 10."""
+  @plgpu.kernel(out_type=(jax.ShapeDtypeStruct((), jnp.int32),
+                          jax.ShapeDtypeStruct((), jnp.int32)))
+  def k(y_ref, z_ref):
+    @plgpu.warp_map
+    def _(warp_id):
+      @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.Layout.WG_SPLAT),
+                         return_type=plgpu.ShapeDtypeStruct(
+                             (), jnp.int32, layout=plgpu.Layout.WG_SPLAT))
+      def write(ctx, ref, wid):
+        memref_dialect.store(wid.registers.item(), ref, [])
+        ten = mgpu.FragmentedArray.splat(
+            mgpu.c(10, ir.IntegerType.get_signless(32)), (), is_signed=True)
+        return wid + ten
+
+      @pl.when(warp_id == 1)
+      def _():
+        z_ref[...] = write(y_ref, warp_id)
+  return k()
+
+
+def _want_cuda_index(grid, cluster):
+  """The CUDA linear index of each (cluster, grid) position, by the
+  lowering's mapping: the grid scaled by the cluster, row-major."""
+  pad = (1,) * (len(grid) - len(cluster)) + cluster
+  scaled = tuple(g * c for g, c in zip(grid, pad))
+  lin = np.arange(math.prod(scaled), dtype=np.int32).reshape(scaled)
+  inter = tuple(v for p in zip(grid, pad) for v in p)
+  perm = tuple(range(1, 2 * len(grid), 2)) + tuple(range(0, 2 * len(grid), 2))
+  out = lin.reshape(inter).transpose(perm)
+  out = out.reshape(cluster + grid) if cluster else out.reshape(grid)
+  return np.broadcast_to(out[..., None], out.shape + (128,))
+
+
+@pytest.mark.parametrize("layout", [plgpu.Layout.WGMMA, plgpu.Layout.WGMMA_UPCAST_2X,
+                                    plgpu.Layout.WGMMA_UPCAST_4X])
+def test_fragmented_array_arithmetic_and_broadcast_in_registers(rng, layout):
+  x = rng.integers(-10, 10, (128, 128)).astype(np.int8)
+  s = rng.uniform(-100, 100, 128).astype(jnp.bfloat16)
+  got = ps.run(scaled_rows, x, s, layout, backend="sim")
+  want = x.astype(jnp.bfloat16) * s[:, None]
+  np.testing.assert_array_equal(np.asarray(got), want)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.int16, jnp.uint16])
+def test_swizzled_smem_through_ldmatrix_stmatrix_and_a_tma_copy(rng, dtype):
+  x = rng.uniform(-10, 10, (2, 128, 128)).astype(dtype)
+  got = ps.run(twice_plus_one_swizzled, x, backend="sim")
+  np.testing.assert_array_equal(np.asarray(got), x[0] + x[0] + np.asarray(1, dtype))
+
+
+@pytest.mark.parametrize("grid,cluster", [((2, 3), ()), ((2, 3), (2,)),
+                                          ((2, 3, 4), (2, 3)), ((2, 3, 4, 5), (2,))])
+def test_block_ids_are_those_of_the_cuda_grid_the_lowering_launches(grid, cluster):
+  got = ps.run(cuda_block_index, grid, cluster, backend="sim")
+  np.testing.assert_array_equal(np.asarray(got), _want_cuda_index(grid, cluster))
+
+
+def test_inside_a_warp_the_body_runs_on_that_warps_lanes():
+  y, z = ps.run(warp_scalar, backend="sim")
+  assert int(y) == 1 and int(z) == 11
+
+
+def test_cuda_place_folds_leading_grid_axes_into_z():
+  class L:
+    grid, cluster, cluster_names = (2, 3, 4, 5), (2,), ("x",)
+  axes = {("grid", 0): (1, 2), ("grid", 1): (2, 3), ("grid", 2): (3, 4),
+          ("grid", 3): (4, 5), "x": (1, 2)}
+  block_id, grid_dim, cbid, cdim = cuda_place(L, axes)
+  assert grid_dim == (10, 4, 6) and cdim == (2, 1, 1)
+  assert block_id == (4 * 2 + 1, 3, 1 * 3 + 2) and cbid == (1, 0, 0)
+
+
+def test_physical_order_is_the_tma_swizzle():
+  # 128-byte swizzle of a (8, 64) bf16 tile: row r's 16-byte chunk c lies at
+  # chunk c ^ r of that row.
+  order = physical_order((8, 64), 2, (8, 64), 128)
+  r, c = np.indices((8, 64))
+  chunk = c // 8
+  assert np.array_equal(order.reshape(8, 64), r * 64 + ((chunk ^ r) * 8) + c % 8)
+  # Tiling alone: (16, 16) in (8, 8) tiles, row-major over the tiles.
+  order = physical_order((16, 16), 4, (8, 8), None).reshape(16, 16)
+  assert order[8, 0] == 2 * 64 and order[0, 8] == 64 and order[9, 9] == 3 * 64 + 9
+
+
+def test_two_threads_writing_one_output_through_inline_mgpu_race():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((), jnp.float32), num_threads=2,
+                thread_name="t")
+  def k(o_ref):
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
+    def write(ctx, ref):
+      memref_dialect.store(mgpu.c(1.0, ir.F32Type.get()), ref, [])
+    write(o_ref)
+  with pytest.raises(ps.RaceError, match="inline_mgpu"):
+    ps.run(k, backend="sim")
+
+
+def test_reads_are_the_elements_the_body_read():
+  # Only row 0 is written before the body reads it: reading row 0 is no
+  # uninitialized read (the bounding box of what the body read is reported).
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((), jnp.float32),
+                scratch_types=[plgpu.SMEM((2, 128), jnp.float32)])
+  def k(o_ref, smem):
+    smem[0] = jnp.full((128,), 3.0, jnp.float32)
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(), plgpu.RefType()))
+    def first(ctx, s, o):
+      c0 = arith_dialect.constant(ir.IndexType.get(), 0)
+      memref_dialect.store(memref_dialect.load(s, [c0, c0]), o, [])
+    first(smem, o_ref)
+  assert float(ps.run(k, backend="sim", on_uninitialized="raise")) == 3.0
+
+
+def test_ir_the_evaluator_does_not_know_is_rejected_by_name_at_the_users_line():
+  from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((), jnp.int32))
+  def k(o_ref):
+    @plgpu.inline_mgpu(arg_types=(plgpu.RefType(),))
+    def clock(ctx, ref):
+      t = mgpu_utils.inline_ptx("mov.u32 $0, %clock;",
+                                result_types=ir.IntegerType.get_signless(32),
+                                has_side_effects=True)
+      memref_dialect.store(t, ref, [])
+    clock(o_ref)
+  with pytest.raises(ps.UnsupportedPrimitiveError, match="mov.u32") as e:
+    ps.run(k, backend="sim")
+  assert "test_inline_mgpu.py" in str(e.value)
