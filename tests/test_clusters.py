@@ -83,6 +83,47 @@ def test_cluster_barrier_counts_an_arrival_from_every_block():
   assert blocked == {f"block (0, {c})" for c in range(4)}, blocked
 
 
+def leader_tracked_gather(followers_wait=False, skip=None):
+  """Every block of a cluster of 4 writes its row, then arrives on a
+  leader-tracked cluster barrier; the leader (block 0) waits for all four
+  and sums the rows (a non-leader waiting waits forever: its copy counts
+  no arrivals)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((5, 128), F32), grid=(1,),
+                grid_names=("g",), cluster=(4,), cluster_names=("c",),
+                scratch_types=[plgpu.ClusterBarrier(collective_axes=("c",),
+                                                    leader_tracked=True)])
+  def k(o_ref, cbar):
+    c = lax.axis_index("c")
+    o_ref[c] = jnp.full((128,), c + 1, F32)
+
+    @pl.when(c != (-1 if skip is None else skip))
+    def _():
+      plgpu.barrier_arrive(cbar)
+
+    @pl.when(jnp.logical_or(c == 0, followers_wait))
+    def _():
+      plgpu.barrier_wait(cbar)
+
+    @pl.when(c == 0)
+    def _():
+      o_ref[4] = o_ref[0] + o_ref[1] + o_ref[2] + o_ref[3]
+  return k
+
+
+def test_a_leader_tracked_cluster_barrier_completes_in_the_leader_only():
+  out = np.asarray(ps.run(leader_tracked_gather(), backend="sim"))
+  np.testing.assert_array_equal(out[4], np.full(128, 10.0))
+  # Its arrivals are all the leader's: a follower that waits never completes.
+  with pytest.raises(ps.DeadlockError) as e:
+    ps.run(leader_tracked_gather(followers_wait=True), backend="sim")
+  assert {name for name, _, _ in e.value.blocked} == {
+      f"block (0, {c})" for c in (1, 2, 3)}
+  # And the leader needs every block's arrival.
+  with pytest.raises(ps.DeadlockError) as e:
+    ps.run(leader_tracked_gather(skip=2), backend="sim")
+  assert {name for name, _, _ in e.value.blocked} == {"block (0, 0)"}
+
+
 def _exchange_kernel(sync):
   """Block 0 of each cluster writes GMEM that block 1 then reads, ordered by
   a cluster barrier (or not)."""

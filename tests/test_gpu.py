@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernels as K
 import pallas_sim as ps
@@ -357,3 +358,33 @@ def test_the_tensor_cores_sum_is_the_gpus_reference_not_xla_cpus():
   cpu = jax.devices("cpu")[0]
   on_cpu = np.asarray(jax.device_put(a, cpu) @ jax.device_put(b, cpu))
   assert (on_cpu != real).any()  # (XLA:CPU's sums: not the tensor core's)
+
+
+def test_inline_mgpu_agrees():
+  import test_inline_mgpu as T
+  rng = np.random.default_rng(5)
+  x = rng.integers(-10, 10, (128, 128)).astype(np.int8)
+  s = rng.uniform(-100, 100, 128).astype(jnp.bfloat16)
+  for layout in (plgpu.Layout.WGMMA, plgpu.Layout.WGMMA_UPCAST_2X):
+    sim, real = both(T.scaled_rows, x, s, layout)
+    assert_bit_equal(sim, real, "inline_mgpu broadcast and product")
+  for dtype in (jnp.bfloat16, jnp.int16, jnp.uint16):
+    xs = rng.uniform(-10, 10, (2, 128, 128)).astype(dtype)
+    sim, real = both(T.twice_plus_one_swizzled, xs)
+    assert_bit_equal(sim, real, f"inline_mgpu swizzled SMEM {jnp.dtype(dtype).name}")
+  for grid, cluster in [((2, 3), (2,)), ((2, 3, 4, 5), (2,))]:
+    sim, real = both(T.cuda_block_index, grid, cluster)
+    assert_bit_equal(sim, real, f"CUDA block ids {grid} {cluster}")
+  sim, real = both(T.warp_scalar)
+  assert_bit_equal(sim, real, "inline_mgpu in a warp")
+  for dtype in (np.float32, np.float16, jnp.bfloat16):
+    x, y, z = (rng.uniform(-4, 4, (128, 128)).astype(dtype) for _ in range(3))
+    sim, real = both(T.float_ops, x, y, z)
+    for a, b, what in zip(sim, real, ("x*y+z", "(x+z)/y", "x*y", "z-x*y")):
+      assert_bit_equal(a, b, f"inline_mgpu {what} {np.dtype(dtype).name}")
+
+
+def test_leader_tracked_cluster_barrier_agrees():
+  from test_clusters import leader_tracked_gather
+  sim, real = both(leader_tracked_gather())
+  assert_bit_equal(sim, real, "leader-tracked cluster barrier")

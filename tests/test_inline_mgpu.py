@@ -6,6 +6,8 @@ import math
 
 import jax
 import jax.numpy as jnp
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 from jax._src.lib.mlir import ir
@@ -126,6 +128,28 @@ def warp_scalar():
   return k()
 
 
+def float_ops(x, y, z):
+  """x*y + z (contracted, as the GPU's compiler does), (x + z) / y, x*y and
+  z - x*y, computed on FragmentedArrays of the WGMMA layout."""
+  shape, dtype = x.shape, x.dtype
+  lay = plgpu.Layout.WGMMA
+  out = jax.ShapeDtypeStruct(shape, dtype)
+
+  @plgpu.kernel(out_type=(out,) * 4)
+  def k(x_ref, y_ref, z_ref, o1, o2, o3, o4):
+    xv, yv, zv = (plgpu.load(r, layout=lay, optimized=False) for r in (x_ref, y_ref, z_ref))
+    ret = plgpu.ShapeDtypeStruct(shape, dtype, layout=lay)
+
+    @plgpu.inline_mgpu(arg_types=(lay, lay, lay), return_type=(ret,) * 4)
+    def ops(ctx, a, b, c):
+      return a * b + c, (a + c) / b, a * b, c - a * b
+
+    r = ops(xv, yv, zv)
+    for o, v in zip((o1, o2, o3, o4), r):
+      o[...] = v
+  return k(x, y, z)
+
+
 def _want_cuda_index(grid, cluster):
   """The CUDA linear index of each (cluster, grid) position, by the
   lowering's mapping: the grid scaled by the cluster, row-major."""
@@ -166,6 +190,24 @@ def test_block_ids_are_those_of_the_cuda_grid_the_lowering_launches(grid, cluste
 def test_inside_a_warp_the_body_runs_on_that_warps_lanes():
   y, z = ps.run(warp_scalar, backend="sim")
   assert int(y) == 1 and int(z) == 11
+
+
+@hypothesis.settings(max_examples=12, deadline=None)
+@hypothesis.given(dtype=st.sampled_from([np.float32, np.float16, jnp.bfloat16]),
+                  seed=st.integers(0, 2**31 - 1))
+def test_float_ops_round_once_and_products_contract(dtype, seed):
+  from pallas_sim.backends.sim.machine import rounding
+  r = np.random.default_rng(seed)
+  x, y, z = (r.uniform(-4, 4, (128, 128)).astype(dtype) for _ in range(3))
+  got = [np.asarray(v) for v in ps.run(float_ops, x, y, z, backend="sim")]
+  f = lambda a: np.asarray(a, np.float64)
+  dt = np.dtype(dtype)
+  want = [rounding.fma(f(x), f(y), f(z), dt),
+          rounding.to_dtype(f(rounding.to_dtype(f(x) + f(z), dt)) / f(y), dt),
+          rounding.to_dtype(f(x) * f(y), dt),
+          rounding.fma(-f(x), f(y), f(z), dt)]
+  for g, w, what in zip(got, want, ("x*y+z", "(x+z)/y", "x*y", "z-x*y")):
+    np.testing.assert_array_equal(g.view(f"u{dt.itemsize}"), w.view(f"u{dt.itemsize}"), what)
 
 
 def test_cuda_place_folds_leading_grid_axes_into_z():

@@ -159,11 +159,17 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
     # Static checks (shared memory, unsupported primitives) at lowering time,
     # where an exception reaches the caller as it is. Ours first (they name
     # the primitive and line), then the real lowering's, which has the final say.
-    _active[-1].prepare(launch)
-    _active[-1].check_lowering(launch, lambda: real_lowering_error(
+    lower = lambda: real_lowering_error(
         args, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
         input_output_aliases=input_output_aliases, out_avals=out_avals,
-        name=name, **kw))
+        name=name, **kw)
+    try:
+      _active[-1].prepare(launch)
+    except _errors.UnsupportedPrimitiveError:
+      # What the GPU rejects too gets the GPU's reason (its lowering's error).
+      _active[-1].check_lowering(launch, lower)
+      raise
+    _active[-1].check_lowering(launch, lower)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
   outs = jax_callback.io_callback(
       lambda *xs: _execute(launch, *xs), shapes, *args, ordered=True)

@@ -65,7 +65,7 @@ class BarrierSlot:
   completed phases."""
   __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
                "waiters", "orders_tensor_core", "waits", "block", "key", "hb",
-               "completed_at", "owner", "collective")
+               "completed_at", "owner", "collective", "leader_tracked")
 
   def __init__(self, name, num_arrivals, orders_tensor_core=False, block=None, key=None):
     self.name = name
@@ -82,6 +82,7 @@ class BarrierSlot:
     self.hb = None       # the happens-before observer's state for it
     self.owner = None    # the Buffer of its allocation
     self.collective = ()  # a cluster barrier's cluster axes
+    self.leader_tracked = False  # arrivals go to the leader block's copy only
 
   def __repr__(self):
     return (f"<barrier {self.name}: {self.arrivals}/{self.num_arrivals} arrivals, "

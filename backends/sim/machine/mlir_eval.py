@@ -170,11 +170,18 @@ def compile_block(block, ctx=None):
   prog.args = [ctx.slot(a) for a in block.arguments]
   prog.steps = []
   prog.results = []
+  products = {}  # mulf results of this block -> their operands
   for op in block.operations:
     op = op.operation
     name = op.name
     if name in ("scf.yield", "func.return", "mosaic_gpu.return"):
       prog.results = [ctx.slot(v) for v in op.operands]
+      continue
+    if name == "arith.mulf":
+      products[op.results[0]] = tuple(op.operands)
+    fused = _contracted(op, products, ctx) if name in ("arith.addf", "arith.subf") else None
+    if fused is not None:
+      prog.steps.append(fused)
       continue
     handler = _OPS.get(name)
     if handler is None:
@@ -186,6 +193,30 @@ def compile_block(block, ctx=None):
   if top:
     prog.nslots = len(ctx.slots)
   return prog
+
+
+def _contracted(op, products, ctx):
+  """A float add/sub with an operand that a mulf of the same block computed,
+  as the GPU's compiler emits it: one fused multiply-add, rounded once (as
+  for kernels' own jaxprs, interpret.contractions; the first operand's
+  product where both are)."""
+  a, b = op.operands
+  dt = _elem_dtype(op.results[0].type)
+  sub = op.name == "arith.subf"
+  for i, v in enumerate((a, b)):
+    if v in products:
+      x, y = products[v]
+      other = b if i == 0 else a
+      sp = -1.0 if (sub and i == 1) else 1.0
+      sc = -1.0 if (sub and i == 0) else 1.0
+      ins = [ctx.slot(x), ctx.slot(y), ctx.slot(other)]
+      return (_fused, (dt, sp, sc), ins, [ctx.slot(op.results[0])])
+  return None
+
+
+def _fused(lanes, mask, static, x, y, c):
+  dt, sp, sc = static
+  return rounding.fma(np.asarray(x, np.float64) * sp, y, np.asarray(c, np.float64) * sc, dt)
 
 
 def _run(prog, lanes, env, args, mask):

@@ -24,14 +24,23 @@ def _barrier_arrive(eqn, cx):
     slot = refview.barrier_of(at(ref, rest), "barrier_arrive")
     blk = wg.block
     # A cluster barrier: one arrival on its copy in every block of the
-    # cluster that differs from this one along at most one of its axes.
-    for peer in (blk.group.peers(blk, slot.collective, line=True) if slot.collective
-                 else (blk,)):
+    # cluster that differs from this one along at most one of its axes (or,
+    # leader-tracked, in the leader's only: block 0 along its axis).
+    for peer in (_arrivees(blk, slot) if slot.collective else (blk,)):
       s = slot if peer is blk else peer_slot(peer, slot)
       blk.hb.arrive(wg, s)
       barriers.arrive(s, at=wg.time)
     return []
   return arrive
+
+
+def _arrivees(blk, slot):
+  peers = blk.group.peers(blk, slot.collective, line=True)
+  if slot.leader_tracked:
+    (axis,) = slot.collective  # (the lowering allows one axis)
+    d = blk.group.cluster_axes[axis][0]
+    peers = [p for p in peers if p.cluster[d] == 0]
+  return peers
 
 
 def peer_slot(peer, slot):

@@ -65,12 +65,13 @@ def _addupdate(eqn, cx):
   return addupdate
 
 
-def _barriers(label, shape, num_arrivals, orders_tensor_core, collective=()):
+def _barriers(label, shape, num_arrivals, orders_tensor_core, collective=(),
+              leader_tracked=False):
   def make(block, key):
     buf = memory.Buffer(label, "smem", memory.barrier_array(
         label, shape, num_arrivals, orders_tensor_core, block, key[:2]), alloc_key=key)
     for slot in buf.data.reshape(-1):
-      slot.owner, slot.collective = buf, collective
+      slot.owner, slot.collective, slot.leader_tracked = buf, collective, leader_tracked
     return buf
   return True, make
 
@@ -102,13 +103,12 @@ def _allocator(aval, transforms, label, launch):
   if isinstance(dt, gpu_core.BarrierType):
     return _barriers(label, inner.shape, dt.num_arrivals, dt.orders_tensor_core)
   if isinstance(dt, gpu_core.ClusterBarrierType):
-    if dt.leader_tracked:
-      raise UnsupportedPrimitiveError("leader-tracked cluster barriers are not "
-                                      "modelled yet")
+    # Leader-tracked: every block's arrivals go to the leader's copy (block 0
+    # along the axis), which counts them all; the others' copies get none.
     axes = tuple(dt.collective_axes)
     return _barriers(label, inner.shape,
                      dt.num_arrivals * _cluster_arrivals(axes, launch),
-                     dt.orders_tensor_core, axes)
+                     dt.orders_tensor_core, axes, dt.leader_tracked)
   shape = tuple(inner.shape)
   tiling, swizzle = refview.tiling_of(transforms)
   if tiling is not None:
