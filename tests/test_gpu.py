@@ -388,3 +388,18 @@ def test_leader_tracked_cluster_barrier_agrees():
   from test_clusters import leader_tracked_gather
   sim, real = both(leader_tracked_gather())
   assert_bit_equal(sim, real, "leader-tracked cluster barrier")
+
+
+def test_division_and_subnormals_agree():
+  from test_numerics import div_kernel
+  rng = np.random.default_rng(9)
+  for dtype in (np.float32, np.float16, jnp.bfloat16):
+    x = (rng.uniform(-2, 2, 4096) * 2.0 ** rng.integers(-30, 30, 4096)).astype(dtype)
+    y = (rng.uniform(-2, 2, 4096) * 2.0 ** rng.integers(-30, 30, 4096)).astype(dtype)
+    sim, real = both(div_kernel((4096,), dtype), x, y)
+    assert_bit_equal(sim, real, f"x / y {np.dtype(dtype).name}")
+  # Subnormal operands and results are kept (no flush to zero), both sides.
+  tiny = (np.arange(1, 4097) * 2.0 ** -149).astype(np.float32)
+  sim, real = both(div_kernel((4096,), np.float32), tiny, np.full(4096, 3.0, np.float32))
+  assert_bit_equal(sim, real, "subnormal / 3")
+  assert (np.asarray(real) != 0).any()

@@ -195,15 +195,16 @@ def test_inside_a_warp_the_body_runs_on_that_warps_lanes():
 @hypothesis.settings(max_examples=12, deadline=None)
 @hypothesis.given(dtype=st.sampled_from([np.float32, np.float16, jnp.bfloat16]),
                   seed=st.integers(0, 2**31 - 1))
-def test_float_ops_round_once_and_products_contract(dtype, seed):
-  from pallas_sim.backends.sim.machine import rounding
+def test_float_ops_round_once_products_contract_and_divide_as_the_gpu(dtype, seed):
+  from pallas_sim.backends.sim.machine import division, rounding
   r = np.random.default_rng(seed)
   x, y, z = (r.uniform(-4, 4, (128, 128)).astype(dtype) for _ in range(3))
   got = [np.asarray(v) for v in ps.run(float_ops, x, y, z, backend="sim")]
   f = lambda a: np.asarray(a, np.float64)
   dt = np.dtype(dtype)
   want = [rounding.fma(f(x), f(y), f(z), dt),
-          rounding.to_dtype(f(rounding.to_dtype(f(x) + f(z), dt)) / f(y), dt),
+          division.div_full(rounding.to_dtype(f(x) + f(z), dt).astype(np.float32),
+                            y.astype(np.float32), dt),  # (the GPU's div.full.f32)
           rounding.to_dtype(f(x) * f(y), dt),
           rounding.fma(-f(x), f(y), f(z), dt)]
   for g, w, what in zip(got, want, ("x*y+z", "(x+z)/y", "x*y", "z-x*y")):

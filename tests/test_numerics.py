@@ -3,6 +3,7 @@ nearest-even, and once for a fused multiply-add. Checked against exact
 rational arithmetic (fractions.Fraction), independent of numpy's and
 ml_dtypes' casts (the latter round float64 -> bfloat16 twice)."""
 import math
+import os
 from fractions import Fraction
 
 import jax
@@ -14,6 +15,8 @@ from hypothesis import given, settings, strategies as st
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 # significand bits, smallest normal exponent, largest finite value
 FORMATS = {jnp.float32: (24, -126, (2 - 2.0 ** -23) * 2.0 ** 127),
@@ -98,3 +101,48 @@ def test_count_leading_zeros(dtype):
     o_ref[...] = lax.clz(x_ref[...])
 
   np.testing.assert_array_equal(ps.run(k, x, backend="sim"), lax.clz(x))
+
+
+def div_kernel(shape, dtype):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(shape, dtype))
+  def k(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] / y_ref[...]
+  return k
+
+
+def test_f32_division_is_the_h200s_div_full():
+  # Quotients the H200 computed (benchmarks/division_probe.py) that are not
+  # the correctly rounded ones (div.full.f32 = x * rcp.approx(y), 1-2 ulp
+  # off), and divisions by subnormals (which div.full.f32 rescales).
+  x, y, want = np.load(os.path.join(DATA, "division_h200.npz"))["float32"].view(np.float32)
+  got = np.asarray(ps.run(div_kernel((256,), jnp.float32), x, y, backend="sim"))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  ieee = (x.astype(np.float64) / y.astype(np.float64)).astype(np.float32)
+  assert (ieee[:64].view(np.uint32) != want[:64].view(np.uint32)).all()
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2 ** 32 - 1))
+def test_division_is_within_two_ulp_and_halves_round_the_f32_quotient(seed):
+  from pallas_sim.backends.sim.machine import division
+  r = np.random.default_rng(seed)
+  x = (r.uniform(-2, 2, 256) * 2.0 ** r.integers(-60, 60, 256)).astype(np.float32)
+  y = (r.uniform(-2, 2, 256) * 2.0 ** r.integers(-60, 60, 256)).astype(np.float32)
+  q = division.div_full(x, y, np.float32)
+  exact = x.astype(np.float64) / y.astype(np.float64)
+  ulps = np.abs(q.view(np.int32).astype(np.int64) - exact.astype(np.float32).view(np.int32))
+  assert ulps.max() <= 2
+  for dt in (np.float16, ml_dtypes.bfloat16):
+    xs, ys = x.astype(dt), y.astype(dt)
+    got = np.asarray(ps.run(div_kernel((256,), dt), xs, ys, backend="sim"))
+    want = division.div_full(xs.astype(np.float32), ys.astype(np.float32), np.float32).astype(dt)
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+def test_subnormals_are_kept_not_flushed():
+  # XLA:CPU runs host callbacks with flush-to-zero on; the simulator restores
+  # IEEE subnormals, as a Hopper GPU computes f32 without .ftz.
+  tiny = (np.arange(1, 129) * 2.0 ** -149).astype(np.float32)
+  got = np.asarray(ps.run(div_kernel((128,), jnp.float32), tiny,
+                          np.full(128, 0.5, np.float32), backend="sim"))
+  np.testing.assert_array_equal(got, tiny * np.float32(2))

@@ -10,6 +10,9 @@ We wrap that function: for our own `SimParams` it lowers to one ordered
 `jax.jit` too; any other params go to JAX's own interpreter unchanged.
 """
 import ast
+import contextlib
+import ctypes
+import ctypes.util
 import dataclasses
 import linecache
 import os
@@ -118,10 +121,38 @@ def _execute(launch, *arrays):
     warnings.warn(f"{e} Its outputs are poison (NaN / sentinel).", stacklevel=2)
     return poisoned()
   try:
-    return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
+    with _ieee_subnormals():
+      return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
   except Exception as e:
     ex.record_error(e)
     return poisoned()
+
+
+# XLA:CPU runs host callbacks on threads that flush subnormals to zero (x86's
+# FTZ and DAZ bits): numpy there would too. A Hopper GPU keeps f32 subnormals
+# (PTX without .ftz), so the simulation runs in the floating-point
+# environment the main thread had when pallas-sim was imported.
+try:
+  _libm = ctypes.CDLL(ctypes.util.find_library("m"))
+  _MAIN_FENV = ctypes.create_string_buffer(1024)  # (larger than any fenv_t)
+  if _libm.fegetenv(_MAIN_FENV) != 0:
+    _libm = None
+except (OSError, AttributeError, TypeError):
+  _libm = None
+
+
+@contextlib.contextmanager
+def _ieee_subnormals():
+  if _libm is None:
+    yield
+    return
+  saved = ctypes.create_string_buffer(1024)
+  _libm.fegetenv(saved)
+  _libm.fesetenv(_MAIN_FENV)
+  try:
+    yield
+  finally:
+    _libm.fesetenv(saved)
 
 
 def force_real():

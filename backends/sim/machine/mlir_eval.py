@@ -24,7 +24,7 @@ import ml_dtypes
 import numpy as np
 from jax._src.lib.mlir import ir
 
-from pallas_sim.backends.sim.machine import rounding
+from pallas_sim.backends.sim.machine import division, rounding
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 ARENA_BASE = 1 << 20  # (an address that is no null pointer, 1024-aligned)
@@ -412,7 +412,9 @@ _OPS["arith.addf"] = _float_binop(lambda a, b, dt: rounding.to_dtype(
 _OPS["arith.subf"] = _float_binop(lambda a, b, dt: rounding.to_dtype(
     rounding.odd_sum(*np.broadcast_arrays(a, -b)), dt))
 _OPS["arith.mulf"] = _float_binop(_exact(np.multiply))
-_OPS["arith.divf"] = _float_binop(_exact(np.divide))
+_OPS["arith.divf"] = _float_binop(
+    lambda a, b, dt: division.div_full(a, b, dt) if dt.itemsize <= 4
+    else rounding.to_dtype(a / b, dt))
 _OPS["arith.maximumf"] = _float_binop(_exact(np.maximum))
 _OPS["arith.minimumf"] = _float_binop(_exact(np.minimum))
 _OPS["arith.maxnumf"] = _float_binop(_exact(np.fmax))

@@ -6,10 +6,11 @@ toward zero), not NumPy's floor semantics.
 """
 import math
 
+import ml_dtypes
 import numpy as np
 
 from pallas_sim.backends.sim.interpret import rule
-from pallas_sim.backends.sim.machine import rounding
+from pallas_sim.backends.sim.machine import division, rounding
 from pallas_sim.backends.sim.machine.memory import is_float
 from pallas_sim.errors import UnsupportedPrimitiveError
 
@@ -49,6 +50,9 @@ def _float_op(f):
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
 
+_GPU_DIV = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
+
+
 def _div(x, y):
   dt = np.result_type(x)
   if dt.kind in "iu":
@@ -56,6 +60,8 @@ def _div(x, y):
     q = np.where(ya == 0, -1, np.abs(xa) // np.where(ya == 0, 1, np.abs(ya))
                  * np.sign(xa) * np.sign(ya))
     return q.astype(dt)[()] if np.ndim(q) == 0 else q.astype(dt)
+  if dt in _GPU_DIV:  # (div.full.f32: machine/division.py)
+    return division.div_full(x, y, dt)
   return np.true_divide(x, y).astype(dt, copy=False)
 
 
