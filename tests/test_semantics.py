@@ -492,3 +492,55 @@ def test_contiguous_copies_take_the_bulk_path_without_the_256_limit():
   # A box that is not one contiguous range of its array needs a tensor map.
   with pytest.raises(ps.KernelError, match="<=256 elements along each dimension"):
     ps.run(bulk_copy_kernel(out_shape=(8, 1024)), x, backend="sim")
+
+
+def test_log2_and_one_minus_square_as_the_lowering_computes_them():
+  x = np.linspace(0.25, 3.0, 128).astype(np.float32)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32))
+  def k(x_ref, o_ref):
+    o_ref[0] = jnp.log2(x_ref[...])
+    o_ref[1] = lax.one_minus_square(x_ref[...])  # (1 + x) * (1 - x)
+  out = np.asarray(ps.run(k, x, backend="sim"))
+  np.testing.assert_allclose(out[0], np.log2(x), rtol=1e-7)
+  one = np.float32(1)
+  np.testing.assert_array_equal(out[1], (one + x) * (one - x))
+
+
+def test_delay_advances_the_threads_clock():
+  def kernel(nanos):
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+    def k(o_ref):
+      pl.delay(nanos)
+      o_ref[...] = jnp.zeros((128,), jnp.float32)
+    return k
+  short, long = (ps.simulate(kernel(n)).report.kernels[0].block_cycles_max
+                 for n in (0, 10_000))
+  assert long - short == pytest.approx(10_000 * 1.83, rel=0.01)
+
+
+def test_reshard_in_a_kernel_is_the_identity_as_the_lowering_makes_it():
+  from jax import sharding
+  mesh = jax.make_mesh((1, 1), ("x", "y"), axis_types=(sharding.AxisType.Explicit,) * 2)
+  with jax.set_mesh(mesh):
+    x = sharding.reshard(jnp.arange(64 * 64, dtype=jnp.float32).reshape(64, 64) - 2000,
+                         sharding.PartitionSpec("x", "y"))
+
+    @jax.jit
+    def relu(x):
+      spec = jax.typeof(x).sharding.spec
+
+      @jax.shard_map(in_specs=spec, out_specs=spec)
+      def shard(xs):
+        # (jnp.where on a value read from SMEM, under the mesh, reshards it)
+        @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                      scratch_types=[plgpu.SMEM((64, 64), jnp.float32)])
+        def k(x_ref, o_ref, smem):
+          smem[...] = x_ref[...]
+          v = smem[...]
+          o_ref[...] = jnp.where(v > 0, v, 0)
+        return k(xs)
+      return shard(x)
+    with ps.backend("sim"):
+      out = relu(x)
+  np.testing.assert_array_equal(np.asarray(out), np.maximum(np.asarray(x), 0))

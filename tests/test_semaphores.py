@@ -99,3 +99,32 @@ def per_block_kernel():
 
 def test_run_scoped_semaphores_are_per_block_and_start_at_zero():
   np.testing.assert_array_equal(ps.run(per_block_kernel(), backend="sim"), [2, 3, 4])
+
+
+def parallel_signal_kernel():
+  """Block 1 writes its row, then signals two global semaphores at once;
+  block 0 waits on both and copies the row."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32), grid=(2,),
+                grid_names=("x",))
+  def k(o_ref):
+    b = lax.axis_index("x")
+    sems = pl.get_global(plgpu.SemaphoreType.REGULAR((2,)))
+
+    @pl.when(b == 1)
+    def _():
+      o_ref[1] = jnp.full((128,), 7.0, jnp.float32)
+      plgpu.semaphore_signal_parallel(
+          plgpu.SemaphoreSignal(sems.at[0], device_id=None, inc=1),
+          plgpu.SemaphoreSignal(sems.at[1], device_id=None, inc=2))
+
+    @pl.when(b == 0)
+    def _():
+      pl.semaphore_wait(sems.at[1], 2)
+      pl.semaphore_wait(sems.at[0], 1)
+      o_ref[0] = o_ref[1] + 1.0
+  return k
+
+
+def test_semaphore_signal_parallel_signals_each_and_releases_the_writes_before():
+  out = np.asarray(ps.run(parallel_signal_kernel(), backend="sim"))
+  np.testing.assert_array_equal(out, [[8.0] * 128, [7.0] * 128])

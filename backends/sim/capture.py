@@ -17,6 +17,7 @@ import dataclasses
 import linecache
 import os
 import traceback
+import types
 import warnings
 
 import jax
@@ -196,9 +197,11 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
         name=name, **kw)
     try:
       _active[-1].prepare(launch)
-    except _errors.UnsupportedPrimitiveError:
-      # What the GPU rejects too gets the GPU's reason (its lowering's error).
-      _active[-1].check_lowering(launch, lower)
+    except _errors.UnsupportedPrimitiveError as e:
+      # A primitive we have no rule for, in a kernel the GPU rejects too: the
+      # GPU's reason (its lowering's error) says more than ours.
+      if getattr(e, "unmodelled", False):  # (at the equation's line: ours is exact)
+        _active[-1].check_lowering(launch, lower, where=e.where)
       raise
     _active[-1].check_lowering(launch, lower)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
@@ -312,6 +315,23 @@ def lowering_location(exc):
     if frames:
       return f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
   return None
+
+
+def user_tail(tb):
+  """The trailing frames of traceback `tb` outside JAX, jaxlib and
+  pallas-sim (where the lowering's error points into the user's kernel:
+  MLIR locations of the op it rejected) as a new traceback chain, or None."""
+  tail = []
+  while tb is not None:
+    name = tb.tb_frame.f_code.co_filename
+    user = (source_info_util.is_user_filename(name)
+            and not name.startswith(_OUR_DIRS + (_JAXLIB_DIR,)))
+    tail = tail + [tb] if user else []
+    tb = tb.tb_next
+  chain = None
+  for t in reversed(tail):
+    chain = types.TracebackType(chain, t.tb_frame, t.tb_lasti, t.tb_lineno)
+  return chain
 
 
 def _kernel_source(jaxpr):

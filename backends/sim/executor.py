@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim import profiler, resources
+from pallas_sim.backends.sim import capture, profiler, resources
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import initcheck, memory, races
@@ -102,7 +102,7 @@ class Executor:
     self._prepared[key] = p
     return p
 
-  def check_lowering(self, launch, lower):
+  def check_lowering(self, launch, lower, where=None):
     """Raises what JAX's real Mosaic GPU lowering raises for this kernel, as
     our own error class, so that nothing the hardware backend rejects runs
     here. Once per kernel."""
@@ -113,7 +113,11 @@ class Executor:
       return
     err = lower()  # (exception, its user file:line or None) or None
     if err is not None:
-      raise resources.lowering_error(err[0], where=err[1] or launch.where)
+      # (The lowering's traceback ends in the user's code where the MLIR op
+      # it rejected came from: keep those frames last, as on the GPU.)
+      where = where or err[1] or launch.where
+      raise resources.lowering_error(err[0], where=where).with_traceback(
+          capture.user_tail(err[0].__traceback__))
     self._lowered[key] = launch.jaxpr
 
   def execute(self, launch, arrays):

@@ -129,10 +129,12 @@ class Compiler:
       if id(eqn) in fused:
         builder = RULES["fma"]
       if builder is None:
-        raise UnsupportedPrimitiveError(
+        err = UnsupportedPrimitiveError(
             f"primitive '{eqn.primitive.name}' is not modelled by the simulator "
             "(see README: supported primitives)", primitive=eqn.primitive.name,
             where=where)
+        err.unmodelled = True  # (capture.py: the lowering's verdict comes first)
+        raise err
       self._where.append(where)
       try:
         fn = builder(eqn, self)

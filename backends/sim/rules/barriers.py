@@ -132,3 +132,14 @@ def _commit_smem(eqn, cx):
 @rule("set_max_registers_p", "set_max_registers")
 def _set_max_registers(eqn, cx):
   return lambda wg: []
+
+
+@rule("delay")
+def _delay(eqn, cx):
+  # pl.delay: the thread sleeps (nanosleep) for about that long.
+  per_ns = cx.timing.gpu.clock_hz * 1e-9
+
+  def delay(wg, nanos):
+    wg.time += float(nanos) * per_ns
+    return []
+  return delay

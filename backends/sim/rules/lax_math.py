@@ -110,7 +110,10 @@ for _name, _f in {
     "neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.floor,
     "ceil": np.ceil, "not": np.invert, "is_finite": np.isfinite,
     "exp": _float_op(np.exp), "exp2": _float_op(np.exp2),
-    "log": _float_op(np.log), "log1p": _float_op(np.log1p),
+    "log": _float_op(np.log), "log1p": _float_op(np.log1p), "log2": _float_op(np.log2),
+    # (1 + x) * (1 - x), as the lowering computes it: three roundings
+    "one_minus_square": lambda x: (np.asarray(1, np.result_type(x)) + x) * (
+        np.asarray(1, np.result_type(x)) - x),
     "expm1": _float_op(np.expm1), "tanh": _float_op(np.tanh),
     "logistic": _float_op(_logistic), "sin": _float_op(np.sin),
     "cos": _float_op(np.cos), "tan": _float_op(np.tan),

@@ -68,21 +68,40 @@ def _get_global(eqn, cx):
   return get_global
 
 
+def _signal_one(wg, ref, transforms, inc, device_id, prim):
+  if device_id is not None:
+    raise UnsupportedPrimitiveError(
+        f"{prim} to another device or core: one GPU is simulated")
+  r = _sem(ref, transforms, prim, wg)
+  r.view[...] = r.view + np.uint32(np.int64(inc) & 0xFFFFFFFF)
+  wg.block.hb.sem_signal(wg, r.buf)
+  wg.sched.notify(r.buf.res, at=wg.time)
+
+
 @rule("semaphore_signal")
 def _signal(eqn, cx):
   tree = eqn.params["args_tree"]
 
   def signal(wg, *operands):
     ref, transforms, inc, device_id, core_index = tree_util.tree_unflatten(tree, operands)
-    if device_id is not None or core_index is not None:
-      raise UnsupportedPrimitiveError(
-          "semaphore_signal to another device or core: one GPU is simulated")
-    r = _sem(ref, transforms, "semaphore_signal", wg)
-    r.view[...] = r.view + np.uint32(np.int64(inc) & 0xFFFFFFFF)
-    wg.block.hb.sem_signal(wg, r.buf)
-    wg.sched.notify(r.buf.res, at=wg.time)
+    _signal_one(wg, ref, transforms, inc,
+                device_id if core_index is None else core_index, "semaphore_signal")
     return []
   return signal
+
+
+@rule("semaphore_signal_parallel")
+def _signal_parallel(eqn, cx):
+  # Each signal releases what the thread did before it (one fence for all,
+  # on the GPU); their arrivals are unordered there, in order here.
+  tree = eqn.params["args_tree"]
+
+  def signal_parallel(wg, *operands):
+    refs, transforms, incs, device_ids = tree_util.tree_unflatten(tree, operands)
+    for ref, tr, inc, dev in zip(refs, transforms, incs, device_ids):
+      _signal_one(wg, ref, tr, inc, dev, "semaphore_signal_parallel")
+    return []
+  return signal_parallel
 
 
 @rule("semaphore_wait")

@@ -1,7 +1,7 @@
 """Primitives of jax 0.11.2's Mosaic GPU API that the simulator rejects by
 name, each with its reason (any other primitive it does not model raises
-the generic "not modelled" error), and the grid-dependency controls, which
-need nothing here.
+the generic "not modelled" error), and the grid-dependency controls and
+`reshard`, which need nothing here.
 
 The rejection is raised when the kernel is compiled for the simulator, at
 the user's line, before anything runs.
@@ -10,13 +10,14 @@ from pallas_sim.backends.sim.interpret import rule
 from pallas_sim.errors import UnsupportedPrimitiveError
 
 _BLACKWELL = (
+    "async_load",  # (TMEM loads)
     "tcgen05_mma", "tcgen05_commit_arrive", "async_copy_scales_to_tmem",
     "async_copy_smem_to_tmem", "async_copy_sparse_metadata_to_tmem",
     "async_store_tmem", "commit_tmem", "wait_load_tmem", "try_cluster_cancel",
     "query_cluster_cancel",
 )
 _OTHER_GPUS = (
-    "multimem_load_reduce", "multimem_store", "semaphore_signal_multicast", "reshard",
+    "multimem_load_reduce", "multimem_store", "semaphore_signal_multicast",
 )
 REASONS = {
     **{n: "a Blackwell (sm_100) instruction: pallas-sim simulates a Hopper (sm_90) "
@@ -40,3 +41,10 @@ def _griddepcontrol(eqn, cx):
   # Programmatic dependent launch: launches run one after another here, so
   # the previous kernel has finished when this one starts.
   return lambda wg: []
+
+
+@rule("reshard")
+def _reshard(eqn, cx):
+  # Inside a kernel the lowering makes reshard the identity: each GPU runs
+  # the kernel on its own shard.
+  return lambda wg, x: x
