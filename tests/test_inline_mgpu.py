@@ -276,3 +276,42 @@ def test_ir_the_evaluator_does_not_know_is_rejected_by_name_at_the_users_line():
   with pytest.raises(ps.UnsupportedPrimitiveError, match="mov.u32") as e:
     ps.run(k, backend="sim")
   assert "test_inline_mgpu.py" in str(e.value)
+
+
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(st.lists(st.integers(-2**31, 2**31 - 1), min_size=4, max_size=4),
+                  st.integers(-2**31, 2**31 - 1).filter(lambda d: d != 0))
+def test_evaluator_integer_ops_follow_arith_semantics(xs, d):
+  # Signless integers: signed division truncates toward zero, remainders
+  # take the dividend's sign, shifts are arithmetic or logical by op, and
+  # index_cast / extsi sign-extend (an i1 true extends to -1).
+  from jax._src.interpreters import mlir as jax_mlir
+  from jax._src.lib.mlir.dialects import func
+  from pallas_sim.backends.sim.machine import mlir_eval as E
+  with jax_mlir.make_ir_context(), ir.Location.unknown():
+    m = ir.Module.create()
+    i32, idx = ir.IntegerType.get_signless(32), ir.IndexType.get()
+    with ir.InsertionPoint(m.body):
+      blk = func.FuncOp("f", ([i32], [])).add_entry_block()
+    with ir.InsertionPoint(blk):
+      (a,) = blk.arguments
+      c = arith_dialect.constant(i32, d)
+      five = arith_dialect.constant(i32, 5)
+      neg = arith_dialect.cmpi(arith_dialect.CmpIPredicate.slt, a, c)
+      func.ReturnOp([arith_dialect.divsi(a, c), arith_dialect.remsi(a, c),
+                     arith_dialect.divui(a, c), arith_dialect.shrsi(a, five),
+                     arith_dialect.shrui(a, five), arith_dialect.index_cast(idx, a),
+                     arith_dialect.extsi(i32, neg)])
+    lanes = E.Lanes(np.arange(4), (128, 1, 1), (0, 0, 0), (1, 1, 1), (0, 0, 0),
+                    (1, 1, 1), None)
+    out = E.run(E.compile_block(blk), lanes, [np.array(xs, np.int64).astype(np.uint32)])
+  s = lambda v: [int(x) for x in np.asarray(v).astype(np.uint32).view(np.int32)]
+  ud = d & 0xFFFFFFFF
+  trunc_div = lambda x: abs(x) // abs(d) * (1 if (x < 0) == (d < 0) else -1)
+  assert s(out[0]) == [trunc_div(x) for x in xs]
+  assert s(out[1]) == [x - trunc_div(x) * d for x in xs]
+  assert [int(v) for v in np.asarray(out[2]).astype(np.uint32)] == [(x & 0xFFFFFFFF) // ud for x in xs]
+  assert s(out[3]) == [x >> 5 for x in xs]
+  assert [int(v) for v in np.asarray(out[4]).astype(np.uint32)] == [(x & 0xFFFFFFFF) >> 5 for x in xs]
+  assert [int(v) for v in out[5]] == xs
+  assert s(out[6]) == [-1 if x < d else 0 for x in xs]

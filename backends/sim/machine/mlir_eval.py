@@ -329,12 +329,15 @@ def _safe(b):
 
 
 def _divs(a, b):
-  q = np.abs(a) // np.abs(_safe(b))
-  return np.where((a < 0) != (b < 0), -q, q).astype(a.dtype)
+  # (in 64 bits: |INT_MIN| does not fit its own width; index is wrapped)
+  a64, b64 = a.astype(np.int64), _safe(b).astype(np.int64)
+  q = np.abs(a64) // np.abs(b64)
+  return np.where((a64 < 0) != (b64 < 0), -q, q).astype(a.dtype)
 
 
 def _rems(a, b):
-  return (a - _divs(a, b) * _safe(b)).astype(a.dtype)
+  return (a.astype(np.int64) - _divs(a, b).astype(np.int64) * _safe(b).astype(np.int64)
+          ).astype(a.dtype)
 
 
 def _shl(a, b):
@@ -379,20 +382,17 @@ for _names, _f, _s in (
     "arith.trunci", "llvm.zext", "llvm.sext", "llvm.trunc")
 @prepares(lambda o, c: (o.name, _elem_dtype(o.operands[0].type), _elem_dtype(_result_type(o))))
 def _int_cast(lanes, mask, static, a):
+  """Integer width changes: sign- or zero-extension, truncation (index is
+  a 64-bit integer: index_cast sign-extends into it, truncates out of it)."""
   name, src, dst = static
   a = np.asarray(a)
+  sign = name in ("arith.extsi", "llvm.sext") or (
+      name == "arith.index_cast" and src != np.int64)
   if src == bool:
-    a = a.astype(np.uint8)
-    src = np.dtype(np.uint8)
-  if dst == bool:
-    return (a & 1).astype(bool)
-  widen = dst.itemsize > src.itemsize
-  sign = name in ("arith.extsi", "llvm.sext") or (name == "arith.index_cast" and widen)
-  if name == "arith.index_cast" and src == np.int64:   # index -> iN: truncate
-    sign = False
-  a = _signed(a) if sign else _unsigned(a)
-  return a.astype(np.int64 if dst == np.int64 else (f"i{dst.itemsize}" if sign else dst)).view(dst) \
-      if dst != np.int64 else a.astype(np.int64)
+    v = -a.astype(np.int64) if sign else a.astype(np.int64)  # (i1 true: -1 signed)
+  else:
+    v = (_signed(a) if sign else _unsigned(a)).astype(np.int64)
+  return (v & 1).astype(bool) if dst == bool else v.astype(dst)
 
 
 def _float_binop(f):
@@ -982,9 +982,8 @@ def _shfl(lanes, mask, kind, membermask, val, offset, clamp):
     src = np.where(lane + off <= c, lane + off, lane)
   else:  # up
     src = np.where(lane - off >= 0, lane - off, lane)
-  pos = base + np.clip(src, 0, 31)
-  order = {t: i for i, t in enumerate(lanes.tid.tolist())}
-  return val[[order.get(int(p), i) for i, p in enumerate(np.broadcast_to(pos, (lanes.n,)))]]
+  pos = base + np.clip(src, 0, 31) - lanes.tid[0]  # (lanes are consecutive threads)
+  return val[np.broadcast_to(pos, (lanes.n,))]
 
 
 @op("nvvm.ldmatrix")
