@@ -370,4 +370,49 @@ MUTANTS = [
            "    if smem:\n      wg.block.hb.scope_end(wg, smem, where)",
            "    if False:\n      wg.block.hb.scope_end(wg, smem, where)",
            ("tests/test_races.py",)),
+    # --- issue 11, second session: inline_mgpu, division, leader tracking ------
+    Mutant("inline-swizzle-off", "backends/sim/rules/inline_mgpu.py",
+           "inline_mgpu stages swizzled SMEM in the TMA's physical byte order; the "
+           "mutant leaves the 16-byte chunks unswizzled",
+           "    b = b ^ (((b // 128) % (swizzle // 16)) * 16)", "    b = b",
+           ("tests/test_inline_mgpu.py",)),
+    Mutant("cuda-grid-unscaled", "backends/sim/rules/inline_mgpu.py",
+           "gpu.block_id is the block's place in the CUDA grid, scaled by the "
+           "cluster; the mutant forgets the scaling",
+           "  return (tuple(i * k + j for i, k, j in zip(pi, cl, ci)),",
+           "  return (tuple(i + j for i, k, j in zip(pi, cl, ci)),",
+           ("tests/test_inline_mgpu.py",)),
+    Mutant("inline-no-contraction", "backends/sim/machine/mlir_eval.py",
+           "an inline_mgpu float add of a product is one fused multiply-add; the "
+           "mutant rounds the product first",
+           "      return (_fused, (dt, sp, sc), ins, [ctx.slot(op.results[0])])",
+           "      return None",
+           ("tests/test_inline_mgpu.py",)),
+    Mutant("inline-writes-unreported", "backends/sim/rules/inline_mgpu.py",
+           "what an inline_mgpu body writes is a write for race detection; the "
+           "mutant does not report it",
+           "        blk.hb.plain(wg, sub, True, _PRIM, where)", "        pass",
+           ("tests/test_inline_mgpu.py",)),
+    Mutant("leader-tracked-broadcast", "backends/sim/rules/barriers.py",
+           "a leader-tracked cluster barrier's arrivals go to the leader's copy "
+           "only; the mutant arrives on every block's",
+           "    peers = [p for p in peers if p.cluster[d] == 0]", "    pass",
+           ("tests/test_clusters.py",)),
+    Mutant("rcp-correctly-rounded", "backends/sim/machine/division.py",
+           "f32 division uses the H200's rcp.approx (1 ulp off for 13% of "
+           "mantissas); the mutant uses the correctly rounded reciprocal",
+           "  return (rn.view(np.int32) + delta).view(np.float32)",
+           "  return (rn.view(np.int32) + 0 * delta).view(np.float32)",
+           ("tests/test_numerics.py",)),
+    Mutant("division-subnormal-unscaled", "backends/sim/machine/division.py",
+           "div.full.f32 rescales subnormal divisors; the mutant lets the "
+           "reciprocal overflow",
+           "  small = np.abs(y) < np.float32(2.0 ** -126)",
+           "  small = np.zeros(np.shape(y), bool)",
+           ("tests/test_numerics.py",)),
+    Mutant("subnormals-flushed", "backends/sim/capture.py",
+           "the simulation keeps subnormals (the GPU does not flush f32); the "
+           "mutant runs in XLA's flush-to-zero environment",
+           "    with _ieee_subnormals():", "    with contextlib.nullcontext():",
+           ("tests/test_numerics.py",)),
 ]
