@@ -403,3 +403,13 @@ def test_division_and_subnormals_agree():
   sim, real = both(div_kernel((4096,), np.float32), tiny, np.full(4096, 3.0, np.float32))
   assert_bit_equal(sim, real, "subnormal / 3")
   assert (np.asarray(real) != 0).any()
+
+
+def test_4_bit_union_members_agree():
+  from test_aliasing import nibble_kernel
+  x = np.arange(-64, 64, dtype=np.int8) * 3
+  for dtype in (jnp.uint4, jnp.int4):
+    sim, real = both(nibble_kernel(dtype), x)
+    assert_bit_equal(sim[0], real[0], f"{jnp.dtype(dtype).name} member in registers")
+    np.testing.assert_array_equal(np.asarray(sim[1]).astype(np.int32),
+                                  np.asarray(real[1]).astype(np.int32))

@@ -88,6 +88,8 @@ class Group:
     initcheck.mark(ref)
     if ref.buf.aliases is not None:
       aliasing.wrote(ref)
+    if ref.buf.packed is not None:
+      aliasing.pack(ref.buf)
     if self.writes is None or ref.buf.space != "gmem":
       return
     buf = ref.buf

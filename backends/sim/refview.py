@@ -102,8 +102,8 @@ def apply(ref, transforms, wg=None):
       buf, view = r.buf, r.view
       continue
     if isinstance(tr, gpu_core.ExtractAliasedRef):
-      view, layout = _aliased(buf, view, tr, transforms[i + 1:])
-      raw = layout.tiling is not None
+      buf, view, layout = _aliased(buf, view, tr, transforms[i + 1:])
+      raw = tiling_of(transforms[i + 1:])[0] is not None
       continue
     if isinstance(tr, gpu_core.UntilingTransform):
       if not raw:
@@ -151,15 +151,20 @@ def _aliased(buf, view, tr, rest):
     k = len(tiling)
     shape = shape[:-2 * k] + tuple(n * t for n, t in zip(shape[-2 * k:-k], shape[-k:]))
   dtype = np.dtype(tr.dtype)
-  if jax_dtypes.itemsize_bits(tr.dtype) != 8 * dtype.itemsize:
+  bits = jax_dtypes.itemsize_bits(tr.dtype)
+  if bits not in (4, 8 * dtype.itemsize):
     raise UnsupportedPrimitiveError(
         f"aliased ref of {buf.name} with sub-byte dtype {tr.dtype}: not modelled")
-  nbytes = math.prod(shape) * dtype.itemsize
+  nbytes = (math.prod(shape) * bits + 7) // 8
   if tr.offset + nbytes > view.size:
     raise OutOfBoundsError(f"aliased ref of {buf.name}: bytes {tr.offset}.."
                            f"{tr.offset + nbytes} past its {view.size}")
+  layout = aliasing.layout_for(buf, dtype, shape, tiling, swizzle)
+  if bits == 4:  # (two to a byte: a buffer of its own, aliasing.nibble_member)
+    member = aliasing.nibble_member(buf, tr.offset, dtype, shape, layout)
+    return member, member.data, None
   member = view[tr.offset:tr.offset + nbytes].view(dtype).reshape(shape)
-  return member, aliasing.layout_for(buf, dtype, shape, tiling, swizzle)
+  return buf, member, layout
 
 
 def _cluster_peer(ref, tr, wg):

@@ -415,4 +415,10 @@ MUTANTS = [
            "mutant runs in XLA's flush-to-zero environment",
            "    with _ieee_subnormals():", "    with contextlib.nullcontext():",
            ("tests/test_numerics.py",)),
+    Mutant("nibbles-high-first", "backends/sim/machine/aliasing.py",
+           "a RefUnion's 4-bit member holds element 2i in byte i's low nibble; the "
+           "mutant reads the high nibble first",
+           "  nib = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(-1)[:n]",
+           "  nib = np.stack([raw >> 4, raw & 0xF], axis=-1).reshape(-1)[:n]",
+           ("tests/test_aliasing.py",)),
 ]

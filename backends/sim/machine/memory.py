@@ -30,7 +30,7 @@ class Buffer:
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
                "alloc_key", "origin", "written", "unwritten", "_addr", "aliases",
-               "smem_range")
+               "smem_range", "packed")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
                origin=None):
@@ -47,6 +47,7 @@ class Buffer:
     self._addr = None
     self.aliases = None  # a RefUnion's byte tags (machine/aliasing.py)
     self.smem_range = None  # SMEM bytes [start, end) of a run_scoped allocation
+    self.packed = None  # a RefUnion's 4-bit member: where in the union (aliasing.py)
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
 
   def address(self):

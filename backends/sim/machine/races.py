@@ -276,6 +276,10 @@ def element_range(buf, off, estrides, mask):
                 np.zeros(len(idx), np.int64))
   lo, hi = int(flat.min()), int(flat.max())
   coords = lambda i: tuple(int(x) for x in np.unravel_index(i, buf.data.shape))
+  if buf.packed is not None:  # (a RefUnion's 4-bit member: bytes of its union)
+    o = buf.packed.offset
+    return (f"elements {coords(lo)}..{coords(hi)} "
+            f"(bytes {o + lo // 2}..{o + hi // 2 + 1} of {buf.packed.union.name})")
   isz = buf.data.itemsize
   return (f"elements {coords(lo)}..{coords(hi)} "
           f"(bytes {lo * isz}..{(hi + 1) * isz})")
