@@ -83,11 +83,13 @@ def test_cluster_barrier_counts_an_arrival_from_every_block():
   assert blocked == {f"block (0, {c})" for c in range(4)}, blocked
 
 
-def leader_tracked_gather(followers_wait=False, skip=None):
+def leader_tracked_gather(followers_wait=False, skip=None, sync=True):
   """Every block of a cluster of 4 writes its row, then arrives on a
   leader-tracked cluster barrier; the leader (block 0) waits for all four
   and sums the rows (a non-leader waiting waits forever: its copy counts
-  no arrivals)."""
+  no arrivals). The arrival is made by a few lanes: without the warpgroup
+  barrier of commit_smem before it (sync=False) the other lanes' stores are
+  not released (an H200 once showed the leader stale values)."""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((5, 128), F32), grid=(1,),
                 grid_names=("g",), cluster=(4,), cluster_names=("c",),
                 scratch_types=[plgpu.ClusterBarrier(collective_axes=("c",),
@@ -95,6 +97,8 @@ def leader_tracked_gather(followers_wait=False, skip=None):
   def k(o_ref, cbar):
     c = lax.axis_index("c")
     o_ref[c] = jnp.full((128,), c + 1, F32)
+    if sync:
+      plgpu.commit_smem()
 
     @pl.when(c != (-1 if skip is None else skip))
     def _():
@@ -124,6 +128,16 @@ def test_a_leader_tracked_cluster_barrier_completes_in_the_leader_only():
   assert {name for name, _, _ in e.value.blocked} == {"block (0, 0)"}
 
 
+def test_a_cluster_barrier_arrival_releases_other_lanes_only_after_a_warpgroup_sync():
+  # Seen on an H200 (rarely: once, then 0 of 300 runs of
+  # benchmarks/cluster_arrival_probe.py): without commit_smem, 32 of the
+  # leader's values were stale (one warp's stores the arriving lanes never saw).
+  with pytest.raises(ps.RaceError, match="made by a few lanes") as e:
+    ps.run(leader_tracked_gather(sync=False), backend="sim")
+  assert "write-read race on o_ref" in str(e.value)
+  ps.run(leader_tracked_gather(sync=True), backend="sim")  # (no race)
+
+
 def _exchange_kernel(sync):
   """Block 0 of each cluster writes GMEM that block 1 then reads, ordered by
   a cluster barrier (or not)."""
@@ -137,6 +151,7 @@ def _exchange_kernel(sync):
     def _():
       o_ref[0] = x_ref[...] + 1.0
     if sync:
+      plgpu.commit_smem()  # (the arrival's few lanes then know the others' stores)
       plgpu.barrier_arrive(cbar)
       plgpu.barrier_wait(cbar)
 

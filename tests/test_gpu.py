@@ -413,3 +413,23 @@ def test_4_bit_union_members_agree():
     assert_bit_equal(sim[0], real[0], f"{jnp.dtype(dtype).name} member in registers")
     np.testing.assert_array_equal(np.asarray(sim[1]).astype(np.int32),
                                   np.asarray(real[1]).astype(np.int32))
+
+
+def test_the_gpus_division_is_the_references_on_the_gpu_not_xla_cpus():
+  """JAX's PallasCallTest.test_binary_op (lax.div, f32) compares the kernel's
+  x / y with `lax.div(x, y)` outside it. On the H200 the kernel divides by
+  div.full.f32 (as the simulator does, bit for bit); on a CPU the reference
+  is XLA:CPU's correctly rounded division, which differs: that test's own
+  reference fails there, not the simulator."""
+  from test_numerics import div_kernel
+  import jax.random as jr
+  key0, key1 = jr.split(jr.key(0), 2)
+  x = (jr.uniform(key0, [256]) * 42 - 21).astype(jnp.float32)
+  y = (jr.uniform(key1, [256]) * 42 - 21).astype(jnp.float32)
+  sim, real = both(div_kernel((256,), jnp.float32), x, y)
+  assert_bit_equal(sim, real, "kernel x / y")
+  cpu = jax.devices("cpu")[0]
+  on_cpu = np.asarray(jax.lax.div(jax.device_put(x, cpu), jax.device_put(y, cpu)))
+  assert (on_cpu != real).any()  # (XLA:CPU rounds correctly; div.full does not)
+  print("XLA:GPU's lax.div equals the kernel's:",
+        bool((np.asarray(jax.lax.div(x, y)) == real).all()))
