@@ -315,3 +315,110 @@ def test_evaluator_integer_ops_follow_arith_semantics(xs, d):
   assert [int(v) for v in np.asarray(out[4]).astype(np.uint32)] == [(x & 0xFFFFFFFF) >> 5 for x in xs]
   assert [int(v) for v in out[5]] == xs
   assert s(out[6]) == [-1 if x < d else 0 for x in xs]
+
+
+def _evaluate(build, arg_types, args, lanes=128):
+  """Builds a function body with `build(*block_args)` and evaluates it on
+  `lanes` lanes over an arena holding the numpy arrays `args` (memref
+  arguments, in order); returns the arrays after it ran."""
+  from jax._src.interpreters import mlir as jax_mlir
+  from jax._src.lib.mlir.dialects import func
+  from pallas_sim.backends.sim.machine import mlir_eval as E
+  from pallas_sim.backends.sim.rules.inline_mgpu import _memref
+  ctx = jax_mlir.make_ir_context()
+  mgpu.dialect.register_dialect(ctx)
+  with ctx, ir.Location.unknown():
+    m = ir.Module.create()
+    i32 = ir.IntegerType.get_signless(32)
+    m.operation.attributes["mosaic_gpu.arch_major"] = ir.IntegerAttr.get(i32, 9)
+    m.operation.attributes["mosaic_gpu.arch_minor"] = ir.IntegerAttr.get(i32, 0)
+    with ir.InsertionPoint(m.body):
+      blk = func.FuncOp("f", (arg_types(), [])).add_entry_block()
+    with ir.InsertionPoint(blk):
+      build(*blk.arguments)
+      func.ReturnOp([])
+    prog = E.compile_block(blk)
+  offs = [i * 4096 for i in range(len(args))]
+  arena = E.Arena(4096 * len(args))
+  refs = []
+  for a, off, t in zip(args, offs, arg_types_list(arg_types)):
+    arena.data[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
+    refs.append(_memref(off, a.shape, a.dtype, "smem" if "workgroup" in str(t) else "gmem"))
+  lanes_ = E.Lanes(np.arange(lanes), (lanes, 1, 1), (0, 0, 0), (1, 1, 1), (0, 0, 0),
+                   (1, 1, 1), arena)
+  E.run(prog, lanes_, refs)
+  return [arena.data[o:o + a.nbytes].view(a.dtype).reshape(a.shape) for a, o in zip(args, offs)]
+
+
+def arg_types_list(arg_types):
+  from jax._src.interpreters import mlir as jax_mlir
+  with jax_mlir.make_ir_context(), ir.Location.unknown():
+    return [str(t) for t in arg_types()]
+
+
+def test_evaluator_masks_per_lane_control_flow_and_vector_stores():
+  from jax._src.lib.mlir.dialects import scf, vector as vector_dialect
+  f32 = lambda: ir.F32Type.get()
+  idx = lambda: ir.IndexType.get()
+
+  # Lanes below 64 copy in[tid] (64 elements: the others would be out of
+  # bounds) to out[tid]; one lane stores 7 to `flag` (one address, masked).
+  def build(inp, out, flag):
+    tid = gpu_dialect.thread_id(gpu_dialect.Dimension.x)
+    low = arith_dialect.cmpi(arith_dialect.CmpIPredicate.ult, tid,
+                             arith_dialect.constant(idx(), 64))
+    branch = scf.IfOp(low)
+    with ir.InsertionPoint(branch.then_block):
+      memref_dialect.store(memref_dialect.load(inp, [tid]), out, [tid])
+      scf.YieldOp([])
+    with mgpu.utils.when(mgpu.utils.single_thread_predicate()):
+      memref_dialect.store(arith_dialect.constant(f32(), 7.0), flag, [])
+  types = lambda: [ir.MemRefType.get((64,), f32()), ir.MemRefType.get((128,), f32()),
+                   ir.MemRefType.get((), f32())]
+  inp = np.arange(64, dtype=np.float32)
+  _, out, flag = _evaluate(build, types, [inp, np.full(128, -1, np.float32),
+                                          np.zeros((), np.float32)])
+  np.testing.assert_array_equal(out[:64], inp)
+  np.testing.assert_array_equal(out[64:], -1)
+  assert float(flag) == 7.0
+
+  # A vector<1xf32> per lane (its value the lane's id) lands at out[tid];
+  # a non-splat dense constant; a loop with negative i32 bounds.
+  def build2(out, out2, count):
+    tid = gpu_dialect.thread_id(gpu_dialect.Dimension.x)
+    v = arith_dialect.uitofp(f32(), arith_dialect.index_cast(ir.IntegerType.get_signless(32), tid))
+    vector_dialect.store(vector_dialect.broadcast(ir.VectorType.get((1,), f32()), v), out, [tid])
+    c = arith_dialect.constant(ir.VectorType.get((4,), ir.BF16Type.get()),
+                               ir.Attribute.parse("dense<[1.5, -2.0, 3.0, 0.25]> : vector<4xbf16>"))
+    vector_dialect.store(c, out2, [arith_dialect.constant(idx(), 0)])
+    i32 = ir.IntegerType.get_signless(32)
+    loop = scf.ForOp(arith_dialect.constant(i32, -3), arith_dialect.constant(i32, 2),
+                     arith_dialect.constant(i32, 1), [arith_dialect.constant(i32, 0)])
+    with ir.InsertionPoint(loop.body):
+      scf.YieldOp([arith_dialect.addi(loop.inner_iter_args[0], arith_dialect.constant(i32, 1))])
+    memref_dialect.store(loop.results[0], count, [])
+  types2 = lambda: [ir.MemRefType.get((128,), f32()),
+                    ir.MemRefType.get((4,), ir.BF16Type.get()),
+                    ir.MemRefType.get((), ir.IntegerType.get_signless(32))]
+  out, out2, count = _evaluate(build2, types2, [np.zeros(128, np.float32),
+                                                np.zeros(4, jnp.bfloat16), np.zeros((), np.int32)])
+  np.testing.assert_array_equal(out, np.arange(128, dtype=np.float32))
+  np.testing.assert_array_equal(out2.astype(np.float32), [1.5, -2.0, 3.0, 0.25])
+  assert int(count) == 5
+
+
+def test_evaluator_reads_smem_through_a_rebuilt_descriptor():
+  # utils.ptr_as_memref builds a memref descriptor (pointers of address
+  # space 3) from an SMEM pointer.
+  f32 = ir.F32Type.get
+
+  def build(src, out):
+    ptr = mgpu.utils.memref_ptr(src)
+    again = mgpu.utils.ptr_as_memref(ptr, ir.MemRefType(src.type))
+    c1 = arith_dialect.constant(ir.IndexType.get(), 1)
+    memref_dialect.store(memref_dialect.load(again, [c1]), out, [])
+  smem = "#gpu.address_space<workgroup>"
+  types = lambda: [ir.MemRefType.get((4,), f32(), memory_space=ir.Attribute.parse(smem)),
+                   ir.MemRefType.get((), f32())]
+  _, out = _evaluate(build, types, [np.array([1, 2, 3, 4], np.float32), np.zeros((), np.float32)])
+  assert float(out) == 2.0

@@ -74,6 +74,8 @@ class Group:
     "wgmma"): elements nothing wrote before it are an event."""
     if ref.buf.aliases is not None:
       aliasing.read(ref)
+    elif ref.buf.packed is not None:
+      aliasing.read_packed(ref.buf)
     rng = initcheck.unwritten_in(ref)
     if rng is not None:
       self.events.append(("uninit", agent, prim, where, ref.buf.name, thread,

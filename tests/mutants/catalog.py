@@ -421,9 +421,4 @@ MUTANTS = [
            "  nib = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(-1)[:n]",
            "  nib = np.stack([raw >> 4, raw & 0xF], axis=-1).reshape(-1)[:n]",
            ("tests/test_aliasing.py",)),
-    Mutant("cluster-arrival-releases-all", "backends/sim/machine/observer.py",
-           "a cluster barrier's arrival (a few lanes) releases the other lanes' "
-           "accesses only up to the last warpgroup-wide sync; the mutant releases all",
-           "      cap = max(h.synced, h.observed)", "      cap = vc[h.thread]",
-           ("tests/test_clusters.py",)),
 ]

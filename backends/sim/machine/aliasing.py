@@ -121,7 +121,6 @@ def nibble_member(buf, offset, dtype, shape, layout):
                            layout.swizzle)
     member.packed = Packed(buf, offset, nbytes, layout)
     buf.aliases.members[key] = member
-  _check(buf, offset, offset + nbytes, layout)
   raw = buf.data.view(np.uint8)[offset:offset + nbytes]
   nib = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(-1)[:n]
   member.data.reshape(-1).view(np.uint8)[...] = nib
@@ -130,7 +129,15 @@ def nibble_member(buf, offset, dtype, shape, layout):
     member.unwritten = n - int(np.count_nonzero(member.written))
     if member.unwritten == 0:
       member.written = None
+  else:
+    member.written, member.unwritten = None, 0
   return member
+
+
+def read_packed(member):
+  """A read through a 4-bit member: of bytes written through its layout."""
+  p = member.packed
+  _check(p.union, p.offset, p.offset + p.nbytes, p.layout)
 
 
 def pack(member):

@@ -19,6 +19,7 @@ An op this evaluator does not know raises UnsupportedPrimitiveError naming
 it, never a silent skip.
 """
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -104,33 +105,44 @@ class Arena:
                         "the body (out of bounds)")
     return idx
 
-  def load(self, addr, dtype, count=1):
-    """Per-lane loads of `count` elements at addr (any shape)."""
-    n = dtype.itemsize * count
-    idx = self._index(addr, n)
+  def load(self, addr, dtype, count=1, mask=None):
+    """Loads of `count` elements at each address: addr (lanes,) or any
+    shape with no mask; only the lanes in `mask` load (the others get 0)."""
+    tail = (count,) if count > 1 else ()
+    addr = np.asarray(addr, np.int64)
+    if mask is not None and not np.all(mask):
+      n = max(addr.shape[0] if addr.ndim else 1, np.size(mask))
+      addr = np.broadcast_to(addr.reshape(-1), (n,))
+      m = np.broadcast_to(np.asarray(mask).reshape(-1), (n,))
+      out = np.zeros((n,) + tail, dtype)
+      if m.any():
+        out[m] = self.load(addr[m], dtype, count)
+      return out
+    idx = self._index(addr, dtype.itemsize * count)
     self.read[idx] = True
-    raw = self.data[idx]
-    out = raw.reshape(-1).view(dtype).reshape(np.shape(addr) + ((count,) if count > 1 else ()))
-    return out
+    return self.data[idx].reshape(-1).view(dtype).reshape(addr.shape + tail)
 
   def store(self, addr, value, dtype, count=1, mask=None):
-    n = dtype.itemsize * count
-    addr = np.asarray(addr, np.int64)
+    """Stores per lane: addr (lanes,) (or (1,): the same for every lane),
+    value (lanes,) or (lanes, count), both broadcast; only the lanes in
+    `mask` store."""
+    addr = np.asarray(addr, np.int64).reshape(-1)
     value = np.asarray(value, dtype)
-    shape = np.broadcast_shapes(addr.shape, value.shape[:value.ndim - (count > 1)])
-    addr = np.broadcast_to(addr, shape)
-    value = np.broadcast_to(value, shape + ((count,) if count > 1 else ()))
+    value = value.reshape((-1, count) if count > 1 else (-1,))
+    n = max(len(addr), value.shape[0], np.size(mask) if mask is not None else 1)
+    addr = np.broadcast_to(addr, (n,))
+    value = np.broadcast_to(value, (n,) + value.shape[1:])
     if mask is not None:
-      m = np.broadcast_to(mask.reshape(mask.shape + (1,) * (len(shape) - 1)), shape)
+      m = np.broadcast_to(np.asarray(mask).reshape(-1), (n,))
       addr, value = addr[m], value[m]
-    idx = self._index(addr, n)
+    idx = self._index(addr, dtype.itemsize * count)
     self.data[idx] = np.ascontiguousarray(value).reshape(-1).view(np.uint8).reshape(idx.shape)
     self.written[idx] = True
 
 
 class Lanes:
   """Who evaluates: `tid` the thread_id.x of each lane, the block's place in
-  the CUDA grid, and `marker(op_index, operands, memrefs)` for the launch
+  the CUDA grid, and `marker(op_index, operand values)` for the launch
   context's operations (async copies) that the rule implements."""
 
   def __init__(self, tid, block_dim, block_id, grid_dim, cluster_block_id,
@@ -202,6 +214,8 @@ def _contracted(op, products, ctx):
   product where both are)."""
   a, b = op.operands
   dt = _elem_dtype(op.results[0].type)
+  if dt == np.float64:  # (rounding.fma is exact for operands of <= 26 bits)
+    return None
   sub = op.name == "arith.subf"
   for i, v in enumerate((a, b)):
     if v in products:
@@ -288,8 +302,21 @@ def _const_value(attr, t):
     if d.is_splat:
       v = _scalar_attr(d.get_splat_value(), dt)
       return np.full((1,) + shape, v, dt)
-    vals = [_scalar_attr(d[i], dt) for i in range(len(d))]
-    return np.asarray(vals, dt).reshape((1,) + shape)
+    try:
+      vals = np.array(d)
+    except TypeError:
+      vals = np.array(None)
+    if vals.dtype == object or vals.size != math.prod(shape):  # (bf16, fp8: their text)
+      body = re.match(r"dense<(.*)>\s*:", str(attr)).group(1)
+      try:
+        vals = np.array([float(v) for v in body.replace("[", "").replace("]", "").split(",")])
+      except ValueError:
+        raise unsupported(f"the constant {attr}") from None
+    if dt.kind in "iu":
+      vals = vals.astype(np.int64)
+    return rounding.to_dtype(vals.astype(np.float64), dt).reshape((1,) + shape) \
+        if vals.dtype.kind == "f" and dt.kind not in "iub" else \
+        vals.astype(dt).reshape((1,) + shape)
   return np.full((1,) + shape, _scalar_attr(attr, dt), dt)
 
 
@@ -407,10 +434,14 @@ def _exact(f):
   return lambda a, b, dt: rounding.to_dtype(f(a, b), dt)
 
 
-_OPS["arith.addf"] = _float_binop(lambda a, b, dt: rounding.to_dtype(
-    rounding.odd_sum(*np.broadcast_arrays(a, b)), dt))
-_OPS["arith.subf"] = _float_binop(lambda a, b, dt: rounding.to_dtype(
-    rounding.odd_sum(*np.broadcast_arrays(a, -b)), dt))
+def _sum(a, b, dt):
+  if dt == np.float64:
+    return a + b
+  return rounding.to_dtype(rounding.odd_sum(*np.broadcast_arrays(a, b)), dt)
+
+
+_OPS["arith.addf"] = _float_binop(_sum)
+_OPS["arith.subf"] = _float_binop(lambda a, b, dt: _sum(a, -b, dt))
 _OPS["arith.mulf"] = _float_binop(_exact(np.multiply))
 _OPS["arith.divf"] = _float_binop(
     lambda a, b, dt: division.div_full(a, b, dt) if dt.itemsize <= 4
@@ -581,7 +612,7 @@ def _vinsert(lanes, mask, pos, src, dest, *dyn):
     raise unsupported("vector.insert at a dynamic position")
   n = max(dest.shape[0], src.shape[0] if src.ndim else 1)
   out = np.array(np.broadcast_to(dest, (n,) + dest.shape[1:]))
-  out[(slice(None),) + tuple(pos)] = src if src.ndim else src
+  out[(slice(None),) + tuple(pos)] = src
   return out
 
 
@@ -609,7 +640,7 @@ def _vload(lanes, mask, static, ref, *idx):
   if len(shape) != 1:
     raise unsupported("vector.load of a vector of rank other than 1")
   addr = ref.addresses(idx)
-  return lanes.arena.load(np.atleast_1d(addr), dt, shape[0]).reshape((-1,) + shape)
+  return lanes.arena.load(np.atleast_1d(addr), dt, shape[0], mask).reshape((-1,) + shape)
 
 
 @op("vector.store")
@@ -626,7 +657,7 @@ def _vstore(lanes, mask, dt, val, ref, *idx):
 @op("memref.load")
 @prepares(lambda o, c: _elem_dtype(_result_type(o)))
 def _mload(lanes, mask, dt, ref, *idx):
-  return lanes.arena.load(np.atleast_1d(ref.addresses(idx)), dt)
+  return lanes.arena.load(np.atleast_1d(ref.addresses(idx)), dt, 1, mask)
 
 
 @op("memref.store")
@@ -641,7 +672,7 @@ def _uniform(x, what):
   a = np.asarray(x)
   if a.size > 1 and np.any(a != a.reshape(-1)[0]):
     raise unsupported(f"{what} that differs between lanes")
-  return int(a.reshape(-1)[0]) if a.size else int(a)
+  return int(a.reshape(-1)[0])
 
 
 def _mixed(static, dyn):
@@ -651,30 +682,39 @@ def _mixed(static, dyn):
   return out
 
 
+def _kept_dims(sizes, out_shape):
+  """Which dims of a rank-reducing subview remain, from its static sizes:
+  unit dims are dropped while there are more dims than the result has
+  (which of several unit dims goes changes no address)."""
+  keep, j = [], 0
+  for d, sz in enumerate(sizes):
+    extra = (len(sizes) - d) - (len(out_shape) - j)  # dims still to drop
+    matches = j < len(out_shape) and (sz == out_shape[j] or _DYN64 in (sz, out_shape[j]))
+    if sz == 1 and extra > 0 and (not matches or out_shape[j] == 1):
+      keep.append(False)
+    else:
+      keep.append(True)
+      j += 1
+  return keep
+
+
 @op("memref.subview")
 @prepares(lambda o, c: (_i64s(_attr(o, "static_offsets")), _i64s(_attr(o, "static_sizes")),
                         _i64s(_attr(o, "static_strides")),
-                        tuple(ir.MemRefType(_result_type(o)).shape)))
+                        _kept_dims(_i64s(_attr(o, "static_sizes")),
+                                   tuple(ir.MemRefType(_result_type(o)).shape))))
 def _subview(lanes, mask, static, src, *dyn):
-  offs, sizes, steps, out_shape = static
+  offs, sizes, steps, keep = static
   dyn = iter(dyn)
   offs = _mixed(offs, dyn)
-  sizes = [_uniform(s, "a subview size") for s in _mixed(sizes, dyn)]
-  steps = [_uniform(s, "a subview stride") for s in _mixed(steps, dyn)]
+  sizes = [_uniform(v, "a subview size") for v in _mixed(sizes, dyn)]
+  steps = [_uniform(v, "a subview stride") for v in _mixed(steps, dyn)]
   offset = src.offset
   for o, st in zip(offs, src.strides):
     offset = offset + np.asarray(o, np.int64) * st
-  strides = [s * k for s, k in zip(src.strides, steps)]
-  shape, kept = [], []
-  # Rank reduction: drop unit dims until the shape is the result's.
-  drop = len(sizes) - len(out_shape)
-  for d, (sz, st) in enumerate(zip(sizes, strides)):
-    if drop and sz == 1 and (len(shape) >= len(out_shape) or out_shape[len(shape)] != 1
-                             or len(sizes) - d - 1 < len(out_shape) - len(shape)):
-      drop -= 1
-      continue
-    shape.append(sz)
-    kept.append(st)
+  strides = [v * k for v, k in zip(src.strides, steps)]
+  shape = [v for v, k in zip(sizes, keep) if k]
+  kept = [v for v, k in zip(strides, keep) if k]
   return MemRef(src.base, offset, shape, kept, src.dtype, src.space)
 
 
@@ -759,7 +799,7 @@ def _gep(lanes, mask, static, base, *dyn):
 def _lload(lanes, mask, static, ptr):
   dt, shape = static
   n = math.prod(shape) if shape else 1
-  out = lanes.arena.load(np.atleast_1d(ptr), dt, n)
+  out = lanes.arena.load(np.atleast_1d(ptr), dt, n, mask)
   return out.reshape((-1,) + shape)
 
 
@@ -787,14 +827,17 @@ def _typed_operand(o, i):
 def _ucast(lanes, mask, static, *xs):
   rtype, mem = static
   if len(xs) == 1 and isinstance(xs[0], MemRef) and rtype.startswith("!llvm.struct"):
-    m = xs[0]
-    return [np.asarray([m.base]), np.asarray([m.base]), np.atleast_1d(m.offset),
-            [np.asarray([s]) for s in m.shape], [np.asarray([s]) for s in m.strides]]
+    m = xs[0]  # (a memref descriptor: rank 0 has no sizes and strides)
+    d = [np.asarray([m.base]), np.asarray([m.base]), np.atleast_1d(m.offset)]
+    if m.shape:
+      d += [[np.asarray([v]) for v in m.shape], [np.asarray([v]) for v in m.strides]]
+    return d
   if len(xs) == 1 and isinstance(xs[0], list) and mem is not None:
     d = xs[0]
     base = _uniform(d[1], "a memref's base pointer")
-    return MemRef(base, np.asarray(d[2], np.int64), [_uniform(s, "a size") for s in d[3]],
-                  [_uniform(s, "a stride") for s in d[4]],
+    sizes, strides = (d[3], d[4]) if len(d) > 3 else ((), ())
+    return MemRef(base, np.asarray(d[2], np.int64), [_uniform(v, "a size") for v in sizes],
+                  [_uniform(v, "a stride") for v in strides],
                   _elem_dtype(mem.element_type),
                   "smem" if "workgroup" in str(mem.memory_space) else "gmem")
   if len(xs) == 1:
@@ -802,11 +845,19 @@ def _ucast(lanes, mask, static, *xs):
   raise unsupported(f"a conversion cast to {rtype}")
 
 
+_DESCRIPTOR = re.compile(
+    r"!llvm\.struct<\(ptr(?:<\d+>)?, ptr(?:<\d+>)?, i64(?:, array<(\d+) x i64>, "
+    r"array<\d+ x i64>)?\)>")
+
+
 def _struct_fields(t):
   """An empty (undef) value of an llvm struct/array type, as nested lists."""
   s = str(t)
-  if s.startswith("!llvm.struct<(") and "ptr, ptr, i64, array<" in s:
-    rank = int(s.split("array<")[1].split(" x")[0])
+  m = _DESCRIPTOR.match(s)
+  if m:  # a memref descriptor (pointers of any address space; rank 0: 3 fields)
+    if m.group(1) is None:
+      return [None, None, None]
+    rank = int(m.group(1))
     return [None, None, None, [None] * rank, [None] * rank]
   if s.startswith("!llvm.struct<("):
     return [None] * (s.count(",") + 1)
@@ -1026,7 +1077,7 @@ def _if(lanes, mask, static, cond):
   not_taken = act & ~c
   env = _ENV[-1]
   if not not_taken.any():
-    return _results(_run(then, lanes, env, (), None if mask is None else mask), nres)
+    return _results(_run(then, lanes, env, (), mask), nres)
   if not taken.any():
     if other is None:
       return _results([], nres)
@@ -1051,14 +1102,13 @@ def _results(vals, n):
 @prepares(lambda o, c: (compile_block(o.regions[0].blocks[0], c), len(o.results)))
 def _for(lanes, mask, static, lb, ub, step, *init):
   body, nres = static
-  lo = _uniform(lb, "a loop bound")
-  hi = _uniform(ub, "a loop bound")
-  st = _uniform(step, "a loop step")
+  # (signless bounds compare signed, as scf.for does by default)
+  lo, hi, st = (_uniform(_signed(np.asarray(v)), "a loop bound") for v in (lb, ub, step))
   carry = list(init)
   dt = np.asarray(lb).dtype
   env = _ENV[-1]
   for i in range(lo, hi, st):
-    carry = _run(body, lanes, env, [np.asarray([i], dt), *carry], mask)
+    carry = _run(body, lanes, env, [np.array([i]).astype(dt), *carry], mask)
   return _results(carry, nres)
 
 

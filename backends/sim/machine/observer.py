@@ -62,7 +62,7 @@ class _WgClock:
   """A warpgroup's (or a warp's) vectors and components; a warpgroup's
   `warps`: the clocks its warps take in warp_map."""
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
-               "warps", "synced", "observed")
+               "warps")
 
 
 class _BarrierClock:
@@ -129,14 +129,12 @@ class HappensBefore:
     self.threads.append(h.thread)
     h.vc, h.avc = self.new_vector(), self.new_vector()
     h.vc[h.thread] = self.base + 1
-    h.synced = h.observed = h.vc[h.thread]
     # A warp's own component; its async channels are the warpgroup's.
     h.warps = []
     for w in range(self.warps):
       hw = _WgClock()
       hw.thread = self.comp(("warp",) + key + (w,))
       hw.wgmma, hw.store_read, hw.store_write = h.wgmma, h.store_read, h.store_write
-      hw.synced = hw.observed = 0
       hw.pos = len(self.threads)
       self.threads.append(hw.thread)
       h.warps.append(hw)
@@ -151,12 +149,10 @@ class HappensBefore:
   def fork(self, wg, warps):
     """warp_map: each warp starts knowing what its warpgroup knows."""
     h = wg.hb
-    self.synchronized(wg)
     for warp in warps:
       hw = warp.hb = h.warps[warp.warp]
       hw.vc, hw.avc = h.vc.copy(), h.avc.copy()
       hw.vc[hw.thread] += 1  # (above its clocks of an earlier warp_map)
-      hw.synced = hw.observed = hw.vc[hw.thread]
     self._tick(h)
 
   def join(self, wg, warps):
@@ -165,7 +161,6 @@ class HappensBefore:
     for warp in warps:
       np.maximum(h.vc, warp.hb.vc, out=h.vc)
       np.maximum(h.avc, warp.hb.avc, out=h.avc)
-    self.synchronized(wg)
     self._tick(h)
 
   @staticmethod
@@ -225,16 +220,7 @@ class HappensBefore:
     h = wg.hb
     tc = self.tracker.thread_comps
     h.avc[tc] = np.maximum(h.avc[tc], h.vc[tc])
-    self.synchronized(wg)
     self._tick(h)
-
-  @staticmethod
-  def synchronized(wg):
-    """A warpgroup-wide barrier (bar.sync) in the lowered code: what any of
-    the warpgroup's lanes did so far, its lane 0 now knows of (commit_smem,
-    semaphore signals, TMA loads, around warp_map)."""
-    h = wg.hb
-    h.synced = h.vc[h.thread]
 
   # --- TMA --------------------------------------------------------------------
 
@@ -242,8 +228,6 @@ class HappensBefore:
                atomic=False):
     """A load completing the pending phase of `slot`: stamped with it. `src`
     None: from registers (async_store_smem); `atomic`: a reduction into dst."""
-    if not hasattr(wg, "parent"):  # (a warpgroup's, not a warp's: the
-      self.synchronized(wg)         # lowering puts a barrier before it)
     b = self._barrier(slot)
     op = self._op(wg)
     op.comp, op.clock = b.comp, b.base + slot.completions + 1
@@ -343,25 +327,7 @@ class HappensBefore:
 
   def arrive(self, wg, slot):
     h = wg.hb
-    vc, avc = h.vc, h.avc
-    if slot.collective:
-      # A cluster barrier's arrival is made by a few of the warpgroup's
-      # lanes (one per block it signals; the lowering puts no barrier
-      # before it): it releases what the other lanes did only up to the
-      # warpgroup's last warpgroup-wide synchronization. (Seen on an H200:
-      # one run in some hundreds, a leader read 32 values another block's
-      # warps had stored before its arrival as stale; the hazard is rare
-      # there.) Barrier completions the warpgroup observed are
-      # known to the arriving lanes (each lane waits itself): a blind spot
-      # for the other lanes' accesses between such a wait and the arrival.
-      cap = max(h.synced, h.observed)
-      if vc[h.thread] > cap:
-        self.tracker.lane_releases.setdefault(int(h.thread), []).append(
-            (int(cap), int(vc[h.thread])))
-        vc, avc = vc.copy(), avc.copy()
-        vc[h.thread] = cap
-        avc[h.thread] = min(avc[h.thread], cap)
-    self._accumulate(self._barrier(slot), vc, avc)
+    self._accumulate(self._barrier(slot), h.vc, h.avc)
     self._tick(h)
 
   def phase_completed(self, slot):
@@ -385,7 +351,7 @@ class HappensBefore:
     h = wg.hb
     np.maximum(h.vc, b.phases[n - 1][0], out=h.vc)
     np.maximum(h.avc, b.phases[n - 1][1], out=h.avc)
-    b.waits[wg] = h.observed = int(h.vc[h.thread])
+    b.waits[wg] = int(h.vc[h.thread])
     self._tick(h)
 
   # --- run_scoped -----------------------------------------------------------------
@@ -448,10 +414,8 @@ class HappensBefore:
   # --- semaphores -----------------------------------------------------------------
 
   def sem_signal(self, wg, sem):
-    """A signal releases what the signalling thread knows (the lowering
-    puts a warpgroup barrier before its single lane's signal)."""
+    """A signal releases what the signalling thread knows."""
     h = wg.hb
-    self.synchronized(wg)
     if sem.acc is None:
       sem.acc = (h.vc.copy(), h.avc.copy())
     else:

@@ -311,9 +311,6 @@ class Tracker:
     self.group += 1
     self.events = events
     self.thread_comps = None  # the group's warpgroups' components (observer.ready)
-    # Cluster-barrier arrivals that left a warpgroup's later accesses out
-    # (observer.arrive): component -> [(last sync clock, arrival clock)].
-    self.lane_releases = {}
 
   def end_group(self, next_base):
     self.base = next_base
@@ -452,12 +449,5 @@ class Tracker:
         spans = spans[::-1]
       kind = ("write-write" if a[0] == b[0] == "write" else
               "read-write" if a[0] == "read" else "write-read") + " race"
-      why = advice(a[1], b[1])
-      if a[1] is first and any(lo < k <= hi for lo, hi in self.lane_releases.get(int(c), ())):
-        why = (f"a cluster barrier's arrival is made by a few lanes of thread "
-               f"{first.thread}: it releases what the other lanes did only up to "
-               f"the warpgroup's last warpgroup-wide synchronization, and this "
-               f"{first.access} ({first.where}) came after that: call "
-               "plgpu.commit_smem() (a warpgroup barrier) before barrier_arrive")
-      self.events.append(("race", kind, a[1], b[1], block.index, rng, why,
-                          timing_verdict(*spans)))
+      self.events.append(("race", kind, a[1], b[1], block.index, rng,
+                          advice(a[1], b[1]), timing_verdict(*spans)))

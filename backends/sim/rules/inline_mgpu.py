@@ -112,10 +112,11 @@ class _Marker:
   def async_copy(self, *, src_ref, dst_ref, gmem_slice=(), gmem_transform=(),
                  swizzle=None, barrier=None, arrive=None, **kw):
     bad = [k for k, v in kw.items() if v not in (None, False, ())]
-    if barrier is not None or arrive or bad:
+    bad += ["barrier"] * (barrier is not None) + ["arrive"] * bool(arrive)
+    if bad:
       raise UnsupportedPrimitiveError(
-          "inline_mgpu: ctx.async_copy with "
-          f"{', '.join(bad + (['barrier'] if barrier is not None else []))}")
+          f"inline_mgpu: ctx.async_copy with {', '.join(bad)} (copies complete "
+          "when issued here: barriers and other options are not modelled)")
     if not isinstance(gmem_transform, tuple):
       gmem_transform = (gmem_transform,)
     self._emit("async_copy", (src_ref, dst_ref), gmem_slice=gmem_slice,
@@ -392,7 +393,6 @@ def _inline_mgpu(eqn, cx):
     for d, off, k in zip(datas, offsets, [*built.kinds, *(("out", o.shape) for o in outs)]):
       arena.data[off:off + d.nbytes] = d.view(np.uint8)
       refs.append(_memref(off, k[1], d.dtype, k[3] if k[0] == "ref" else "gmem"))
-    arena.read[:] = False
     blk = wg.block
     block_id, grid_dim, cbid, cdim = cuda_place(launch, wg.axes)
     base = (wg.parent.index * 128 + wg.warp * 32) if warp else wg.index * 128
