@@ -422,3 +422,81 @@ def test_evaluator_reads_smem_through_a_rebuilt_descriptor():
                    ir.MemRefType.get((), f32())]
   _, out = _evaluate(build, types, [np.array([1, 2, 3, 4], np.float32), np.zeros((), np.float32)])
   assert float(out) == 2.0
+
+
+_BINARY = ["add", "sub", "mul", "div", "rem", "max", "min", "and", "or", "xor",
+           "shift_left", "shift_right_logical", "shift_right_arithmetic"]
+
+
+def _lowering_impl(name):
+  """The FragmentedArray function the real lowering uses for lax.<name>."""
+  from jax._src.lax import lax as lax_internal
+  from jax._src.pallas.mosaic_gpu import core as gpu_core
+  from jax._src.pallas.mosaic_gpu import lowering as L
+  prim = getattr(lax_internal, f"{name}_p")
+  return L.mosaic_lowering_rules[gpu_core.LANExWG_SEMANTICS][prim].keywords["impl"]
+
+
+def binary_two_ways(name, x, y):
+  """lax.<name>(x, y) as a plain kernel (the simulator's lax rules) and as
+  the lowering's own FragmentedArray code inside inline_mgpu (its IR
+  evaluated): two independent paths that must agree bit for bit."""
+  lay = plgpu.Layout.WGMMA
+  op = {"and": jax.lax.bitwise_and, "or": jax.lax.bitwise_or,
+        "xor": jax.lax.bitwise_xor}.get(name) or getattr(jax.lax, name)
+  impl = _lowering_impl(name)
+  out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+
+  @plgpu.kernel(out_type=(out, out))
+  def k(x_ref, y_ref, o1, o2):
+    a = plgpu.load(x_ref, layout=lay, optimized=False)
+    b = plgpu.load(y_ref, layout=lay, optimized=False)
+    o1[...] = op(a, b)
+
+    @plgpu.inline_mgpu(arg_types=(lay, lay), return_type=plgpu.ShapeDtypeStruct(
+        x.shape, x.dtype, layout=lay))
+    def inline(ctx, fa, fb):
+      return impl(fa, fb)
+    o2[...] = inline(a, b)
+  return k(x, y)
+
+
+def _operands(r, name, dtype):
+  dt = np.dtype(dtype)
+  shape = (64, 128)
+  if dt.kind == "f" or dt == jnp.bfloat16:
+    x = r.uniform(-8, 8, shape) * 2.0 ** r.integers(-10, 10, shape)
+    y = r.uniform(-8, 8, shape) * 2.0 ** r.integers(-10, 10, shape)
+    x[0, :8] = [0.0, -0.0, 0.0, -0.0, np.inf, -np.inf, np.nan, 1.0]
+    y[0, :8] = [-0.0, 0.0, 0.0, -0.0, 1.0, np.inf, 1.0, np.nan]
+    return x.astype(dt), y.astype(dt)
+  info = np.iinfo(dt)
+  x = r.integers(info.min, info.max, shape, endpoint=True).astype(dt)
+  if name.startswith("shift"):
+    y = r.integers(0, 8 * dt.itemsize + 4, shape).astype(dt)
+  else:
+    y = r.integers(info.min, info.max, shape, endpoint=True).astype(dt)
+    if name in ("div", "rem"):
+      y[y == 0] = 1
+  return x, y
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(name=st.sampled_from(_BINARY),
+                  dtype=st.sampled_from([np.float32, np.float16, jnp.bfloat16,
+                                         np.int32, np.uint32, np.int16]),
+                  seed=st.integers(0, 2**31 - 1))
+def test_the_evaluator_and_the_lax_rules_agree_on_the_lowerings_own_ops(name, dtype, seed):
+  is_float = np.dtype(dtype).kind == "f" or dtype == jnp.bfloat16
+  hypothesis.assume(not (is_float and name in ("rem", "and", "or", "xor") or
+                         is_float and name.startswith("shift")))
+  x, y = _operands(np.random.default_rng(seed), name, dtype)
+  plain, inline = ps.run(binary_two_ways, name, x, y, backend="sim")
+  u = f"u{np.dtype(dtype).itemsize}"
+  bits = lambda v: np.where(np.isnan(np.asarray(v, np.float32)), 0, np.asarray(v).view(u)) \
+      if is_float else np.asarray(v).view(u)  # (NaN payloads aside)
+  np.testing.assert_array_equal(bits(inline), bits(plain),
+                                err_msg=f"lax.{name} {np.dtype(dtype).name}")
+  if is_float:
+    np.testing.assert_array_equal(np.isnan(np.asarray(inline, np.float32)),
+                                  np.isnan(np.asarray(plain, np.float32)))

@@ -907,14 +907,54 @@ def _ptrcast(lanes, mask, _, p):
 _SYNC_PTX = ("bar.sync", "barrier.sync", "bar.warp.sync", "fence.proxy", "fence.acq_rel")
 
 
+# Max/min instructions FragmentedArray emits as inline PTX ("max.NaN.f32
+# $0, $1, $2;", packed "min.bf16x2", integer "max.s16x2"...): per lane, on
+# the bit patterns their operands carry.
+_MINMAX = re.compile(r"^(max|min)(\.NaN)?\.(f32|f16|bf16|s16|u16|s32|u32)(x2)?"
+                     r" \$0, \$1, \$2;$")
+_LANE_TYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
+               "s16": np.int16, "u16": np.uint16, "s32": np.int32, "u32": np.uint32}
+
+
+def _minmax(m, a, b, out_dt):
+  kind, nan, ty, _ = m.groups()
+  lane = np.dtype(_LANE_TYPES[ty])
+  # Each operand: one register per lane, viewed as its 1 or 2 lane values.
+  a, b = (np.ascontiguousarray(v).reshape(v.shape[0], -1).view(lane) for v in (a, b))
+  a, b = np.broadcast_arrays(a, b)
+  if lane.kind in "iu":
+    r = (np.maximum if kind == "max" else np.minimum)(a, b)
+    return r.astype(lane).view(out_dt).reshape(-1)
+  a, b = a.astype(np.float64), b.astype(np.float64)
+  if kind == "max":  # (-0 orders below +0)
+    pick_a = (a > b) | ((a == b) & ~np.signbit(a))
+  else:
+    pick_a = (a < b) | ((a == b) & np.signbit(a))
+  r = np.where(pick_a, a, b)
+  if nan:  # a NaN operand gives the canonical NaN
+    bad = np.isnan(a) | np.isnan(b)
+  else:    # IEEE maxNum/minNum: the other operand; NaN only if both are
+    r = np.where(np.isnan(a), b, np.where(np.isnan(b), a, r))
+    bad = np.isnan(r)
+  bits = r.astype(lane).view(f"u{lane.itemsize}").copy()
+  bits[bad] = {2: 0x7FFF, 4: 0x7FFFFFFF}[lane.itemsize]
+  return bits.view(out_dt).reshape(-1)
+
+
 @op("llvm.inline_asm")
 @prepares(lambda o, c: (str(ir.StringAttr(_attr(o, "asm_string")).value),
-                        sum(str(r.type) != "!llvm.void" for r in o.results)))
+                        sum(str(r.type) != "!llvm.void" for r in o.results),
+                        _elem_dtype(o.results[0].type)
+                        if len(o.results) and str(o.results[0].type) != "!llvm.void"
+                        else None))
 def _inline_asm(lanes, mask, static, *xs):
-  text, nres = static
+  text, nres, out_dt = static
   if not nres and text.strip().split(" ", 1)[-1 if text.startswith("@") else 0].startswith(
       _SYNC_PTX):
     return None
+  m = _MINMAX.match(text.strip())
+  if m and nres == 1 and len(xs) == 2:
+    return _minmax(m, np.asarray(xs[0]), np.asarray(xs[1]), out_dt)
   raise unsupported(f"inline PTX assembly ('{text}')")
 
 
