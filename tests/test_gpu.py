@@ -435,3 +435,17 @@ def test_the_gpus_division_is_the_references_on_the_gpu_not_xla_cpus():
   assert (on_cpu != real).any()  # (XLA:CPU rounds correctly; div.full does not)
   print("XLA:GPU's lax.div equals the kernel's:",
         bool((np.asarray(jax.lax.div(x, y)) == real).all()))
+
+
+def test_inline_mgpu_lax_ops_agree():
+  import test_inline_mgpu as T
+  rng = np.random.default_rng(11)
+  for name in ("max", "min", "sub", "div", "rem", "shift_right_arithmetic"):
+    for dtype in (np.float32, jnp.bfloat16, np.float16, np.int32, np.int16):
+      isf = np.dtype(dtype).kind == "f" or dtype == jnp.bfloat16
+      if isf and name in ("rem", "shift_right_arithmetic"):
+        continue
+      x, y = T._operands(rng, name, dtype)
+      sim, real = both(T.binary_two_ways, name, x, y)
+      for a, b, path in zip(sim, real, ("lax", "inline_mgpu")):
+        assert_bit_equal(a, b, f"{path} {name} {np.dtype(dtype).name}")

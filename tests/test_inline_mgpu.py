@@ -500,3 +500,32 @@ def test_the_evaluator_and_the_lax_rules_agree_on_the_lowerings_own_ops(name, dt
   if is_float:
     np.testing.assert_array_equal(np.isnan(np.asarray(inline, np.float32)),
                                   np.isnan(np.asarray(plain, np.float32)))
+
+
+@pytest.mark.parametrize("src,to", [(np.float32, jnp.bfloat16), (jnp.bfloat16, np.float32),
+                                    (np.float32, np.int32), (np.int32, np.float16),
+                                    (np.int16, np.float32), (np.float16, np.int8),
+                                    (np.uint8, np.float32)])
+def test_casts_in_inline_mgpu_agree_with_the_lax_rules(src, to):
+  lay = plgpu.Layout.WGMMA
+  r = np.random.default_rng(0)
+  isf = np.dtype(src).kind == "f" or src == jnp.bfloat16
+  x = (r.uniform(-300, 300, (64, 128)) if isf else
+       r.integers(np.iinfo(src).min, np.iinfo(src).max, (64, 128))).astype(src)
+  if isf:
+    x[0, :3] = [np.nan, np.inf, -np.inf]
+  out = jax.ShapeDtypeStruct(x.shape, to)
+  signed = mgpu.utils.is_signed(jnp.dtype(to)) if jnp.issubdtype(to, jnp.integer) else None
+
+  @plgpu.kernel(out_type=(out, out))
+  def k(x_ref, o1, o2):
+    a = plgpu.load(x_ref, layout=lay, optimized=False)
+    o1[...] = a.astype(to)
+
+    @plgpu.inline_mgpu(arg_types=(lay,), return_type=plgpu.ShapeDtypeStruct(
+        x.shape, to, layout=lay))
+    def cast(ctx, fa):
+      return fa.astype(mgpu.utils.dtype_to_ir_type(jnp.dtype(to)), is_signed=signed)
+    o2[...] = cast(a)
+  plain, inline = (np.asarray(v) for v in ps.run(k, x, backend="sim"))
+  np.testing.assert_array_equal(inline.astype(np.float64), plain.astype(np.float64))

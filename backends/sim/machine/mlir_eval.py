@@ -955,7 +955,8 @@ def _inline_asm(lanes, mask, static, *xs):
   m = _MINMAX.match(text.strip())
   if m and nres == 1 and len(xs) == 2:
     return _minmax(m, np.asarray(xs[0]), np.asarray(xs[1]), out_dt)
-  raise unsupported(f"inline PTX assembly ('{text}')")
+  short = " ".join(text.split())
+  raise unsupported(f"inline PTX assembly ('{short[:120]}{'...' if len(short) > 120 else ''}')")
 
 
 # --- gpu / nvvm: where a lane is, warp-level data movement -------------------
@@ -1201,3 +1202,19 @@ def _stmatrix(lanes, mask, static, ptr, *words):
   ptr = _by_lane(lanes, ptr).reshape(-1, 32)[:, :8 * num]
   lanes.arena.store(ptr.reshape(-1), rows.reshape(-1, 8), np.dtype(np.uint16), 8)
   return None
+
+
+@op("llvm.extractelement", "vector.extractelement")
+@prepares(lambda o, c: None)
+def _extractelement(lanes, mask, _, v, pos):
+  return np.asarray(v)[:, _uniform(_signed(np.asarray(pos)), "an element position")]
+
+
+@op("llvm.insertelement", "vector.insertelement")
+@prepares(lambda o, c: None)
+def _insertelement(lanes, mask, _, v, x, pos):
+  v, x = np.asarray(v), np.asarray(x)
+  n = max(v.shape[0], x.shape[0] if x.ndim else 1)
+  out = np.array(np.broadcast_to(v, (n,) + v.shape[1:]))
+  out[:, _uniform(_signed(np.asarray(pos)), "an element position")] = x
+  return out
