@@ -20,6 +20,7 @@ The launch context (`ctx`) offers `async_copy` between SMEM and GMEM
 wait for) and `named_region`; anything else of it is rejected by name.
 """
 import contextlib
+import functools
 import math
 
 import numpy as np
@@ -70,34 +71,46 @@ def tiled_shape(shape, tiling):
   return (*lead, *(d // t for d, t in zip(minor, tiling)), *tiling)
 
 
+def _tile(a, tiling):
+  """Array `a` with its minor dims split by `tiling` into tiles: (..., M, N)
+  -> (..., M/tm, N/tn, tm, tn), tiles in row-major order (a view where it
+  can be)."""
+  n = len(tiling)
+  lead = a.shape[:a.ndim - n]
+  split = list(lead)
+  for d, t in zip(a.shape[a.ndim - n:], tiling):
+    split += [d // t, t]
+  k = len(lead)
+  return a.reshape(split).transpose(
+      list(range(k)) + [k + 2 * i for i in range(n)] + [k + 2 * i + 1 for i in range(n)])
+
+
+def _swizzle(b, swizzle):
+  """Byte offsets (from a 1024-byte-aligned base) moved by the swizzle: each
+  16-byte chunk's index XOR the 128-byte row's index, modulo swizzle/16."""
+  if swizzle is None or swizzle == 16:
+    return b
+  return b ^ (((b // 128) % (swizzle // 16)) * 16)
+
+
+@functools.lru_cache(maxsize=64)
 def physical_order(shape, itemsize, tiling, swizzle):
   """For each logical element (row-major), its element offset in the
-  physical buffer: tiles in row-major order, then each 16-byte chunk of a
-  row moved by the swizzle (the chunk index XOR the 128-byte row's index,
-  modulo swizzle/16), as FragmentedArray's tiled loads and TMA place them."""
+  physical buffer: tiles in row-major order, then swizzled, as
+  FragmentedArray's tiled loads and TMA place them. (Cached: read-only.)"""
   idx = np.arange(math.prod(shape), dtype=np.int64).reshape(shape)
   if tiling is not None:
-    n = len(tiling)
-    lead = shape[:len(shape) - n]
-    split = list(lead)
-    for d, t in zip(shape[len(shape) - n:], tiling):
-      split += [d // t, t]
-    idx = idx.reshape(split)
-    k = len(lead)
-    perm = list(range(k)) + [k + 2 * i for i in range(n)] + [k + 2 * i + 1 for i in range(n)]
-    idx = idx.transpose(perm)
+    idx = _tile(idx, tiling)
   at = np.empty(idx.size, np.int64)
   at[idx.reshape(-1)] = np.arange(idx.size)  # logical -> physical (element)
-  if swizzle is not None and swizzle != 16:
-    b = at * itemsize
-    b = b ^ (((b // 128) % (swizzle // 16)) * 16)
-    at = b // itemsize
+  at = _swizzle(at * itemsize, swizzle) // itemsize
+  at.flags.writeable = False
   return at
 
 
 class _Marker:
   """The launch context the body gets: what it asks of it becomes a marker
-  op in the IR, which the evaluator hands back to `_markers`."""
+  op in the IR, which the evaluator hands back to `_marker`."""
 
   def __init__(self, table):
     self._table = table
@@ -259,13 +272,6 @@ def _addresses(m):
   return np.broadcast_to(m.addresses(list(idx)), (idx.shape[1],)).reshape(m.shape)
 
 
-def _swizzled(addr, swizzle):
-  if swizzle is None or swizzle == 16:
-    return addr
-  rel = addr - mlir_eval.ARENA_BASE
-  return mlir_eval.ARENA_BASE + (rel ^ (((rel // 128) % (swizzle // 16)) * 16))
-
-
 def _gmem_view(addr, gmem_slice, transforms):
   """GMEM element addresses sliced by `gmem_slice` and transformed into the
   SMEM ref's shape (tiling, transposition), as a TMA copy maps them."""
@@ -283,15 +289,7 @@ def _gmem_view(addr, gmem_slice, transforms):
   addr = addr[tuple(sl)]
   for t in transforms:
     if isinstance(t, mgpu.TileTransform):
-      n = len(t.tiling)
-      shape = addr.shape
-      split, lead = [], shape[:len(shape) - n]
-      for d, k in zip(shape[len(shape) - n:], t.tiling):
-        split += [d // k, k]
-      addr = addr.reshape(*lead, *split)
-      j = len(lead)
-      addr = addr.transpose(list(range(j)) + [j + 2 * i for i in range(n)]
-                            + [j + 2 * i + 1 for i in range(n)])
+      addr = _tile(addr, t.tiling)
     elif isinstance(t, mgpu.TransposeTransform):
       addr = addr.transpose(t.permutation)
     else:
@@ -307,7 +305,7 @@ def _async_copy(arena, src, dst, *, gmem_slice, gmem_transform, swizzle):
   sm, gm = (src, dst) if to_gmem else (dst, src)
   if sm.space != "smem" or gm.space == "smem":
     raise KernelError("inline_mgpu: ctx.async_copy copies between SMEM and GMEM")
-  s_addr = _swizzled(_addresses(sm), swizzle)
+  s_addr = mlir_eval.ARENA_BASE + _swizzle(_addresses(sm) - mlir_eval.ARENA_BASE, swizzle)
   g_addr = _gmem_view(_addresses(gm), gmem_slice, gmem_transform)
   if g_addr.shape != s_addr.shape:
     raise KernelError(f"inline_mgpu: ctx.async_copy between SMEM of shape "
