@@ -374,7 +374,7 @@ MUTANTS = [
     Mutant("inline-swizzle-off", "backends/sim/rules/inline_mgpu.py",
            "inline_mgpu stages swizzled SMEM in the TMA's physical byte order; the "
            "mutant leaves the 16-byte chunks unswizzled",
-           "    b = b ^ (((b // 128) % (swizzle // 16)) * 16)", "    b = b",
+           "  return b ^ (((b // 128) % (swizzle // 16)) * 16)", "  return b",
            ("tests/test_inline_mgpu.py",)),
     Mutant("cuda-grid-unscaled", "backends/sim/rules/inline_mgpu.py",
            "gpu.block_id is the block's place in the CUDA grid, scaled by the "
