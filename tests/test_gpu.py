@@ -449,3 +449,44 @@ def test_inline_mgpu_lax_ops_agree():
       sim, real = both(T.binary_two_ways, name, x, y)
       for a, b, path in zip(sim, real, ("lax", "inline_mgpu")):
         assert_bit_equal(a, b, f"{path} {name} {np.dtype(dtype).name}")
+
+
+def test_small_additions_agree():
+  """semaphore_signal_parallel, one_minus_square and log2, and reshard inside
+  a kernel (the identity), against the real lowering."""
+  from jax import lax
+  from test_semaphores import parallel_signal_kernel
+  sim, real = both(parallel_signal_kernel())
+  assert_bit_equal(sim, real, "semaphore_signal_parallel")
+
+  x = np.linspace(0.25, 3.0, 128).astype(np.float32)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), jnp.float32))
+  def k(x_ref, o_ref):
+    o_ref[0] = jnp.log2(x_ref[...])
+    o_ref[1] = lax.one_minus_square(x_ref[...])
+  sim, real = both(k, x)
+  assert_bit_equal(sim[1], real[1], "one_minus_square")
+  assert rel_err(sim[0], real[0]) < 1e-6  # (log2: libdevice, within 2 ulp)
+
+  from jax import sharding
+  mesh = jax.make_mesh((1, 1), ("x", "y"), axis_types=(sharding.AxisType.Explicit,) * 2)
+  with jax.set_mesh(mesh):
+    xs = sharding.reshard(jnp.arange(64 * 64, dtype=jnp.float32).reshape(64, 64) - 2000,
+                          sharding.PartitionSpec("x", "y"))
+
+    def relu(x):
+      spec = jax.typeof(x).sharding.spec
+
+      @jax.shard_map(in_specs=spec, out_specs=spec)
+      def shard(v):
+        @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                      scratch_types=[plgpu.SMEM((64, 64), jnp.float32)])
+        def kk(x_ref, o_ref, smem):
+          smem[...] = x_ref[...]
+          w = smem[...]
+          o_ref[...] = jnp.where(w > 0, w, 0)
+        return kk(v)
+      return shard(x)
+    sim, real = both(jax.jit(relu), xs)
+  assert_bit_equal(sim, real, "reshard in a kernel")
