@@ -98,8 +98,25 @@ MUTANTS = [
            ("tests/test_wgmma.py", AGREE)),
     Mutant("tc-drops-a-slice", TC,
            "every K slice is summed; the mutant skips the first",
-           "    for c in range(0, k, kslice):", "    for c in range(kslice, k, kslice):",
+           "    for c in range(0, k, kslice):\n      hi = min(c + kslice, k)\n"
+           "      for j in range(n):\n        e = ",
+           "    for c in range(kslice, k, kslice):\n      hi = min(c + kslice, k)\n"
+           "      for j in range(n):\n        e = ",
            ("tests/test_wgmma.py", AGREE)),
+    Mutant("tc-fast-zero-accumulator", TC,
+           "a zero accumulator takes no part in the alignment (the fast kernel reads "
+           "exponents from the bits); the mutant aligns to a zero's exponent field",
+           "        emax[j] = e if s[j] != 0.0 else _NONE\n",
+           "        emax[j] = e\n",
+           ("tests/test_tensor_core.py",)),
+    Mutant("tc-general-kernel-drops-a-slice", TC,
+           "the general kernel (inf/NaN operands) sums every slice too; the mutant "
+           "skips the first",
+           "    for c in range(0, k, kslice):\n      hi = min(c + kslice, k)\n"
+           "      for j in range(n):\n        emax[j] = _NONE",
+           "    for c in range(kslice, k, kslice):\n      hi = min(c + kslice, k)\n"
+           "      for j in range(n):\n        emax[j] = _NONE",
+           ("tests/test_tensor_core.py",)),
     Mutant("tf32-round-to-nearest", WG,
            "f32 wgmma operands are truncated to tf32; the mutant rounds them",
            "  return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)",

@@ -77,6 +77,50 @@ def _mma(acc, a, b, ea, eb, kslice, align_bits, result_bits):
       acc[i, j] = s[j]
 
 
+@numba.njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+def _mma_finite(acc, a, b, ea, eb, kslice, align_bits, result_bits):
+  # _mma for finite operands and accumulator (nothing to propagate, so no
+  # plain sum is needed), with the exponent, the scale and the final cut
+  # done on the bits of the float64s: ~4x faster. Same terms, same order
+  # of the zero terms (so the same sign of a zero result).
+  m, k = a.shape
+  n = b.shape[1]
+  keep = ~np.int64((1 << (52 - result_bits)) - 1)  # cut to result_bits fraction bits
+  for i in numba.prange(m):
+    s = acc[i].astype(np.float64)
+    sbits = s.view(np.int64)
+    emax = np.empty(n, np.int64)
+    scale_bits = np.empty(n, np.int64)
+    scale = scale_bits.view(np.float64)
+    inv_bits = np.empty(n, np.int64)
+    inv = inv_bits.view(np.float64)
+    tot = np.empty(n)
+    for c in range(0, k, kslice):
+      hi = min(c + kslice, k)
+      for j in range(n):
+        e = ((sbits[j] >> 52) & 0x7ff) - 1023
+        emax[j] = e if s[j] != 0.0 else _NONE
+        tot[j] = 0.0
+      for kk in range(c, hi):
+        eik = np.int64(ea[i, kk])
+        for j in range(n):
+          emax[j] = max(emax[j], eik + eb[kk, j])
+      for j in range(n):  # 2^(align - emax) and its inverse, built from bits
+        live = emax[j] > _NONE // 2
+        scale_bits[j] = ((1023 + align_bits - emax[j]) << 52) if live else 0
+        inv_bits[j] = ((1023 - align_bits + emax[j]) << 52) if live else 0
+      for kk in range(c, hi):
+        aik = a[i, kk]
+        for j in range(n):
+          tot[j] += np.trunc(aik * b[kk, j] * scale[j])
+      for j in range(n):
+        if scale[j] != 0.0:  # (all terms zero: unchanged)
+          s[j] = (tot[j] + np.trunc(s[j] * scale[j])) * inv[j]
+          sbits[j] &= keep  # toward zero: clear the low mantissa bits
+    for j in range(n):
+      acc[i, j] = s[j]
+
+
 # mma.sync (plgpu.mma), fitted on an H200 (benchmarks/mma_numerics_probe.py):
 # f16/bf16 sum as wgmma does; fp8 in slices of 8 with f16's precision, not
 # wgmma's 13 bits. (elements per slice, align bits, result bits) by width.
@@ -94,5 +138,7 @@ def mma_f32(acc, a, b, itemsize, sync=False):
   a = np.ascontiguousarray(a, np.float64)
   b = np.ascontiguousarray(b, np.float64)
   out = np.ascontiguousarray(acc, np.float32)
-  _mma(out, a, b, exponents(a), exponents(b), kslice, align_bits, result_bits)
+  finite = np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(out).all()
+  (_mma_finite if finite else _mma)(out, a, b, exponents(a), exponents(b), kslice,
+                                    align_bits, result_bits)
   acc[...] = out

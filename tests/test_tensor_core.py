@@ -1,0 +1,73 @@
+"""The tensor core's summation kernels against each other and the tests' own
+model (tests/agreement/tensor_core_ref.py): the fast kernel for finite
+operands must give every bit the general one gives, signs of zeros included,
+over operands of every exponent an operand type has (subnormals too)."""
+import ml_dtypes
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+import tensor_core_ref
+from pallas_sim.backends.sim.machine import tensor_core as tc
+
+# name -> (numpy dtype, bits of its encoding)
+OPERANDS = {"f16": (np.float16, np.uint16), "bf16": (ml_dtypes.bfloat16, np.uint16),
+            "f8e4m3": (ml_dtypes.float8_e4m3fn, np.uint8),
+            "f8e5m2": (ml_dtypes.float8_e5m2, np.uint8), "f32": (np.float32, np.uint32)}
+
+
+def operand(rng, name, shape, zeros, narrow):
+  """Finite values of the type from random encodings; `zeros` of them
+  (either sign) zero; `narrow`: exponents within a few octaves of 1."""
+  dt, bits = OPERANDS[name]
+  if narrow:
+    x = (rng.standard_normal(shape) * 2.0 ** rng.integers(-3, 4, shape)).astype(dt)
+  else:
+    x = rng.integers(0, np.iinfo(bits).max, shape, dtype=bits, endpoint=True).view(dt)
+  x = np.where(np.isfinite(x.astype(np.float32)), x, dt(1.5))
+  x = np.where(rng.random(shape) < zeros, dt(0.0) * np.where(rng.random(shape) < .5, 1, -1)
+               .astype(dt), x)
+  return tensor_core_ref.operand_values(np.asarray(x, dt))
+
+
+def accumulator(rng, shape, zeros, narrow):
+  if narrow:
+    acc = (rng.standard_normal(shape) * 8).astype(np.float32)
+  else:  # (f32 encodings with exponents a matmul can reach, subnormals included)
+    acc = rng.integers(0, 0x4F000000, shape, dtype=np.uint32).view(np.float32)
+    acc = np.where(rng.random(shape) < .5, acc, -acc)
+  zero = np.where(rng.random(shape) < .5, np.float32(0.0), np.float32(-0.0))
+  return np.where(rng.random(shape) < zeros, zero, acc).astype(np.float32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(sorted(OPERANDS)), m=st.integers(1, 9),
+       k=st.integers(1, 70), n=st.integers(1, 17), zeros=st.sampled_from([0, .3, .9, 1]),
+       narrow=st.booleans(), seed=st.integers(0, 2 ** 32 - 1))
+def test_fast_kernel_equals_the_general_one_and_the_reference(name, m, k, n, zeros,
+                                                              narrow, seed):
+  rng = np.random.default_rng(seed)
+  a = operand(rng, name, (m, k), zeros, narrow)
+  b = operand(rng, name, (k, n), zeros, narrow)
+  acc = accumulator(rng, (m, n), zeros, narrow)
+  itemsize = np.dtype(OPERANDS[name][0]).itemsize
+  (align, result), kslice = tc.PRECISION[itemsize], tc.SLICE_BYTES // itemsize
+  ea, eb = tc.exponents(a), tc.exponents(b)
+  fast, general = acc.copy(), acc.copy()
+  tc._mma_finite(fast, a, b, ea, eb, kslice, align, result)
+  tc._mma(general, a, b, ea, eb, kslice, align, result)
+  np.testing.assert_array_equal(fast.view(np.uint32), general.view(np.uint32))
+  with np.errstate(over="ignore"):  # (sums past f32's range are inf in both)
+    ref = tensor_core_ref.matmul(a, b, itemsize, acc).astype(np.float32)
+  np.testing.assert_array_equal(fast.view(np.uint32), ref.view(np.uint32))
+
+
+def test_non_finite_operands_take_the_general_kernel():
+  """An inf or NaN anywhere propagates as an ordinary sum does."""
+  a = np.array([[1.0, np.inf], [2.0, 3.0]])
+  b = np.array([[1.0, 2.0], [1.0, 0.5]])
+  acc = np.zeros((2, 2), np.float32)
+  tc.mma_f32(acc, a, b, 2)
+  np.testing.assert_array_equal(acc, [[np.inf, np.inf], [5.0, 5.5]])
+  acc = np.array([[np.nan, 0], [0, 0]], np.float32)
+  tc.mma_f32(acc, np.ones((2, 2)), np.ones((2, 2)), 2)
+  assert np.isnan(acc[0, 0]) and (acc.ravel()[1:] == 2).all()
