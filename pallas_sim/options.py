@@ -30,7 +30,12 @@ class Options:
     user's code (including JAX helpers such as emit_pipeline called from it,
     which are located at the user's call) is the user's.
   max_cycles: a block still running after this many simulated cycles is a
-    runaway: ps.RunawayKernelError at the looping line."""
+    runaway: ps.RunawayKernelError at the looping line.
+  workers: how many processes simulate the blocks of one launch (None:
+    every core this process may use; 1: only this one). A launch goes over
+    several when its first block says the rest would take more than a
+    quarter second; results are the same as with workers=1, bit for bit
+    (backends/sim/parallel.py)."""
   gpu: str = "h100"
   check_races: bool = True
   on_race: str = "raise"
@@ -39,12 +44,17 @@ class Options:
   on_uninitialized: str = "raise"
   library_races: str = "report"
   max_cycles: float = MAX_CYCLES
+  workers: int | None = None
 
   def __post_init__(self):
     gpus.get(self.gpu)  # raises on an unknown model
     for name in ("on_race", "on_uninitialized", "library_races"):
       if getattr(self, name) not in _ON:
         raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {_ON}")
+    if self.workers is not None and not (isinstance(self.workers, int)
+                                         and self.workers >= 1):
+      raise ValueError(f"workers={self.workers!r}: a positive number of processes, "
+                       "or None for every core")
     if not self.max_cycles > 0:
       raise ValueError(f"max_cycles={self.max_cycles!r}: must be positive")
 

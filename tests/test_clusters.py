@@ -14,14 +14,15 @@ import pallas_sim as ps
 F32 = jnp.float32
 
 
-def multicast_kernel(issue_all=True, wait_cluster=True, cluster=(2,), tile=(128, 128)):
+def multicast_kernel(issue_all=True, wait_cluster=True, cluster=(2,), tile=(128, 128),
+                     clusters=2):
   """Each cluster multicasts tile x[g] into the SMEM of each of its blocks;
   block c writes it scaled by c + 1 to out[g, c]; then a cluster barrier."""
   n = int(np.prod(cluster))
   names = ("c", "d")[:len(cluster)]
 
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, n) + tile, F32),
-                grid=(2,), grid_names=("g",), cluster=cluster, cluster_names=names,
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((clusters, n) + tile, F32),
+                grid=(clusters,), grid_names=("g",), cluster=cluster, cluster_names=names,
                 scratch_types=[plgpu.SMEM(tile, F32), plgpu.Barrier(),
                                plgpu.ClusterBarrier(collective_axes=names)])
   def k(x_ref, o_ref, smem, bar, cbar):

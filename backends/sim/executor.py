@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim import capture, profiler, resources
+from pallas_sim.backends.sim import capture, parallel, profiler, resources
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import initcheck, memory, races
@@ -32,7 +32,12 @@ from pallas_sim.options import take
 
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
-  __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together")
+  __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together",
+               "serial_only")
+
+
+class _Rerun(Exception):
+  """A group failed in a worker process: run the launch again, serially."""
 
 
 class Executor:
@@ -41,6 +46,11 @@ class Executor:
   detached_groups: run each group on its own copy of GMEM and apply its
   writes at the merge, in block order (what a run over several processes
   does; outputs are the same unless blocks race)."""
+
+  # A launch goes over worker processes when its first group, times the
+  # groups left, says the rest would take at least this long here (a fork
+  # and its pool cost ~20 ms).
+  parallel_after_s = 0.25
 
   def __init__(self, options=None, trace_blocks=2, detached_groups=False, **named):
     self.options = opts = take(named, options)
@@ -95,6 +105,10 @@ class Executor:
     p.warps = WARPS_PER_WARPGROUP if "mpmd_map" in names else 0
     # Blocks that can wait for each other (global semaphores) run together.
     p.together = "get_global" in names
+    # What must run in this process, in block order: printing (the order of
+    # lines), inline MLIR (built through JAX's MLIR bindings), global
+    # semaphores (one group anyway).
+    p.serial_only = bool({"debug_print", "inline_mgpu_p", "get_global"} & names)
     if p.together and launch.cluster and math.prod(launch.cluster) > 1:
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: global semaphores (pl.get_global) in a kernel "
@@ -138,6 +152,11 @@ class Executor:
     """Where every thread of the block running at a Ctrl-C was."""
     if self._running is None:
       return "pallas-sim: interrupted before any block ran"
+    if self._running[0] == "parallel":
+      _, launch, workers = self._running
+      return (f"pallas-sim: interrupted in kernel {launch.name} ({launch.where}), "
+              f"while {workers} worker processes ran its blocks (workers=1 runs "
+              "them here, and shows where each thread was at a Ctrl-C)")
     launch, number, idx, runner = self._running
     group = runner.group
     total = math.prod(launch.grid or ()) * math.prod(launch.cluster or ())
@@ -174,17 +193,61 @@ class Executor:
       stats[1] += st.tma_store_bytes
       stats[2] += st.wgmma_flops
     for ev in result.events:
-      if ev[0] == "race":
+      kind = ev[0]
+      if kind == "race":
         log.add(*ev[1:])
-      elif ev[0] == "uninit":
+      elif kind == "uninit":
         init_log.add(init_log.site(*ev[1:6]), *ev[6:])
-      else:
+      elif kind == "uninit_gmem":  # (unwritten in the group's copy: and here?)
+        _, agent, prim, where, thread, buf, block, *emap = ev
+        rng = initcheck.unwritten_of(buf.origin, *emap)
+        if rng is not None:
+          init_log.add(init_log.site(agent, prim, where, buf.name, thread), block, rng)
+      elif kind == "gmem":
         cross.access(*ev[1:])
-    for buf, idx, values in result.writes:
-      buf.data.reshape(-1)[idx] = values
-      initcheck.mark_flat(buf, idx)
+    for buf, off, estrides, shape, reduce, values in result.writes:
+      view = races._view(buf.data, off, shape, estrides)
+      view[...] = values if reduce is None else reduce(view, values)
+      initcheck.mark_view(buf, off, estrides, shape)
+
+  def _workers(self, prep, launch, groups):
+    """How many processes may run this launch's groups (1: this one)."""
+    if len(groups) < 3 or prep.serial_only or launch.profile is not None:
+      return 1
+    return min(self.options.workers or parallel.default_workers(), len(groups) - 1)
+
+  def _run_parallel(self, runner, groups, trace, merge, workers, progress):
+    """Groups 1.. over forked workers (backends/sim/parallel.py), merged in
+    block order as they arrive; a group that raised there makes the whole
+    launch re-run here, serially (_Rerun)."""
+    self._running = ("parallel", runner.launch, workers)
+    try:
+      seen = parallel.Visibility()
+      for g, result, group_trace in parallel.run(runner, groups, 1, self.trace_blocks,
+                                                 workers):
+        if not seen.check(g, result):
+          raise _Rerun  # (it read what another block wrote: see parallel.py)
+        if group_trace:
+          trace.extend(group_trace)
+        merge(result)
+        progress.done = groups[g][-1][0] + 1
+    except parallel.GroupFailed as e:
+      raise _Rerun from e
+    except (_Rerun, KeyboardInterrupt, SystemExit):
+      raise
+    except BaseException as e:  # (the pool itself failed: not the kernel's doing)
+      warnings.warn(f"pallas-sim: the worker processes failed ({type(e).__name__}: "
+                    f"{e}); kernel {runner.launch.name} runs again in this process",
+                    RuntimeWarning, stacklevel=2)
+      raise _Rerun from e
 
   def _execute(self, launch, arrays):
+    try:
+      return self._execute_once(launch, arrays)
+    except _Rerun:
+      return self._execute_once(launch, arrays, serial=True)
+
+  def _execute_once(self, launch, arrays, serial=False):
     prep = self.prepare(launch)
     in_bufs, out_bufs = self._buffers(launch, arrays)
     grid = tuple(launch.grid) or ()
@@ -211,14 +274,23 @@ class Executor:
                          log, self.check_races, max(map(len, groups)),
                          detached=self.detached,
                          check_init=self.options.check_uninitialized)
+    t0 = time.perf_counter()  # (the first group's time decides on workers)
     runner.profile = recorder
+    merge = lambda result: self._merge(result, cycles, stats, log, init_log, cross)
+    workers = 1 if serial else self._workers(prep, launch, groups)
+    used = 1
     with Progress(launch.name, len(blocks)) as progress:
-      for members in groups:
+      for g, members in enumerate(groups):
         number, idx, _ = members[0]
         progress.done = number
+        if g == 1 and workers > 1 and (time.perf_counter() - t0) * (
+            len(groups) - 1) >= self.parallel_after_s:
+          self._run_parallel(runner, groups, trace, merge, workers, progress)
+          used = workers
+          break
         self._running = (launch, number, idx, runner)
         result = runner.run(members, trace if number < self.trace_blocks else None)
-        self._merge(result, cycles, stats, log, init_log, cross)
+        merge(result)
     self._running = None
     if recorder is not None:
       recorder.dump(launch, self.gpu.clock_hz, self.gpu.num_sms)
@@ -260,6 +332,6 @@ class Executor:
         block_cycles_mean=float(cycles.mean()) if len(cycles) else 0.0,
         block_cycles_max=float(cycles.max()) if len(cycles) else 0.0, time_s=seconds,
         wall_s=wall, clock_hz=self.gpu.clock_hz, trace=trace, tma_load_bytes=loads,
-        tma_store_bytes=stores, wgmma_flops=flops))
+        tma_store_bytes=stores, wgmma_flops=flops, workers=used))
     return [b.data for b in out_bufs]
 

@@ -24,9 +24,15 @@ class GroupResult:
   # In order: ("race", kind, first site, second site, block, elements,
   # advice), ("gmem", number, block, buffer, offset, element strides,
   # shape, site, write, atomic) for the cross-block check, and ("uninit",
-  # agent, primitive, where, buffer name, thread, block, elements).
+  # agent, primitive, where, buffer name, thread, block, elements). A
+  # detached or logged group also has ("uninit_gmem", agent, primitive,
+  # where, thread, buffer, block, offset, element strides, shape, mask of
+  # elements unwritten in its copy) and ("gmem_read", buffer, offset,
+  # element strides, shape).
   events: list
-  writes: list      # detached groups: (GMEM buffer, flat element indices, values)
+  # Detached or logged groups: (GMEM buffer, offset, element strides, shape,
+  # reduction or None, values: written, or the reduction's operand).
+  writes: list
 
 
 class Group:
@@ -69,13 +75,24 @@ class Group:
         out.append(blk)
     return out
 
-  def read(self, ref, agent, prim, where, thread, block):
+  def read(self, ref, agent, prim, where, thread, block, replayed=False):
     """A read through `ref` by `agent` ("thread", "tma_load", "tma_store",
-    "wgmma"): elements nothing wrote before it are an event."""
+    "wgmma"): elements nothing wrote before it are an event. `replayed`: the
+    read of a reduction, which the merge replays (its value is not used)."""
     if ref.buf.aliases is not None:
       aliasing.read(ref)
     elif ref.buf.packed is not None:
       aliasing.read_packed(ref.buf)
+    if self.writes is not None and ref.buf.space == "gmem":
+      if not replayed and ref.view.size:  # (what it read, for parallel.Visibility)
+        self.events.append(("gmem_read", ref.buf) + element_map(ref.buf, ref.view))
+      # (Elements an earlier group wrote count as written: decided at the
+      # merge, against the launch's buffers, executor._merge.)
+      cand = initcheck.unwritten_mask(ref)
+      if cand is not None:
+        self.events.append(("uninit_gmem", agent, prim, where, thread, ref.buf,
+                            block.index) + cand)
+      return
     rng = initcheck.unwritten_in(ref)
     if rng is not None:
       self.events.append(("uninit", agent, prim, where, ref.buf.name, thread,
@@ -84,9 +101,12 @@ class Group:
   def misuse(self, kind, site, block, text):
     self.events.append(("race", kind, None, site, block.index, "", text))
 
-  def wrote(self, ref):
-    """A write through `ref` happened: its elements count as written; GMEM
-    writes are logged when detached."""
+  def wrote(self, ref, reduce=None, operand=None):
+    """A write through `ref` happened: its elements count as written. GMEM
+    writes are logged when the group is detached or logged, as the values
+    written, or for a reduction (atomics, TMA reductions: combine(old,
+    operand), applied already) as the reduction, to be replayed on the
+    launch's buffer at the merge."""
     initcheck.mark(ref)
     if ref.buf.aliases is not None:
       aliasing.wrote(ref)
@@ -96,9 +116,8 @@ class Group:
       return
     buf = ref.buf
     off, estrides, shape = element_map(buf, ref.view)
-    idx = (off + np.indices(shape).reshape(len(shape), -1).T @ np.asarray(estrides)
-           if len(shape) else np.array([off]))
-    self.writes.append((buf.origin, idx, buf.data.reshape(-1)[idx].copy()))
+    values = np.array(ref.view if reduce is None else operand, ref.view.dtype)
+    self.writes.append((buf.origin, off, estrides, shape, reduce, values))
 
 
 class GroupRunner:
@@ -112,6 +131,9 @@ class GroupRunner:
     self.placement, self.log = placement, log
     self.io_bufs = io_bufs
     self.detached = detached
+    # Log GMEM writes without copying GMEM (a worker process, whose GMEM is
+    # its own: backends/sim/parallel.py).
+    self.log_writes = False
     self.check_init = check_init
     self.group = None  # the group running now (for a Ctrl-C backtrace)
     self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
@@ -138,8 +160,8 @@ class GroupRunner:
     one group."""
     launch = self.launch
     events = []
-    group = self.group = Group(self.timing, self.log, events, self.detached,
-                               self.check_init)
+    group = self.group = Group(self.timing, self.log, events,
+                               self.detached or self.log_writes, self.check_init)
     group.number = members[0][0]
     group.cluster_axes = self.cluster_axes
     group.globals = self.globals

@@ -22,6 +22,7 @@ class KernelReport:
   wgmma_flops: int
   wall_s: float
   clock_hz: float = 1.83e9
+  workers: int = 1  # processes that simulated its blocks
   trace: list = dataclasses.field(default_factory=list, repr=False)
 
   @property
@@ -33,7 +34,8 @@ class KernelReport:
             f"blocks={self.num_blocks} smem={self.smem_bytes}B "
             f"waves={self.waves} predicted {self.time_s * 1e6:.1f} us"
             + (f" ({self.tflops:.0f} TFLOP/s)" if self.wgmma_flops else "")
-            + f"; simulated in {self.wall_s:.2f} s")
+            + f"; simulated in {self.wall_s:.2f} s"
+            + (f" on {self.workers} processes" if self.workers > 1 else ""))
 
 
 @dataclasses.dataclass

@@ -46,17 +46,31 @@ def mark(ref):
   _mark(buf, _view(buf.written, off, shape, estrides))
 
 
-def mark_flat(buf, idx):
-  """A write of buf's elements at flat indices `idx` (a detached group's)."""
-  if buf.written is None:
-    return
-  flat = buf.written.reshape(-1)
-  new = len(idx) - np.count_nonzero(flat[idx])  # (a view's indices are distinct)
-  if new:
-    flat[idx] = True
-    buf.unwritten -= new
-    if buf.unwritten == 0:
-      buf.written = None
+def mark_view(buf, off, estrides, shape):
+  """A write of buf's elements under an element map (a detached group's)."""
+  if buf.written is not None:
+    _mark(buf, _view(buf.written, off, shape, estrides))
+
+
+def unwritten_mask(ref):
+  """(offset, element strides, shape, mask) of the elements under `ref` that
+  nothing wrote (as far as this buffer knows), or None."""
+  buf = ref.buf
+  if buf.written is None or ref.view.size == 0:
+    return None
+  off, estrides, shape = element_map(buf, ref.view)
+  m = _view(buf.written, off, shape, estrides)
+  return None if m.all() else (off, estrides, shape, ~m)
+
+
+def unwritten_of(buf, off, estrides, shape, mask):
+  """Text naming the elements of `mask` (under an element map of `buf`)
+  that are unwritten in `buf` too, or None."""
+  if buf.written is not None:
+    mask = mask & ~_view(buf.written, off, shape, estrides)
+    if mask.any():
+      return element_range(buf, off, estrides, mask)
+  return None
 
 
 def copy_state(src, dst):

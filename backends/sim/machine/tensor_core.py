@@ -18,9 +18,15 @@ H800), and f16/bf16/tf32 ones differ from a round-to-nearest f32 sum in the
 last bits. Non-finite terms propagate as in an ordinary sum.
 """
 import math
+import os
 
 import numba
 import numpy as np
+
+# numba's own thread pool (workqueue) survives a fork; GNU OpenMP's kills the
+# child, and the executor forks workers (backends/sim/parallel.py).
+if "NUMBA_THREADING_LAYER" not in os.environ:
+  numba.config.THREADING_LAYER = "workqueue"
 
 # (elements per instruction slice by operand width in bytes, align bits, result bits)
 SLICE_BYTES = 32

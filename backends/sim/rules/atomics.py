@@ -15,14 +15,17 @@ from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.interpret import rule
 from pallas_sim.errors import KernelError
 
-def unsigned(f):
+class unsigned:  # noqa: N801 (used as a function; a class so that it pickles)
   """f on the unsigned view of signed integers (umin/umax)."""
-  def g(a, b):
+
+  def __init__(self, f):
+    self.f = f
+
+  def __call__(self, a, b):
     if a.dtype.kind != "i":
-      return f(a, b)
+      return self.f(a, b)
     u = np.dtype(f"u{a.dtype.itemsize}")
-    return f(a.view(u), np.asarray(b, a.dtype).view(u)).view(a.dtype)
-  return g
+    return self.f(a.view(u), np.asarray(b, a.dtype).view(u)).view(a.dtype)
 
 
 # int32 max and min compare as unsigned: the lowering (jax 0.11.2) emits
@@ -50,8 +53,9 @@ def _atomic_store(eqn, cx):
                         f"shape {view.shape}")
     blk = wg.block
     blk.hb.plain(wg, r, True, prim, where, atomic=True)
-    blk.group.read(r, "thread", prim, where, wg.index, blk)
-    view[...] = op(view, np.asarray(val, view.dtype))
-    blk.group.wrote(r)
+    blk.group.read(r, "thread", prim, where, wg.index, blk, replayed=True)
+    val = np.asarray(val, view.dtype)
+    view[...] = op(view, val)
+    blk.group.wrote(r, op, val)
     return []
   return atomic

@@ -322,9 +322,10 @@ def _commit(wg, timing):
       if reduce is None:
         dview[...] = snap[0]
       else:
-        blk.group.read(d, "tma_store", "copy_smem_to_gmem", where, wg.index, blk)
+        blk.group.read(d, "tma_store", "copy_smem_to_gmem", where, wg.index, blk,
+                       replayed=True)
         dview[...] = reduce(dview, snap[0])
-      blk.group.wrote(d)
+      blk.group.wrote(d, reduce, snap[0])
       group.unwritten -= 1
       sched.notify(res)
     blk.at(read_done, read)

@@ -1,0 +1,214 @@
+"""The groups of one launch over forked worker processes (the standard
+library's multiprocessing pool, fork start method).
+
+Why fork, and not a pool that outlives launches (loky, spawn): a worker
+needs the launch as the executor prepared it (the compiled program holds
+the kernel's jaxpr and the rules' closures, which do not pickle), and a
+fork hands it over for free (~15 ms on this machine). The workers run only
+numpy and numba, never JAX, so JAX's threads (which a fork does not copy)
+are never waited on; numba's threads are the fork-safe workqueue layer
+(machine/tensor_core.py), and a worker's numba kernels run on one thread.
+
+What keeps a parallel run identical to a serial one:
+* groups run detached (their own GMEM copies; writes applied at the merge)
+  and their results merge in block order, as in a serial detached run;
+* groups that share timing state (an SM's engines in one wave,
+  machine/timing.py) run in one worker, in block order: each task is a run
+  of consecutive groups closed under that sharing;
+* race sites are re-interned in the launch's log by what they are, not by
+  the worker's numbering; GMEM buffers travel as their position in the
+  launch's operands;
+* a failing group makes the executor re-run the launch serially, so that
+  the error (deadlock, runaway, a rule's) is raised exactly as in a serial
+  run, with its traceback.
+"""
+import multiprocessing
+import os
+import signal
+import warnings
+
+import numba
+import numpy as np
+
+from pallas_sim.backends.sim.group import GroupResult
+from pallas_sim.backends.sim.machine import races
+
+_JOB = None  # the launch being run (set in the parent before the fork)
+
+
+def default_workers():
+  """Every core this process may run on."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # (not on Linux)
+    return os.cpu_count() or 1
+
+
+def engine_keys(members, placement):
+  return {placement.place(number) for number, _, _ in members}
+
+
+def tasks(groups, placement, size):
+  """Runs of consecutive group indices [lo, hi), about `size` groups each,
+  such that groups sharing an engine key (placement.place) fall in one run."""
+  last = {}   # engine key -> the last group that uses it
+  for g, members in enumerate(groups):
+    for key in engine_keys(members, placement):
+      last[key] = g
+  out, lo, reach = [], 0, 0
+  for g, members in enumerate(groups):
+    reach = max([reach] + [last[k] for k in engine_keys(members, placement)])
+    if reach == g and g + 1 - lo >= size:
+      out.append((lo, g + 1))
+      lo = g + 1
+  if lo < len(groups):
+    out.append((lo, len(groups)))
+  return out
+
+
+class _Job:
+  """What a worker needs: the runner, the groups, which to trace, and how
+  to name the launch's GMEM operands."""
+
+  def __init__(self, runner, groups, trace_blocks):
+    self.runner, self.groups, self.trace_blocks = runner, groups, trace_blocks
+    self.buf_index = {id(b): i for i, b in enumerate(runner.io_bufs)}
+
+
+def _site_key(s):
+  return None if s is None else (s.agent, s.prim, s.where, s.buffer, s.access, s.thread)
+
+
+def _portable(result, job):
+  """A GroupResult that pickles small: sites as their keys, GMEM buffers as
+  their operand index."""
+  events = []
+  for ev in result.events:
+    kind = ev[0]
+    if kind == "race":
+      ev = (kind, ev[1], _site_key(ev[2]), _site_key(ev[3])) + ev[4:]
+    elif kind == "gmem":
+      ev = ev[:3] + (job.buf_index[id(ev[3].origin)],) + ev[4:7] + (_site_key(ev[7]),) + ev[8:]
+    elif kind == "uninit_gmem":
+      ev = ev[:5] + (job.buf_index[id(ev[5].origin)],) + ev[6:]
+    elif kind == "gmem_read":
+      ev = (kind, job.buf_index[id(ev[1].origin)]) + ev[2:]
+    events.append(ev)
+  writes = [(job.buf_index[id(w[0])],) + tuple(w[1:]) for w in result.writes]
+  return GroupResult(result.numbers, result.cycles, result.stats, events, writes)
+
+
+def restore(result, io_bufs, log):
+  """The parent's side of _portable."""
+  site = lambda key: None if key is None else log.site(*key)
+  events = []
+  for ev in result.events:
+    kind = ev[0]
+    if kind == "race":
+      ev = (kind, ev[1], site(ev[2]), site(ev[3])) + ev[4:]
+    elif kind == "gmem":
+      ev = ev[:3] + (io_bufs[ev[3]],) + ev[4:7] + (site(ev[7]),) + ev[8:]
+    elif kind == "uninit_gmem":
+      ev = ev[:5] + (io_bufs[ev[5]],) + ev[6:]
+    elif kind == "gmem_read":
+      ev = (kind, io_bufs[ev[1]]) + ev[2:]
+    events.append(ev)
+  result.events = events
+  result.writes = [(io_bufs[w[0]],) + tuple(w[1:]) for w in result.writes]
+  return result
+
+
+def _init_worker():
+  signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles Ctrl-C)
+  numba.set_num_threads(1)  # (the cores are the workers')
+
+
+def _run_task(span):
+  """In a worker: the groups span[0]..span[1]-1, in order. Returns
+  [(group index, portable GroupResult, trace)] or ("error", group index,
+  text) at the first group that raised."""
+  job = _JOB
+  job.runner.log_writes = True
+  out = []
+  for g in range(*span):
+    members = job.groups[g]
+    trace = [] if members[0][0] < job.trace_blocks else None
+    try:
+      out.append((g, _portable(job.runner.run(members, trace), job), trace))
+    except BaseException as e:  # noqa: BLE001 (reported; the parent re-runs serially)
+      return ("error", g, f"{type(e).__name__}: {e}")
+  return out
+
+
+def run(runner, groups, first, trace_blocks, workers, per_task=None):
+  """Runs groups[first:] over `workers` forked processes; yields (group
+  index, GroupResult with the parent's objects, trace or None) in group
+  order. Raises GroupFailed if a group raised in a worker."""
+  global _JOB
+  spans = [(lo + first, hi + first) for lo, hi in tasks(
+      groups[first:], runner.placement,
+      per_task or max(1, -(-(len(groups) - first) // (workers * 8))))]
+  _JOB = _Job(runner, groups, trace_blocks)
+  ctx = multiprocessing.get_context("fork")
+  with warnings.catch_warnings():
+    # (JAX and Python warn at any fork of a threaded process; the workers
+    # never call into JAX, whose threads are the ones not copied.)
+    warnings.simplefilter("ignore", RuntimeWarning)
+    warnings.simplefilter("ignore", DeprecationWarning)
+    pool = ctx.Pool(min(workers, len(spans)), initializer=_init_worker)
+  try:
+    for done in pool.imap(_run_task, spans):
+      if isinstance(done, tuple):
+        raise GroupFailed(*done[1:])
+      for g, result, trace in done:
+        yield g, restore(result, runner.io_bufs, runner.log), trace
+  finally:
+    pool.terminate()
+    pool.join()
+    _JOB = None
+
+
+class Visibility:
+  """Whether a group run in a worker read only what it would have read in
+  one process. A worker sees GMEM as it was at the fork, plus its own
+  groups' writes; one process sees every earlier group's. They differ only
+  where a group reads an element that another group wrote after the fork (a
+  race between blocks on the GPU, whose order is undefined, but a run over
+  workers must still equal one in one process): `check` says False, and the
+  launch runs again in one process. Conservative: a read of what an earlier
+  group of the same worker wrote counts too. Per GMEM buffer, writes are
+  only listed until something reads that buffer (outputs rarely are)."""
+
+  def __init__(self):
+    self.listed = {}   # buffer id -> [(group + 1, element map)]
+    self.writer = {}   # buffer id -> int32 array: the last group to write + 1
+
+  def _writer(self, buf):
+    w = self.writer.get(id(buf))
+    if w is None:
+      w = self.writer[id(buf)] = np.zeros(buf.data.shape, np.int32)
+      for me, (off, estrides, shape) in self.listed.pop(id(buf), ()):
+        races._view(w, off, shape, estrides)[...] = me
+    return w
+
+  def check(self, g, result):
+    """Group g's reads, then its writes (merged in group order)."""
+    me = g + 1
+    for ev in result.events:
+      if ev[0] == "gmem_read":
+        buf = ev[1].origin
+        if id(buf) in self.writer or id(buf) in self.listed:
+          seen = races._view(self._writer(buf), ev[2], ev[4], ev[3])
+          if ((seen != 0) & (seen != me)).any():
+            return False
+    for buf, off, estrides, shape, _, _ in result.writes:
+      w = self.writer.get(id(buf))
+      if w is None:
+        self.listed.setdefault(id(buf), []).append((me, (off, estrides, shape)))
+      else:
+        races._view(w, off, shape, estrides)[...] = me
+    return True
+
+
+class GroupFailed(Exception):
+  """A group raised in a worker (the executor re-runs the launch serially)."""

@@ -1,0 +1,235 @@
+"""A launch's groups over worker processes (backends/sim/parallel.py): the
+same outputs bit for bit, the same race reports and uninitialized-memory
+findings in the same order, the same predicted times, block cycles and
+trace, and the same errors, as one process running them in block order."""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import kernels as K
+import pallas_sim as ps
+from pallas_sim.backends.sim import parallel
+from pallas_sim.backends.sim.executor import Executor
+from test_clusters import multicast_kernel
+from test_machine import run_on
+from test_quickstart import matmul_mcs
+
+F32 = jnp.float32
+ROWS = 8
+
+
+def atomic_rows(dtype):
+  """Block i stores x[i] in its own row and adds it atomically into the
+  shared last row, which nothing initializes (findings; NaN for floats)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((ROWS + 1, 128), dtype),
+                grid=(ROWS,), grid_names=("i",))
+  def k(x_ref, o_ref):
+    i = lax.axis_index("i")
+    o_ref[i] = x_ref[i]
+    plgpu.atomic_add(o_ref.at[ROWS], x_ref[i])
+  return k
+
+
+def tma_reduction_rows():
+  """Blocks 1.. TMA-reduce (add) their tile into row 0 of the output, which
+  block 0 stores first (the f32 sum's rounding depends on the order, block
+  order in both), and into row 1, which nothing initializes: block 1's
+  reduction reads it unwritten (a finding), the later ones do not."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), F32), grid=(ROWS,),
+                grid_names=("i",), scratch_types=[plgpu.SMEM((128,), F32)])
+  def k(x_ref, o_ref, smem):
+    i = lax.axis_index("i")
+    smem[...] = x_ref[i]
+    plgpu.commit_smem()
+
+    @pl.when(i == 0)
+    def _():
+      plgpu.copy_smem_to_gmem(smem, o_ref.at[0])
+
+    @pl.when(i != 0)
+    def _():
+      plgpu.copy_smem_to_gmem(smem, o_ref.at[0], reduction_op="add")
+      plgpu.copy_smem_to_gmem(smem, o_ref.at[1], reduction_op="add")
+    plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+def reads_the_previous_block():
+  """Block i writes row i, then reads row i - 1 (another block's: a race;
+  for block 0 the last row, which no block wrote before it: a finding)."""
+  @plgpu.kernel(out_type=(jax.ShapeDtypeStruct((ROWS, 128), F32),) * 2,
+                grid=(ROWS,), grid_names=("i",))
+  def k(x_ref, o_ref, p_ref):
+    i = lax.axis_index("i")
+    o_ref[i] = x_ref[i]
+    p_ref[i] = o_ref[(i + ROWS - 1) % ROWS] * 2
+  return k
+
+
+def _x(shape=(ROWS, 128), dtype=F32, seed=0):
+  r = np.random.default_rng(seed)
+  if jnp.issubdtype(dtype, jnp.integer):
+    return jnp.asarray(r.integers(-1000, 1000, shape), dtype)
+  return jnp.asarray(r.standard_normal(shape) * 2.0 ** r.integers(-20, 20, shape), dtype)
+
+
+def _ab(delay_release=1):
+  a = jnp.asarray(np.random.default_rng(1).standard_normal((384, 512)), jnp.float16)
+  return lambda a, b: matmul_mcs(a, b, delay_release=delay_release), (a, a.T)
+
+
+CASES = [
+    ("quickstart matmul", *_ab()),
+    ("racy matmul (delay_release=0)", *_ab(0)),
+    ("atomic add, int32", atomic_rows(jnp.int32), (_x(dtype=jnp.int32),)),
+    ("atomic add, f32", atomic_rows(F32), (_x(),)),
+    ("TMA reduction, f32", tma_reduction_rows(), (_x(),)),
+    ("reads the previous block's row", reads_the_previous_block(), (_x(),)),
+    ("clusters of (2, 2), multicast", multicast_kernel(cluster=(2, 2), clusters=4),
+     (jnp.asarray(np.random.default_rng(2).standard_normal((4, 128, 128)), F32),)),
+]
+CASES += [(name, fn, make(0)) for name, fn, make, _ in K.EXAMPLES
+          if name not in K.NOT_LOWERABLE]
+
+
+def _run(fn, args, workers):
+  ex = Executor(check_races=True, on_race="report", on_uninitialized="report",
+                workers=workers)
+  ex.parallel_after_s = 0.0  # (over workers whatever the size)
+  out = run_on(ex, fn, *args)
+  return ex, [np.asarray(x) for x in jax.tree.leaves(out)]
+
+
+def _kernel_fields(k):
+  d = dataclasses.asdict(k)
+  for name in ("wall_s", "workers"):
+    d.pop(name)
+  return d
+
+
+@pytest.mark.parametrize("name,fn,args", CASES, ids=[c[0] for c in CASES])
+def test_workers_give_what_one_process_gives(name, fn, args):
+  one, out1 = _run(fn, args, 1)
+  two, out2 = _run(fn, args, 2)
+  for x, y in zip(out1, out2, strict=True):
+    np.testing.assert_array_equal(x, y)
+  assert [str(r) for r in one.report.races] == [str(r) for r in two.report.races]
+  assert ([str(f) for f in one.report.uninitialized]
+          == [str(f) for f in two.report.uninitialized])
+  assert len(one.report.kernels) == len(two.report.kernels)
+  for k1, k2 in zip(one.report.kernels, two.report.kernels):
+    assert k1.workers == 1
+    assert _kernel_fields(k1) == _kernel_fields(k2)
+
+
+def test_the_cases_run_over_workers_and_find_what_they_are_for():
+  """(The comparison above is only as good as its cases: they do run over
+  two processes, and they do race, read uninitialized memory, reduce.)"""
+  by_name = {c[0]: c[1:] for c in CASES}
+  for name in ("quickstart matmul", "racy matmul (delay_release=0)",
+               "clusters of (2, 2), multicast"):
+    two, _ = _run(*by_name[name], 2)
+    assert [k.workers for k in two.report.kernels] == [2], name
+  assert two.report.kernels[0].num_blocks == 16
+  two, _ = _run(*by_name["racy matmul (delay_release=0)"], 2)
+  assert two.report.races and not any("between blocks" in r.kind for r in two.report.races)
+  two, out = _run(atomic_rows(jnp.int32), (_x(dtype=jnp.int32),), 2)
+  assert two.report.kernels[0].workers == 2
+  np.testing.assert_array_equal(out[0][:ROWS], np.asarray(_x(dtype=jnp.int32)))
+  two, out = _run(tma_reduction_rows(), (_x(),), 2)
+  assert two.report.kernels[0].workers == 2
+  want = np.asarray(_x())[0].copy()
+  for r in np.asarray(_x())[1:]:
+    want = want + r  # (f32 sums in block order)
+  np.testing.assert_array_equal(out[0][0], want)
+  assert [(f.example[0], f.count) for f in two.report.uninitialized] == [((1,), 1)]
+
+
+def test_a_block_that_reads_another_s_writes_runs_the_launch_in_one_process():
+  """A worker sees GMEM as it was at the fork: a launch whose blocks read
+  what other blocks wrote (a race on the GPU) is run again in one process,
+  so that it reads what a one-process run reads."""
+  two, out = _run(reads_the_previous_block(), (_x(),), 2)
+  assert two.report.kernels[0].workers == 1
+  x = np.asarray(_x())
+  np.testing.assert_array_equal(out[1][1:], x[:-1] * 2)
+  assert [(f.example[0], f.count) for f in two.report.uninitialized] == [((0,), 1)]
+  assert any("between blocks" in r.kind for r in two.report.races)
+
+
+def deadlocks_in_block(n):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((ROWS, 128), F32), grid=(ROWS,),
+                grid_names=("i",), scratch_types=[plgpu.Barrier()])
+  def k(x_ref, o_ref, bar):
+    i = lax.axis_index("i")
+    o_ref[i] = x_ref[i]
+
+    @pl.when(i == n)
+    def _():
+      plgpu.barrier_wait(bar)  # nothing arrives
+  return k
+
+
+def test_an_error_in_a_worker_is_raised_as_one_process_raises_it(monkeypatch):
+  failed = []
+  real = parallel.run
+
+  def run(*args, **kw):
+    try:
+      yield from real(*args, **kw)
+    except parallel.GroupFailed as e:
+      failed.append(e.args)
+      raise
+  monkeypatch.setattr(parallel, "run", run)
+  errors = []
+  for workers in (1, 2):
+    ex = Executor(workers=workers)
+    ex.parallel_after_s = 0.0
+    try:
+      run_on(ex, deadlocks_in_block(5), _x())
+    except Exception:  # noqa: BLE001 (the executor keeps what it raised)
+      pass
+    [e] = [e for e in ex.errors if isinstance(e, ps.DeadlockError)]
+    errors.append((str(e), e.where))
+  assert errors[0] == errors[1]
+  assert "block (5,)" in errors[0][0], errors[0][0]
+  assert [f[0] for f in failed] == [5]  # (group 5 failed in a worker, then here)
+
+
+def test_tasks_keep_groups_that_share_an_sm_in_one_wave_together():
+  class Placement:  # 4 SMs, 2 blocks per SM: block b on SM b % 4, wave b // 8
+    place = staticmethod(lambda b: (b % 4, b // 8))
+  groups = [[(b, (b,), ())] for b in range(20)]
+  spans = parallel.tasks(groups, Placement, size=2)
+  assert spans[0][0] == 0 and spans[-1][1] == 20
+  assert all(hi == lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:]))
+  for lo, hi in spans:  # (block b and b + 4 share an SM in one wave)
+    for b in range(lo, hi):
+      if b // 8 == (b + 4) // 8 and b + 4 < 20:
+        assert b + 4 < hi
+  assert spans == [(0, 8), (8, 16), (16, 18), (18, 20)]
+
+
+def test_workers_option_is_checked():
+  with pytest.raises(ValueError, match="workers=0"):
+    ps.simulate(atomic_rows(F32), _x(), workers=0)
+
+
+def test_gmem_unwritten_in_a_workers_copy_but_written_by_an_earlier_group_is_no_finding():
+  """A worker's copy of an output knows only its own groups' writes; at the
+  merge, elements an earlier group wrote are taken out of its findings."""
+  from pallas_sim.backends.sim.machine import initcheck, memory
+  buf = memory.Buffer("out", "gmem", np.zeros((4, 8), np.float32))
+  initcheck.track(buf)
+  initcheck.mark_view(buf, 8, (1,), (8,))  # an earlier group wrote row 1
+  mask = np.ones((2, 8), bool)             # the worker saw rows 1-2 unwritten
+  assert initcheck.unwritten_of(buf, 8, (8, 1), (2, 8), mask).startswith(
+      "elements (2, 0)..(2, 7)")
+  initcheck.mark_view(buf, 16, (1,), (8,))
+  assert initcheck.unwritten_of(buf, 8, (8, 1), (2, 8), mask) is None
