@@ -6,8 +6,8 @@ needs the launch as the executor prepared it (the compiled program holds
 the kernel's jaxpr and the rules' closures, which do not pickle), and a
 fork hands it over for free (~15 ms on this machine). The workers run only
 numpy and numba, never JAX, so JAX's threads (which a fork does not copy)
-are never waited on; numba's threads are the fork-safe workqueue layer
-(machine/tensor_core.py), and a worker's numba kernels run on one thread.
+are never waited on; the numba kernels (machine/tensor_core.py) start no
+threads.
 
 What keeps a parallel run identical to a serial one:
 * groups run detached (their own GMEM copies; writes applied at the merge)
@@ -27,7 +27,6 @@ import os
 import signal
 import warnings
 
-import numba
 import numpy as np
 
 from pallas_sim.backends.sim.group import GroupResult
@@ -120,7 +119,6 @@ def restore(result, io_bufs, log):
 
 def _init_worker():
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles Ctrl-C)
-  numba.set_num_threads(1)  # (the cores are the workers')
 
 
 def _run_task(span):

@@ -18,15 +18,14 @@ H800), and f16/bf16/tf32 ones differ from a round-to-nearest f32 sum in the
 last bits. Non-finite terms propagate as in an ordinary sum.
 """
 import math
-import os
 
 import numba
 import numpy as np
 
-# numba's own thread pool (workqueue) survives a fork; GNU OpenMP's kills the
-# child, and the executor forks workers (backends/sim/parallel.py).
-if "NUMBA_THREADING_LAYER" not in os.environ:
-  numba.config.THREADING_LAYER = "workqueue"
+# The kernels run on one thread: a launch's blocks are spread over processes
+# instead (backends/sim/parallel.py), which a numba thread pool would not
+# survive (GNU OpenMP's kills a forked child) or would slow (its workqueue
+# pool costs ~100 us a call, more than a 64x64x64 wgmma's sums).
 
 # (elements per instruction slice by operand width in bytes, align bits, result bits)
 SLICE_BYTES = 32
@@ -40,18 +39,20 @@ def exponents(x):
   return np.where(x != 0, e - 1, _NONE).astype(np.int32)
 
 
-@numba.njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
 def _mma(acc, a, b, ea, eb, kslice, align_bits, result_bits):
   # Vectorized over output columns j. The truncated terms are integers below
   # 2^53 once scaled, so their sum is exact in any order ("reassoc" is safe).
   m, k = a.shape
   n = b.shape[1]
-  for i in numba.prange(m):
-    s = acc[i].astype(np.float64)
-    emax = np.empty(n, np.int32)
-    raw = np.empty(n)
-    tot = np.empty(n)
-    scale = np.empty(n)
+  s = np.empty(n)
+  emax = np.empty(n, np.int32)
+  raw = np.empty(n)
+  tot = np.empty(n)
+  scale = np.empty(n)
+  for i in range(m):
+    for j in range(n):
+      s[j] = acc[i, j]
     for c in range(0, k, kslice):
       hi = min(c + kslice, k)
       for j in range(n):
@@ -83,7 +84,7 @@ def _mma(acc, a, b, ea, eb, kslice, align_bits, result_bits):
       acc[i, j] = s[j]
 
 
-@numba.njit(cache=True, parallel=True, fastmath={"reassoc", "contract"})
+@numba.njit(cache=True, fastmath={"reassoc", "contract"})
 def _mma_finite(acc, a, b, ea, eb, kslice, align_bits, result_bits):
   # _mma for finite operands and accumulator (nothing to propagate, so no
   # plain sum is needed), with the exponent, the scale and the final cut
@@ -92,15 +93,17 @@ def _mma_finite(acc, a, b, ea, eb, kslice, align_bits, result_bits):
   m, k = a.shape
   n = b.shape[1]
   keep = ~np.int64((1 << (52 - result_bits)) - 1)  # cut to result_bits fraction bits
-  for i in numba.prange(m):
-    s = acc[i].astype(np.float64)
-    sbits = s.view(np.int64)
-    emax = np.empty(n, np.int64)
-    scale_bits = np.empty(n, np.int64)
-    scale = scale_bits.view(np.float64)
-    inv_bits = np.empty(n, np.int64)
-    inv = inv_bits.view(np.float64)
-    tot = np.empty(n)
+  s = np.empty(n)
+  sbits = s.view(np.int64)
+  emax = np.empty(n, np.int64)
+  scale_bits = np.empty(n, np.int64)
+  scale = scale_bits.view(np.float64)
+  inv_bits = np.empty(n, np.int64)
+  inv = inv_bits.view(np.float64)
+  tot = np.empty(n)
+  for i in range(m):
+    for j in range(n):
+      s[j] = acc[i, j]
     for c in range(0, k, kslice):
       hi = min(c + kslice, k)
       for j in range(n):
@@ -144,7 +147,36 @@ def mma_f32(acc, a, b, itemsize, sync=False):
   a = np.ascontiguousarray(a, np.float64)
   b = np.ascontiguousarray(b, np.float64)
   out = np.ascontiguousarray(acc, np.float32)
-  finite = np.isfinite(a).all() and np.isfinite(b).all() and np.isfinite(out).all()
-  (_mma_finite if finite else _mma)(out, a, b, exponents(a), exponents(b), kslice,
-                                    align_bits, result_bits)
-  acc[...] = out
+  _mma_any(out, a, b, kslice, align_bits, result_bits)
+  if out is not acc:
+    acc[...] = out
+
+
+@numba.njit(cache=True)
+def _bits_exponents(x):
+  """exponents(x) for finite x, from the float64 bits (non-finite elements
+  get any value: their sums take _mma's plain path, which ignores it)."""
+  flat = x.reshape(-1)
+  out = np.empty(flat.size, np.int32)
+  bits = flat.view(np.int64)
+  for i in range(flat.size):
+    out[i] = ((bits[i] >> 52) & 0x7ff) - 1023 if flat[i] != 0.0 else _NONE
+  return out.reshape(x.shape)
+
+
+@numba.njit(cache=True)
+def _all_finite(x):
+  for v in x.reshape(-1):
+    if not math.isfinite(v):
+      return False
+  return True
+
+
+@numba.njit(cache=True)
+def _mma_any(out, a, b, kslice, align_bits, result_bits):
+  # (One call from Python: a wgmma's own cost, not numpy's per-call overheads.)
+  ea, eb = _bits_exponents(a), _bits_exponents(b)
+  if _all_finite(a) and _all_finite(b) and _all_finite(out.astype(np.float64)):
+    _mma_finite(out, a, b, ea, eb, kslice, align_bits, result_bits)
+  else:
+    _mma(out, a, b, ea, eb, kslice, align_bits, result_bits)
