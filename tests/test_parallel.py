@@ -206,14 +206,17 @@ def test_tasks_keep_groups_that_share_an_sm_in_one_wave_together():
   class Placement:  # 4 SMs, 2 blocks per SM: block b on SM b % 4, wave b // 8
     place = staticmethod(lambda b: (b % 4, b // 8))
   groups = [[(b, (b,), ())] for b in range(20)]
-  spans = parallel.tasks(groups, Placement, size=2)
-  assert spans[0][0] == 0 and spans[-1][1] == 20
-  assert all(hi == lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:]))
-  for lo, hi in spans:  # (block b and b + 4 share an SM in one wave)
-    for b in range(lo, hi):
-      if b // 8 == (b + 4) // 8 and b + 4 < 20:
-        assert b + 4 < hi
-  assert spans == [(0, 8), (8, 16), (16, 18), (18, 20)]
+  todo = parallel.tasks(groups, Placement, size=2)
+  assert sorted(g for t in todo for g in t) == list(range(20))
+  where = {g: i for i, t in enumerate(todo) for g in t}
+  for b in range(20):  # (block b and b + 4 share an SM in one wave)
+    if b + 4 < 20 and b // 8 == (b + 4) // 8:
+      assert where[b] == where[b + 4]
+  assert todo == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14],
+                  [11, 15], [16, 17]] + [[18, 19]]
+  # (clusters of 2 on SMs 2c, 2c + 1: the same, by pairs)
+  groups = [[(2 * c, (c,), (0,)), (2 * c + 1, (c,), (1,))] for c in range(8)]
+  assert parallel.tasks(groups, Placement, size=1) == [[0, 2], [1, 3], [4, 6], [5, 7]]
 
 
 def test_workers_option_is_checked():

@@ -13,8 +13,8 @@ What keeps a parallel run identical to a serial one:
 * groups run detached (their own GMEM copies; writes applied at the merge)
   and their results merge in block order, as in a serial detached run;
 * groups that share timing state (an SM's engines in one wave,
-  machine/timing.py) run in one worker, in block order: each task is a run
-  of consecutive groups closed under that sharing;
+  machine/timing.py) run in one worker, in block order: a task holds whole
+  components of that sharing;
 * race sites are re-interned in the launch's log by what they are, not by
   the worker's numbering; GMEM buffers travel as their position in the
   launch's operands;
@@ -48,20 +48,34 @@ def engine_keys(members, placement):
 
 
 def tasks(groups, placement, size):
-  """Runs of consecutive group indices [lo, hi), about `size` groups each,
-  such that groups sharing an engine key (placement.place) fall in one run."""
-  last = {}   # engine key -> the last group that uses it
+  """Lists of group indices, about `size` groups each, in which groups that
+  share an engine key (placement.place: an SM in one wave) are together:
+  whole components of that sharing, packed in the order of their first
+  group. (Blocks b and b + num_SMs share an SM when two fit on one: a
+  component is rarely a run of consecutive groups.)"""
+  parent = list(range(len(groups)))
+
+  def root(g):
+    while parent[g] != g:
+      parent[g] = parent[parent[g]]
+      g = parent[g]
+    return g
+  first = {}  # engine key -> the first group that uses it
   for g, members in enumerate(groups):
     for key in engine_keys(members, placement):
-      last[key] = g
-  out, lo, reach = [], 0, 0
-  for g, members in enumerate(groups):
-    reach = max([reach] + [last[k] for k in engine_keys(members, placement)])
-    if reach == g and g + 1 - lo >= size:
-      out.append((lo, g + 1))
-      lo = g + 1
-  if lo < len(groups):
-    out.append((lo, len(groups)))
+      h = first.setdefault(key, g)
+      parent[root(g)] = root(h)
+  comps = {}
+  for g in range(len(groups)):
+    comps.setdefault(root(g), []).append(g)
+  out, cur = [], []
+  for comp in sorted(comps.values()):
+    cur += comp
+    if len(cur) >= size:
+      out.append(sorted(cur))
+      cur = []
+  if cur:
+    out.append(sorted(cur))
   return out
 
 
@@ -121,14 +135,14 @@ def _init_worker():
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles Ctrl-C)
 
 
-def _run_task(span):
-  """In a worker: the groups span[0]..span[1]-1, in order. Returns
+def _run_task(task):
+  """In a worker: the groups of `task` (indices), in order. Returns
   [(group index, portable GroupResult, trace)] or ("error", group index,
   text) at the first group that raised."""
   job = _JOB
   job.runner.log_writes = True
   out = []
-  for g in range(*span):
+  for g in task:
     members = job.groups[g]
     trace = [] if members[0][0] < job.trace_blocks else None
     try:
@@ -143,9 +157,9 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
   index, GroupResult with the parent's objects, trace or None) in group
   order. Raises GroupFailed if a group raised in a worker."""
   global _JOB
-  spans = [(lo + first, hi + first) for lo, hi in tasks(
-      groups[first:], runner.placement,
-      per_task or max(1, -(-(len(groups) - first) // (workers * 8))))]
+  todo = tasks(groups[first:], runner.placement,
+               per_task or max(1, -(-(len(groups) - first) // (workers * 8))))
+  todo = [[g + first for g in task] for task in todo]
   _JOB = _Job(runner, groups, trace_blocks)
   ctx = multiprocessing.get_context("fork")
   with warnings.catch_warnings():
@@ -153,13 +167,18 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
     # never call into JAX, whose threads are the ones not copied.)
     warnings.simplefilter("ignore", RuntimeWarning)
     warnings.simplefilter("ignore", DeprecationWarning)
-    pool = ctx.Pool(min(workers, len(spans)), initializer=_init_worker)
+    pool = ctx.Pool(min(workers, len(todo)), initializer=_init_worker)
   try:
-    for done in pool.imap(_run_task, spans):
+    pending, nxt = {}, first  # results that arrived before an earlier group's
+    for done in pool.imap(_run_task, todo):
       if isinstance(done, tuple):
         raise GroupFailed(*done[1:])
       for g, result, trace in done:
-        yield g, restore(result, runner.io_bufs, runner.log), trace
+        pending[g] = (result, trace)
+      while nxt in pending:
+        result, trace = pending.pop(nxt)
+        yield nxt, restore(result, runner.io_bufs, runner.log), trace
+        nxt += 1
   finally:
     pool.terminate()
     pool.join()

@@ -306,8 +306,8 @@ MUTANTS = [
     Mutant("parallel-tasks-split-sms", "backends/sim/parallel.py",
            "groups sharing an SM's engines in a wave run in one worker task; the "
            "mutant cuts tasks anywhere",
-           "    if reach == g and g + 1 - lo >= size:",
-           "    if g + 1 - lo >= size:",
+           "      parent[root(g)] = root(h)\n",
+           "      pass\n",
            ("tests/test_parallel.py",)),
     Mutant("misuse-only-with-races", "backends/sim/group.py",
            "misuse checks do not need race checking",

@@ -1,0 +1,108 @@
+"""Peak memory and wall time of the quickstart matmul in the simulator
+(numerics and race checks on), against the bound of issue 10: four times
+the kernel's GMEM data plus 1 GiB.
+
+Each size runs in a fresh Python process; a sampler reads the proportional
+set size (PSS: a page shared by n processes counts 1/n in each, so forked
+workers' shared pages are counted once) of that process and all its
+descendants every 20 ms, from /proc/<pid>/smaps_rollup (Linux).
+
+    ./dev python benchmarks/memory.py 1024 2048 4096 [--workers N]
+"""
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+
+GIB = 1 << 30
+
+CHILD = r"""
+import sys, time
+import numpy as np, jax, jax.numpy as jnp
+sys.path.insert(0, {examples!r})
+import pallas_sim as ps
+from quickstart import matmul
+n, workers = {n}, {workers}
+rng = np.random.default_rng(0)
+a = jnp.asarray(rng.standard_normal((n, n)), jnp.float16)
+b = jnp.asarray(rng.standard_normal((n, n)), jnp.float16)
+t0 = time.perf_counter()
+sim = ps.simulate(matmul, a, b, workers=workers)
+np.asarray(sim.outputs)
+k = sim.report.kernels[0]
+print("RESULT", time.perf_counter() - t0, k.workers, k.num_blocks, len(sim.report.races))
+"""
+
+
+def _descendants(pid):
+  out, todo = [], [pid]
+  while todo:
+    p = todo.pop()
+    out.append(p)
+    try:
+      with open(f"/proc/{p}/task/{p}/children") as f:
+        todo += [int(c) for c in f.read().split()]
+    except OSError:
+      pass
+  return out
+
+
+def _pss(pid):
+  try:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+      for line in f:
+        if line.startswith("Pss:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
+
+
+def measure(n, workers):
+  here = os.path.dirname(os.path.abspath(__file__))
+  code = CHILD.format(examples=os.path.join(here, "..", "examples"), n=n,
+                      workers=workers)
+  env = dict(os.environ, PALLAS_SIM_PROGRESS="0")
+  proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=env)
+  peak = [0, 0]  # total PSS, processes
+
+  def sample():
+    while proc.poll() is None:
+      pids = _descendants(proc.pid)
+      total = sum(_pss(p) for p in pids)
+      if total > peak[0]:
+        peak[:] = [total, len(pids)]
+      time.sleep(0.02)
+  th = threading.Thread(target=sample, daemon=True)
+  th.start()
+  out, err = proc.communicate()
+  th.join()
+  line = [l for l in out.splitlines() if l.startswith("RESULT")]
+  if proc.returncode or not line:
+    raise SystemExit(f"size {n}: the child failed:\n{err[-3000:]}")
+  _, wall, used, blocks, nraces = line[0].split()
+  return float(wall), int(used), int(blocks), int(nraces), peak[0], peak[1]
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser()
+  ap.add_argument("sizes", type=int, nargs="+")
+  ap.add_argument("--workers", type=int, default=None, help="default: every core")
+  ns = ap.parse_args(argv)
+  print("| size | blocks | workers | simulate (s) | GMEM data (MiB) | peak PSS, all "
+        "processes (MiB) | bound 4 x GMEM + 1 GiB (MiB) | within | races |")
+  print("|---|---:|---:|---:|---:|---:|---:|---|---:|")
+  for n in ns.sizes:
+    wall, used, blocks, nraces, peak, _ = measure(n, ns.workers)
+    gmem = 3 * n * n * 2  # A, B and the output, f16
+    bound = 4 * gmem + GIB
+    print(f"| {n}^3 | {blocks} | {used} | {wall:.1f} | {gmem / 2**20:.0f} | "
+          f"{peak / 2**20:.0f} | {bound / 2**20:.0f} | {peak <= bound} | {nraces} |",
+          flush=True)
+
+
+if __name__ == "__main__":
+  main()
