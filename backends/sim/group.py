@@ -197,8 +197,18 @@ class GroupRunner:
     group.sched.run()
     group.hb.end_group()
     blocks = group.blocks
-    return GroupResult([b.number for b in blocks], [b.cycles() for b in blocks],
-                       [b.stats for b in blocks], events, group.writes or [])
+    result = GroupResult([b.number for b in blocks], [b.cycles() for b in blocks],
+                         [b.stats for b in blocks], events, group.writes or [])
+    # Blocks, warpgroups and their buffers reference each other: free the
+    # SMEM now rather than at some later cyclic collection (a launch of
+    # thousands of blocks would hold all of theirs until then).
+    for b in blocks:
+      b.shared.clear()
+      b.zombies.clear()
+      b.warpgroups.clear()
+    group.by_cluster.clear()
+    group.makers.clear()
+    return result
 
 
 def _warpgroup(prog, refs, wg, launch, group):

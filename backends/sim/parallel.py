@@ -22,6 +22,7 @@ What keeps a parallel run identical to a serial one:
   the error (deadlock, runaway, a rule's) is raised exactly as in a serial
   run, with its traceback.
 """
+import gc
 import multiprocessing
 import os
 import signal
@@ -162,6 +163,10 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
   todo = [[g + first for g in task] for task in todo]
   _JOB = _Job(runner, groups, trace_blocks)
   ctx = multiprocessing.get_context("fork")
+  # (A collection in a worker would write to every object the parent has,
+  # copying each page of its heap (JAX's is ~300 MB): the parent's objects
+  # are left out of collections while workers run.)
+  gc.freeze()
   with warnings.catch_warnings():
     # (JAX and Python warn at any fork of a threaded process; the workers
     # never call into JAX, whose threads are the ones not copied.)
@@ -182,6 +187,7 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
   finally:
     pool.terminate()
     pool.join()
+    gc.unfreeze()
     _JOB = None
 
 

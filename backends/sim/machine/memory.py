@@ -29,7 +29,7 @@ class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
-               "alloc_key", "origin", "written", "unwritten", "_addr", "aliases",
+               "alloc_key", "_origin", "written", "unwritten", "_addr", "aliases",
                "smem_range", "packed")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
@@ -41,7 +41,7 @@ class Buffer:
     self.swizzle = swizzle
     self.shadow = None  # race detection's per-element history (races.py)
     self.alloc_key = alloc_key  # which allocation made it, in every block
-    self.origin = origin or self  # a group's private copy of a GMEM buffer: whose
+    self._origin = origin  # a group's private copy of a GMEM buffer: whose
     self.written = None  # uninitialized-memory check's mask (initcheck.py)
     self.unwritten = 0
     self._addr = None
@@ -49,6 +49,12 @@ class Buffer:
     self.smem_range = None  # SMEM bytes [start, end) of a run_scoped allocation
     self.packed = None  # a RefUnion's 4-bit member: where in the union (aliasing.py)
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
+
+  @property
+  def origin(self):
+    # (Not stored as self-reference: a cycle per buffer would keep every
+    # block's SMEM alive until a cyclic collection.)
+    return self._origin or self
 
   def address(self):
     """The address of data's first byte (cached: views are located by it)."""
