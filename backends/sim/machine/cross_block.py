@@ -5,8 +5,8 @@ blocks to the same GMEM element, one of them a write, race (unless both are
 TMA reductions: atomics), in whatever order they ran here. Per GMEM buffer
 and element this keeps which block wrote it (plainly or atomically) and up to
 two blocks that read it, each with the site; a GMEM buffer only ever read
-(inputs, usually) keeps nothing: its reads are logged until its first write,
-then replayed.
+(inputs, usually) keeps nothing: its reads are logged until its first write
+(per region read, its first two blocks), then replayed.
 """
 import numpy as np
 
@@ -29,7 +29,7 @@ class _Summary:
   def __init__(self, shape):
     self.shape = shape
     self.written = False
-    self.read_log = []
+    self.read_log = {}  # (offset, element strides, shape) -> [(block, site)]
     self.any_xread = self.any_atomic = False
 
   def __getattr__(self, name):
@@ -64,12 +64,19 @@ class CrossBlock:
     V = lambda arr: _view(arr, off, shape, estrides)
     if not sh.written:
       if not write:
-        sh.read_log.append((me, off, estrides, shape, site))
+        # Per region read, its first two reading blocks: what _add_reader
+        # keeps of them at the replay (exactly so where regions do not
+        # partly overlap, as tiles do not); a matmul's inputs are read tile
+        # by tile by many blocks, and an input is usually never written.
+        readers = sh.read_log.setdefault((off, tuple(estrides), tuple(shape)), [])
+        if len(readers) < 2 and all(r != me for r, _ in readers):
+          readers.append((me, site))
         return
       sh.written = True
       sh.any_xread = bool(sh.read_log)
-      for rme, roff, rest, rshape, rsite in sh.read_log:
-        self._add_reader(sh, lambda arr: _view(arr, roff, rshape, rest), rme, rsite.id)
+      for (roff, rest, rshape), readers in sh.read_log.items():
+        for rme, rsite in readers:
+          self._add_reader(sh, lambda arr: _view(arr, roff, rshape, rest), rme, rsite.id)
       sh.read_log = None
     checks = [(V(sh.xwb), sh.xws, "write")]
     if sh.any_atomic and (not atomic or not write):

@@ -306,6 +306,7 @@ class Tracker:
     # warpgroup's clock ticks at each of its accesses, so this is exact for
     # them (for async work, the last site of that stamp on that buffer).
     self.sites = {}
+    self.logged = set()  # shadows whose read_log has entries
 
   def start_group(self, events):
     self.group += 1
@@ -314,6 +315,15 @@ class Tracker:
 
   def end_group(self, next_base):
     self.base = next_base
+    # What only this group's accesses needed: the sites of its clocks (a
+    # later group's accesses are ordered after all of them, so never report
+    # them) and GMEM reads logged before a first write (replayed for the
+    # current group only). A launch of thousands of blocks kept them all.
+    self.sites.clear()
+    for sh in self.logged:
+      if sh.read_log:
+        sh.read_log.clear()
+    self.logged.clear()
 
   def shadow(self, buf):
     sh = buf.shadow
@@ -353,6 +363,7 @@ class Tracker:
       if not write:
         self.sites[(sh.uid, comp, clock)] = (site, issue, know, span)
         sh.read_log.append((self.group, off, estrides, shape, comp, clock))
+        self.logged.add(sh)
         return
       self._replay(sh)
     if sh.group != self.group:
