@@ -60,7 +60,23 @@ def _pss(pid):
   return 0
 
 
-def measure(n, workers):
+def _top_mappings(pid, n=6):
+  """[(private KiB, mapping)] of the process's largest private mappings."""
+  maps, cur = [], None
+  try:
+    with open(f"/proc/{pid}/smaps") as f:
+      for line in f:
+        if "-" in line.split(" ", 1)[0] and not line[0].isupper():
+          cur = [0, line.strip()[:90]]
+          maps.append(cur)
+        elif line.startswith(("Private_Dirty:", "Private_Clean:")) and cur:
+          cur[0] += int(line.split()[1])
+  except OSError:
+    return []
+  return [(sum(m[0] for m in maps), "in all")] + sorted(maps, reverse=True)[:n]
+
+
+def measure(n, workers, detail=None):
   here = os.path.dirname(os.path.abspath(__file__))
   code = CHILD.format(examples=os.path.join(here, "..", "examples"), n=n,
                       workers=workers)
@@ -69,10 +85,17 @@ def measure(n, workers):
                           stderr=subprocess.PIPE, text=True, env=env)
   peak = [0, 0, 0]  # total PSS, the main process's, the largest worker's
 
+  last = [0.0]
+
   def sample():
     while proc.poll() is None:
       pids = _descendants(proc.pid)
       each = [_pss(p) for p in pids]
+      if sum(each) > peak[0] and detail is not None and time.time() - last[0] > 1:
+        last[0] = time.time()  # (what holds the memory: the largest mappings)
+        worst = max(range(1, len(each)), key=each.__getitem__, default=None)
+        detail[:] = [("main", _top_mappings(pids[0]))] + (
+            [("largest worker", _top_mappings(pids[worst]))] if worst else [])
       peak[0] = max(peak[0], sum(each))
       peak[1] = max(peak[1], each[0] if each else 0)
       peak[2] = max([peak[2]] + each[1:])
@@ -92,19 +115,25 @@ def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("sizes", type=int, nargs="+")
   ap.add_argument("--workers", type=int, default=None, help="default: every core")
+  ap.add_argument("--mappings", action="store_true",
+                  help="also print the largest private mappings near the peak")
   ns = ap.parse_args(argv)
   print("| size | blocks | workers | simulate (s) | GMEM data (MiB) | peak PSS, all "
         "processes (MiB) | main process | largest worker | bound 4 x GMEM + 1 GiB "
         "(MiB) | within | races |")
   print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
   for n in ns.sizes:
-    wall, used, blocks, nraces, peak, main_peak, worker_peak = measure(n, ns.workers)
+    detail = [] if ns.mappings else None
+    wall, used, blocks, nraces, peak, main_peak, worker_peak = measure(n, ns.workers,
+                                                                       detail)
     gmem = 3 * n * n * 2  # A, B and the output, f16
     bound = 4 * gmem + GIB
     print(f"| {n}^3 | {blocks} | {used} | {wall:.1f} | {gmem / 2**20:.0f} | "
           f"{peak / 2**20:.0f} | {main_peak / 2**20:.0f} | {worker_peak / 2**20:.0f} | "
           f"{bound / 2**20:.0f} | {peak <= bound} | {nraces} |",
           flush=True)
+    for who, maps in detail or ():
+      print(f"  {who}: " + "; ".join(f"{k // 1024} MiB {m}" for k, m in maps))
 
 
 if __name__ == "__main__":

@@ -263,7 +263,7 @@ class Executor:
       groups = [blocks]
     placement = self.timing.launch(len(blocks), prep.smem, nt)
     log = races.RaceLog(launch.name)
-    cross = CrossBlock(log) if self.check_races else None
+    cross = CrossBlock(log, len(blocks)) if self.check_races else None
     cycles = np.zeros(len(blocks))
     stats = [0, 0, 0]  # TMA load bytes, TMA store bytes, wgmma flops
     trace = []

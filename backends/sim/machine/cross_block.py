@@ -24,35 +24,51 @@ def _others(b, me):
 
 class _Summary:
   """Per-element blocks and sites of one GMEM buffer (arrays on first use;
-  block numbers are 1-based, 0 is none)."""
+  block numbers are 1-based, 0 is none; 16-bit while they fit)."""
 
-  def __init__(self, shape):
+  def __init__(self, shape, cross):
     self.shape = shape
+    self.cross = cross
     self.written = False
     self.read_log = {}  # (offset, element strides, shape) -> [(block, site)]
     self.any_xread = self.any_atomic = False
 
   def __getattr__(self, name):
-    if name.startswith("_"):
+    if name.startswith("_") or name in ("shape", "cross"):
       raise AttributeError(name)
-    arr = np.zeros(self.shape, np.int32)
+    dt = self.cross.site_dtype if name.endswith("s") else self.cross.block_dtype
+    arr = np.zeros(self.shape, dt)
     setattr(self, name, arr)
     return arr
+
+  def widen_sites(self):
+    for name in ("xws", "xas", "xr1s", "xr2s"):
+      if name in self.__dict__:
+        setattr(self, name, self.__dict__[name].astype(np.int32))
 
 
 class CrossBlock:
   """Cross-block race detection for one launch; `add` receives a group's
   GMEM access events in order and reports to `log` (races.RaceLog)."""
 
-  def __init__(self, log):
+  def __init__(self, log, num_blocks=1 << 31):
     self.log = log
     self.summaries = {}
+    self.block_dtype = np.uint16 if num_blocks < (1 << 16) - 1 else np.int32
+    self.site_dtype = np.uint16  # (int32 once a site's number does not fit)
+
+  def _site(self, site):
+    if site.id >= (1 << 16) - 1 and self.site_dtype == np.uint16:
+      self.site_dtype = np.int32
+      for sh in self.summaries.values():
+        sh.widen_sites()
+    return site.id
 
   def _summary(self, buf):
     buf = buf.origin  # (a detached group's copy: the launch's buffer)
     s = self.summaries.get(id(buf))
     if s is None:
-      s = self.summaries[id(buf)] = _Summary(buf.data.shape)
+      s = self.summaries[id(buf)] = _Summary(buf.data.shape, self)
     return s
 
   def access(self, number, block, buf, off, estrides, shape, site, write, atomic):
@@ -76,7 +92,8 @@ class CrossBlock:
       sh.any_xread = bool(sh.read_log)
       for (roff, rest, rshape), readers in sh.read_log.items():
         for rme, rsite in readers:
-          self._add_reader(sh, lambda arr: _view(arr, roff, rshape, rest), rme, rsite.id)
+          self._add_reader(sh, lambda arr: _view(arr, roff, rshape, rest), rme,
+                           self._site(rsite))
       sh.read_log = None
     checks = [(V(sh.xwb), sh.xws, "write")]
     if sh.any_atomic and (not atomic or not write):
@@ -96,12 +113,13 @@ class CrossBlock:
     if write:
       if atomic:
         sh.any_atomic = True
+      sid = self._site(site)  # (before the arrays: it may widen them)
       tb, ts = (sh.xab, sh.xas) if atomic else (sh.xwb, sh.xws)
       V(tb)[...] = me
-      V(ts)[...] = site.id
+      V(ts)[...] = sid
       return
     sh.any_xread = True
-    self._add_reader(sh, V, me, site.id)
+    self._add_reader(sh, V, me, self._site(site))
 
   @staticmethod
   def _add_reader(sh, V, me, sid):

@@ -307,6 +307,7 @@ class Tracker:
     # them (for async work, the last site of that stamp on that buffer).
     self.sites = {}
     self.logged = set()  # shadows whose read_log has entries
+    self.gmem = []       # GMEM buffers given a shadow in this group
 
   def start_group(self, events):
     self.group += 1
@@ -324,6 +325,13 @@ class Tracker:
       if sh.read_log:
         sh.read_log.clear()
     self.logged.clear()
+    # GMEM shadows likewise hold nothing a later group needs (a fresh one,
+    # all "no access", is what it sees of them): dropped, they free the
+    # pages a block's tiles touched (a tile's rows touch a page each, some
+    # 30 times the tile's own bytes over a launch).
+    for buf in self.gmem:
+      buf.shadow = None
+    self.gmem.clear()
 
   def shadow(self, buf):
     sh = buf.shadow
@@ -337,6 +345,8 @@ class Tracker:
         if key:
           self.pool[key] = sh
       buf.shadow = sh
+      if buf.space == "gmem":
+        self.gmem.append(buf)
     return sh
 
   def access(self, buf, view, vec, comp, clock, site, write, agent, block,
