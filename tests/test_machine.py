@@ -257,3 +257,18 @@ def test_cross_block_arrays_widen_when_site_numbers_pass_16_bits():
   cross.access(2, (2,), buf, 8, (8, 1), (1, 8), first, True, False)
   [race] = log.races()
   assert race.first is late and race.second is first
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int32])
+def test_released_shadow_elements_read_zero_and_the_rest_is_kept(dtype):
+  """races.release: the elements of [lo, hi) read 0 (their whole pages go
+  back to the OS on Linux), every other element keeps its value."""
+  from pallas_sim.backends.sim.machine.races import release
+  arr = np.arange(1, 3_000_001, dtype=np.int64).astype(dtype).reshape(1000, 3000)
+  want = arr.copy()
+  for lo, hi in [(5, 17), (12_345, 1_234_567), (2_999_000, 3_000_000), (0, 1)]:
+    release(arr, lo, hi)
+    want.reshape(-1)[lo:hi] = 0
+    np.testing.assert_array_equal(arr, want)
+  arr[...] = 7  # (pages given back are usable again)
+  assert (arr == 7).all()

@@ -47,9 +47,9 @@ class Executor:
   writes at the merge, in block order (what a run over several processes
   does; outputs are the same unless blocks race)."""
 
-  # A launch goes over worker processes when its first group, times the
-  # groups left, says the rest would take at least this long here (a fork
-  # and its pool cost ~20 ms).
+  # A launch goes over worker processes when its first groups say the rest
+  # would take at least this long here (a fork and its pool cost ~20 ms);
+  # 0: always, after the first group (tests).
   parallel_after_s = 0.25
 
   def __init__(self, options=None, trace_blocks=2, detached_groups=False, **named):
@@ -216,15 +216,29 @@ class Executor:
       return 1
     return min(self.options.workers or parallel.default_workers(), len(groups) - 1)
 
-  def _run_parallel(self, runner, groups, trace, merge, workers, progress):
-    """Groups 1.. over forked workers (backends/sim/parallel.py), merged in
-    block order as they arrive; a group that raised there makes the whole
+  def _go_parallel(self, g, n, t0, t1):
+    """After g groups ran here (t0: the start, t1: the end of the first,
+    which pays for warm-up): whether to run the rest over workers. Decided
+    after four groups, or sooner if they are slow: a group must take a
+    millisecond or more (the merge of one costs a fraction of that), and the
+    rest parallel_after_s or more."""
+    if not self.parallel_after_s:
+      return True
+    now = time.perf_counter()
+    if g < 4 and now - t0 < self.parallel_after_s / 5:
+      return False
+    per = (now - t1) / (g - 1) if g > 1 else now - t0
+    return per >= 1e-3 and per * (n - g) >= self.parallel_after_s
+
+  def _run_parallel(self, runner, groups, first, trace, merge, workers, progress):
+    """Groups first.. over forked workers (backends/sim/parallel.py), merged
+    in block order as they arrive; a group that raised there makes the whole
     launch re-run here, serially (_Rerun)."""
     self._running = ("parallel", runner.launch, workers)
     try:
       seen = parallel.Visibility()
-      for g, result, group_trace in parallel.run(runner, groups, 1, self.trace_blocks,
-                                                 workers):
+      for g, result, group_trace in parallel.run(runner, groups, first,
+                                                 self.trace_blocks, workers):
         if not seen.check(g, result):
           raise _Rerun  # (it read what another block wrote: see parallel.py)
         if group_trace:
@@ -274,7 +288,7 @@ class Executor:
                          log, self.check_races, max(map(len, groups)),
                          detached=self.detached,
                          check_init=self.options.check_uninitialized)
-    t0 = time.perf_counter()  # (the first group's time decides on workers)
+    t0 = t1 = time.perf_counter()  # (the first groups' times decide on workers)
     runner.profile = recorder
     merge = lambda result: self._merge(result, cycles, stats, log, init_log, cross)
     workers = 1 if serial else self._workers(prep, launch, groups)
@@ -283,11 +297,14 @@ class Executor:
       for g, members in enumerate(groups):
         number, idx, _ = members[0]
         progress.done = number
-        if g == 1 and workers > 1 and (time.perf_counter() - t0) * (
-            len(groups) - 1) >= self.parallel_after_s:
-          self._run_parallel(runner, groups, trace, merge, workers, progress)
+        if workers > 1 and g and self._go_parallel(g, len(groups), t0, t1):
+          self._run_parallel(runner, groups, g, trace, merge, workers, progress)
           used = workers
           break
+        elif g == 1:
+          t1 = time.perf_counter()
+        if g and time.perf_counter() - t0 > self.parallel_after_s:
+          workers = 1  # (decided: this process)
         self._running = (launch, number, idx, runner)
         result = runner.run(members, trace if number < self.trace_blocks else None)
         merge(result)

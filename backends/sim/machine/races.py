@@ -13,7 +13,10 @@ of two groups are found when their results merge (machine/cross_block.py):
 here, each GMEM access is also emitted as an event, in order, with the
 group's intra-group race reports.
 """
+import ctypes
+import mmap
 import os
+import sys
 
 import jax
 import numpy as np
@@ -225,6 +228,16 @@ class Shadow:
     self.read_log = []
     self.any_atomic = False  # whether an atomic write was recorded (`wa`)
 
+  def reset(self):
+    """As new (its arrays zeroed by the caller): a GMEM shadow at the end of
+    a group."""
+    self.read_slots = 0
+    self.any_read = False
+    self.group = 0
+    self.written = False
+    self.read_log = []
+    self.any_atomic = False
+
   def slot(self, i):
     """Read slot i's (components, clocks) arrays (allocated on first use)."""
     return getattr(self, f"r{i + 1}c"), getattr(self, f"r{i + 1}k")
@@ -235,6 +248,37 @@ class Shadow:
     arr = np.zeros(self.shape, self.comp_dtype if name.endswith("c") else np.int32)
     setattr(self, name, arr)
     return arr
+
+
+_PAGE = mmap.PAGESIZE
+RELEASE_MIN = 1 << 14  # elements: a GMEM shadow span worth giving back
+_MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+_madvise = None
+if sys.platform == "linux" and _MADV_DONTNEED is not None:
+  _libc = ctypes.CDLL(None, use_errno=True)
+  _madvise = _libc.madvise
+  _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def release(arr, lo, hi):
+  """Zeroes the flat elements [lo, hi) of a C-contiguous array; on Linux the
+  whole pages among them go back to the OS (private anonymous memory reads
+  as zeros after MADV_DONTNEED), so they cost nothing until touched again."""
+  flat = arr.reshape(-1)
+  lo, hi = max(lo, 0), min(hi, flat.size)
+  if hi <= lo:
+    return
+  isz = arr.itemsize
+  base = arr.__array_interface__["data"][0]
+  first = -(-(base + lo * isz) // _PAGE) * _PAGE   # whole pages in [lo, hi)
+  last = (base + hi * isz) // _PAGE * _PAGE
+  if _madvise is None or last - first < 4 * _PAGE or (first - base) % isz:
+    flat[lo:hi] = 0
+    return
+  flat[lo:(first - base) // isz] = 0
+  flat[(last - base) // isz:hi] = 0
+  if _madvise(first, last - first, _MADV_DONTNEED) != 0:
+    flat[(first - base) // isz:(last - base) // isz] = 0
 
 
 def _view(arr, off, shape, estrides):
@@ -307,7 +351,7 @@ class Tracker:
     # them (for async work, the last site of that stamp on that buffer).
     self.sites = {}
     self.logged = set()  # shadows whose read_log has entries
-    self.gmem = []       # GMEM buffers given a shadow in this group
+    self.gmem_spans = {}  # GMEM shadow -> the flat elements [lo, hi) touched
 
   def start_group(self, events):
     self.group += 1
@@ -325,13 +369,22 @@ class Tracker:
       if sh.read_log:
         sh.read_log.clear()
     self.logged.clear()
-    # GMEM shadows likewise hold nothing a later group needs (a fresh one,
-    # all "no access", is what it sees of them): dropped, they free the
-    # pages a block's tiles touched (a tile's rows touch a page each, some
-    # 30 times the tile's own bytes over a launch).
-    for buf in self.gmem:
-      buf.shadow = None
-    self.gmem.clear()
+    # GMEM shadows likewise hold nothing a later group needs: what it sees
+    # of them is "no access", zeros. The elements this group touched are
+    # zeroed, their whole pages given back (a tile's rows touch a page
+    # each: some 30 times the tile's own bytes, which over a launch of
+    # thousands of blocks was every page of an output's shadows, in every
+    # worker process).
+    # (Small spans are left as they are, as a scratch shadow is: stale
+    # entries are ordered before every later access, and releasing costs
+    # more than a small block's accesses.)
+    for sh, (lo, hi) in self.gmem_spans.items():
+      if hi - lo >= RELEASE_MIN:
+        for arr in list(vars(sh).values()):
+          if isinstance(arr, np.ndarray):
+            release(arr, lo, hi)
+        sh.reset()
+    self.gmem_spans.clear()
 
   def shadow(self, buf):
     sh = buf.shadow
@@ -345,8 +398,6 @@ class Tracker:
         if key:
           self.pool[key] = sh
       buf.shadow = sh
-      if buf.space == "gmem":
-        self.gmem.append(buf)
     return sh
 
   def access(self, buf, view, vec, comp, clock, site, write, agent, block,
@@ -365,6 +416,11 @@ class Tracker:
     if buf.space == "gmem":  # (checked against other groups when they merge)
       self.events.append(("gmem", block.group.number, block.index, buf, off, estrides,
                           shape, site, write, atomic))
+      lo = off + sum((n - 1) * e for n, e in zip(shape, estrides) if e < 0)
+      hi = off + sum((n - 1) * e for n, e in zip(shape, estrides) if e > 0) + 1
+      was = self.gmem_spans.get(sh)
+      self.gmem_spans[sh] = (lo, hi) if was is None else (min(lo, was[0]),
+                                                          max(hi, was[1]))
     if issued is None:
       issued = vec
     issue = int(issued[agent.thread])
