@@ -100,6 +100,7 @@ def simulate(fn, *args, options=None, **kwargs):
   lowering first (then only the simulator's own checks reject kernels)."""
   opts = take(kwargs, options)
   with _simulating(opts) as ex:
+    ex.recipe = (fn, args, kwargs)  # (what a Ray task runs again)
     out = _wait(fn(*args, **kwargs))
   return Simulation(out, ex.report)
 

@@ -11,6 +11,7 @@ from pallas_sim import gpus
 MAX_CYCLES = 2 ** 32
 
 _ON = ("raise", "report")
+ENGINES = ("processes", "ray")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +36,12 @@ class Options:
     every core this process may use; 1: only this one). A launch goes over
     several when its first block says the rest would take more than a
     quarter second; results are the same as with workers=1, bit for bit
-    (backends/sim/parallel.py)."""
+    (backends/sim/parallel.py).
+  engine: where those processes are: "processes" (forked on this machine)
+    or "ray" (tasks on a Ray cluster, pallas-sim[ray]; only through
+    ps.simulate / ps.run, whose function each task runs again:
+    backends/sim/ray_engine.py). With "ray", workers is the number of
+    tasks' worth of CPUs (None: the cluster's)."""
   gpu: str = "h100"
   check_races: bool = True
   on_race: str = "raise"
@@ -45,6 +51,7 @@ class Options:
   library_races: str = "report"
   max_cycles: float = MAX_CYCLES
   workers: int | None = None
+  engine: str = "processes"
 
   def __post_init__(self):
     gpus.get(self.gpu)  # raises on an unknown model
@@ -55,6 +62,8 @@ class Options:
                                          and self.workers >= 1):
       raise ValueError(f"workers={self.workers!r}: a positive number of processes, "
                        "or None for every core")
+    if self.engine not in ENGINES:
+      raise ValueError(f"engine={self.engine!r}: choose one of {ENGINES}")
     if not self.max_cycles > 0:
       raise ValueError(f"max_cycles={self.max_cycles!r}: must be positive")
 

@@ -10,12 +10,14 @@ import itertools
 import math
 import sys
 import time
+import types
 import warnings
 
 import numpy as np
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim import capture, parallel, profiler, resources
+from pallas_sim.backends.sim import (capture, parallel, profiler, ray_engine,
+                                    resources)
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import initcheck, memory, races
@@ -67,6 +69,9 @@ class Executor:
     self.errors = []
     self.interrupted = None  # Ctrl-C: where every thread was (text)
     self._running = None     # (launch, block number, grid index, group runner)
+    self.launches = 0        # launches received (a Ray task finds its own by it)
+    self.recipe = None       # (fn, args, kwargs) that ps.simulate runs: for Ray
+    self.replay = None       # in a Ray task: ray_engine.Replay
     self._prepared = {}
     self._lowered = {}
 
@@ -138,6 +143,9 @@ class Executor:
     """Runs one launch; returns its outputs. After a Ctrl-C (here or in an
     earlier launch) returns poison at once: the API raises KeyboardInterrupt
     when the user's function returns."""
+    self.launches += 1
+    if self.replay is not None:  # (a Ray task: ray_engine.py)
+      return self._replay(launch, arrays)
     if self.interrupted is None:
       try:
         with np.errstate(all="ignore"):
@@ -216,6 +224,28 @@ class Executor:
       return 1
     return min(self.options.workers or parallel.default_workers(), len(groups) - 1)
 
+  def _on_ray(self):
+    if self.options.engine != "ray":
+      return False
+    if self.recipe is None:
+      warnings.warn("pallas-sim: engine='ray' re-runs the simulated function on "
+                    "the cluster, which only ps.simulate and ps.run know; this "
+                    "launch runs in this process", RuntimeWarning, stacklevel=2)
+      return False
+    return True
+
+  def _replay(self, launch, arrays):
+    """In a Ray task: the launch it was given runs the groups of its task
+    (ray_engine.Replay); every other launch runs as usual before it, and
+    not at all after it (poison: the task's work is done)."""
+    r = self.replay
+    if self.launches - 1 < r.launch:
+      return self._execute(launch, arrays)
+    if self.launches - 1 == r.launch:
+      s = self._setup(launch, arrays)
+      r.results = ray_engine.run_task(s.runner, s.groups, r.task, r.trace_blocks)
+    return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
+
   def _go_parallel(self, g, n, t0, t1):
     """After g groups ran here (t0: the start, t1: the end of the first,
     which pays for warm-up): whether to run the rest over workers. Decided
@@ -230,15 +260,19 @@ class Executor:
     per = (now - t1) / (g - 1) if g > 1 else now - t0
     return per >= 1e-3 and per * (n - g) >= self.parallel_after_s
 
-  def _run_parallel(self, runner, groups, first, trace, merge, workers, progress):
+  def _run_parallel(self, runner, groups, first, trace, merge, workers, progress,
+                    on_ray=False):
     """Groups first.. over forked workers (backends/sim/parallel.py), merged
     in block order as they arrive; a group that raised there makes the whole
     launch re-run here, serially (_Rerun)."""
     self._running = ("parallel", runner.launch, workers)
     try:
       seen = parallel.Visibility()
-      for g, result, group_trace in parallel.run(runner, groups, first,
-                                                 self.trace_blocks, workers):
+      if on_ray:
+        results = ray_engine.run(self, runner, groups, self.trace_blocks, workers)
+      else:
+        results = parallel.run(runner, groups, first, self.trace_blocks, workers)
+      for g, result, group_trace in results:
         if not seen.check(g, result):
           raise _Rerun  # (it read what another block wrote: see parallel.py)
         if group_trace:
@@ -261,44 +295,60 @@ class Executor:
     except _Rerun:
       return self._execute_once(launch, arrays, serial=True)
 
-  def _execute_once(self, launch, arrays, serial=False):
-    prep = self.prepare(launch)
-    in_bufs, out_bufs = self._buffers(launch, arrays)
-    grid = tuple(launch.grid) or ()
-    nt = launch.num_threads
+  def _setup(self, launch, arrays):
+    """A launch's buffers, groups, placement, race log and group runner."""
+    s = types.SimpleNamespace()
+    s.prep = prep = self.prepare(launch)
+    s.in_bufs, s.out_bufs = self._buffers(launch, arrays)
+    s.grid = grid = tuple(launch.grid) or ()
     clusters = list(itertools.product(*[range(g) for g in grid]))
     # A group per cluster (a block each without clusters); blocks are
     # numbered cluster after cluster.
     in_cluster = list(itertools.product(*[range(c) for c in launch.cluster]))
-    groups = [[(g * len(in_cluster) + j, idx, c) for j, c in enumerate(in_cluster)]
-              for g, idx in enumerate(clusters)]
-    blocks = [m for members in groups for m in members]
+    s.groups = [[(g * len(in_cluster) + j, idx, c) for j, c in enumerate(in_cluster)]
+                for g, idx in enumerate(clusters)]
+    s.blocks = [m for members in s.groups for m in members]
     if prep.together:  # (all resident at once, as the kernel assumes)
-      groups = [blocks]
-    placement = self.timing.launch(len(blocks), prep.smem, nt)
-    log = races.RaceLog(launch.name)
+      s.groups = [s.blocks]
+    s.placement = self.timing.launch(len(s.blocks), prep.smem, launch.num_threads)
+    s.log = races.RaceLog(launch.name)
+    s.runner = GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
+                           s.placement, s.log, self.check_races,
+                           max(map(len, s.groups)), detached=self.detached,
+                           check_init=self.options.check_uninitialized)
+    return s
+
+  def _execute_once(self, launch, arrays, serial=False):
+    t0 = time.perf_counter()
+    s = self._setup(launch, arrays)
+    prep, in_bufs, out_bufs, grid = s.prep, s.in_bufs, s.out_bufs, s.grid
+    groups, blocks, placement, log, runner = (s.groups, s.blocks, s.placement, s.log,
+                                              s.runner)
+    nt = launch.num_threads
     cross = CrossBlock(log, len(blocks)) if self.check_races else None
     cycles = np.zeros(len(blocks))
     stats = [0, 0, 0]  # TMA load bytes, TMA store bytes, wgmma flops
     trace = []
-    t0 = time.perf_counter()
     init_log = initcheck.InitLog()
     recorder = profiler.Recorder(launch.profile) if launch.profile else None
-    runner = GroupRunner(prep, in_bufs + out_bufs, launch, self.timing, placement,
-                         log, self.check_races, max(map(len, groups)),
-                         detached=self.detached,
-                         check_init=self.options.check_uninitialized)
-    t0 = t1 = time.perf_counter()  # (the first groups' times decide on workers)
+    t1 = time.perf_counter()  # (the first groups' times decide on workers)
     runner.profile = recorder
     merge = lambda result: self._merge(result, cycles, stats, log, init_log, cross)
+    on_ray = False
     workers = 1 if serial else self._workers(prep, launch, groups)
+    if workers > 1:
+      on_ray = self._on_ray()
+      if on_ray:
+        workers = self.options.workers or ray_engine.cluster_cpus()
+      elif self.options.engine == "ray" or not parallel.fork_safe():
+        workers = 1
     used = 1
     with Progress(launch.name, len(blocks)) as progress:
       for g, members in enumerate(groups):
         number, idx, _ = members[0]
         progress.done = number
-        if workers > 1 and g and self._go_parallel(g, len(groups), t0, t1):
-          self._run_parallel(runner, groups, g, trace, merge, workers, progress)
+        if workers > 1 and (on_ray or (g and self._go_parallel(g, len(groups), t0, t1))):
+          self._run_parallel(runner, groups, g, trace, merge, workers, progress, on_ray)
           used = workers
           break
         elif g == 1:

@@ -26,6 +26,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import sys
 import warnings
 
 import numpy as np
@@ -34,6 +35,24 @@ from pallas_sim.backends.sim.group import GroupResult
 from pallas_sim.backends.sim.machine import races
 
 _JOB = None  # the launch being run (set in the parent before the fork)
+
+
+def fork_safe():
+  """Whether this process may fork workers: not while Ray runs in it (its
+  gRPC threads do not survive a fork: the process crashed). Warns once."""
+  ray = sys.modules.get("ray")
+  if ray is None or not ray.is_initialized():
+    return True
+  global _WARNED
+  if not _WARNED:
+    _WARNED = True
+    warnings.warn("pallas-sim: Ray is running in this process, which cannot fork "
+                  "safely: launches run in this process (engine='ray' spreads "
+                  "them over Ray instead)", RuntimeWarning, stacklevel=3)
+  return False
+
+
+_WARNED = False
 
 
 def default_workers():
@@ -80,7 +99,7 @@ def tasks(groups, placement, size):
   return out
 
 
-class _Job:
+class Job:
   """What a worker needs: the runner, the groups, which to trace, and how
   to name the launch's GMEM operands."""
 
@@ -136,11 +155,10 @@ def _init_worker():
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles Ctrl-C)
 
 
-def _run_task(task):
-  """In a worker: the groups of `task` (indices), in order. Returns
-  [(group index, portable GroupResult, trace)] or ("error", group index,
-  text) at the first group that raised."""
-  job = _JOB
+def run_groups(job, task):
+  """The groups of `task` (indices), in order, on this process's GMEM,
+  writes logged. Returns [(group index, portable GroupResult, trace)] or
+  ("error", group index, text) at the first group that raised."""
   job.runner.log_writes = True
   out = []
   for g in task:
@@ -153,6 +171,26 @@ def _run_task(task):
   return out
 
 
+def _run_task(task):
+  """In a forked worker."""
+  return run_groups(_JOB, task)
+
+
+def in_order(done, runner, first):
+  """Task results (run_groups's, in task order) as (group index,
+  GroupResult with this process's objects, trace) in group order."""
+  pending, nxt = {}, first  # results that arrived before an earlier group's
+  for out in done:
+    if isinstance(out, tuple):
+      raise GroupFailed(*out[1:])
+    for g, result, trace in out:
+      pending[g] = (result, trace)
+    while nxt in pending:
+      result, trace = pending.pop(nxt)
+      yield nxt, restore(result, runner.io_bufs, runner.log), trace
+      nxt += 1
+
+
 def run(runner, groups, first, trace_blocks, workers, per_task=None):
   """Runs groups[first:] over `workers` forked processes; yields (group
   index, GroupResult with the parent's objects, trace or None) in group
@@ -161,7 +199,7 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
   todo = tasks(groups[first:], runner.placement,
                per_task or max(1, -(-(len(groups) - first) // (workers * 8))))
   todo = [[g + first for g in task] for task in todo]
-  _JOB = _Job(runner, groups, trace_blocks)
+  _JOB = Job(runner, groups, trace_blocks)
   ctx = multiprocessing.get_context("fork")
   # (A collection in a worker would write to every object the parent has,
   # copying each page of its heap (JAX's is ~300 MB): the parent's objects
@@ -174,16 +212,7 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
     warnings.simplefilter("ignore", DeprecationWarning)
     pool = ctx.Pool(min(workers, len(todo)), initializer=_init_worker)
   try:
-    pending, nxt = {}, first  # results that arrived before an earlier group's
-    for done in pool.imap(_run_task, todo):
-      if isinstance(done, tuple):
-        raise GroupFailed(*done[1:])
-      for g, result, trace in done:
-        pending[g] = (result, trace)
-      while nxt in pending:
-        result, trace = pending.pop(nxt)
-        yield nxt, restore(result, runner.io_bufs, runner.log), trace
-        nxt += 1
+    yield from in_order(pool.imap(_run_task, todo), runner, first)
   finally:
     pool.terminate()
     pool.join()
