@@ -108,47 +108,41 @@ class Job:
     self.buf_index = {id(b): i for i, b in enumerate(runner.io_bufs)}
 
 
-def _site_key(s):
-  return None if s is None else (s.agent, s.prim, s.where, s.buffer, s.access, s.thread)
+# Where an event holds a GMEM buffer, and sites (group.GroupResult.events).
+_BUF_AT = {"gmem": 3, "uninit_gmem": 5, "gmem_read": 1}
+_SITES_AT = {"race": (2, 3), "gmem": (7,)}
+
+
+def _map(result, buf, site):
+  """result with each event's buffers and sites, and each write's buffer,
+  passed through buf() and site()."""
+  events = []
+  for ev in result.events:
+    kind = ev[0]
+    if kind in _BUF_AT or kind in _SITES_AT:
+      ev = list(ev)
+      if kind in _BUF_AT:
+        ev[_BUF_AT[kind]] = buf(ev[_BUF_AT[kind]])
+      for i in _SITES_AT.get(kind, ()):
+        ev[i] = site(ev[i])
+      ev = tuple(ev)
+    events.append(ev)
+  writes = [(buf(w[0]),) + tuple(w[1:]) for w in result.writes]
+  return GroupResult(result.numbers, result.cycles, result.stats, events, writes)
 
 
 def _portable(result, job):
   """A GroupResult that pickles small: sites as their keys, GMEM buffers as
   their operand index."""
-  events = []
-  for ev in result.events:
-    kind = ev[0]
-    if kind == "race":
-      ev = (kind, ev[1], _site_key(ev[2]), _site_key(ev[3])) + ev[4:]
-    elif kind == "gmem":
-      ev = ev[:3] + (job.buf_index[id(ev[3].origin)],) + ev[4:7] + (_site_key(ev[7]),) + ev[8:]
-    elif kind == "uninit_gmem":
-      ev = ev[:5] + (job.buf_index[id(ev[5].origin)],) + ev[6:]
-    elif kind == "gmem_read":
-      ev = (kind, job.buf_index[id(ev[1].origin)]) + ev[2:]
-    events.append(ev)
-  writes = [(job.buf_index[id(w[0])],) + tuple(w[1:]) for w in result.writes]
-  return GroupResult(result.numbers, result.cycles, result.stats, events, writes)
+  return _map(result, lambda b: job.buf_index[id(b.origin)],
+              lambda s: None if s is None else (s.agent, s.prim, s.where, s.buffer,
+                                                s.access, s.thread))
 
 
 def restore(result, io_bufs, log):
   """The parent's side of _portable."""
-  site = lambda key: None if key is None else log.site(*key)
-  events = []
-  for ev in result.events:
-    kind = ev[0]
-    if kind == "race":
-      ev = (kind, ev[1], site(ev[2]), site(ev[3])) + ev[4:]
-    elif kind == "gmem":
-      ev = ev[:3] + (io_bufs[ev[3]],) + ev[4:7] + (site(ev[7]),) + ev[8:]
-    elif kind == "uninit_gmem":
-      ev = ev[:5] + (io_bufs[ev[5]],) + ev[6:]
-    elif kind == "gmem_read":
-      ev = (kind, io_bufs[ev[1]]) + ev[2:]
-    events.append(ev)
-  result.events = events
-  result.writes = [(io_bufs[w[0]],) + tuple(w[1:]) for w in result.writes]
-  return result
+  return _map(result, io_bufs.__getitem__,
+              lambda key: None if key is None else log.site(*key))
 
 
 def _init_worker():
