@@ -33,10 +33,17 @@ PRECISION = {4: (25, 23), 2: (25, 23), 1: (13, 13)}
 _NONE = -(1 << 30)  # the exponent of zero
 
 
+@numba.njit(cache=True)
 def exponents(x):
-  """floor(log2|x|) per element as int32; _NONE where x == 0."""
-  _, e = np.frexp(x)
-  return np.where(x != 0, e - 1, _NONE).astype(np.int32)
+  """floor(log2|x|) of float64s as int32, from their bits; _NONE where x ==
+  0. (Every operand value is a normal float64. Non-finite elements get any
+  value: their sums take _mma's plain path, which ignores it.)"""
+  flat = np.ascontiguousarray(x).reshape(-1)
+  out = np.empty(flat.size, np.int32)
+  bits = flat.view(np.int64)
+  for i in range(flat.size):
+    out[i] = ((bits[i] >> 52) & 0x7ff) - 1023 if flat[i] != 0.0 else _NONE
+  return out.reshape(x.shape)
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
@@ -153,18 +160,6 @@ def mma_f32(acc, a, b, itemsize, sync=False):
 
 
 @numba.njit(cache=True)
-def _bits_exponents(x):
-  """exponents(x) for finite x, from the float64 bits (non-finite elements
-  get any value: their sums take _mma's plain path, which ignores it)."""
-  flat = x.reshape(-1)
-  out = np.empty(flat.size, np.int32)
-  bits = flat.view(np.int64)
-  for i in range(flat.size):
-    out[i] = ((bits[i] >> 52) & 0x7ff) - 1023 if flat[i] != 0.0 else _NONE
-  return out.reshape(x.shape)
-
-
-@numba.njit(cache=True)
 def _all_finite(x):
   for v in x.reshape(-1):
     if not math.isfinite(v):
@@ -175,8 +170,8 @@ def _all_finite(x):
 @numba.njit(cache=True)
 def _mma_any(out, a, b, kslice, align_bits, result_bits):
   # (One call from Python: a wgmma's own cost, not numpy's per-call overheads.)
-  ea, eb = _bits_exponents(a), _bits_exponents(b)
-  if _all_finite(a) and _all_finite(b) and _all_finite(out.astype(np.float64)):
+  ea, eb = exponents(a), exponents(b)
+  if _all_finite(a) and _all_finite(b) and _all_finite(out):
     _mma_finite(out, a, b, ea, eb, kslice, align_bits, result_bits)
   else:
     _mma(out, a, b, ea, eb, kslice, align_bits, result_bits)
