@@ -84,14 +84,16 @@ class Group:
     elif ref.buf.packed is not None:
       aliasing.read_packed(ref.buf)
     if self.writes is not None and ref.buf.space == "gmem":
-      if not replayed and ref.view.size:  # (what it read, for parallel.Visibility)
-        self.events.append(("gmem_read", ref.buf) + element_map(ref.buf, ref.view))
-      # (Elements an earlier group wrote count as written: decided at the
-      # merge, against the launch's buffers, executor._merge.)
-      cand = initcheck.unwritten_mask(ref)
-      if cand is not None:
-        self.events.append(("uninit_gmem", agent, prim, where, thread, ref.buf,
-                            block.index) + cand)
+      if ref.view.size:
+        emap = element_map(ref.buf, ref.view)
+        if not replayed:  # (what it read, for parallel.Visibility)
+          self.events.append(("gmem_read", ref.buf) + emap)
+        # (Elements an earlier group wrote count as written: decided at the
+        # merge, against the launch's buffers, executor._merge.)
+        m = initcheck.unwritten_at(ref.buf, *emap)
+        if m is not None:
+          self.events.append(("uninit_gmem", agent, prim, where, thread, ref.buf,
+                              block.index) + emap + (m,))
       return
     rng = initcheck.unwritten_in(ref)
     if rng is not None:
@@ -107,17 +109,18 @@ class Group:
     written, or for a reduction (atomics, TMA reductions: combine(old,
     operand), applied already) as the reduction, to be replayed on the
     launch's buffer at the merge."""
-    initcheck.mark(ref)
-    if ref.buf.aliases is not None:
-      aliasing.wrote(ref)
-    if ref.buf.packed is not None:
-      aliasing.pack(ref.buf)
-    if self.writes is None or ref.buf.space != "gmem":
-      return
     buf = ref.buf
-    off, estrides, shape = element_map(buf, ref.view)
-    values = np.array(ref.view if reduce is None else operand, ref.view.dtype)
-    self.writes.append((buf.origin, off, estrides, shape, reduce, values))
+    logged = self.writes is not None and buf.space == "gmem"
+    if logged or (buf.written is not None and ref.view.size):
+      emap = element_map(buf, ref.view)
+      initcheck.mark_view(buf, *emap)
+    if buf.aliases is not None:
+      aliasing.wrote(ref)
+    if buf.packed is not None:
+      aliasing.pack(buf)
+    if logged:
+      values = np.array(ref.view if reduce is None else operand, ref.view.dtype)
+      self.writes.append((buf.origin,) + emap + (reduce, values))
 
 
 class GroupRunner:

@@ -37,30 +37,19 @@ def _mark(buf, m):
       buf.written = None
 
 
-def mark(ref):
-  """A write through `ref`."""
-  buf = ref.buf
-  if buf.written is None or ref.view.size == 0:
-    return
-  off, estrides, shape = element_map(buf, ref.view)
-  _mark(buf, _view(buf.written, off, shape, estrides))
-
-
 def mark_view(buf, off, estrides, shape):
-  """A write of buf's elements under an element map (a detached group's)."""
+  """A write of buf's elements under an element map."""
   if buf.written is not None:
     _mark(buf, _view(buf.written, off, shape, estrides))
 
 
-def unwritten_mask(ref):
-  """(offset, element strides, shape, mask) of the elements under `ref` that
-  nothing wrote (as far as this buffer knows), or None."""
-  buf = ref.buf
-  if buf.written is None or ref.view.size == 0:
+def unwritten_at(buf, off, estrides, shape):
+  """Mask of the elements under an element map of `buf` that nothing wrote
+  (as far as this buffer knows), or None."""
+  if buf.written is None:
     return None
-  off, estrides, shape = element_map(buf, ref.view)
   m = _view(buf.written, off, shape, estrides)
-  return None if m.all() else (off, estrides, shape, ~m)
+  return None if m.all() else ~m
 
 
 def unwritten_of(buf, off, estrides, shape, mask):
@@ -85,10 +74,8 @@ def unwritten_in(ref):
   if buf.written is None or ref.view.size == 0:
     return None
   off, estrides, shape = element_map(buf, ref.view)
-  m = _view(buf.written, off, shape, estrides)
-  if m.all():
-    return None
-  return element_range(buf, off, estrides, ~m)
+  m = unwritten_at(buf, off, estrides, shape)
+  return None if m is None else element_range(buf, off, estrides, m)
 
 
 class Uninitialized:
