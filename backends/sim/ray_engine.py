@@ -83,12 +83,6 @@ def _task(recipe, options, launch, task, trace_blocks):
   return ex.replay.results
 
 
-def run_task(runner, groups, task, trace_blocks):
-  """In a Ray task's executor: the groups `task` of this launch, in order, as
-  a forked worker runs them."""
-  return parallel.run_groups(parallel.Job(runner, groups, trace_blocks), task)
-
-
 def run(executor, runner, groups, trace_blocks, workers):
   """Runs every group of the launch as Ray tasks; yields (group index,
   GroupResult with this process's objects, trace or None) in group order.
