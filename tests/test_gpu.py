@@ -469,24 +469,8 @@ def test_small_additions_agree():
   assert_bit_equal(sim[1], real[1], "one_minus_square")
   assert rel_err(sim[0], real[0]) < 1e-6  # (log2: libdevice, within 2 ulp)
 
-  from jax import sharding
-  mesh = jax.make_mesh((1, 1), ("x", "y"), axis_types=(sharding.AxisType.Explicit,) * 2)
+  from test_semantics import reshard_relu
+  mesh, xs, relu = reshard_relu()
   with jax.set_mesh(mesh):
-    xs = sharding.reshard(jnp.arange(64 * 64, dtype=jnp.float32).reshape(64, 64) - 2000,
-                          sharding.PartitionSpec("x", "y"))
-
-    def relu(x):
-      spec = jax.typeof(x).sharding.spec
-
-      @jax.shard_map(in_specs=spec, out_specs=spec)
-      def shard(v):
-        @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
-                      scratch_types=[plgpu.SMEM((64, 64), jnp.float32)])
-        def kk(x_ref, o_ref, smem):
-          smem[...] = x_ref[...]
-          w = smem[...]
-          o_ref[...] = jnp.where(w > 0, w, 0)
-        return kk(v)
-      return shard(x)
-    sim, real = both(jax.jit(relu), xs)
+    sim, real = both(relu, xs)
   assert_bit_equal(sim, real, "reshard in a kernel")

@@ -519,28 +519,36 @@ def test_delay_advances_the_threads_clock():
   assert long - short == pytest.approx(10_000 * 1.83, rel=0.01)
 
 
-def test_reshard_in_a_kernel_is_the_identity_as_the_lowering_makes_it():
+def reshard_relu():
+  """(mesh, x, relu): a kernel run under a 1x1 mesh with explicit axes, where
+  jnp.where on a value read from SMEM reshards it; call relu(x) inside
+  jax.set_mesh(mesh). (Also tests/test_gpu.py's.)"""
   from jax import sharding
   mesh = jax.make_mesh((1, 1), ("x", "y"), axis_types=(sharding.AxisType.Explicit,) * 2)
   with jax.set_mesh(mesh):
     x = sharding.reshard(jnp.arange(64 * 64, dtype=jnp.float32).reshape(64, 64) - 2000,
                          sharding.PartitionSpec("x", "y"))
 
-    @jax.jit
-    def relu(x):
-      spec = jax.typeof(x).sharding.spec
+  @jax.jit
+  def relu(x):
+    spec = jax.typeof(x).sharding.spec
 
-      @jax.shard_map(in_specs=spec, out_specs=spec)
-      def shard(xs):
-        # (jnp.where on a value read from SMEM, under the mesh, reshards it)
-        @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
-                      scratch_types=[plgpu.SMEM((64, 64), jnp.float32)])
-        def k(x_ref, o_ref, smem):
-          smem[...] = x_ref[...]
-          v = smem[...]
-          o_ref[...] = jnp.where(v > 0, v, 0)
-        return k(xs)
-      return shard(x)
+    @jax.shard_map(in_specs=spec, out_specs=spec)
+    def shard(xs):
+      @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                    scratch_types=[plgpu.SMEM((64, 64), jnp.float32)])
+      def k(x_ref, o_ref, smem):
+        smem[...] = x_ref[...]
+        v = smem[...]
+        o_ref[...] = jnp.where(v > 0, v, 0)
+      return k(xs)
+    return shard(x)
+  return mesh, x, relu
+
+
+def test_reshard_in_a_kernel_is_the_identity_as_the_lowering_makes_it():
+  mesh, x, relu = reshard_relu()
+  with jax.set_mesh(mesh):
     with ps.backend("sim"):
       out = relu(x)
   np.testing.assert_array_equal(np.asarray(out), np.maximum(np.asarray(x), 0))
