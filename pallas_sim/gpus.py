@@ -17,6 +17,14 @@ class GPU:
   tensor_flop_per_clk: tuple = (("f16", 4096), ("bf16", 4096), ("tf32", 2048),
                                 ("fp8", 8192), ("int8", 8192))
   hbm_bytes_per_s: float = 3.35e12
+  l2_bytes: int = 50 * 2 ** 20
+  # calibrate: a lane's registers beyond its arrays (addresses, indices,
+  # loop counters), for the register estimate (machine/occupancy.py)
+  register_base: int = 32
+  # calibrate: bytes per cycle an SM moves to and from local memory when a
+  # wgmma accumulator spills (the spilled registers go out and come back
+  # around each wgmma)
+  local_bytes_per_clk: float = 64.0
   # calibrate: latencies in cycles
   tma_latency: int = 600
   wgmma_latency: int = 120
@@ -33,7 +41,10 @@ class GPU:
 
 
 H100 = GPU("h100")
-H200 = GPU("h200", hbm_bytes_per_s=4.3e12)
+# HBM: the datasheet's 4.8 TB/s; a device-to-device copy measured 4.3 TB/s
+# (/work/.library/device/KINDS.md, 2026-10-28). L2: 60 MB as PyTorch reads it
+# off the device there.
+H200 = GPU("h200", hbm_bytes_per_s=4.3e12, l2_bytes=60 * 10 ** 6)
 
 GPUS = {g.name: g for g in (H100, H200)}
 NAMES = tuple(sorted(GPUS))

@@ -39,7 +39,7 @@ def test_dev_demo_runs_the_quickstart_with_a_report(tmp_path):
   assert "matmul 512^3 f16       ok" in out
   assert "grid=(4, 4) threads=1 blocks=16 smem=98320B" in out
   names = {e["name"].split()[0] for e in json.load(open(trace))["traceEvents"]
-           if e["ph"] == "X"}
+           if e["ph"] in "Xb"}
   assert {"wgmma", "load", "store"} <= names
 
 
@@ -100,7 +100,12 @@ def test_report_summary_names_kernels_resources_time_and_races(rng):
   assert lines[1].startswith(f"  kernel (examples/quickstart.py:{k.where.split(':')[1]}): "
                              "grid=(2, 2) threads=1 blocks=4 smem=98320B waves=1 predicted ")
   assert f"{k.time_s * 1e6:.1f} us ({k.tflops:.0f} TFLOP/s)" in lines[1]
-  assert lines[2].startswith("  iota (examples/quickstart.py:") and "blocks=8" in lines[2]
+  # then what bounds it, throughput, occupancy, units and thread time
+  assert lines[2] == f"    bound: {k.bound} ({k.bound_reason})" and k.bound
+  assert lines[3].startswith(f"    achieved: {k.tflops:.1f} TFLOP/s")
+  assert lines[4].startswith("    occupancy: 2 block(s) per SM, 1 wave(s) over 132 SMs")
+  iotas = [ln for ln in lines if ln.startswith("  iota (examples/quickstart.py:")]
+  assert len(iotas) == 1 and "blocks=8" in iotas[0]
   assert str(report) == text
   racy_text = sim.report.summary()
   assert "1 race(s)" in racy_text.splitlines()[0]

@@ -202,21 +202,9 @@ def test_an_error_in_a_worker_is_raised_as_one_process_raises_it(monkeypatch):
   assert [f[0] for f in failed] == [5]  # (group 5 failed in a worker, then here)
 
 
-def test_tasks_keep_groups_that_share_an_sm_in_one_wave_together():
-  class Placement:  # 4 SMs, 2 blocks per SM: block b on SM b % 4, wave b // 8
-    place = staticmethod(lambda b: (b % 4, b // 8))
-  groups = [[(b, (b,), ())] for b in range(20)]
-  todo = parallel.tasks(groups, Placement, size=2)
-  assert sorted(g for t in todo for g in t) == list(range(20))
-  where = {g: i for i, t in enumerate(todo) for g in t}
-  for b in range(20):  # (block b and b + 4 share an SM in one wave)
-    if b + 4 < 20 and b // 8 == (b + 4) // 8:
-      assert where[b] == where[b + 4]
-  assert todo == [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14],
-                  [11, 15], [16, 17]] + [[18, 19]]
-  # (clusters of 2 on SMs 2c, 2c + 1: the same, by pairs)
-  groups = [[(2 * c, (c,), (0,)), (2 * c + 1, (c,), (1,))] for c in range(8)]
-  assert parallel.tasks(groups, Placement, size=1) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+def test_tasks_are_runs_of_groups_covering_each_once():
+  assert parallel.tasks(7, 3) == [[0, 1, 2], [3, 4, 5], [6]]
+  assert parallel.tasks(0, 3) == []
 
 
 def test_workers_option_is_checked():

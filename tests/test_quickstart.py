@@ -181,6 +181,42 @@ def test_trace_is_written(tmp_path, rng):
   sim = ps.simulate(matmul, a, b)
   path = sim.report.save_trace(str(tmp_path / "t.json"))
   events = json.load(open(path))["traceEvents"]
-  names = {e["name"] for e in events if e["ph"] == "X"}
-  assert any(n.startswith("wgmma") for n in names)
-  assert any(n.startswith("load") for n in names)
+  [k] = sim.report.kernels
+  procs = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M"}
+  # a process per SM of a traced block (blocks 0 and 1: SMs 0 and 1)
+  assert sorted(n for n in procs.values() if "SM" in n) == [
+      f"{k.name} #0 · SM 0", f"{k.name} #0 · SM 1"]
+  units = {(e["cat"], e["name"].split()[0]) for e in events if e["ph"] == "b"}
+  assert ("tensor core", "wgmma") in units and ("TMA engine", "load") in units
+  ends = [e for e in events if e["ph"] == "e"]
+  assert len(ends) == sum(e["ph"] == "b" for e in events)
+  [launch] = [e for e in events if e.get("tid") == "launches"]
+  assert launch["dur"] == pytest.approx(k.time_s * 1e6)
+  # every async slice ends within the launch
+  assert max(e["ts"] for e in ends) <= launch["dur"] + 1e-6
+  threads = {e["tid"] for e in events if e["ph"] == "X" and e["pid"] != 0}
+  assert threads <= {"block (0, 0)", "block (0, 1)"} and threads
+
+
+def test_plot_draws_timeline_and_roofline(tmp_path, rng):
+  pytest.importorskip("matplotlib")
+  a, b, _ = _ab(rng, 256, 256, 256)
+  sim = ps.simulate(matmul, a, b)
+  path = sim.report.plot(str(tmp_path / "p.png"))
+  data = open(path, "rb").read()
+  assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, rng):
+  import builtins
+  real = builtins.__import__
+
+  def no_matplotlib(name, *args, **kwargs):
+    if name.startswith("matplotlib"):
+      raise ImportError(name)
+    return real(name, *args, **kwargs)
+  a, b, _ = _ab(rng, 128, 128, 128)
+  report = ps.simulate(matmul, a, b).report
+  monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+  with pytest.raises(ps.SimError, match=r"pip install 'pallas-sim\[plot\]'"):
+    report.plot("never.png")

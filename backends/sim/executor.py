@@ -20,9 +20,10 @@ from pallas_sim.backends.sim import (capture, parallel, profiler, ray_engine,
                                     resources)
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
-from pallas_sim.backends.sim.machine import initcheck, memory, races
+from pallas_sim.backends.sim.machine import (bound, initcheck, memory, occupancy,
+                                            races, timing)
 from pallas_sim.backends.sim.machine.cross_block import CrossBlock
-from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP
+from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP, BlockStats
 from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.progress import Progress, backtrace
@@ -35,7 +36,7 @@ from pallas_sim.options import take
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
   __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together",
-               "serial_only")
+               "serial_only", "regs")
 
 
 class _Rerun(Exception):
@@ -105,6 +106,7 @@ class Executor:
     resources.check_smem(p.smem, self.gpu, where=launch.where)
     p.program = Compiler(self.timing, launch, self.options.max_cycles).compile(jaxpr)
     p.barriers = resources.barrier_count(jaxpr)
+    p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)
     names = resources.primitive_names(jaxpr)
     # Warps of a warp_map get clock components of their own.
     p.warps = WARPS_PER_WARPGROUP if "mpmd_map" in names else 0
@@ -193,13 +195,11 @@ class Executor:
     return in_bufs, out_bufs
 
   @staticmethod
-  def _merge(result, cycles, stats, log, init_log, cross):
+  def _merge(result, cycles, totals, log, init_log, cross):
     """Merges a group's result, in block order."""
     for number, c, st in zip(result.numbers, result.cycles, result.stats):
       cycles[number] = c
-      stats[0] += st.tma_load_bytes
-      stats[1] += st.tma_store_bytes
-      stats[2] += st.wgmma_flops
+      totals.add(st)
     for ev in result.events:
       kind = ev[0]
       if kind == "race":
@@ -312,7 +312,8 @@ class Executor:
     s.blocks = [m for members in s.groups for m in members]
     if prep.together:  # (all resident at once, as the kernel assumes)
       s.groups = [s.blocks]
-    s.placement = self.timing.launch(len(s.blocks), prep.smem, launch.num_threads)
+    s.placement = self.timing.launch(len(s.blocks), prep.smem, launch.num_threads,
+                                     prep.regs)
     s.log = races.RaceLog(launch.name)
     s.runner = GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
                            s.placement, s.log, self.check_races,
@@ -329,13 +330,13 @@ class Executor:
     nt = launch.num_threads
     cross = CrossBlock(log, len(blocks)) if self.check_races else None
     cycles = np.zeros(len(blocks))
-    stats = [0, 0, 0]  # TMA load bytes, TMA store bytes, wgmma flops
+    totals = BlockStats()  # (summed over the launch's blocks)
     trace = []
     init_log = initcheck.InitLog()
     recorder = profiler.Recorder(launch.profile) if launch.profile else None
     t1 = time.perf_counter()  # (the first groups' times decide on workers)
     runner.profile = recorder
-    merge = lambda result: self._merge(result, cycles, stats, log, init_log, cross)
+    merge = lambda result: self._merge(result, cycles, totals, log, init_log, cross)
     on_ray = False
     workers = 1 if serial else self._workers(prep, launch, groups)
     if workers > 1:
@@ -363,7 +364,6 @@ class Executor:
     self._running = None
     if recorder is not None:
       recorder.dump(launch, self.gpu.clock_hz, self.gpu.num_sms)
-    loads, stores, flops = stats
     wall = time.perf_counter() - t0
 
     found = log.races()
@@ -388,19 +388,31 @@ class Executor:
           f"{len(unset)} uninitialized-memory finding(s) in kernel {launch.name}:\n"
           + "\n".join(str(f) for f in unset), findings=unset, where=launch.where))
 
-    traffic = loads + stores
-    if not traffic:  # kernels without TMA move their operands with plain ld/st
-      traffic = sum(np.asarray(a).nbytes for a in arrays) + sum(
-          math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
-    seconds = placement.kernel_seconds(cycles, traffic)
-    self.report.kernels.append(KernelReport(
-        name=launch.name, where=launch.where, grid=grid, num_threads=nt,
-        num_blocks=len(blocks), smem_bytes=prep.smem, blocks_per_sm=placement.per_sm,
+    self.report.kernels.append(self._kernel_report(
+        launch, arrays, prep, grid, placement, cycles, totals, wall, trace, used))
+    return [b.data for b in out_bufs]
+
+  def _kernel_report(self, launch, arrays, prep, grid, placement, cycles, totals, wall,
+                     trace, workers):
+    """The timing model's verdict on a launch (machine/timing.py, bound.py)."""
+    footprint = sum(np.asarray(a).nbytes for a in arrays[:launch.num_inputs]) + sum(
+        math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
+    traffic = totals.tma_load_bytes + totals.tma_store_bytes
+    # (kernels without TMA move their operands with plain loads and stores)
+    hbm = timing.hbm_bytes(traffic, footprint, self.gpu.l2_bytes) if traffic else footprint
+    kt = placement.kernel_time(cycles, hbm)
+    util = bound.utilisation(kt, totals, self.gpu, hbm)
+    words, why = bound.name(kt, totals, util, prep.regs)
+    return KernelReport(
+        name=launch.name, where=launch.where, grid=grid, num_threads=launch.num_threads,
+        num_blocks=len(cycles), smem_bytes=prep.smem, blocks_per_sm=placement.per_sm,
         waves=placement.waves,
         block_cycles_min=float(cycles.min()) if len(cycles) else 0.0,
         block_cycles_mean=float(cycles.mean()) if len(cycles) else 0.0,
-        block_cycles_max=float(cycles.max()) if len(cycles) else 0.0, time_s=seconds,
-        wall_s=wall, clock_hz=self.gpu.clock_hz, trace=trace, tma_load_bytes=loads,
-        tma_store_bytes=stores, wgmma_flops=flops, workers=used))
-    return [b.data for b in out_bufs]
-
+        block_cycles_max=float(cycles.max()) if len(cycles) else 0.0,
+        time_s=kt.seconds, wall_s=wall, clock_hz=self.gpu.clock_hz, trace=trace,
+        tma_load_bytes=totals.tma_load_bytes, tma_store_bytes=totals.tma_store_bytes,
+        wgmma_flops=totals.wgmma_flops, workers=workers, hbm_bytes=int(hbm),
+        registers=prep.regs.per_thread, register_limit=prep.regs.limit,
+        timing=kt, utilisation=util, stalls=bound.stall_shares(totals),
+        bound=words, bound_reason=why, num_sms=self.gpu.num_sms)

@@ -200,7 +200,7 @@ class GroupRunner:
     group.sched.run()
     group.hb.end_group()
     blocks = group.blocks
-    result = GroupResult([b.number for b in blocks], [b.cycles() for b in blocks],
+    result = GroupResult([b.number for b in blocks], [b.finish() for b in blocks],
                          [b.stats for b in blocks], events, group.writes or [])
     # Blocks, warpgroups and their buffers reference each other: free the
     # SMEM now rather than at some later cyclic collection (a launch of

@@ -12,9 +12,8 @@ threads.
 What keeps a parallel run identical to a serial one:
 * groups run detached (their own GMEM copies; writes applied at the merge)
   and their results merge in block order, as in a serial detached run;
-* groups that share timing state (an SM's engines in one wave,
-  machine/timing.py) run in one worker, in block order: a task holds whole
-  components of that sharing;
+* a block's time depends on nothing simulated in another group
+  (machine/timing.py: co-resident blocks share their SM's units fairly);
 * race sites are re-interned in the launch's log by what they are, not by
   the worker's numbering; GMEM buffers travel as their position in the
   launch's operands;
@@ -63,40 +62,10 @@ def default_workers():
     return os.cpu_count() or 1
 
 
-def engine_keys(members, placement):
-  return {placement.place(number) for number, _, _ in members}
-
-
-def tasks(groups, placement, size):
-  """Lists of group indices, about `size` groups each, in which groups that
-  share an engine key (placement.place: an SM in one wave) are together:
-  whole components of that sharing, packed in the order of their first
-  group. (Blocks b and b + num_SMs share an SM when two fit on one: a
-  component is rarely a run of consecutive groups.)"""
-  parent = list(range(len(groups)))
-
-  def root(g):
-    while parent[g] != g:
-      parent[g] = parent[parent[g]]
-      g = parent[g]
-    return g
-  first = {}  # engine key -> the first group that uses it
-  for g, members in enumerate(groups):
-    for key in engine_keys(members, placement):
-      h = first.setdefault(key, g)
-      parent[root(g)] = root(h)
-  comps = {}
-  for g in range(len(groups)):
-    comps.setdefault(root(g), []).append(g)
-  out, cur = [], []
-  for comp in sorted(comps.values()):
-    cur += comp
-    if len(cur) >= size:
-      out.append(sorted(cur))
-      cur = []
-  if cur:
-    out.append(sorted(cur))
-  return out
+def tasks(n, size):
+  """Group indices 0..n-1 in runs of about `size` (groups share no timing
+  state: machine/timing.py gives each block its share of its SM's units)."""
+  return [list(range(i, min(n, i + size))) for i in range(0, n, size)]
 
 
 class Job:
@@ -190,7 +159,7 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
   index, GroupResult with the parent's objects, trace or None) in group
   order. Raises GroupFailed if a group raised in a worker."""
   global _JOB
-  todo = tasks(groups[first:], runner.placement,
+  todo = tasks(len(groups) - first,
                per_task or max(1, -(-(len(groups) - first) // (workers * 8))))
   todo = [[g + first for g in task] for task in todo]
   _JOB = Job(runner, groups, trace_blocks)

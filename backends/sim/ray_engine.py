@@ -10,8 +10,8 @@ this one as usual, this one's groups of the task only, and nothing after it
 deterministic (a traced JAX function is) and importable or picklable where
 the task runs (cloudpickle, as Ray ships any task).
 
-The tasks are whole components of groups that share an SM's engines, as on
-forked workers (parallel.tasks), over every group of the launch; their
+The tasks are runs of groups, as on forked workers (parallel.tasks), over
+every group of the launch; their
 results come back in the portable form of parallel.py and merge here in
 block order, with the same visibility check (a task starts from GMEM as it
 was before the launch, so a block that reads what another block wrote makes
@@ -91,8 +91,7 @@ def run(executor, runner, groups, trace_blocks, workers):
   ray = _ray()
   remote = ray.remote(_task)
   opts = dataclasses.replace(executor.options, workers=1, engine="processes")
-  todo = parallel.tasks(groups, runner.placement,
-                        max(1, -(-len(groups) // (workers * 4))))
+  todo = parallel.tasks(len(groups), max(1, -(-len(groups) // (workers * 4))))
   refs = [remote.remote(executor.recipe, opts, executor.launches - 1, task, trace_blocks)
           for task in todo]
   # (After a failed group the tasks left run to their end unwatched: a

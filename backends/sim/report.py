@@ -1,4 +1,6 @@
-"""What a simulation found: per-kernel timing, traffic and resources; races."""
+"""What a simulation found: per-kernel timing, traffic and resources, and
+what bounds each kernel; races and uninitialized memory. Traces for
+Perfetto, and a plot (matplotlib, the optional extra pallas-sim[plot])."""
 import dataclasses
 import json
 
@@ -24,18 +26,67 @@ class KernelReport:
   clock_hz: float = 1.83e9
   workers: int = 1  # processes that simulated its blocks
   trace: list = dataclasses.field(default_factory=list, repr=False)
+  hbm_bytes: int = 0          # bytes the model sends to HBM (timing.hbm_bytes)
+  registers: int = 0          # estimated per lane (machine/occupancy.py)
+  register_limit: int = 255
+  timing: object = None       # machine/timing.KernelTime: the parts of time_s
+  utilisation: dict = dataclasses.field(default_factory=dict)  # unit -> busy share
+  stalls: dict = dataclasses.field(default_factory=dict)  # wait kind -> share of thread time
+  bound: str = ""             # what limits it, in words (machine/bound.py)
+  bound_reason: str = ""
+  num_sms: int = 132
+  simulated_blocks: int = 0   # blocks simulated (fewer than num_blocks: estimate)
+  classes: str = ""           # how an estimate chose them (backends/sim/block_classes.py)
 
   @property
   def tflops(self):
     return self.wgmma_flops / self.time_s / 1e12 if self.time_s else 0.0
 
-  def summary(self):
+  @property
+  def gbps(self):
+    """Achieved HBM bandwidth (GB/s) over the predicted time."""
+    return self.hbm_bytes / self.time_s / 1e9 if self.time_s else 0.0
+
+  @property
+  def spilled_registers(self):
+    return max(0, self.registers - self.register_limit)
+
+  def headline(self):
     return (f"{self.name} ({self.where}): grid={self.grid} threads={self.num_threads} "
             f"blocks={self.num_blocks} smem={self.smem_bytes}B "
             f"waves={self.waves} predicted {self.time_s * 1e6:.1f} us"
             + (f" ({self.tflops:.0f} TFLOP/s)" if self.wgmma_flops else "")
             + f"; simulated in {self.wall_s:.2f} s"
             + (f" on {self.workers} processes" if self.workers > 1 else ""))
+
+  def summary(self):
+    """The headline, then: what bounds it, throughput, occupancy, unit
+    utilisation and where the warpgroups' time went."""
+    lines = [self.headline()]
+    if self.bound:
+      lines.append(f"  bound: {self.bound} ({self.bound_reason})")
+    lines.append(f"  achieved: {self.tflops:.1f} TFLOP/s, {self.gbps:.0f} GB/s of HBM "
+                 f"({self.hbm_bytes / 1e6:.1f} MB)")
+    spill = (f", {self.spilled_registers} spilled" if self.spilled_registers else "")
+    lines.append(f"  occupancy: {self.blocks_per_sm} block(s) per SM, {self.waves} wave(s) "
+                 f"over {self.num_sms} SMs, ~{self.registers} registers per thread "
+                 f"(limit {self.register_limit}{spill})")
+    if self.utilisation:
+      lines.append("  units busy: " + ", ".join(
+          f"{k} {v:.0%}" for k, v in self.utilisation.items()))
+    if self.stalls:
+      lines.append("  thread time: " + ", ".join(
+          f"{k} {v:.0%}" for k, v in sorted(self.stalls.items(), key=lambda kv: -kv[1])
+          if v >= 0.005))
+    t = self.timing
+    if t is not None:
+      lines.append(f"  time: SMs {t.compute_s * 1e6:.1f} us, HBM floor {t.memory_s * 1e6:.1f} us, "
+                   f"launch {t.launch_s * 1e6:.1f} us"
+                   + (f", last wave {t.tail_s * 1e6:.1f} us ({t.last_wave_fill:.0%} full)"
+                      if t.tail_s else ""))
+    if self.classes:
+      lines.append(f"  estimate: {self.classes}")
+    return "\n".join(lines)
 
 
 @dataclasses.dataclass
@@ -47,11 +98,16 @@ class Report:
   # wrote, outputs no block wrote in full
   uninitialized: list = dataclasses.field(default_factory=list)
 
+  @property
+  def time_s(self):
+    """Predicted time of all its kernels, one after another."""
+    return sum(k.time_s for k in self.kernels)
+
   def summary(self):
     lines = [f"pallas-sim report ({self.gpu}): {len(self.kernels)} kernel "
              f"launch(es), {len(self.races)} race(s), {len(self.uninitialized)} "
              "uninitialized-memory finding(s)"]
-    lines += ["  " + k.summary() for k in self.kernels]
+    lines += ["  " + k.summary().replace("\n", "\n  ") for k in self.kernels]
     for title, items in (("races:", self.races),
                          ("uninitialized memory:", self.uninitialized)):
       if items:
@@ -63,17 +119,17 @@ class Report:
     return self.summary()
 
   def save_trace(self, path):
-    """Chrome trace (chrome://tracing, Perfetto) of the traced blocks; times
-    in simulated microseconds."""
-    events = []
-    for pid, k in enumerate(self.kernels):
-      events.append({"ph": "M", "pid": pid, "name": "process_name",
-                     "args": {"name": f"{k.name} {k.where}"}})
-      us_per_cycle = 1e6 / k.clock_hz
-      for block, who, name, start, end in k.trace:
-        events.append({"ph": "X", "pid": pid, "tid": f"block {block} {who}",
-                       "name": name, "ts": start * us_per_cycle,
-                       "dur": max(end - start, 0) * us_per_cycle})
+    """A Chrome/Perfetto trace (opens in ui.perfetto.dev): per kernel, a
+    process per SM that ran a traced block, a track per warpgroup, and the
+    SM's TMA engine and tensor cores as async tracks (their work overlaps);
+    kernels one after another; times in simulated microseconds."""
+    from pallas_sim.backends.sim import trace_file
     with open(path, "w") as f:
-      json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
+      json.dump(trace_file.events(self), f)
     return path
+
+  def plot(self, path):
+    """A PNG: the traced blocks' timeline and a roofline placing each kernel
+    (needs matplotlib: pip install 'pallas-sim[plot]')."""
+    from pallas_sim.backends.sim import plot
+    return plot.save(self, path)

@@ -4,7 +4,7 @@ happens-before observer's: machine/observer.py.)"""
 from pallas_sim.errors import KernelError
 
 
-def _maybe_complete(slot, at):
+def _maybe_complete(slot, at, by_copy=False):
   """`at`: the completing agent's clock (None: the current event's). A
   warpgroup runs ahead until it blocks, so a waiter may look at the barrier
   before, in simulated time, the completion it finds: it resumes at
@@ -13,6 +13,7 @@ def _maybe_complete(slot, at):
     slot.arrivals -= slot.num_arrivals
     slot.completions += 1
     slot.completed_at.append(slot.block.sched.now if at is None else at)
+    slot.by_copy.append(by_copy)
     slot.block.hb.phase_completed(slot)
     _check_phase(slot, slot.completions)
     slot.block.sched.notify(slot, at)
@@ -62,4 +63,4 @@ def arrive(slot, expect_tx=0, at=None):
 def complete_tx(slot, nbytes):
   """An async copy landed `nbytes` on the barrier (at the current event)."""
   slot.tx -= nbytes
-  _maybe_complete(slot, None)
+  _maybe_complete(slot, None, by_copy=True)

@@ -4,13 +4,38 @@ import collections
 from pallas_sim.backends.sim.machine.scheduler import Resource, Task, Wait
 
 
+# What a warpgroup waits for (Warpgroup.stalled): an async copy's bytes
+# (a barrier a TMA load completed), other threads' arrivals (barriers,
+# semaphores, a warp_map's join), the tensor cores (wgmma waits), TMA stores
+# (their SMEM reads or GMEM writes); and time spent moving spilled
+# registers (machine/occupancy.py).
+STALLS = ("TMA", "barrier", "tensor core", "TMA store", "spill")
+
+
 class BlockStats:
-  __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops")
+  """A block's traffic and work, and its warpgroups' time: issuing
+  (`thread_cycles`, every warpgroup's clock at its end, summed) and stalled,
+  by what they waited for (`stalls`, cycles summed over warpgroups); the
+  cycles its SM's units worked for it (`tma_cycles`, `tensor_cycles`)."""
+  __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "thread_cycles",
+               "stalls", "tma_cycles", "tensor_cycles")
 
   def __init__(self):
     self.tma_load_bytes = 0
     self.tma_store_bytes = 0
     self.wgmma_flops = 0
+    self.thread_cycles = 0.0
+    self.stalls = dict.fromkeys(STALLS, 0.0)
+    self.tma_cycles = 0.0
+    self.tensor_cycles = 0.0
+
+  def add(self, other, times=1):
+    """Adds another block's tallies (`times` blocks like it)."""
+    for name in ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "thread_cycles",
+                 "tma_cycles", "tensor_cycles"):
+      setattr(self, name, getattr(self, name) + times * getattr(other, name))
+    for k, v in other.stalls.items():
+      self.stalls[k] += times * v
 
 
 class Block:
@@ -32,7 +57,7 @@ class Block:
     self.engines = engines
     self.shared = {}          # (id(eqn), occurrence) -> list of Buffers
     self.stats = BlockStats()
-    self.trace = trace        # list of (block, agent, name, start, end) or None
+    self.trace = trace        # list of (number, block, agent, name, start, end) or None
     self.until = 0.0          # when its last async work completes
     self.warpgroups = []
     # Async work on SMEM of run_scoped scopes that ended before it was
@@ -47,10 +72,18 @@ class Block:
 
   def event(self, who, name, start, end):
     if self.trace is not None:
-      self.trace.append((self.index, who, name, start, end))
+      self.trace.append((self.number, self.index, who, name, start, end))
 
   def cycles(self):
     return max([wg.time for wg in self.warpgroups] + [self.until])
+
+  def finish(self):
+    """Its cycles, once its group ran; tallies what the units did for it."""
+    st = self.stats
+    st.thread_cycles = sum(wg.time for wg in self.warpgroups)
+    st.tma_cycles = self.engines.tma_work
+    st.tensor_cycles = self.engines.tc_work
+    return self.cycles()
 
 
 class Warpgroup(Task):
@@ -83,8 +116,14 @@ class Warpgroup(Task):
     """Generator: blocks until at most `n` wgmma groups are in flight; then
     all but the newest n are observed."""
     if len(self.wgmma) > n:
+      start = self.time
       yield Wait(lambda: len(self.wgmma) <= n, (self.wgmma_res,), what, where)
+      self.stalled("tensor core", start)
     self.block.hb.wgmma_awaited(self, n)
+
+  def stalled(self, kind, since):
+    """It waited from `since` until now for `kind` (STALLS)."""
+    self.block.stats.stalls[kind] += self.time - since
 
 
 WARPS_PER_WARPGROUP = 4

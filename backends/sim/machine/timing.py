@@ -1,17 +1,24 @@
 """The timing model, in one place: every cycle the simulator assigns comes
 from here (issue cost of an equation, a TMA transfer, a wgmma group, the
 latency after a barrier wait, a kernel's time), on the hardware figures of
-pallas_sim/gpus.py. Calibration (benchmarks/) replaces this module whole;
-the rules only ask it when things start and end.
+pallas_sim/gpus.py. The rules only ask it when things start and end; the
+functional machine (values, races) never reads it.
 
-Per-SM engines: blocks are placed on SMs by occupancy (SMEM and threads), in
-waves, block i on SM i mod num_SMs; the blocks of one SM in one wave share
-that SM's TMA engine and tensor cores, so co-resident blocks compete for them
-(blocks are simulated one after another: a later one queues behind the work
-an earlier one left on the engines)."""
+Per-SM units: blocks are placed on SMs by occupancy (SMEM, threads), in
+waves, block i on SM i mod num_SMs. The blocks co-resident on one SM in one
+wave share its TMA engine and tensor cores fairly: each sees 1/share of
+their rate, where share is how many blocks that SM holds in that wave. So a
+block's time depends on its own work and on how crowded its SM is, never on
+the order in which blocks are simulated: a launch split over processes, or
+estimated from one block per class (backends/sim/block_classes.py), gets
+the same times as one simulated block after block. (Latencies are not
+shared: hiding them is what co-residency is for.)"""
+import dataclasses
 import math
 
 import numpy as np
+
+from pallas_sim.backends.sim.machine import occupancy
 
 CUDA_RESERVED_SMEM_PER_BLOCK = 1024
 
@@ -29,12 +36,18 @@ def operand_kind(dtype):
 
 
 class Engines:
-  """When one SM's TMA engine and tensor cores are next free (cycles)."""
-  __slots__ = ("tma_free", "tc_free")
+  """One block's share of its SM's TMA engine and tensor cores: when each is
+  next free for it (cycles), how many blocks share them, and the work it
+  gave each (cycles of the unit's own time, for utilisation)."""
+  __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill")
 
-  def __init__(self):
+  def __init__(self, share=1, spill=0.0):
+    self.share = share
+    self.spill = spill  # cycles a warpgroup spends on spilled registers per wgmma
     self.tma_free = 0.0
     self.tc_free = 0.0
+    self.tma_work = 0.0
+    self.tc_work = 0.0
 
 
 class Timing:
@@ -57,60 +70,97 @@ class Timing:
   def tma(self, engines, t, nbytes):
     """A transfer issued at t: (start, end of the transfer, completion)."""
     start = max(t, engines.tma_free)
-    end = start + nbytes / self.tma_bytes_per_cycle
+    work = nbytes / self.tma_bytes_per_cycle
+    engines.tma_work += work
+    end = start + work * engines.share
     engines.tma_free = end
     return start, end, end + self.gpu.tma_latency
 
   def wgmma(self, engines, t, m, n, k, dtype):
     """A wgmma group issued at t on these tensor cores: (start, completion)."""
     start = max(t, engines.tc_free)
-    busy = 2 * m * n * k / self.gpu.tensor_rate(operand_kind(dtype))
-    engines.tc_free = start + busy
-    return start, start + busy + self.gpu.wgmma_latency
+    work = 2 * m * n * k / self.gpu.tensor_rate(operand_kind(dtype))
+    engines.tc_work += work
+    engines.tc_free = start + work * engines.share
+    return start, engines.tc_free + self.gpu.wgmma_latency
 
-  def launch(self, num_blocks, smem, num_threads):
-    return LaunchTiming(self, num_blocks, smem, num_threads)
+  def launch(self, num_blocks, smem, num_threads, regs=None):
+    return LaunchTiming(self, num_blocks, smem, num_threads, regs)
 
 
 class LaunchTiming:
   """Placement of one launch's blocks on SMs and its predicted time."""
 
-  def __init__(self, timing, num_blocks, smem, num_threads):
+  def __init__(self, timing, num_blocks, smem, num_threads, regs=None):
     g = timing.gpu
     self.timing = timing
-    by_smem = g.smem_per_sm // (smem + CUDA_RESERVED_SMEM_PER_BLOCK)
-    by_threads = g.max_threads_per_sm // (128 * num_threads)
-    self.per_sm = max(1, min(by_smem, by_threads, 32))
+    self.regs = regs or occupancy.Registers(g.register_base, occupancy.MAX_PER_THREAD, 0)
+    self.per_sm = occupancy.blocks_per_sm(g, smem, num_threads, self.regs,
+                                          CUDA_RESERVED_SMEM_PER_BLOCK)
+    # Spilled registers go out to local memory and come back around each
+    # wgmma (its accumulator must be in registers), through the SM's
+    # local-memory path, shared like its other units (calibrate).
+    self.spill_per_wgmma = (self.regs.spilled * 4 * occupancy.LANES * 2
+                            / g.local_bytes_per_clk)
     self.slots = g.num_sms * self.per_sm     # blocks in one wave
     self.waves = -(-num_blocks // self.slots) if num_blocks else 0
-    self._engines = {}
+    self.num_blocks = num_blocks
 
   def place(self, block_index):
     """(SM, wave) of the block_index-th block of the launch."""
     return block_index % self.timing.gpu.num_sms, block_index // self.slots
 
-  def engines(self, block_index):
-    """The engines of the SM the block runs on, shared with the blocks
-    co-resident with it there in its wave."""
-    key = self.place(block_index)
-    e = self._engines.get(key)
-    if e is None:
-      e = self._engines[key] = Engines()
-    return e
+  def share(self, block_index):
+    """How many blocks share the SM with this one in its wave: per_sm, or
+    fewer in a last wave that does not fill the SMs."""
+    sms = self.timing.gpu.num_sms
+    sm, wave = self.place(block_index)
+    start = wave * self.slots
+    end = min(self.num_blocks, start + self.slots)
+    first = start + (sm - start) % sms
+    return max(1, len(range(first, end, sms)))
 
-  def kernel_seconds(self, block_cycles, traffic_bytes):
+  def engines(self, block_index):
+    """The block's share of its SM's units (a fresh Engines)."""
+    share = self.share(block_index)
+    return Engines(share, self.spill_per_wgmma * share)
+
+  def kernel_time(self, block_cycles, hbm_bytes):
     """Each SM runs its waves one after another, a wave as long as its
     longest co-resident block; the kernel takes its slowest SM, and cannot
     beat HBM bandwidth for the bytes it moves (calibrate); plus launch
-    overhead."""
+    overhead. Returns a KernelTime."""
     g = self.timing.gpu
-    wave_time = {}
-    for i, c in enumerate(block_cycles):
-      key = self.place(i)
-      wave_time[key] = max(wave_time.get(key, 0.0), c)
-    per_sm = np.zeros(g.num_sms)
-    for (sm, _), c in wave_time.items():
-      per_sm[sm] += c
+    cycles = np.asarray(block_cycles, dtype=np.float64)
+    idx = np.arange(len(cycles))
+    waves = np.zeros((g.num_sms, max(self.waves, 1)))
+    np.maximum.at(waves, (idx % g.num_sms, idx // self.slots), cycles)
+    per_sm = waves.sum(axis=1)
     compute_s = per_sm.max(initial=0) / g.clock_hz
-    memory_s = traffic_bytes / g.hbm_bytes_per_s
-    return max(compute_s, memory_s) + g.launch_overhead_s
+    tail_s = 0.0
+    if self.waves > 1 and len(cycles) % self.slots:  # (a last wave not full)
+      tail_s = waves[:, -1].max() / g.clock_hz
+    memory_s = hbm_bytes / g.hbm_bytes_per_s
+    return KernelTime(max(compute_s, memory_s) + g.launch_overhead_s, compute_s,
+                      memory_s, g.launch_overhead_s, tail_s,
+                      (len(cycles) % self.slots or self.slots) / self.slots)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelTime:
+  seconds: float      # the prediction
+  compute_s: float    # the slowest SM's waves
+  memory_s: float     # HBM bytes over HBM bandwidth
+  launch_s: float     # launch overhead
+  tail_s: float       # of compute_s: the last wave, where it is not full
+  last_wave_fill: float  # how full the last wave is (1: full)
+
+
+def hbm_bytes(traffic, footprint, l2_bytes):
+  """Bytes that reach HBM, of `traffic` bytes of copies over GMEM operands
+  of `footprint` bytes: each byte of the footprint once, and of the
+  re-reads beyond it the share that the L2 cannot hold (calibrate)."""
+  if traffic <= footprint:
+    return traffic
+  miss = max(0.0, 1.0 - l2_bytes / footprint) if footprint else 0.0
+  return footprint + (traffic - footprint) * miss

@@ -111,6 +111,7 @@ def _barrier_wait(eqn, cx):
       wg.time = slot.completed_at[n - 1]
     if wg.time > start:
       wg.block.event(wg.name, f"wait {slot.name}", start, wg.time)
+      wg.stalled("TMA" if slot.by_copy[n - 1] else "barrier", start)
     slot.waits[wg] = [n, where]
     wg.block.hb.waited(wg, slot, n)
     wg.time += timing.barrier_latency

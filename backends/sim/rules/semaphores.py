@@ -115,8 +115,10 @@ def _wait(eqn, cx):
     r = _sem(ref, transforms, "semaphore_wait", wg)
     want = np.uint32(np.int64(value) & 0xFFFFFFFF)
     if r.view.reshape(()) < want:
+      start = wg.time
       yield Wait(lambda: r.view.reshape(()) >= want, (r.buf.res,),
                  f"semaphore_wait on {r.buf.name} (for {int(want)})", where)
+      wg.stalled("barrier", start)
     if decrement:
       r.view[...] = r.view - want
     wg.block.hb.sem_acquire(wg, r.buf)

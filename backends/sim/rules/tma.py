@@ -365,8 +365,10 @@ def _wait_smem_to_gmem(eqn, cx):
   def wait(wg):
     ready = ready_fn(wg)
     if not ready():
+      start = wg.time
       yield Wait(ready, (wg.store_res,),
                  f"wait_smem_to_gmem({n}, wait_read_only={read_only})", where)
+      wg.stalled("TMA store", start)
     # all but the newest n groups are observed (their reads at least)
     wg.store_reads_awaited = max(wg.store_reads_awaited, wg.store_groups - n)
     wg.block.hb.stores_awaited(wg, n, read_only)

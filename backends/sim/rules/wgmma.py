@@ -156,6 +156,9 @@ def _wgmma_ref(eqn, cx):
     n = b_r.view.shape[1]
     blk = wg.block
     blk.stats.wgmma_flops += 2 * m * n * k
+    if blk.engines.spill:  # (machine/occupancy.py)
+      wg.time += blk.engines.spill
+      blk.stats.stalls["spill"] += blk.engines.spill
     start, done = timing.wgmma(blk.engines, wg.time, m, n, k, b_r.view.dtype)
     if wg.wgmma:
       done = max(done, wg.wgmma[-1][0])  # groups retire in order
