@@ -12,7 +12,7 @@ if (not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "backends"))
   __path__.append(_os.path.dirname(_os.path.dirname(__file__)))  # noqa: F821
 
 from pallas_sim import gpus  # noqa: E402
-from pallas_sim.api import Simulation, backend, kernel, run, simulate  # noqa: E402
+from pallas_sim.api import Simulation, backend, estimate, kernel, run, simulate  # noqa: E402
 from pallas_sim.options import Options  # noqa: E402
 from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
 from pallas_sim.errors import (  # noqa: E402
@@ -23,7 +23,7 @@ from pallas_sim.errors import (  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
-    "run", "simulate", "backend", "kernel", "Simulation", "Options", "Report",
+    "run", "simulate", "estimate", "backend", "kernel", "Simulation", "Options", "Report",
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
     "KernelError", "LoweringError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
     "DeadlockError", "RaceError", "RaceWarning", "UninitializedError",

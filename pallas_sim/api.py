@@ -105,6 +105,33 @@ def simulate(fn, *args, options=None, **kwargs):
   return Simulation(out, ex.report)
 
 
+def estimate(fn, *args, options=None, **kwargs):
+  """The predicted time of every kernel `fn(*args, **kwargs)` launches,
+  without computing its values: returns the Report that ps.simulate would
+  (report.time_s, report.summary()).
+
+  `args` may be jax.ShapeDtypeStructs (zeros stand in for them) or arrays.
+  The tensor cores' sums are skipped, and blocks whose work is the same are
+  simulated once (backends/sim/block_classes.py): a kernel whose control
+  flow depends on the block's index or on data runs every block, and its
+  report says so (report.kernels[i].classes). Races and uninitialized reads
+  are not looked for; other options as for simulate (gpu="h100"/"h200")."""
+  opts = dataclasses.replace(take(kwargs, options), numerics=False, block_classes=True,
+                             check_races=False, check_uninitialized=False)
+  shapes = [False]
+
+  def stand_in(a):
+    if isinstance(a, jax.ShapeDtypeStruct):
+      shapes[0] = True
+      return jax.numpy.zeros(a.shape, a.dtype)
+    return a
+  args, kwargs = jax.tree.map(stand_in, (args, kwargs))
+  with _simulating(opts) as ex:
+    ex.shapes_only = shapes[0]
+    _wait(fn(*args, **kwargs))
+  return ex.report
+
+
 def _run_mosaic(fn, *args, **kwargs):
   dev = mosaic.require_hopper()
   with capture.force_real(), jax.default_device(dev):
@@ -155,4 +182,4 @@ def kernel(body=None, *, backend="auto", options=None, **kernel_kwargs):
   return call
 
 
-__all__ = ["run", "simulate", "backend", "kernel", "Simulation", "Options", "BackendError"]
+__all__ = ["run", "simulate", "estimate", "backend", "kernel", "Simulation", "Options", "BackendError"]

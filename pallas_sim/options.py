@@ -41,7 +41,14 @@ class Options:
     or "ray" (tasks on a Ray cluster, pallas-sim[ray]; only through
     ps.simulate / ps.run, whose function each task runs again:
     backends/sim/ray_engine.py). With "ray", workers is the number of
-    tasks' worth of CPUs (None: the cluster's)."""
+    tasks' worth of CPUs (None: the cluster's).
+  numerics: compute the tensor cores' sums (False: outputs are not
+    meaningful; times are the same, as no time depends on a value the
+    tensor cores compute unless control flow reads it: ps.estimate).
+  block_classes: simulate one block per class of blocks that do the same
+    work, and give the others its times (backends/sim/block_classes.py;
+    kernels whose control flow depends on the block's index or on data run
+    every block: ps.estimate)."""
   gpu: str = "h100"
   check_races: bool = True
   on_race: str = "raise"
@@ -52,6 +59,8 @@ class Options:
   max_cycles: float = MAX_CYCLES
   workers: int | None = None
   engine: str = "processes"
+  numerics: bool = True
+  block_classes: bool = False
 
   def __post_init__(self):
     gpus.get(self.gpu)  # raises on an unknown model

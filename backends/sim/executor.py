@@ -16,8 +16,8 @@ import warnings
 import numpy as np
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim import (capture, parallel, profiler, ray_engine,
-                                    resources)
+from pallas_sim.backends.sim import (block_classes, capture, parallel, profiler,
+                                    ray_engine, resources)
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import (bound, initcheck, memory, occupancy,
@@ -36,7 +36,7 @@ from pallas_sim.options import take
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
   __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together",
-               "serial_only", "regs")
+               "serial_only", "regs", "variation")
 
 
 class _Rerun(Exception):
@@ -75,6 +75,7 @@ class Executor:
     self.replay = None       # in a Ray task: ray_engine.Replay
     self._prepared = {}
     self._lowered = {}
+    self.shapes_only = False  # ps.estimate was given shapes, not arrays
 
   def record_error(self, e):
     self.errors.append(e)
@@ -104,9 +105,12 @@ class Executor:
     if launch.profile is not None:  # (the profiler's buffer is in SMEM too)
       p.smem += launch.profile.smem_bytes(launch.num_threads)
     resources.check_smem(p.smem, self.gpu, where=launch.where)
-    p.program = Compiler(self.timing, launch, self.options.max_cycles).compile(jaxpr)
+    p.program = Compiler(self.timing, launch, self.options.max_cycles,
+                         self.options.numerics).compile(jaxpr)
     p.barriers = resources.barrier_count(jaxpr)
     p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)
+    p.variation = (block_classes.variation(jaxpr, launch.grid_names)
+                   if self.options.block_classes else None)
     names = resources.primitive_names(jaxpr)
     # Warps of a warp_map get clock components of their own.
     p.warps = WARPS_PER_WARPGROUP if "mpmd_map" in names else 0
@@ -338,7 +342,8 @@ class Executor:
     runner.profile = recorder
     merge = lambda result: self._merge(result, cycles, totals, log, init_log, cross)
     on_ray = False
-    workers = 1 if serial else self._workers(prep, launch, groups)
+    classes, note = self._classes(prep, launch, groups, placement)
+    workers = 1 if serial or classes else self._workers(prep, launch, groups)
     if workers > 1:
       on_ray = self._on_ray()
       if on_ray:
@@ -346,6 +351,7 @@ class Executor:
       elif self.options.engine == "ray" or not parallel.fork_safe():
         workers = 1
     used = 1
+    reps, simulated = {}, 0
     with Progress(launch.name, len(blocks)) as progress:
       for g, members in enumerate(groups):
         number, idx, _ = members[0]
@@ -353,14 +359,21 @@ class Executor:
         if workers > 1 and (on_ray or (g and self._go_parallel(g, len(groups), t0, t1))):
           self._run_parallel(runner, groups, g, trace, merge, workers, progress, on_ray)
           used = workers
+          simulated = len(blocks)
           break
         elif g == 1:
           t1 = time.perf_counter()
         if g and time.perf_counter() - t0 > self.parallel_after_s:
           workers = 1  # (decided: this process)
+        if classes and classes[g] != g:  # (its class ran: its times are those)
+          self._same_as(groups[g], reps[classes[g]], cycles, totals)
+          continue
         self._running = (launch, number, idx, runner)
         result = runner.run(members, trace if number < self.trace_blocks else None)
         merge(result)
+        simulated += len(members)
+        if classes:
+          reps[g] = result
     self._running = None
     if recorder is not None:
       recorder.dump(launch, self.gpu.clock_hz, self.gpu.num_sms)
@@ -388,9 +401,40 @@ class Executor:
           f"{len(unset)} uninitialized-memory finding(s) in kernel {launch.name}:\n"
           + "\n".join(str(f) for f in unset), findings=unset, where=launch.where))
 
-    self.report.kernels.append(self._kernel_report(
-        launch, arrays, prep, grid, placement, cycles, totals, wall, trace, used))
+    rep = self._kernel_report(launch, arrays, prep, grid, placement, cycles, totals,
+                              wall, trace, used)
+    rep.simulated_blocks, rep.classes = simulated, note
+    self.report.kernels.append(rep)
     return [b.data for b in out_bufs]
+
+  def _classes(self, prep, launch, groups, placement):
+    """With block_classes: ({group: the first group of its class}, a note
+    for the report), or (None, note) when every group must run. A class:
+    groups whose blocks share their SMs alike (machine/timing.py), in a
+    kernel whose control flow is the same in every block."""
+    if not self.options.block_classes:
+      return None, ""
+    n = sum(map(len, groups))
+    if prep.variation is not None:
+      why, where = prep.variation
+      note = f"control flow depends on {why} ({where}): all {n} blocks simulated"
+      if why == block_classes.DATA and self.shapes_only:
+        note += ", on zeros for the inputs given as shapes"
+      return None, note
+    first, out = {}, {}
+    for g, members in enumerate(groups):
+      key = tuple(placement.share(number) for number, _, _ in members)
+      out[g] = first.setdefault(key, g)
+    sims = sum(len(groups[g]) for g in set(first.values()))
+    return out, (f"control flow is the same in every block: {len(first)} class(es) by "
+                 f"blocks per SM, {sims} of {n} blocks simulated")
+
+  @staticmethod
+  def _same_as(members, result, cycles, totals):
+    """Group `members` took the times of `result`, its class's group."""
+    for (number, _, _), c, st in zip(members, result.cycles, result.stats):
+      cycles[number] = c
+      totals.add(st)
 
   def _kernel_report(self, launch, arrays, prep, grid, placement, cycles, totals, wall,
                      trace, workers):

@@ -54,9 +54,10 @@ class Compiler:
   """Compiles jaxprs to Programs; one per launch (rules may close over launch
   facts, and ask the timing model, machine/timing.py, for costs)."""
 
-  def __init__(self, timing, launch=None, max_cycles=MAX_CYCLES):
+  def __init__(self, timing, launch=None, max_cycles=MAX_CYCLES, numerics=True):
     self.timing = timing
     self.launch = launch
+    self.numerics = numerics  # False: the tensor cores' sums are skipped
     self.max_cycles = max_cycles  # loops end a runaway block past this
     self._cache = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]

@@ -1,0 +1,157 @@
+"""Which blocks of a launch do the same work, for ps.estimate: read off the
+kernel's jaxpr, not guessed.
+
+A block's simulated time depends on the path its control flow takes (cond
+branches, loop trip counts, predicated copies, pl.delay) and on how many
+blocks share its SM (machine/timing.py); the sizes of its copies and wgmmas
+are static. So blocks whose control flow cannot depend on which block they
+are take the same time given the same share. `variation` traces, through
+every equation and nested jaxpr, what each value depends on: the block's
+grid index (program_id, axis_index over a grid axis) or data (anything read
+from a ref). It returns the first control decision that depends on either,
+or None when none does. (Cluster and thread indices are the same in every
+group of a launch: they do not make groups differ.)"""
+from jax.extend import core as jax_extend_core
+
+from pallas_sim.backends.sim import capture, refview
+
+GRID = "the block's grid index"
+DATA = "values read from memory"
+
+_NONE = frozenset()
+
+
+def _subjaxprs(params):
+  for key, v in params.items():
+    for j in (v if isinstance(v, (tuple, list)) else (v,)):
+      if hasattr(j, "eqns"):
+        yield key, j
+      elif hasattr(j, "jaxpr") and hasattr(j.jaxpr, "eqns"):
+        yield key, j.jaxpr
+
+
+def _is_ref(v):
+  return hasattr(v.aval, "inner_aval")
+
+
+class _Found(Exception):
+  def __init__(self, why, eqn):
+    self.why, self.eqn = why, eqn
+
+
+def variation(jaxpr, grid_names, data_inputs=()):
+  """None, or (what the decision depends on, the user's file:line of it).
+  `data_inputs`: positions of inputs that are values rather than refs and
+  count as data (a kernel's inputs are refs: what is read from them is)."""
+  grid_names = set(grid_names)
+  taint = [frozenset([DATA]) if i in data_inputs else _NONE
+           for i in range(len(jaxpr.invars))]
+  try:
+    _walk(jaxpr, taint, grid_names)
+  except _Found as f:
+    why = DATA if DATA in f.why else GRID
+    return why, capture.eqn_location(f.eqn) or "<unknown location>"
+  return None
+
+
+def _walk(jaxpr, in_taint, grid):
+  """Taints of the jaxpr's outputs, given its inputs'; raises _Found at the
+  first control decision that depends on the grid index or data."""
+  env = {}
+  for v, t in zip(jaxpr.invars, in_taint):
+    env[v] = t
+
+  def get(v):
+    if isinstance(v, jax_extend_core.Literal):
+      return _NONE
+    return env.get(v, _NONE)
+
+  for eqn in jaxpr.eqns:
+    ins = [get(v) for v in eqn.invars]
+    outs = _eqn(eqn, ins, grid)
+    for v, t in zip(eqn.outvars, outs):
+      env[v] = t
+  return [get(v) for v in jaxpr.outvars]
+
+
+def _decide(taint, eqn):
+  if taint:
+    raise _Found(taint, eqn)
+
+
+def _union(ts):
+  out = _NONE
+  for t in ts:
+    out = out | t
+  return out
+
+
+def _eqn(eqn, ins, grid):
+  name = eqn.primitive.name
+  p = eqn.params
+  n_out = len(eqn.outvars)
+  if name == "program_id":
+    return [frozenset([GRID])] * n_out
+  if name == "axis_index":
+    axes = p.get("axis_name")
+    axes = axes if isinstance(axes, (tuple, list)) else (axes,)
+    return [frozenset([GRID]) if set(axes) & grid else _NONE] * n_out
+  if name == "cond":
+    _decide(ins[0], eqn)
+    outs = [_NONE] * n_out
+    for branch in p["branches"]:
+      b = _walk(_inner(branch), ins[1:], grid)
+      outs = [o | t for o, t in zip(outs, b)]
+    return outs
+  if name == "while":
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    cc, bc, carry = ins[:cn], ins[cn:cn + bn], list(ins[cn + bn:])
+    body = _inner(p["body_jaxpr"])
+    while True:  # (taints only grow: a fixpoint in a few rounds)
+      new = [c | t for c, t in zip(carry, _walk(body, bc + carry, grid))]
+      if new == carry:
+        break
+      carry = new
+    [c] = _walk(_inner(p["cond_jaxpr"]), cc + carry, grid)
+    _decide(c, eqn)
+    return carry
+  if name == "copy_gmem_to_smem" and p.get("has_user_predicate", False):
+    i = 3 + sum(refview.num_leaves(p[f"{k}_transforms_treedef"])
+                for k in ("src", "dst", "barrier"))
+    _decide(ins[i], eqn)
+  if name == "delay":
+    _decide(ins[0], eqn)
+  subs = list(_subjaxprs(p))
+  if subs:
+    return _calls(eqn, ins, subs, grid)
+  taint = _union(ins)
+  if any(_is_ref(v) for v in eqn.invars):  # (a read of memory, or a write)
+    taint = taint | {DATA}
+  return [taint] * n_out
+
+
+def _calls(eqn, ins, subs, grid):
+  """An equation that runs nested jaxprs (scan, jit, run_scoped, warp and
+  core maps...): inputs map by position where the counts agree, else every
+  input's taint reaches every nested input; a loop's outputs feed back
+  into its inputs until nothing changes."""
+  n_out = len(eqn.outvars)
+  outs = [_NONE] * n_out
+  for _, sub in subs:
+    sub_in = list(ins) if len(sub.invars) == len(ins) else [_union(ins)] * len(sub.invars)
+    while True:
+      res = _walk(sub, sub_in, grid)
+      back = _union(res)
+      grown = [t | back for t in sub_in]
+      if eqn.primitive.name != "scan" or grown == sub_in:
+        break
+      sub_in = grown
+    if len(res) == n_out:
+      outs = [o | t for o, t in zip(outs, res)]
+    else:
+      outs = [o | _union(res) | _union(ins) for o in outs]
+  return outs
+
+
+def _inner(j):
+  return j.jaxpr if hasattr(j, "consts") else j

@@ -1,0 +1,176 @@
+"""ps.estimate: predicted times without values, from one block per class of
+blocks that do the same work (backends/sim/block_classes.py); equal to the
+full simulation's wherever both run."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from pallas_sim import gpus
+from pallas_sim.backends.sim import block_classes
+from test_quickstart import matmul_mcs
+
+F16, F32 = jnp.float16, jnp.float32
+S = jax.ShapeDtypeStruct
+SMS = gpus.H100.num_sms
+
+
+def _times(report):
+  return [(k.time_s, k.block_cycles_min, k.block_cycles_mean, k.block_cycles_max,
+           k.tma_load_bytes, k.tma_store_bytes, k.wgmma_flops, k.utilisation, k.stalls,
+           k.bound) for k in report.kernels]
+
+
+def _full(fn, *args, **kw):
+  return ps.simulate(fn, *args, check_races=False, check_uninitialized=False,
+                     workers=1, **kw).report
+
+
+def _wide_matmul(a, b):  # (two k-steps: blocks are quick to simulate)
+  return matmul_mcs(a, b, tile_n=128, tile_k=64)
+
+
+def test_estimate_equals_the_full_simulation_from_two_blocks():
+  """18 x 18 = 324 blocks, two per SM: two waves, the second not full, so
+  two classes (blocks sharing an SM with another, and alone); one block of
+  each is simulated."""
+  rng = np.random.default_rng(0)
+  a = jnp.asarray(rng.standard_normal((18 * 128, 128)), F16)
+  b = jnp.asarray(rng.standard_normal((128, 18 * 128)), F16)
+  full = _full(_wide_matmul, a, b)
+  est = ps.estimate(_wide_matmul, S(a.shape, F16), S(b.shape, F16))
+  [k] = est.kernels
+  assert (k.num_blocks, k.waves, k.blocks_per_sm) == (324, 2, 2)
+  assert k.simulated_blocks == 2 and "2 of 324 blocks simulated" in k.classes
+  assert _times(est) == _times(full)
+  assert "estimate: control flow is the same in every block" in est.summary()
+  # (arrays work too, and give the same)
+  assert _times(ps.estimate(_wide_matmul, a, b)) == _times(full)
+
+
+def _when_first(x):
+  @plgpu.kernel(out_type=S((8, 128), F32), grid=(8,), grid_names=("b",))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+    o_ref[b] = x_ref[b]
+
+    @pl.when(b == 0)
+    def _():
+      o_ref[b] = x_ref[b] * 2.0 + 1.0
+  return k(x)
+
+
+def _data_loop(x):
+  @plgpu.kernel(out_type=S((8, 128), F32), grid=(8,), grid_names=("b",))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+    n = x_ref[b, 0].astype(jnp.int32)
+
+    def body(i, acc):
+      return acc + 1.0
+    o_ref[b] = jnp.full((128,), lax.fori_loop(0, n, body, 0.0))
+  return k(x)
+
+
+def test_control_flow_on_the_block_index_runs_every_block():
+  x = jnp.arange(8 * 128, dtype=F32).reshape(8, 128)
+  est = ps.estimate(_when_first, S(x.shape, F32))
+  [k] = est.kernels
+  assert k.simulated_blocks == 8
+  assert k.classes.startswith("control flow depends on the block's grid index (")
+  assert "test_estimate.py:" in k.classes
+  assert _times(est) == _times(_full(_when_first, x))
+  # block 0 does more work: the classes would have been wrong
+  assert k.block_cycles_max > k.block_cycles_min
+
+
+def test_control_flow_on_data_runs_every_block_on_its_data():
+  x = (jnp.arange(8, dtype=F32)[:, None] * 3 + jnp.zeros((8, 128), F32))
+  est = ps.estimate(_data_loop, x)
+  [k] = est.kernels
+  assert k.simulated_blocks == 8 and "values read from memory" in k.classes
+  assert _times(est) == _times(_full(_data_loop, x))
+  assert k.block_cycles_max > k.block_cycles_min  # (trip counts 0..21)
+  shapes = ps.estimate(_data_loop, S(x.shape, F32)).kernels[0]
+  assert shapes.classes.endswith("on zeros for the inputs given as shapes")
+
+
+def test_variation_sees_through_nested_jaxprs_and_loops():
+  def jaxpr_of(fn, *shapes):
+    return jax.make_jaxpr(fn, axis_env=[("b", 4)])(*shapes).jaxpr
+
+  def loop_carry_from(start):
+    def f(x):
+      def body(c):
+        i, v = c
+        return i + 1, v * 2.0
+      return lax.while_loop(lambda c: c[0] < 4, body, (start(x), x))[1]
+    return f
+  assert block_classes.variation(
+      jaxpr_of(loop_carry_from(lambda x: 0), S((), F32)), ("b",)) is None
+  # the trip count from an input: data
+  why, _ = block_classes.variation(
+      jaxpr_of(loop_carry_from(lambda x: x.astype(jnp.int32)), S((), F32)), ("b",),
+      data_inputs=(0,))
+  assert why == block_classes.DATA
+  # ... from the grid index
+  why, where = block_classes.variation(jaxpr_of(
+      loop_carry_from(lambda x: lax.axis_index("b")), S((), F32)), ("b",))
+  assert why == block_classes.GRID and "test_estimate.py:" in where
+
+  def switch_inside_scan(x):
+    def body(c, _):
+      return lax.cond(c > 2.0, lambda v: v, lambda v: v + 1.0, c), None
+    return lax.scan(body, x, None, length=3)[0]
+  why, _ = block_classes.variation(jaxpr_of(switch_inside_scan, S((), F32)), ("b",),
+                                   data_inputs=(0,))
+  assert why == block_classes.DATA
+  # (a cond on a value nothing read from memory nor the grid index)
+  assert block_classes.variation(
+      jaxpr_of(switch_inside_scan, S((), F32)), ("b",)) is None
+  assert block_classes.variation(
+      jaxpr_of(lambda x: lax.scan(lambda c, _: (c + 1.0, None), x, None, length=3)[0],
+               S((), F32)), ("b",)) is None
+
+
+def _copy_kernel(nblocks, smem_floats):
+  @plgpu.kernel(out_type=S((nblocks, 64, 128), F32), grid=(nblocks,), grid_names=("b",),
+                scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier(),
+                               plgpu.SMEM((smem_floats,), F32)])
+  def k(x_ref, o_ref, smem, bar, _):
+    b = lax.axis_index("b")
+    plgpu.copy_gmem_to_smem(x_ref.at[b], smem, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
+    plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+@settings(max_examples=6, deadline=None)
+@given(nblocks=st.integers(1, 3 * SMS + 7), per_sm=st.sampled_from([1, 2, 3]),
+       gpu=st.sampled_from(["h100", "h200"]))
+def test_estimate_equals_full_simulation_for_any_grid_and_occupancy(nblocks, per_sm, gpu):
+  # SMEM sized so that per_sm blocks fit on an SM
+  smem_floats = (gpus.H100.smem_per_sm // per_sm - 34 * 1024 - 1024) // 4
+  k = _copy_kernel(nblocks, smem_floats)
+  x = jnp.ones((nblocks, 64, 128), F32)
+  est = ps.estimate(k, S(x.shape, F32), gpu=gpu)
+  full = _full(k, x, gpu=gpu)
+  assert est.kernels[0].blocks_per_sm == per_sm
+  assert _times(est) == _times(full)
+  assert est.kernels[0].simulated_blocks <= 2
+
+
+def test_estimate_computes_no_values_and_checks_nothing_it_need_not():
+  rng = np.random.default_rng(1)
+  a = jnp.asarray(rng.standard_normal((256, 256)), F16)
+  est = ps.estimate(matmul_mcs, a, a)
+  assert est.kernels[0].time_s == _full(matmul_mcs, a, a).kernels[0].time_s
+  assert est.races == [] and est.uninitialized == []
+  with pytest.raises(ValueError, match="gpu='a100'"):
+    ps.estimate(matmul_mcs, a, a, gpu="a100")
