@@ -174,3 +174,66 @@ def test_estimate_computes_no_values_and_checks_nothing_it_need_not():
   assert est.races == [] and est.uninitialized == []
   with pytest.raises(ValueError, match="gpu='a100'"):
     ps.estimate(matmul_mcs, a, a, gpu="a100")
+
+
+def test_control_flow_on_the_block_index_inside_a_scope_is_seen():
+  """The index computed outside a run_scoped and used inside it (its body
+  takes what it closes over as constvars)."""
+  @plgpu.kernel(out_type=S((8, 128), F32), grid=(8,), grid_names=("b",))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+
+    def scoped(smem):
+      smem[...] = x_ref[b]
+
+      @pl.when(b == 3)
+      def _():
+        smem[...] = smem[...] * 2.0
+      o_ref[b] = smem[...]
+    pl.run_scoped(scoped, plgpu.SMEM((128,), F32))
+  est = ps.estimate(k, S((8, 128), F32)).kernels[0]
+  assert est.simulated_blocks == 8 and "grid index" in est.classes
+
+
+def test_load_sites_know_which_grid_axes_their_address_depends_on():
+  """The quickstart matmul: A's tiles follow the grid's m axis, B's its n
+  axis (through emit_pipeline's index maps)."""
+  from pallas_sim.backends.sim.executor import Executor
+  seen = {}
+  real = Executor.prepare
+
+  def spy(self, launch):
+    p = real(self, launch)
+    seen["axes"] = p.load_axes
+    return p
+  a = jnp.ones((256, 256), F16)
+  try:
+    Executor.prepare = spy
+    ps.estimate(matmul_mcs, a, a)
+  finally:
+    Executor.prepare = real
+  assert sorted(set(seen["axes"].values())) == [(0,), (1,)]
+
+
+def test_l2_serves_what_the_blocks_of_a_wave_share():
+  from pallas_sim.backends.sim.machine.timing import Timing
+  h = gpus.H200
+  lt = Timing(h).launch(4 * SMS, 150 * 1024, 1)  # one block per SM: 4 waves
+  index = np.array([(i // 8, i % 8) for i in range(4 * SMS)])
+  mb = 2 ** 20
+  # site 0 follows axis 0, site 1 axis 1; 1 MiB per block in 16 loads
+  sites = {0: [4 * SMS * mb, 4 * SMS * 16], 1: [4 * SMS * mb, 4 * SMS * 16]}
+  axes = {0: (0,), 1: (1,)}
+  got = lt.hbm_bytes(index, axes, sites, 0, input_bytes=10 ** 12)
+  per_wave = [len(set(index[w * SMS:(w + 1) * SMS, 0])) + 8 for w in range(4)]
+  assert got == sum(per_wave) * mb
+  # an address read from memory: every block reads its own
+  assert lt.hbm_bytes(index, {0: None, 1: (1,)}, sites, 0, 10 ** 12) == sum(
+      SMS + 8 for _ in range(4)) * mb
+  # inputs that fit in the L2 are read once; stores all count
+  assert lt.hbm_bytes(index, axes, sites, 5, input_bytes=3 * mb) == 3 * mb + 5
+  # what a wave reads at once past the L2: misses (one load of 1 GiB per block)
+  big = {0: [4 * SMS * 2 ** 30, 4 * SMS]}
+  spill = lt.hbm_bytes(index, {0: (0,)}, big, 0, 10 ** 15)
+  fits = sum(len(set(index[w * SMS:(w + 1) * SMS, 0])) for w in range(4)) * 2 ** 30
+  assert fits < spill < 4 * SMS * 2 ** 30

@@ -10,7 +10,11 @@ every equation and nested jaxpr, what each value depends on: the block's
 grid index (program_id, axis_index over a grid axis) or data (anything read
 from a ref). It returns the first control decision that depends on either,
 or None when none does. (Cluster and thread indices are the same in every
-group of a launch: they do not make groups differ.)"""
+group of a launch: they do not make groups differ.)
+
+The same walk says, for each TMA load, which grid axes its source address
+depends on (`load_axes`): blocks that agree on those axes read the same
+bytes there, which the L2 model of machine/timing.py counts once per wave."""
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim import capture, refview
@@ -18,7 +22,7 @@ from pallas_sim.backends.sim import capture, refview
 GRID = "the block's grid index"
 DATA = "values read from memory"
 
-_NONE = frozenset()
+_NONE = frozenset()  # taints: DATA, and ("grid", dimension) per grid axis
 
 
 def _subjaxprs(params):
@@ -39,26 +43,50 @@ class _Found(Exception):
     self.why, self.eqn = why, eqn
 
 
+class _Walk:
+  """One walk over a kernel: `grid` maps grid axis names to dimensions;
+  `loads` collects each TMA load's source-address taint (id(eqn) -> taint);
+  `decide`: raise at a control decision that varies (else only collect)."""
+
+  def __init__(self, grid_names, decide=True):
+    self.grid = {n: d for d, n in enumerate(grid_names)}
+    self.loads = {}
+    self.decide = decide
+
+
 def variation(jaxpr, grid_names, data_inputs=()):
   """None, or (what the decision depends on, the user's file:line of it).
   `data_inputs`: positions of inputs that are values rather than refs and
   count as data (a kernel's inputs are refs: what is read from them is)."""
-  grid_names = set(grid_names)
   taint = [frozenset([DATA]) if i in data_inputs else _NONE
            for i in range(len(jaxpr.invars))]
   try:
-    _walk(jaxpr, taint, grid_names)
+    _walk(jaxpr, taint, _Walk(grid_names))
   except _Found as f:
     why = DATA if DATA in f.why else GRID
     return why, capture.eqn_location(f.eqn) or "<unknown location>"
   return None
 
 
+def load_axes(jaxpr, grid_names):
+  """{id(TMA load equation): the grid dimensions its source address depends
+  on, as a sorted tuple, or None where it depends on data}."""
+  w = _Walk(grid_names, decide=False)
+  _walk(jaxpr, [_NONE] * len(jaxpr.invars), w)
+  return {k: None if DATA in t else tuple(sorted(d for _, d in t))
+          for k, t in w.loads.items()}
+
+
 def _walk(jaxpr, in_taint, grid):
   """Taints of the jaxpr's outputs, given its inputs'; raises _Found at the
   first control decision that depends on the grid index or data."""
   env = {}
-  for v, t in zip(jaxpr.invars, in_taint):
+  # (a run_scoped body takes the values it closes over as constvars, bound
+  # before its invars: backends/sim/interpret.py compile_open)
+  names = list(jaxpr.invars)
+  if len(in_taint) != len(names):
+    names = list(jaxpr.constvars) + names
+  for v, t in zip(names, in_taint):
     env[v] = t
 
   def get(v):
@@ -74,8 +102,8 @@ def _walk(jaxpr, in_taint, grid):
   return [get(v) for v in jaxpr.outvars]
 
 
-def _decide(taint, eqn):
-  if taint:
+def _decide(taint, eqn, grid):
+  if taint and grid.decide:
     raise _Found(taint, eqn)
 
 
@@ -91,13 +119,13 @@ def _eqn(eqn, ins, grid):
   p = eqn.params
   n_out = len(eqn.outvars)
   if name == "program_id":
-    return [frozenset([GRID])] * n_out
+    return [frozenset([("grid", p["axis"])])] * n_out
   if name == "axis_index":
     axes = p.get("axis_name")
     axes = axes if isinstance(axes, (tuple, list)) else (axes,)
-    return [frozenset([GRID]) if set(axes) & grid else _NONE] * n_out
+    return [frozenset(("grid", grid.grid[a]) for a in axes if a in grid.grid)] * n_out
   if name == "cond":
-    _decide(ins[0], eqn)
+    _decide(ins[0], eqn, grid)
     outs = [_NONE] * n_out
     for branch in p["branches"]:
       b = _walk(_inner(branch), ins[1:], grid)
@@ -113,14 +141,18 @@ def _eqn(eqn, ins, grid):
         break
       carry = new
     [c] = _walk(_inner(p["cond_jaxpr"]), cc + carry, grid)
-    _decide(c, eqn)
+    _decide(c, eqn, grid)
     return carry
-  if name == "copy_gmem_to_smem" and p.get("has_user_predicate", False):
-    i = 3 + sum(refview.num_leaves(p[f"{k}_transforms_treedef"])
-                for k in ("src", "dst", "barrier"))
-    _decide(ins[i], eqn)
+  if name == "copy_gmem_to_smem":
+    ns = refview.num_leaves(p["src_transforms_treedef"])
+    src = _union(ins[:1] + ins[3:3 + ns])
+    grid.loads[id(eqn)] = grid.loads.get(id(eqn), _NONE) | src
+    if p.get("has_user_predicate", False):
+      i = 3 + ns + sum(refview.num_leaves(p[f"{k}_transforms_treedef"])
+                       for k in ("dst", "barrier"))
+      _decide(ins[i], eqn, grid)
   if name == "delay":
-    _decide(ins[0], eqn)
+    _decide(ins[0], eqn, grid)
   subs = list(_subjaxprs(p))
   if subs:
     return _calls(eqn, ins, subs, grid)
@@ -138,7 +170,12 @@ def _calls(eqn, ins, subs, grid):
   n_out = len(eqn.outvars)
   outs = [_NONE] * n_out
   for _, sub in subs:
-    sub_in = list(ins) if len(sub.invars) == len(ins) else [_union(ins)] * len(sub.invars)
+    if len(ins) == len(sub.invars):
+      sub_in = list(ins)
+    elif len(ins) == len(sub.constvars):  # (run_scoped: see _walk)
+      sub_in = list(ins) + [_NONE] * len(sub.invars)
+    else:
+      sub_in = [_union(ins)] * (len(sub.constvars) + len(sub.invars))
     while True:
       res = _walk(sub, sub_in, grid)
       back = _union(res)

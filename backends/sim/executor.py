@@ -36,7 +36,7 @@ from pallas_sim.options import take
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
   __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together",
-               "serial_only", "regs", "variation")
+               "serial_only", "regs", "variation", "load_axes")
 
 
 class _Rerun(Exception):
@@ -105,8 +105,11 @@ class Executor:
     if launch.profile is not None:  # (the profiler's buffer is in SMEM too)
       p.smem += launch.profile.smem_bytes(launch.num_threads)
     resources.check_smem(p.smem, self.gpu, where=launch.where)
-    p.program = Compiler(self.timing, launch, self.options.max_cycles,
-                         self.options.numerics).compile(jaxpr)
+    cx = Compiler(self.timing, launch, self.options.max_cycles, self.options.numerics)
+    p.program = cx.compile(jaxpr)
+    # Per TMA load site: the grid axes its address depends on (L2 reuse).
+    axes = block_classes.load_axes(jaxpr, launch.grid_names)
+    p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
     p.barriers = resources.barrier_count(jaxpr)
     p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)
     p.variation = (block_classes.variation(jaxpr, launch.grid_names)
@@ -184,15 +187,22 @@ class Executor:
     names = list(launch.arg_names[:n_in + n_out])
     if len(names) < n_in + n_out:
       names = [f"in{i}" for i in range(n_in)] + [f"out{j}" for j in range(n_out)]
-    in_bufs = [memory.Buffer(names[i], "gmem", np.array(a, copy=True))
-               for i, a in enumerate(arrays[:n_in])]
+    # ps.estimate given shapes: zeros stand for the inputs, and the outputs
+    # need no poison (values are not computed): calloc'ed zeros, whose pages
+    # only what the kernel touches costs.
+    estimating = self.shapes_only and not self.options.numerics
+    copy = ((lambda a: np.zeros(np.shape(a), np.asarray(a).dtype)) if estimating else
+            (lambda a: np.array(a, copy=True)))
+    in_bufs = [memory.Buffer(names[i], "gmem", copy(a)) for i, a in enumerate(arrays[:n_in])]
     aliases = dict((o, i) for i, o in launch.aliases)
     out_bufs = []
     for j, aval in enumerate(launch.out_avals):
       if j in aliases:  # (holds the input's values: counts as written)
         out_bufs.append(in_bufs[aliases[j]])
       else:
-        buf = memory.Buffer(names[n_in + j], "gmem", memory.poison(aval.shape, aval.dtype))
+        buf = memory.Buffer(names[n_in + j], "gmem",
+                            np.zeros(aval.shape, aval.dtype) if not self.options.numerics
+                            else memory.poison(aval.shape, aval.dtype))
         if self.options.check_uninitialized:
           initcheck.track(buf)
         out_bufs.append(buf)
@@ -402,7 +412,7 @@ class Executor:
           + "\n".join(str(f) for f in unset), findings=unset, where=launch.where))
 
     rep = self._kernel_report(launch, arrays, prep, grid, placement, cycles, totals,
-                              wall, trace, used)
+                              wall, trace, used, blocks)
     rep.simulated_blocks, rep.classes = simulated, note
     self.report.kernels.append(rep)
     return [b.data for b in out_bufs]
@@ -437,13 +447,17 @@ class Executor:
       totals.add(st)
 
   def _kernel_report(self, launch, arrays, prep, grid, placement, cycles, totals, wall,
-                     trace, workers):
+                     trace, workers, blocks):
     """The timing model's verdict on a launch (machine/timing.py, bound.py)."""
-    footprint = sum(np.asarray(a).nbytes for a in arrays[:launch.num_inputs]) + sum(
+    inputs = sum(np.asarray(a).nbytes for a in arrays[:launch.num_inputs])
+    footprint = inputs + sum(
         math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
-    traffic = totals.tma_load_bytes + totals.tma_store_bytes
-    # (kernels without TMA move their operands with plain loads and stores)
-    hbm = timing.hbm_bytes(traffic, footprint, self.gpu.l2_bytes) if traffic else footprint
+    if totals.tma_load_bytes + totals.tma_store_bytes:
+      index = np.array([idx for _, idx, _ in blocks], dtype=np.int64).reshape(len(blocks), -1)
+      hbm = placement.hbm_bytes(index, prep.load_axes, totals.load_sites,
+                                totals.tma_store_bytes, inputs)
+    else:  # (kernels without TMA move their operands with plain loads and stores)
+      hbm = footprint
     kt = placement.kernel_time(cycles, hbm)
     util = bound.utilisation(kt, totals, self.gpu, hbm)
     words, why = bound.name(kt, totals, util, prep.regs)

@@ -58,6 +58,7 @@ class Compiler:
     self.timing = timing
     self.launch = launch
     self.numerics = numerics  # False: the tensor cores' sums are skipped
+    self.sites = {}  # id(eqn) -> its number, for equations a rule asks to number
     self.max_cycles = max_cycles  # loops end a runaway block past this
     self._cache = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]
@@ -66,6 +67,11 @@ class Compiler:
     self.smem_base = 0
     # Named scopes open and close regions of the kernel's profile (profiler.py)
     self.profile = launch is not None and getattr(launch, "profile", None) is not None
+
+  def site(self, eqn):
+    """A number for `eqn`, in the order rules ask (the same in every process
+    that compiles the same kernel: a Ray task's tallies key by it)."""
+    return self.sites.setdefault(id(eqn), len(self.sites))
 
   def where(self, eqn):
     """The user's file:line for `eqn`; equations JAX helpers traced for the

@@ -18,7 +18,7 @@ class BlockStats:
   by what they waited for (`stalls`, cycles summed over warpgroups); the
   cycles its SM's units worked for it (`tma_cycles`, `tensor_cycles`)."""
   __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "thread_cycles",
-               "stalls", "tma_cycles", "tensor_cycles")
+               "stalls", "tma_cycles", "tensor_cycles", "load_sites")
 
   def __init__(self):
     self.tma_load_bytes = 0
@@ -28,6 +28,7 @@ class BlockStats:
     self.stalls = dict.fromkeys(STALLS, 0.0)
     self.tma_cycles = 0.0
     self.tensor_cycles = 0.0
+    self.load_sites = {}  # TMA load site (Compiler.site) -> [bytes, loads] there
 
   def add(self, other, times=1):
     """Adds another block's tallies (`times` blocks like it)."""
@@ -36,6 +37,10 @@ class BlockStats:
       setattr(self, name, getattr(self, name) + times * getattr(other, name))
     for k, v in other.stalls.items():
       self.stalls[k] += times * v
+    for k, (nbytes, loads) in other.load_sites.items():
+      mine = self.load_sites.setdefault(k, [0, 0])
+      mine[0] += times * nbytes
+      mine[1] += times * loads
 
 
 class Block:

@@ -146,6 +146,41 @@ class LaunchTiming:
                       (len(cycles) % self.slots or self.slots) / self.slots)
 
 
+  def hbm_bytes(self, grid_index, load_axes, site_bytes, store_bytes, input_bytes):
+    """Bytes that reach HBM. Loads: the blocks of one wave run together,
+    so what several of them read at one load site, the L2 serves after the
+    first: per wave and site, each distinct source (blocks agreeing on the
+    grid axes its address depends on, block_classes.load_axes) is read from
+    HBM once, while what the wave's blocks read at one time fits in the L2
+    (a load's bytes at each distinct source, the blocks going through their
+    loads together); past that, the excess misses in proportion. Inputs
+    that fit in the L2 whole are read once per launch. Stores all reach
+    HBM. (calibrate)"""
+    n = len(grid_index)
+    l2 = self.timing.gpu.l2_bytes
+    per_block = {s: b / n for s, (b, _) in site_bytes.items()} if n else {}
+    per_load = {s: b / loads for s, (b, loads) in site_bytes.items() if loads}
+    reads = 0.0
+    for w in range(self.waves):
+      wave = grid_index[w * self.slots:(w + 1) * self.slots]
+      unique = traffic = live = 0.0
+      for s, b in per_block.items():
+        axes = load_axes.get(s, None)
+        if axes is None:    # (an address read from memory: no reuse assumed)
+          distinct = len(wave)
+        elif not axes:
+          distinct = 1
+        else:
+          distinct = len(np.unique(wave[:, list(axes)], axis=0))
+        unique += distinct * b
+        traffic += len(wave) * b
+        live += distinct * per_load.get(s, 0.0)
+      reads += unique if live <= l2 else unique + (traffic - unique) * (1 - l2 / live)
+    if input_bytes <= l2:
+      reads = min(reads, input_bytes)
+    return reads + store_bytes
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelTime:
   seconds: float      # the prediction
@@ -154,13 +189,3 @@ class KernelTime:
   launch_s: float     # launch overhead
   tail_s: float       # of compute_s: the last wave, where it is not full
   last_wave_fill: float  # how full the last wave is (1: full)
-
-
-def hbm_bytes(traffic, footprint, l2_bytes):
-  """Bytes that reach HBM, of `traffic` bytes of copies over GMEM operands
-  of `footprint` bytes: each byte of the footprint once, and of the
-  re-reads beyond it the share that the L2 cannot hold (calibrate)."""
-  if traffic <= footprint:
-    return traffic
-  miss = max(0.0, 1.0 - l2_bytes / footprint) if footprint else 0.0
-  return footprint + (traffic - footprint) * miss

@@ -107,6 +107,7 @@ def _copy_gmem_to_smem(eqn, cx):
   nb = refview.num_leaves(p["barrier_transforms_treedef"])
   has_pred = p.get("has_user_predicate", False)
   timing = cx.timing
+  site = cx.site(eqn)  # (bytes per load site: the L2 model, machine/timing.py)
   what = "copy_gmem_to_smem"
   where = cx.where(eqn)
   # Checks that need no data run now, before the real lowering's.
@@ -147,6 +148,11 @@ def _copy_gmem_to_smem(eqn, cx):
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
     start, _, done = timing.tma(blk.engines, wg.time, tx)
     blk.stats.tma_load_bytes += s.view.nbytes
+    tally = blk.stats.load_sites.get(site)
+    if tally is None:
+      tally = blk.stats.load_sites[site] = [0, 0]
+    tally[0] += s.view.nbytes
+    tally[1] += 1
     for pd, pslot in targets:
       _land_at(done, wg, s, pd, pslot, tx, where, what, inb, fill)
     blk.event(f"{wg.name} TMA", f"load {s.buf.name}->{d.buf.name}", start, done)
