@@ -48,8 +48,8 @@ def name(kt, totals, util, regs):
                                f"({regs.per_thread} needed, {regs.limit} allowed)")
   if util["tensor core"] >= BUSY:
     return "tensor core", f"tensor cores busy {util['tensor core']:.0%}"
-  if util["TMA"] >= BUSY:
-    return "HBM", f"TMA engines busy {util['TMA']:.0%}"
+  if util["TMA"] >= BUSY:  # (what its SM's share of L2/HBM bandwidth lets through)
+    return "TMA bandwidth", f"TMA engines busy {util['TMA']:.0%}"
   shares = stall_shares(totals)
   if not shares:
     return "launch overhead", "no work"
