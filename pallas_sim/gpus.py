@@ -4,11 +4,17 @@ are leads to be measured on a real Hopper GPU (benchmarks/), not trusted."""
 import dataclasses
 
 
+# Figures marked (H200) were measured on an H200 by benchmarks/calibrate.py
+# through benchmarks/measure_gpu.py (2026-12-01, benchmarks/h200_measured.json
+# "figures"; the command and table are in benchmarks/RESULTS.md). The H100
+# SXM has the same SM: it takes the SM's figures, with its own HBM and L2.
 @dataclasses.dataclass(frozen=True)
 class GPU:
   name: str
   num_sms: int = 132
-  clock_hz: float = 1.83e9
+  # SM clock under load: nvidia-smi read 1980 MHz throughout the runs (H200;
+  # the H100 SXM's boost clock is the same 1980 MHz).
+  clock_hz: float = 1.98e9
   max_smem_per_block: int = 232448      # Mosaic's max_smem_bytes on sm_90
   smem_per_sm: int = 228 * 1024
   max_threads_per_sm: int = 2048
@@ -16,35 +22,62 @@ class GPU:
   # int8 run at twice the f16/bf16 rate, tf32 (f32 operands) at half.
   tensor_flop_per_clk: tuple = (("f16", 4096), ("bf16", 4096), ("tf32", 2048),
                                 ("fp8", 8192), ("int8", 8192))
-  hbm_bytes_per_s: float = 3.35e12
+  # Tensor-core cycles each wgmma group costs beyond its FLOPs: a loop of
+  # wgmma 128xNx64 + wgmma_wait(1) on every SM ran at 3314 (N=64) and 3669
+  # (N=128) FLOP/clk of the 4096 (H200): ~60 cycles a group.
+  wgmma_issue_cycles: float = 60.0
+  hbm_bytes_per_s: float = 3.35e12        # reads
+  hbm_write_bytes_per_s: float = 2.44e12  # writes (H100: the H200's ratio)
   l2_bytes: int = 50 * 2 ** 20
-  # calibrate: a lane's registers beyond its arrays (addresses, indices,
-  # loop counters), for the register estimate (machine/occupancy.py)
-  register_base: int = 32
-  # calibrate: bytes per cycle an SM moves to and from local memory when a
-  # wgmma accumulator spills (the spilled registers go out and come back
-  # around each wgmma)
-  local_bytes_per_clk: float = 64.0
-  # calibrate: latencies in cycles
-  tma_latency: int = 600
-  wgmma_latency: int = 120
-  barrier_latency: int = 20
-  launch_overhead_s: float = 4e-6
+  # L2 to SMs when every SM re-reads one 8 MiB region: 9.36 TB/s (H200).
+  l2_bytes_per_s: float = 9.36e12
+  # One SM's TMA engine alone, 4-6 loads of 32 KiB in flight: 171-206 GB/s,
+  # ~104 B/clk (H200). With many SMs busy each gets its share of the L2's.
+  tma_bytes_per_clk: float = 104.0
+  # A TMA load's latency, issue to barrier completion, of a 4 KiB tile:
+  # 440 cycles from L2, 968 from HBM (H200); what it moves beyond that is
+  # charged at the SM's rate.
+  tma_latency: int = 400
+  hbm_latency_extra: int = 530
+  # wgmma then wgmma_wait(0), one block: 195 cycles at m64n64k64 and 657 at
+  # m64n256k64, 7 and 85 over their FLOPs and issue cycles (H200).
+  wgmma_latency: int = 45
+  # Two warpgroups handing a barrier back and forth: 115 cycles a round
+  # trip, two hand-offs (H200).
+  barrier_latency: int = 57
+  # Tiny kernels chained in one jitted program: 1.34-1.64 us a launch (H200;
+  # host-bound, so an upper bound on the device's own gap).
+  launch_overhead_s: float = 1.5e-6
   # calibrate: instruction issue cost of one warpgroup-wide vector op,
   # per 128 elements (one element per lane) of the widest operand.
   alu_cycles_per_vector: float = 2.0
   op_overhead_cycles: float = 4.0
+  # A lane's registers beyond its arrays (addresses, indices, loop counters),
+  # for the register estimate (machine/occupancy.py): the spill cliff lies
+  # between 128x224 f32 accumulators (224 registers: no cliff) and 128x256
+  # (H200), so it is at most 31; 24 is a lead within that.
+  register_base: int = 24
+  # Local memory to and from an SM, when a wgmma accumulator spills: the
+  # accumulator goes out and comes back around each wgmma. A 128x256 f32
+  # accumulator (256 registers a lane, over the 255) ran its wgmma loop at
+  # 747 FLOP/clk against 3669 for 128x128: ~4530 extra cycles for its 256 KiB
+  # round trip, 58 B/clk (H200).
+  local_bytes_per_clk: float = 58.0
 
   def tensor_rate(self, operand_kind):
     """Tensor-core FLOP per clock per SM for operands of this kind."""
     return dict(self.tensor_flop_per_clk)[operand_kind]
 
 
+# H100 SXM: HBM3 3.35 TB/s and 50 MiB of L2 (datasheet).
 H100 = GPU("h100")
-# HBM: the datasheet's 4.8 TB/s; a device-to-device copy measured 4.3 TB/s
-# (/work/.library/device/KINDS.md, 2026-10-28). L2: 60 MB as PyTorch reads it
-# off the device there.
-H200 = GPU("h200", hbm_bytes_per_s=4.3e12, l2_bytes=60 * 10 ** 6)
+# H200: HBM read by every SM's TMA streaming a 1 GiB array: 4.57 TB/s (the
+# datasheet says 4.8; a copy, read plus write, 3.85). L2: 60 MB as PyTorch
+# reads it off the device (/work/.library/device/KINDS.md, 2026-10-28).
+# Writes: a copy through SMEM (half read, half written) moved 3.85 TB/s:
+# 1/3.85 = (1/4.57 + 1/w) / 2 gives w = 3.33 TB/s for the writes.
+H200 = GPU("h200", hbm_bytes_per_s=4.57e12, hbm_write_bytes_per_s=3.33e12,
+           l2_bytes=60 * 10 ** 6)
 
 GPUS = {g.name: g for g in (H100, H200)}
 NAMES = tuple(sorted(GPUS))

@@ -224,16 +224,16 @@ def test_l2_serves_what_the_blocks_of_a_wave_share():
   # site 0 follows axis 0, site 1 axis 1; 1 MiB per block in 16 loads
   sites = {0: [4 * SMS * mb, 4 * SMS * 16], 1: [4 * SMS * mb, 4 * SMS * 16]}
   axes = {0: (0,), 1: (1,)}
-  got = lt.hbm_bytes(index, axes, sites, 0, input_bytes=10 ** 12)
+  got = lt.hbm_reads(index, axes, sites, input_bytes=10 ** 12)
   per_wave = [len(set(index[w * SMS:(w + 1) * SMS, 0])) + 8 for w in range(4)]
   assert got == sum(per_wave) * mb
   # an address read from memory: every block reads its own
-  assert lt.hbm_bytes(index, {0: None, 1: (1,)}, sites, 0, 10 ** 12) == sum(
+  assert lt.hbm_reads(index, {0: None, 1: (1,)}, sites, 10 ** 12) == sum(
       SMS + 8 for _ in range(4)) * mb
-  # inputs that fit in the L2 are read once; stores all count
-  assert lt.hbm_bytes(index, axes, sites, 5, input_bytes=3 * mb) == 3 * mb + 5
+  # inputs that fit in the L2 are read once
+  assert lt.hbm_reads(index, axes, sites, input_bytes=3 * mb) == 3 * mb
   # what a wave reads at once past the L2: misses (one load of 1 GiB per block)
   big = {0: [4 * SMS * 2 ** 30, 4 * SMS]}
-  spill = lt.hbm_bytes(index, {0: (0,)}, big, 0, 10 ** 15)
+  spill = lt.hbm_reads(index, {0: (0,)}, big, 10 ** 15)
   fits = sum(len(set(index[w * SMS:(w + 1) * SMS, 0])) for w in range(4)) * 2 ** 30
   assert fits < spill < 4 * SMS * 2 ** 30

@@ -328,6 +328,9 @@ class Executor:
       s.groups = [s.blocks]
     s.placement = self.timing.launch(len(s.blocks), prep.smem, launch.num_threads,
                                      prep.regs)
+    s.grid_index = np.array([idx for _, idx, _ in s.blocks],
+                            dtype=np.int64).reshape(len(s.blocks), -1)
+    s.placement.set_loads(s.grid_index, prep.load_axes)
     s.log = races.RaceLog(launch.name)
     s.runner = GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
                            s.placement, s.log, self.check_races,
@@ -412,7 +415,7 @@ class Executor:
           + "\n".join(str(f) for f in unset), findings=unset, where=launch.where))
 
     rep = self._kernel_report(launch, arrays, prep, grid, placement, cycles, totals,
-                              wall, trace, used, blocks)
+                              wall, trace, used, s.grid_index)
     rep.simulated_blocks, rep.classes = simulated, note
     self.report.kernels.append(rep)
     return [b.data for b in out_bufs]
@@ -447,18 +450,17 @@ class Executor:
       totals.add(st)
 
   def _kernel_report(self, launch, arrays, prep, grid, placement, cycles, totals, wall,
-                     trace, workers, blocks):
+                     trace, workers, grid_index):
     """The timing model's verdict on a launch (machine/timing.py, bound.py)."""
     inputs = sum(np.asarray(a).nbytes for a in arrays[:launch.num_inputs])
-    footprint = inputs + sum(
-        math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
+    outputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
     if totals.tma_load_bytes + totals.tma_store_bytes:
-      index = np.array([idx for _, idx, _ in blocks], dtype=np.int64).reshape(len(blocks), -1)
-      hbm = placement.hbm_bytes(index, prep.load_axes, totals.load_sites,
-                                totals.tma_store_bytes, inputs)
+      reads = placement.hbm_reads(grid_index, prep.load_axes, totals.load_sites, inputs)
+      writes = totals.tma_store_bytes
     else:  # (kernels without TMA move their operands with plain loads and stores)
-      hbm = footprint
-    kt = placement.kernel_time(cycles, hbm)
+      reads, writes = inputs, outputs
+    hbm = reads + writes
+    kt = placement.kernel_time(cycles, reads, writes)
     util = bound.utilisation(kt, totals, self.gpu, hbm)
     words, why = bound.name(kt, totals, util, prep.regs)
     return KernelReport(

@@ -39,15 +39,29 @@ class Engines:
   """One block's share of its SM's TMA engine and tensor cores: when each is
   next free for it (cycles), how many blocks share them, and the work it
   gave each (cycles of the unit's own time, for utilisation)."""
-  __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill")
+  __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
+               "tma_rate", "latency")
 
-  def __init__(self, share=1, spill=0.0):
+  def __init__(self, share=1, spill=0.0, tma_rate=None, latency=None):
     self.share = share
     self.spill = spill  # cycles a warpgroup spends on spilled registers per wgmma
+    self.tma_rate = tma_rate  # bytes per cycle of its SM's TMA engine (None: alone)
+    self.latency = latency or {}  # TMA load site -> its latency (cycles)
     self.tma_free = 0.0
     self.tc_free = 0.0
     self.tma_work = 0.0
     self.tc_work = 0.0
+
+
+def _stretch(share, work, t):
+  """How much longer a unit takes for a block sharing it with share - 1
+  others: they are like it, so each keeps the unit as busy as this block
+  has so far (work / t, its share of the unit's time); when that is all of
+  it, each gets 1/share, when none, this block has the unit alone."""
+  if share == 1:
+    return 1.0
+  busy = min(1.0, work / t) if t > 0 else 1.0
+  return 1.0 + (share - 1) * busy
 
 
 class Timing:
@@ -56,8 +70,6 @@ class Timing:
   def __init__(self, gpu):
     self.gpu = gpu
     self.barrier_latency = gpu.barrier_latency
-    # Each SM's share of HBM bandwidth when all SMs stream (calibrate).
-    self.tma_bytes_per_cycle = gpu.hbm_bytes_per_s / gpu.clock_hz / gpu.num_sms
 
   def issue_cycles(self, eqn):
     """Cycles one warpgroup spends issuing this equation (calibrate)."""
@@ -67,21 +79,24 @@ class Timing:
     g = self.gpu
     return g.op_overhead_cycles + g.alu_cycles_per_vector * (-(-size // 128))
 
-  def tma(self, engines, t, nbytes):
-    """A transfer issued at t: (start, end of the transfer, completion)."""
+  def tma(self, engines, t, nbytes, site=None):
+    """A transfer issued at t (a load from `site`, whose latency the L2 model
+    set: LaunchTiming.set_loads): (start, end of the transfer, completion)."""
+    g = self.gpu
     start = max(t, engines.tma_free)
-    work = nbytes / self.tma_bytes_per_cycle
+    work = nbytes / (engines.tma_rate or g.tma_bytes_per_clk)
+    end = start + work * _stretch(engines.share, engines.tma_work, start)
     engines.tma_work += work
-    end = start + work * engines.share
     engines.tma_free = end
-    return start, end, end + self.gpu.tma_latency
+    return start, end, end + engines.latency.get(site, g.tma_latency)
 
   def wgmma(self, engines, t, m, n, k, dtype):
     """A wgmma group issued at t on these tensor cores: (start, completion)."""
     start = max(t, engines.tc_free)
-    work = 2 * m * n * k / self.gpu.tensor_rate(operand_kind(dtype))
+    work = (2 * m * n * k / self.gpu.tensor_rate(operand_kind(dtype))
+            + self.gpu.wgmma_issue_cycles)
+    engines.tc_free = start + work * _stretch(engines.share, engines.tc_work, start)
     engines.tc_work += work
-    engines.tc_free = start + work * engines.share
     return start, engines.tc_free + self.gpu.wgmma_latency
 
   def launch(self, num_blocks, smem, num_threads, regs=None):
@@ -97,11 +112,16 @@ class LaunchTiming:
     self.regs = regs or occupancy.Registers(g.register_base, occupancy.MAX_PER_THREAD, 0)
     self.per_sm = occupancy.blocks_per_sm(g, smem, num_threads, self.regs,
                                           CUDA_RESERVED_SMEM_PER_BLOCK)
-    # Spilled registers go out to local memory and come back around each
-    # wgmma (its accumulator must be in registers), through the SM's
-    # local-memory path, shared like its other units (calibrate).
-    self.spill_per_wgmma = (self.regs.spilled * 4 * occupancy.LANES * 2
-                            / g.local_bytes_per_clk)
+    # An accumulator that does not fit goes out to local memory and comes
+    # back around each wgmma (which needs it whole in registers), through
+    # the SM's local-memory path, shared like its other units.
+    self.spill_per_wgmma = (self.regs.accumulators * 4 * occupancy.LANES * 2
+                            / g.local_bytes_per_clk if self.regs.spilled else 0.0)
+    # Each busy SM's share of the L2's bandwidth, up to what one TMA engine
+    # moves alone.
+    active = max(1, min(num_blocks, g.num_sms))
+    self.tma_rate = min(g.tma_bytes_per_clk, g.l2_bytes_per_s / g.clock_hz / active)
+    self.latency = {}
     self.slots = g.num_sms * self.per_sm     # blocks in one wave
     self.waves = -(-num_blocks // self.slots) if num_blocks else 0
     self.num_blocks = num_blocks
@@ -123,9 +143,33 @@ class LaunchTiming:
   def engines(self, block_index):
     """The block's share of its SM's units (a fresh Engines)."""
     share = self.share(block_index)
-    return Engines(share, self.spill_per_wgmma * share)
+    return Engines(share, self.spill_per_wgmma * share, self.tma_rate, self.latency)
 
-  def kernel_time(self, block_cycles, hbm_bytes):
+  def set_loads(self, grid_index, load_axes):
+    """Each TMA load site's latency: from the L2, plus HBM's extra for the
+    share of its loads that miss: the first of the blocks of a wave that
+    read one source (block_classes.load_axes), or every block where the
+    address comes from data."""
+    g = self.timing.gpu
+    n = len(grid_index)
+    for site, axes in load_axes.items():
+      misses = 0
+      for w in range(self.waves):
+        wave = grid_index[w * self.slots:(w + 1) * self.slots]
+        misses += self._distinct(wave, axes)
+      self.latency[site] = g.tma_latency + g.hbm_latency_extra * (misses / n if n else 1)
+
+  @staticmethod
+  def _distinct(wave, axes):
+    """How many distinct sources the blocks `wave` (grid indices) read at a
+    site whose address depends on grid `axes` (None: on data)."""
+    if axes is None:
+      return len(wave)
+    if not axes:
+      return 1
+    return len(np.unique(wave[:, list(axes)], axis=0))
+
+  def kernel_time(self, block_cycles, hbm_reads, hbm_writes):
     """Each SM runs its waves one after another, a wave as long as its
     longest co-resident block; the kernel takes its slowest SM, and cannot
     beat HBM bandwidth for the bytes it moves (calibrate); plus launch
@@ -140,22 +184,21 @@ class LaunchTiming:
     tail_s = 0.0
     if self.waves > 1 and len(cycles) % self.slots:  # (a last wave not full)
       tail_s = waves[:, -1].max() / g.clock_hz
-    memory_s = hbm_bytes / g.hbm_bytes_per_s
+    memory_s = hbm_reads / g.hbm_bytes_per_s + hbm_writes / g.hbm_write_bytes_per_s
     return KernelTime(max(compute_s, memory_s) + g.launch_overhead_s, compute_s,
                       memory_s, g.launch_overhead_s, tail_s,
                       (len(cycles) % self.slots or self.slots) / self.slots)
 
 
-  def hbm_bytes(self, grid_index, load_axes, site_bytes, store_bytes, input_bytes):
-    """Bytes that reach HBM. Loads: the blocks of one wave run together,
+  def hbm_reads(self, grid_index, load_axes, site_bytes, input_bytes):
+    """Bytes read from HBM: the blocks of one wave run together,
     so what several of them read at one load site, the L2 serves after the
     first: per wave and site, each distinct source (blocks agreeing on the
     grid axes its address depends on, block_classes.load_axes) is read from
     HBM once, while what the wave's blocks read at one time fits in the L2
     (a load's bytes at each distinct source, the blocks going through their
     loads together); past that, the excess misses in proportion. Inputs
-    that fit in the L2 whole are read once per launch. Stores all reach
-    HBM. (calibrate)"""
+    that fit in the L2 whole are read once per launch."""
     n = len(grid_index)
     l2 = self.timing.gpu.l2_bytes
     per_block = {s: b / n for s, (b, _) in site_bytes.items()} if n else {}
@@ -165,20 +208,14 @@ class LaunchTiming:
       wave = grid_index[w * self.slots:(w + 1) * self.slots]
       unique = traffic = live = 0.0
       for s, b in per_block.items():
-        axes = load_axes.get(s, None)
-        if axes is None:    # (an address read from memory: no reuse assumed)
-          distinct = len(wave)
-        elif not axes:
-          distinct = 1
-        else:
-          distinct = len(np.unique(wave[:, list(axes)], axis=0))
+        distinct = self._distinct(wave, load_axes.get(s, None))
         unique += distinct * b
         traffic += len(wave) * b
         live += distinct * per_load.get(s, 0.0)
       reads += unique if live <= l2 else unique + (traffic - unique) * (1 - l2 / live)
     if input_bytes <= l2:
       reads = min(reads, input_bytes)
-    return reads + store_bytes
+    return reads
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,7 +146,7 @@ def _copy_gmem_to_smem(eqn, cx):
       targets = [(d, slot) if peer is blk else
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
-    start, _, done = timing.tma(blk.engines, wg.time, tx)
+    start, _, done = timing.tma(blk.engines, wg.time, tx, site)
     blk.stats.tma_load_bytes += s.view.nbytes
     tally = blk.stats.load_sites.get(site)
     if tally is None:

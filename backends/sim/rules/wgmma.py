@@ -157,9 +157,12 @@ def _wgmma_ref(eqn, cx):
     n = b_r.view.shape[1]
     blk = wg.block
     blk.stats.wgmma_flops += 2 * m * n * k
-    if blk.engines.spill:  # (machine/occupancy.py)
-      wg.time += blk.engines.spill
-      blk.stats.stalls["spill"] += blk.engines.spill
+    if blk.engines.spill:  # (machine/occupancy.py, timing.py)
+      # The accumulator goes out and back once the tensor cores are done
+      # with it: after the wgmma before, then this one starts.
+      since = wg.time
+      wg.time = max(wg.time, blk.engines.tc_free) + blk.engines.spill
+      blk.stats.stalls["spill"] += wg.time - since
     start, done = timing.wgmma(blk.engines, wg.time, m, n, k, b_r.view.dtype)
     if wg.wgmma:
       done = max(done, wg.wgmma[-1][0])  # groups retire in order

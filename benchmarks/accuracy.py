@@ -1,0 +1,119 @@
+"""The timing model against the H200: predicted (ps.estimate, on this CPU)
+beside measured (benchmarks/measure_gpu.py on the GPU machine, committed as
+benchmarks/h200_measured.json), for every kernel of benchmarks/timing_suite.py.
+
+    ./dev python benchmarks/accuracy.py [--measured FILE] [--filter S] [--small]
+
+Prints one row per kernel (measured, predicted, error, the bound the model
+names, estimate's wall time), then per family the Spearman rank correlation
+of predicted against measured times (does the model rank configurations of
+one kernel right?), and the mean and largest absolute error over the rows
+that are not small (rows under ~150 us are launch- and L2-dominated on this
+GPU: --small includes them). No constant per kernel, no per-shape correction:
+every figure the model uses is in pallas_sim/gpus.py."""
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import pallas_sim as ps  # noqa: E402
+import timing_suite  # noqa: E402
+
+
+@contextlib.contextmanager
+def shapes_only():
+  """The suite's inputs as shapes: estimate needs no values (and an 8192^2
+  random matrix costs seconds to draw here)."""
+  real = timing_suite._rand
+  timing_suite._rand = lambda seed, shape, dtype, *a, **k: jax.ShapeDtypeStruct(
+      tuple(shape), jnp.dtype(dtype))
+  try:
+    yield
+  finally:
+    timing_suite._rand = real
+
+
+def spearman(x, y):
+  """Rank correlation (ties get their mean rank)."""
+  def ranks(v):
+    v = np.asarray(v, dtype=float)
+    order = np.argsort(v, kind="stable")
+    r = np.empty(len(v))
+    r[order] = np.arange(len(v))
+    for val in np.unique(v):
+      tie = v == val
+      r[tie] = r[tie].mean()
+    return r
+  if len(x) < 2:
+    return float("nan")
+  rx, ry = ranks(x), ranks(y)
+  if rx.std() == 0 or ry.std() == 0:
+    return float("nan")
+  return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def predict(case, gpu):
+  with shapes_only():
+    built = case.build()
+  t0 = time.perf_counter()
+  report = ps.estimate(built.fn, *built.args, gpu=gpu)
+  return report, time.perf_counter() - t0
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--measured", default=os.path.join(HERE, "h200_measured.json"))
+  ap.add_argument("--gpu", default="h200")
+  ap.add_argument("--filter", default="")
+  ap.add_argument("--small", action="store_true", help="count small rows too")
+  ns = ap.parse_args(argv)
+  # (small rows: the per-kernel time of two chained in one program, which
+  # hides host dispatch; others: the median time per call)
+  measured = {r["name"]: dict(r, seconds=r.get("k2_per_kernel_s") or r["median_s"])
+              for r in json.load(open(ns.measured))["cases"] if r.get("median_s")}
+  rows = []
+  print("| kernel | measured (us) | predicted (us) | error | bound (model) | estimate (s) |")
+  print("|---|---:|---:|---:|---|---:|")
+  for case in timing_suite.CASES:
+    if ns.filter not in case.name or case.name not in measured:
+      continue
+    try:
+      report, wall = predict(case, ns.gpu)
+    except Exception as e:  # (a kernel the simulator rejects: say so, go on)
+      print(f"| {case.name} | {measured[case.name]['seconds'] * 1e6:.1f} | "
+            f"{type(e).__name__}: {str(e).splitlines()[0][:80]} | | | |")
+      continue
+    t_real = measured[case.name]["seconds"]
+    t_pred = report.time_s
+    err = t_pred / t_real - 1
+    bounds = ", ".join(sorted({k.bound for k in report.kernels}))
+    rows.append((case, t_real, t_pred, err))
+    print(f"| {case.name}{' (small)' if case.small else ''} | {t_real * 1e6:.1f} | "
+          f"{t_pred * 1e6:.1f} | {err:+.0%} | {bounds} | {wall:.2f} |")
+  counted = [r for r in rows if ns.small or not r[0].small]
+  print()
+  print("| family | rows | Spearman (predicted vs measured) | mean abs error |")
+  print("|---|---:|---:|---:|")
+  for fam in dict.fromkeys(r[0].family for r in rows):
+    fr = [r for r in rows if r[0].family == fam]
+    rho = spearman([r[1] for r in fr], [r[2] for r in fr])
+    print(f"| {fam} | {len(fr)} | {rho:.2f} | "
+          f"{np.mean([abs(r[3]) for r in fr]):.0%} |")
+  if counted:
+    errs = [abs(r[3]) for r in counted]
+    print(f"\nover {len(counted)} rows{'' if ns.small else ' (not small)'}: mean absolute "
+          f"error {np.mean(errs):.1%}, largest {max(errs):.1%} "
+          f"({max(counted, key=lambda r: abs(r[3]))[0].name})")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,636 @@
+"""Micro-benchmarks, as Pallas Mosaic GPU kernels, for the hardware figures
+the simulator's timing model reads (pallas_sim/gpus.py; issue 9).
+
+Every figure is measured by a DIFFERENCE: the same kernel is built with an
+in-kernel loop of n1 and of n2 iterations (or, for the launch overhead, a
+jitted program of n1 and n2 launches), and
+
+    per_iteration = (t(n2) - t(n1)) / (n2 - n1)
+
+so the launch, the prologue and the epilogue cancel. A rate is the work of
+one iteration (bytes, flops) over that. Times are device seconds per jitted
+call, measured by benchmarks/measure_gpu.py (which runs these on the GPU);
+cycles are seconds times the SM clock read with nvidia-smi during the run.
+
+    (a) tma_latency_*   one block, a chain of dependent TMA loads (each awaited
+                        before the next): same tile (L2 hit) or a new tile far
+                        away each time with L2 flushed between calls (HBM)
+    (b) stream_*, copy  all SMs streaming GMEM->SMEM (TMA, 4 slots in flight)
+                        from a 1 GiB array; one SM alone; a GMEM->SMEM->GMEM copy
+    (c) l2_reuse        all SMs re-reading the same 8 MiB region
+    (d) wgmma_*         wgmma loop on one accumulator, operands SMEM-resident,
+                        by N and operand type, 1 and 2 blocks per SM, all SMs
+    (e) wgmma_lat_*     one block: wgmma then wgmma_wait(0), in a loop
+    (f) barrier_pingpong two Pallas threads handing a token over two Barriers
+    (g) launch_*        n tiny kernels chained in one jitted program
+    (h) spill_*         (d) with a 128xN f32 accumulator, N = 128, 192, 224, 256
+
+`MICROS` is the list; `m.build(n)` gives `Built(fn, args, reference)` at the
+GPU sizes, `m.build(n, cpu=True)` a small version for the simulator.
+
+    ./dev python benchmarks/calibrate.py --sim-check [SUBSTRING]
+
+runs each kernel (two small n) in the simulator on the CPU (which also runs
+JAX's real Mosaic lowering) against its reference, and prints the simulator's
+per-iteration figure beside the model's. On the GPU use measure_gpu.py
+(or `python3 benchmarks/calibrate.py --gpu`, which runs only these).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import threading
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing_suite import Built  # noqa: E402  (a plain dataclass, no side effects)
+
+NUM_SMS = 132
+F32 = 4
+
+
+# ---------------------------------------------------------------------------
+# Inputs, memoized (several micro-benchmarks read the same large arrays).
+# ---------------------------------------------------------------------------
+
+_ARRAYS = {}
+_LOCK = threading.Lock()
+
+
+def _array(shape, dtype="float32", seed=0, kind="uniform"):
+  """A random array (never zeros), cached by its recipe."""
+  import jax.numpy as jnp
+  key = (tuple(shape), str(dtype), seed, kind)
+  with _LOCK:
+    return _make_array(key, shape, dtype, seed, kind)
+
+
+def _make_array(key, shape, dtype, seed, kind):
+  import jax.numpy as jnp
+  if key not in _ARRAYS:
+    rng = np.random.default_rng(seed)
+    if kind == "uniform":  # [0.5, 1.5): positive, far from zero
+      x = rng.random(shape, dtype=np.float32) + np.float32(0.5)
+    else:                  # small integers: exact in every operand type here
+      x = rng.integers(-3, 4, shape).astype(np.float32)
+      x[x == 0] = 1.0
+    _ARRAYS[key] = jnp.asarray(x, jnp.dtype(dtype))
+  return _ARRAYS[key]
+
+
+def clear_cache():
+  _ARRAYS.clear()
+
+
+def _flush_l2(junk):
+  """A 256 MiB elementwise op (read and write): run between two timed calls,
+  it evicts the L2 (50 MiB), so every call of the kernel starts cold. Its own
+  time is the same for n1 and n2 and cancels in the difference."""
+  return junk * 1.0001 + 1.0
+
+
+# ---------------------------------------------------------------------------
+# (a) TMA load latency: a chain of dependent loads, one block.
+# ---------------------------------------------------------------------------
+
+def tma_chain(x, *, n, tile_rows, hop):
+  """One block loads tile (i * hop) % T of x into SMEM, awaits it, then the
+  next: n dependent TMA round trips. Writes the last tile it loaded."""
+  import jax
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  T = rows // tile_rows
+
+  def body(x_ref, o_ref, smem, bar):
+    def step(i, c):
+      t = lax.rem(i * hop, T)
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)], smem, bar)
+      plgpu.barrier_wait(bar)
+      return c
+    lax.fori_loop(0, n, step, None)
+    o_ref[...] = smem[...]
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((tile_rows, cols), x.dtype),
+      scratch_types=[plgpu.SMEM((tile_rows, cols), x.dtype), plgpu.Barrier()],
+      grid=(1,), grid_names=("b",))(x)
+
+
+def _build_tma_chain(n, *, tile_rows, cols, hbm, cpu=False):
+  if cpu:
+    rows = 16 * tile_rows
+  else:
+    rows = (256 << 20) // (cols * F32)         # a 256 MiB array
+  T = rows // tile_rows
+  hop = (T // 16 + 1) | 1 if hbm else 0        # odd: visits n distinct tiles
+  x = _array((rows, cols), seed=10)
+  last = ((n - 1) * hop) % T
+  ref = lambda x, *_: x[last * tile_rows:(last + 1) * tile_rows]
+  fn = functools.partial(tma_chain, n=n, tile_rows=tile_rows, hop=hop)
+  if hbm and not cpu:
+    junk = _array((64 << 20,), seed=11)
+    return Built(lambda x, junk: (fn(x), _flush_l2(junk)), (x, junk),
+                 lambda x, junk: ref(x), tol=0.0)
+  return Built(fn, (x,), ref, tol=0.0)
+
+
+# ---------------------------------------------------------------------------
+# (b, c) Streaming GMEM->SMEM with TMA, and a copy through SMEM.
+# ---------------------------------------------------------------------------
+
+def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None):
+  """Block b loads tiles t = (i * blocks + b) [mod region_tiles] of x, i < n,
+  into a ring of `slots` SMEM buffers (slots loads in flight), awaiting each
+  before refilling its slot. Writes the last tile each block loaded."""
+  import jax
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert n >= slots
+  R = region_tiles or rows // tile_rows
+  assert R * tile_rows <= rows
+
+  def body(x_ref, o_ref, smem, bars):
+    b = lax.axis_index("b")
+
+    def issue(i, slot):
+      t = lax.rem(i * blocks + b, R)
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)],
+                              smem.at[slot], bars.at[slot])
+
+    for s in range(slots):
+      issue(s, s)
+
+    def step(i, c):
+      slot = lax.rem(i, slots)
+      plgpu.barrier_wait(bars.at[slot])
+
+      @pl.when(i + slots < n)
+      def _():
+        issue(i + slots, slot)
+      return c
+
+    lax.fori_loop(0, n, step, None)
+    o_ref[b] = smem[(n - 1) % slots]
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((blocks, tile_rows, cols), x.dtype),
+      scratch_types=[plgpu.SMEM((slots, tile_rows, cols), x.dtype),
+                     plgpu.Barrier(num_barriers=slots)],
+      grid=(blocks,), grid_names=("b",))(x)
+
+
+def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None):
+  import jax.numpy as jnp
+  rows, cols = x.shape
+  R = region_tiles or rows // tile_rows
+  ts = [((n - 1) * blocks + b) % R for b in range(blocks)]
+  return jnp.stack([x[t * tile_rows:(t + 1) * tile_rows] for t in ts])
+
+
+def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
+                  flush=False, cpu=False):
+  if cpu:
+    blocks, n_max = min(blocks, 2), 8
+    assert n <= n_max
+    region_tiles = 3 if region_mib else None
+  else:
+    region_tiles = (region_mib << 20) // (tile_rows * cols * F32) if region_mib else None
+  # The array holds every tile read (or just the region re-read).
+  rows = (region_tiles or blocks * n_max) * tile_rows
+  x = _array((rows, cols), seed=12)
+  kw = dict(n=n, blocks=blocks, tile_rows=tile_rows, region_tiles=region_tiles)
+  fn = functools.partial(tma_stream, slots=slots, **kw)
+  ref = functools.partial(_stream_ref, **kw)
+  if flush and not cpu:
+    junk = _array((64 << 20,), seed=11)
+    return Built(lambda x, junk: (fn(x), _flush_l2(junk)), (x, junk),
+                 lambda x, junk: ref(x), tol=0.0)
+  return Built(fn, (x,), ref, tol=0.0)
+
+
+def tma_copy(x, *, n, blocks, tile_rows, slots):
+  """out = x[:n * blocks tiles]: block b copies tiles i * blocks + b, i < n,
+  GMEM -> SMEM (TMA load, `slots` in flight) -> GMEM (TMA store, one in
+  flight: a slot is refilled once the store that read it has read it)."""
+  import jax
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert n >= slots
+
+  def body(x_ref, o_ref, smem, bars):
+    b = lax.axis_index("b")
+    tile = lambda i: pl.ds((i * blocks + b) * tile_rows, tile_rows)
+
+    def issue(i, slot):
+      plgpu.copy_gmem_to_smem(x_ref.at[tile(i)], smem.at[slot], bars.at[slot])
+
+    for s in range(slots):
+      issue(s, s)
+
+    def step(i, c):
+      slot = lax.rem(i, slots)
+      plgpu.barrier_wait(bars.at[slot])
+      plgpu.copy_smem_to_gmem(smem.at[slot], o_ref.at[tile(i)])
+      # The store of step i - 1 has read its slot: refill it.
+      plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+
+      @pl.when(jnp_logical_and(i >= 1, i - 1 + slots < n))
+      def _():
+        issue(i - 1 + slots, lax.rem(i - 1 + slots, slots))
+      return c
+
+    lax.fori_loop(0, n, step, None)
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((n * blocks * tile_rows, cols), x.dtype),
+      scratch_types=[plgpu.SMEM((slots, tile_rows, cols), x.dtype),
+                     plgpu.Barrier(num_barriers=slots)],
+      grid=(blocks,), grid_names=("b",))(x)
+
+
+def jnp_logical_and(a, b):
+  import jax.numpy as jnp
+  return jnp.logical_and(a, b)
+
+
+def _build_copy(n, *, blocks, tile_rows, cols, slots, n_max, cpu=False):
+  if cpu:
+    blocks, n_max = 2, 8
+  x = _array((blocks * n_max * tile_rows, cols), seed=13)
+  m = n * blocks * tile_rows
+  return Built(functools.partial(tma_copy, n=n, blocks=blocks, tile_rows=tile_rows,
+                                 slots=slots),
+               (x,), lambda x: x[:m], tol=0.0)
+
+
+# ---------------------------------------------------------------------------
+# (d, e, h) wgmma throughput and latency.
+# ---------------------------------------------------------------------------
+
+# Operand type -> (jnp dtype name, K per wgmma call = one 128-byte swizzle
+# row, B stored (N, K) and passed transposed: 8- and 32-bit operands must be
+# K-minor in SMEM).
+WGMMA_TYPES = {
+    "f16": ("float16", 64, False),
+    "bf16": ("bfloat16", 64, False),
+    "fp8": ("float8_e4m3fn", 128, True),
+    "tf32": ("float32", 32, True),
+}
+
+
+def wgmma_loop(a, b, *, n, blocks, wait, b_transposed):
+  """Each block: A (M, K) and B SMEM-resident (one TMA load each), then n
+  times `wgmma(acc, A, B)` on one (M, N) f32 accumulator followed by
+  `wgmma_wait(wait)` (wait=1: one group left in flight, as pipelined kernels
+  do; wait=0: each wgmma awaited, the latency). out[b] = n * (A @ B)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a.shape
+  nn = b.shape[0] if b_transposed else b.shape[1]
+  swz = 128 // jnp.dtype(a.dtype).itemsize
+  T = dict(transforms=(plgpu.TilingTransform((8, swz)), plgpu.SwizzleTransform(128)))
+
+  def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar):
+    blk = lax.axis_index("b")
+    plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+    plgpu.barrier_wait(bar)
+    b_op = b_s.T if b_transposed else b_s
+
+    def step(i, c):
+      plgpu.wgmma(acc, a_s, b_op)
+      plgpu.wgmma_wait(wait)
+      return c
+    lax.fori_loop(0, n, step, None)
+    plgpu.wgmma_wait(0)
+    o_ref[blk] = acc[...]
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((blocks, m, nn), jnp.float32),
+      scratch_types=[plgpu.SMEM(a.shape, a.dtype, **T), plgpu.SMEM(b.shape, b.dtype, **T),
+                     plgpu.ACC((m, nn), jnp.float32), plgpu.Barrier(num_arrivals=2)],
+      grid=(blocks,), grid_names=("b",))(a, b)
+
+
+def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, cpu=False):
+  import jax
+  import jax.numpy as jnp
+  name, K, bt = WGMMA_TYPES[dtype]
+  if blocks is None:
+    blocks = NUM_SMS * bps
+  if cpu:
+    blocks = min(blocks, 2)
+  a = _array((M, K), name, seed=20, kind="int")
+  b = _array((N, K) if bt else (K, N), name, seed=21, kind="int")
+
+  def ref(a, b):
+    af = a.astype(jnp.float32)
+    bf = b.astype(jnp.float32)
+    p = jnp.dot(af, bf.T if bt else bf, precision=jax.lax.Precision.HIGHEST)
+    return jnp.broadcast_to(p * n, (blocks, M, N))
+
+  check = None
+  if dtype == "fp8":
+    # The tensor core sums fp8 products in fewer bits than f32 (the H200
+    # drifts far from an f32 sum over thousands of accumulations of random
+    # data), so the check runs the same kernel on inputs whose every partial
+    # sum is exact there: each row of A has one +-1, B holds +-1 and +-0.5.
+    rng = np.random.default_rng(22)
+    a_chk = np.zeros((M, K), np.float32)
+    a_chk[np.arange(M), rng.integers(0, K, M)] = rng.choice([-1.0, 1.0], M)
+    b_chk = rng.choice([-1.0, -0.5, 0.5, 1.0], (N, K) if bt else (K, N))
+    check = (jnp.asarray(a_chk, name), jnp.asarray(b_chk.astype(np.float32), name))
+  return Built(functools.partial(wgmma_loop, n=n, blocks=blocks, wait=wait,
+                                 b_transposed=bt), (a, b), ref, tol=1e-6,
+               check_args=check)
+
+
+# ---------------------------------------------------------------------------
+# (f) Barrier round trip between two Pallas threads.
+# ---------------------------------------------------------------------------
+
+def barrier_pingpong(x, *, n):
+  """Thread 0 arrives on bars[0] and waits on bars[1]; thread 1 waits on
+  bars[0] and arrives on bars[1]: n round trips. Each thread then writes
+  x + (round trips it counted)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(x_ref, o_ref, bars):
+    t = lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _ping():
+      def step(i, c):
+        plgpu.barrier_arrive(bars.at[0])
+        plgpu.barrier_wait(bars.at[1])
+        return c + 1.0
+      cnt = lax.fori_loop(0, n, step, jnp.float32(0))
+      o_ref[0] = x_ref[0] + cnt
+
+    @pl.when(t == 1)
+    def _pong():
+      def step(i, c):
+        plgpu.barrier_wait(bars.at[0])
+        plgpu.barrier_arrive(bars.at[1])
+        return c + 1.0
+      cnt = lax.fori_loop(0, n, step, jnp.float32(0))
+      o_ref[1] = x_ref[1] + cnt
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      scratch_types=[plgpu.Barrier(num_barriers=2)],
+      num_threads=2, thread_name="t")(x)
+
+
+def _build_pingpong(n, cpu=False):
+  x = _array((2, 128), seed=30)
+  return Built(functools.partial(barrier_pingpong, n=n), (x,), lambda x: x + n,
+               tol=0.0)
+
+
+# ---------------------------------------------------------------------------
+# (g) Launch overhead: n tiny kernels chained in one jitted program.
+# ---------------------------------------------------------------------------
+
+def tiny(x):
+  """out = x + 1, one 128-float row per block (grid = rows of x)."""
+  import jax
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(x_ref, o_ref):
+    b = lax.axis_index("b")
+    o_ref[b] = x_ref[b] + 1.0
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      grid=(x.shape[0],), grid_names=("b",))(x)
+
+
+@functools.cache
+def _tiny_jit():
+  import jax
+  return jax.jit(tiny)   # traced and lowered once, however many launches
+
+
+def tiny_chain(x, *, n):
+  t = _tiny_jit()
+  for _ in range(n):
+    x = t(x)
+  return x
+
+
+def _build_launch(n, *, blocks, cpu=False):
+  x = _array((blocks if not cpu else min(blocks, 2), 128), seed=31)
+  return Built(functools.partial(tiny_chain, n=n), (x,), lambda x: x + n, tol=0.0)
+
+
+# ---------------------------------------------------------------------------
+# The list.
+# ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Micro:
+  name: str
+  figure: str          # what it measures (the gpus.py figure it informs)
+  make: Callable       # make(n, cpu=False, **params) -> Built
+  params: dict
+  n1: int
+  n2: int
+  work: float          # work of one iteration: bytes, flops or 1 (an event)
+  unit: str            # "bytes", "flop", "load", "round trip", "launch", "wgmma"
+  note: str = ""
+  cpu_n: tuple = (2, 4)
+
+  def __post_init__(self):
+    slots = self.params.get("slots", 0)
+    if slots:
+      self.cpu_n = (slots, slots + 2)
+
+  def build(self, n, cpu=False):
+    return self.make(n, cpu=cpu, **self.params)
+
+  def derive(self, t1, t2, clock_hz):
+    """Figures from the two times (seconds per jitted call)."""
+    per = (t2 - t1) / (self.n2 - self.n1)
+    d = dict(per_iter_s=per, per_iter_cycles=per * clock_hz if clock_hz else None,
+             intercept_s=t1 - self.n1 * per)
+    if self.unit in ("bytes", "flop"):
+      rate = self.work / per if per > 0 else float("nan")
+      d["rate_per_s"] = rate
+      sms = self.params.get("blocks", NUM_SMS) or NUM_SMS
+      sms = min(sms, NUM_SMS)
+      d["rate_per_sm_per_s"] = rate / sms
+      if clock_hz:
+        d["per_sm_per_clk"] = rate / sms / clock_hz
+    return d
+
+
+def _micros():
+  out = []
+  # (a) TMA latency.
+  for rows, cols, hbm, n1, n2 in [(8, 128, False, 400, 2000),    # 4 KiB, L2
+                                  (64, 128, False, 400, 2000),   # 32 KiB, L2
+                                  (8, 128, True, 200, 1000)]:    # 4 KiB, HBM
+    kib = rows * cols * F32 // 1024
+    out.append(Micro(
+        f"tma_latency_{'hbm' if hbm else 'l2'}_{kib}k", "tma_latency",
+        _build_tma_chain, dict(tile_rows=rows, cols=cols, hbm=hbm), n1, n2,
+        work=1, unit="load",
+        note=("a new tile each load, 256 MiB apart / 16, L2 flushed between calls"
+              if hbm else "the same tile each load (L2 hit after the first)")))
+  # (b) HBM streaming, all SMs and one; copy through SMEM. (c) L2 reuse.
+  tile = dict(tile_rows=64, cols=128)          # 32 KiB f32 tiles
+  tb = 64 * 128 * F32
+  out.append(Micro("stream_hbm_all_sms", "hbm_bytes_per_s / TMA bandwidth",
+                   _build_stream, dict(blocks=NUM_SMS, slots=4, n_max=240, **tile),
+                   48, 240, work=NUM_SMS * tb, unit="bytes",
+                   note="132 blocks x 4 loads of 32 KiB in flight, 1 GiB array"))
+  out.append(Micro("stream_hbm_2_per_sm", "hbm_bytes_per_s / TMA bandwidth",
+                   _build_stream, dict(blocks=2 * NUM_SMS, slots=3, n_max=120, **tile),
+                   24, 120, work=2 * NUM_SMS * tb, unit="bytes",
+                   note="264 blocks x 3 loads of 32 KiB in flight"))
+  out.append(Micro("stream_hbm_one_sm", "per-SM TMA bandwidth",
+                   _build_stream, dict(blocks=1, slots=4, n_max=1000, flush=True, **tile),
+                   200, 1000, work=tb, unit="bytes",
+                   note="one block, 4 loads of 32 KiB in flight, L2 flushed between calls"))
+  out.append(Micro("stream_hbm_one_sm_6slots", "per-SM TMA bandwidth",
+                   _build_stream, dict(blocks=1, slots=6, n_max=1000, flush=True, **tile),
+                   200, 1000, work=tb, unit="bytes",
+                   note="one block, 6 loads of 32 KiB in flight"))
+  out.append(Micro("copy_gmem_smem_gmem_all_sms", "hbm_bytes_per_s (read + write)",
+                   _build_copy, dict(blocks=NUM_SMS, slots=4, n_max=160, **tile),
+                   32, 160, work=2 * NUM_SMS * tb, unit="bytes",
+                   note="bytes counted read + written"))
+  out.append(Micro("l2_reuse_all_sms", "L2 bandwidth (reuse)",
+                   _build_stream, dict(blocks=NUM_SMS, slots=4, n_max=240,
+                                       region_mib=8, **tile),
+                   80, 400, work=NUM_SMS * tb, unit="bytes",
+                   note="all blocks re-read one 8 MiB region"))
+  # (c') L2 streaming with more in flight: 2 blocks per SM, 6 slots, a
+  # 32 MiB region (still L2-resident): what a matmul's co-resident blocks do.
+  for name, blocks, slots, mib in (("l2_stream_2_per_sm", 2 * NUM_SMS, 3, 8),
+                                   ("l2_stream_6slots", NUM_SMS, 6, 8),
+                                   ("l2_stream_32mib", NUM_SMS, 4, 32),
+                                   ("l2_stream_32mib_2_per_sm", 2 * NUM_SMS, 3, 32)):
+    out.append(Micro(name, "L2 bandwidth (streaming)", _build_stream,
+                     dict(blocks=blocks, slots=slots, n_max=240, region_mib=mib, **tile),
+                     80, 400, work=blocks * tb, unit="bytes",
+                     note=f"{blocks} blocks x {slots} loads of 32 KiB in flight over a "
+                          f"{mib} MiB region"))
+  # (d) wgmma throughput, (h) the spill cliff.
+  for dt in ("f16", "bf16", "fp8", "tf32"):
+    for N in (64, 128, 256):
+      for bps in ((1, 2) if dt == "f16" or N == 128 else (1,)):
+        K = WGMMA_TYPES[dt][1]
+        n2 = int(2000 * 256 / N / bps)
+        out.append(Micro(
+            f"wgmma_{dt}_m128n{N}_{bps}per_sm", "tensor_flop_per_clk",
+            _build_wgmma, dict(dtype=dt, N=N, bps=bps), n2 // 5, n2,
+            work=2.0 * 128 * N * K * NUM_SMS * bps, unit="flop",
+            note=f"{NUM_SMS * bps} blocks, wgmma 128x{N}x{K} + wgmma_wait(1)"))
+  for N in (192, 224):
+    n2 = int(2000 * 256 / N)
+    out.append(Micro(
+        f"spill_f16_m128n{N}", "register spills (accumulator size)",
+        _build_wgmma, dict(dtype="f16" if N % 64 == 0 else "f16t", N=N), n2 // 5, n2,
+        work=2.0 * 128 * N * 64 * NUM_SMS, unit="flop",
+        note="compare wgmma_f16_m128n128/n256_1per_sm"))
+  # (e) wgmma latency: one block, each wgmma awaited.
+  for M, N in ((64, 64), (64, 256), (128, 256)):
+    out.append(Micro(
+        f"wgmma_latency_f16_m{M}n{N}", "wgmma_latency",
+        _build_wgmma, dict(dtype="f16", N=N, M=M, blocks=1, wait=0), 800, 4000,
+        work=1, unit="wgmma", note="one block; wgmma + wgmma_wait(0)"))
+  # (f) barrier round trip.
+  out.append(Micro("barrier_pingpong", "barrier_latency", _build_pingpong, {},
+                   2000, 10000, work=1, unit="round trip",
+                   note="two warpgroups, arrive/wait over two Barriers: one round trip "
+                        "= two hand-offs"))
+  # (g) launches.
+  for blocks in (1, NUM_SMS):
+    out.append(Micro(f"launch_{blocks}_blocks", "launch_overhead_s", _build_launch,
+                     dict(blocks=blocks), 40, 200, work=1, unit="launch",
+                     note="x = tiny(x) chained in one jit; per launch"))
+  return out
+
+
+# f16 with B stored (N, K) and passed transposed: N need only be a multiple
+# of 8 then (a (K, N) B with the 128-byte swizzle needs N % 64 == 0).
+WGMMA_TYPES["f16t"] = ("float16", 64, True)
+
+MICROS = _micros()
+
+
+def by_name(name):
+  for m in MICROS:
+    if m.name == name:
+      return m
+  raise KeyError(name)
+
+
+# ---------------------------------------------------------------------------
+# CPU check in the simulator.
+# ---------------------------------------------------------------------------
+
+def sim_check(pattern="", races=True):
+  import time
+  import pallas_sim as ps
+  ok = True
+  for m in MICROS:
+    if pattern not in m.name:
+      continue
+    t0 = time.time()
+    times = []
+    try:
+      for n in m.cpu_n:
+        b = m.build(n, cpu=True)
+        args = b.check_args or b.args
+        sim = ps.simulate(b.fn, *args, check_races=races)
+        out = np.asarray(sim.outputs[0] if isinstance(sim.outputs, tuple) else sim.outputs,
+                         np.float32)
+        ref = np.asarray(b.reference(*args), np.float32)
+        err = float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        if not err <= max(b.tol, 1e-6):
+          raise AssertionError(f"n={n}: max relative error {err:.3e}")
+        times.append(sum(k.time_s for k in sim.report.kernels))
+      per = (times[1] - times[0]) / (m.cpu_n[1] - m.cpu_n[0])
+      print(f"{m.name:34s} ok   sim per iteration {per * 1e9:9.1f} ns  "
+            f"({time.time() - t0:.1f} s)", flush=True)
+    except Exception as e:  # report and go on
+      ok = False
+      print(f"{m.name:34s} FAIL {type(e).__name__}: {str(e)[:300]}", flush=True)
+  return ok
+
+
+def main(argv=None):
+  import argparse
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--sim-check", action="store_true")
+  ap.add_argument("--gpu", action="store_true", help="measure on the GPU (measure_gpu.py)")
+  ap.add_argument("pattern", nargs="?", default="")
+  ns = ap.parse_args(argv)
+  if ns.gpu:
+    import measure_gpu
+    return measure_gpu.main(["--only-micros", "--filter", ns.pattern])
+  return 0 if sim_check(ns.pattern) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,494 @@
+"""The suite of real Pallas Mosaic GPU kernels whose run time the simulator
+predicts (issue 9: calibrating the timing model against an H200).
+
+A library: importing it builds nothing and touches no device. `CASES` is a list
+of `Case`s; `case.build()` makes `Built(fn, args, reference)`, where `args` are
+jax arrays drawn from a seeded numpy RNG (random, never zeros) and
+`reference(*args)` is the expected output in float32 (jnp code: on the GPU it
+runs through XLA there). `flops` counts the tensor-core (or ALU) work;
+`bytes` the fewest HBM bytes the kernel must move (every input read once,
+every output written once).
+
+Families: kernels of one family are configurations of one kernel at one size,
+so their times compare directly (e.g. "quickstart matmul 4096").
+`small=True` marks a row expected under ~150 us of GPU time (launch and L2
+effects weigh more there; the 2048^3 matmuls' operands fit in L2).
+
+    from timing_suite import CASES, by_name
+    b = by_name("quickstart 4096 128x128x64 mcs=2").build()
+    out = jax.jit(b.fn)(*b.args)
+
+`scaled(case, factor)` gives the same kernel at a CPU-simulable size (used by
+benchmarks/measure_gpu.py --sim-check and the CPU checks of calibrate.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _paths():
+  """tests/ and examples/ on sys.path (for matmul_mcs and the examples); done
+  when a case is built, not at import."""
+  for sub in ("tests", "examples"):
+    p = os.path.join(_ROOT, sub)
+    if p not in sys.path:
+      sys.path.insert(0, p)
+
+
+SMEM_LIMIT = 232448  # Mosaic's max_smem_bytes on sm_90 (227 KiB)
+
+
+@dataclasses.dataclass
+class Built:
+  fn: Callable
+  args: tuple
+  reference: Callable  # (*args) -> float32 array (jnp), or None
+  tol: float = 1e-2    # max relative error ||out - ref|| / ||ref||
+  # Inputs for the correctness check, where they differ from the timed
+  # `args` (same shapes and dtypes: the same compiled kernel runs on both).
+  check_args: tuple | None = None
+
+
+@dataclasses.dataclass
+class Case:
+  name: str
+  family: str
+  params: dict
+  flops: float
+  bytes: float
+  make: Callable[..., Built]   # make(**params) -> Built
+  small: bool = False
+  note: str = ""
+
+  def build(self, **override) -> Built:
+    return self.make(**{**self.params, **override})
+
+
+# ---------------------------------------------------------------------------
+# Inputs.
+# ---------------------------------------------------------------------------
+
+_CACHE = {}
+_LOCK = threading.Lock()
+
+
+def _rand(seed, shape, dtype, scale=1.0, shift=0.0):
+  """Standard normal values (times scale) in dtype from numpy's RNG seeded
+  with `seed`, as a jax array (cached by recipe: the configurations of one
+  family share their inputs). Never all zeros; for f16/bf16 matmuls the
+  K-sums of such values stay far from overflow at the sizes here."""
+  import jax.numpy as jnp
+  key = (seed, tuple(shape), str(jnp.dtype(dtype)), scale, shift)
+  with _LOCK:
+    if key not in _CACHE:
+      rng = np.random.default_rng(seed)
+      x = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
+      if shift:
+        x += np.float32(shift)
+      _CACHE[key] = jnp.asarray(x, dtype)
+    return _CACHE[key]
+
+
+def clear_cache():
+  _CACHE.clear()
+
+
+def _rel_tol_for(dtype_out):
+  import jax.numpy as jnp
+  return {jnp.dtype(jnp.float16): 5e-3, jnp.dtype(jnp.bfloat16): 2e-2}.get(
+      jnp.dtype(dtype_out), 1e-4)
+
+
+def _matmul_ref(a, b):
+  import jax
+  import jax.numpy as jnp
+  return jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
+                 precision=jax.lax.Precision.HIGHEST)
+
+
+# ---------------------------------------------------------------------------
+# 1. The quickstart matmul (tests/test_quickstart.py matmul_mcs), f16.
+# ---------------------------------------------------------------------------
+
+def _matmul_mcs():
+  """tests/test_quickstart.py's matmul_mcs. Imported as a module; should that
+  import fail (it also imports pallas_sim and the test helpers, which may be
+  mid-edit in a working tree), the function alone is compiled from the
+  file's source."""
+  _paths()
+  try:
+    from test_quickstart import matmul_mcs
+    return matmul_mcs
+  except Exception:
+    import ast
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    path = os.path.join(_ROOT, "tests", "test_quickstart.py")
+    tree = ast.parse(open(path).read(), path)
+    fdef = [n for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.name == "matmul_mcs"]
+    ns = dict(jax=jax, jnp=jnp, pl=pl, plgpu=plgpu)
+    exec(compile(ast.Module(body=fdef, type_ignores=[]), path, "exec"), ns)
+    return ns["matmul_mcs"]
+
+
+def _make_quickstart(size, tile_n, tile_k, mcs, seed=0):
+  import jax.numpy as jnp
+  matmul_mcs = _matmul_mcs()
+  a = _rand(seed, (size, size), jnp.float16)
+  b = _rand(seed + 100, (size, size), jnp.float16)
+  fn = functools.partial(matmul_mcs, tile_n=tile_n, tile_k=tile_k,
+                         max_concurrent_steps=mcs)
+  return Built(fn, (a, b), _matmul_ref, tol=5e-3)
+
+
+def _smem_need(tile_m, tile_n, tile_k, mcs, itemsize=2):
+  # The same formula as tests/test_quickstart.py _smem_need (not imported at
+  # module import, to keep this module free of side effects).
+  align = lambda x: -(-x // 1024) * 1024
+  return (align(tile_m * tile_n * itemsize) + align(mcs * tile_m * tile_k * itemsize)
+          + align(mcs * tile_k * tile_n * itemsize) + 8 * mcs)
+
+
+# (tile_n, tile_k, max_concurrent_steps): each parameter varied around the
+# 128x128x64 mcs=2 baseline; 128x256x64 mcs=3 spills registers on the GPU
+# (a 128x256 f32 accumulator is 256 registers a lane).
+QUICKSTART_CONFIGS = [
+    (128, 64, 2), (128, 64, 3), (128, 64, 4),
+    (128, 32, 4), (128, 128, 2),
+    (64, 64, 3), (64, 128, 4),
+    (256, 64, 3), (256, 32, 4),
+]
+QUICKSTART_SIZES = (2048, 4096, 8192)
+
+
+def _quickstart_cases():
+  out = []
+  for size in QUICKSTART_SIZES:
+    for tn, tk, mcs in QUICKSTART_CONFIGS:
+      if _smem_need(128, tn, tk, mcs) > SMEM_LIMIT:
+        continue
+      out.append(Case(
+          name=f"quickstart {size} 128x{tn}x{tk} mcs={mcs}",
+          family=f"quickstart matmul {size}",
+          params=dict(size=size, tile_n=tn, tile_k=tk, mcs=mcs),
+          flops=2.0 * size ** 3, bytes=3.0 * size * size * 2,
+          make=_make_quickstart, small=size <= 2048,
+          note="operands fit in L2" if size <= 2048 else ""))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# 2. Memory-bound elementwise: out = x + y over 64M f32.
+# ---------------------------------------------------------------------------
+
+EW_ROWS, EW_COLS = 65536, 1024      # 64M f32 = 256 MiB per array
+
+
+def elementwise_regs(x, y, *, rows_per_block=8, row_tile=None):
+  """out = x + y with plain GMEM loads into registers and plain stores back
+  (no TMA, no SMEM): a grid of blocks, each adds `rows_per_block` full rows
+  (`row_tile` rows at a time, in a loop)."""
+  import jax
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  row_tile = row_tile or rows_per_block
+  assert rows % rows_per_block == 0 and rows_per_block % row_tile == 0
+  steps = rows_per_block // row_tile
+
+  def body(x_ref, y_ref, o_ref):
+    base = lax.axis_index("b") * rows_per_block
+
+    def step(s, carry):
+      sl = pl.ds(base + s * row_tile, row_tile)
+      o_ref[sl, :] = x_ref[sl, :] + y_ref[sl, :]
+      return carry
+
+    if steps == 1:
+      step(0, None)
+    else:
+      lax.fori_loop(0, steps, step, None)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(rows // rows_per_block,), grid_names=("b",))(x, y)
+
+
+def elementwise_pipeline(x, y, *, blocks=1024, tile_m=32, tile_n=256, mcs=2):
+  """out = x + y through plgpu.emit_pipeline (examples/kernels.py
+  pipeline_elementwise with sizes as parameters): each of `blocks` CUDA
+  blocks pipelines its rows over (tile_m, tile_n) tiles, TMA in and out."""
+  import jax
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert rows % (blocks * tile_m) == 0 and cols % tile_n == 0
+  tiles_per_block = rows // blocks // tile_m
+
+  def body(x_gmem, y_gmem, o_gmem):
+    blk = lax.axis_index("blk")
+
+    def index_map(i, j):
+      return blk * tiles_per_block + i, j
+
+    def step(indices, x_smem, y_smem, o_smem):
+      del indices
+      o_smem[...] = x_smem[...] + y_smem[...]
+
+    spec = pl.BlockSpec((tile_m, tile_n), index_map)
+    plgpu.emit_pipeline(
+        step, grid=(tiles_per_block, cols // tile_n),
+        in_specs=[spec, spec], out_specs=[spec],
+        max_concurrent_steps=mcs)(x_gmem, y_gmem, o_gmem)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(blocks,), grid_names=("blk",))(x, y)
+
+
+def _add_ref(x, y):
+  return x + y
+
+
+def _make_ew(kind, rows=EW_ROWS, cols=EW_COLS, seed=1, **kw):
+  import jax.numpy as jnp
+  x = _rand(seed, (rows, cols), jnp.float32)
+  y = _rand(seed + 100, (rows, cols), jnp.float32)
+  f = elementwise_regs if kind == "regs" else elementwise_pipeline
+  return Built(functools.partial(f, **kw), (x, y), _add_ref, tol=1e-6)
+
+
+def _ew_cases():
+  n = EW_ROWS * EW_COLS
+  mk = lambda name, fam, **p: Case(
+      name=name, family=fam, params=p, flops=float(n), bytes=3.0 * n * 4,
+      make=_make_ew)
+  return [
+      mk("add regs 64M f32 8 rows/block", "elementwise regs 64M f32",
+         kind="regs", rows_per_block=8),
+      mk("add regs 64M f32 32 rows/block (4 at a time)", "elementwise regs 64M f32",
+         kind="regs", rows_per_block=32, row_tile=4),
+      mk("add pipeline 64M f32 1024 blocks 32x256 mcs=2", "elementwise pipeline 64M f32",
+         kind="pipeline", blocks=1024, tile_m=32, tile_n=256, mcs=2),
+      mk("add pipeline 64M f32 128 blocks 16x256 mcs=3", "elementwise pipeline 64M f32",
+         kind="pipeline", blocks=128, tile_m=16, tile_n=256, mcs=3),
+      mk("add pipeline 64M f32 2048 blocks 16x128 mcs=4", "elementwise pipeline 64M f32",
+         kind="pipeline", blocks=2048, tile_m=16, tile_n=128, mcs=4),
+  ]
+
+
+# ---------------------------------------------------------------------------
+# 3. Reduction: row sums of a large f32 matrix.
+# ---------------------------------------------------------------------------
+
+RS_ROWS, RS_COLS = 32768, 8192      # 256M f32 = 1 GiB
+
+
+def row_sums(x, *, block_m=128, tile_k=128, mcs=2):
+  """out[i] = sum_j x[i, j]: each block owns `block_m` rows and pipelines
+  them over (block_m, tile_k) tiles (TMA into SMEM), loading each tile into
+  registers in the WGMMA layout (one warpgroup holds 64-row strips) and
+  adding its row sums to a carried (block_m,) vector; the sums go out
+  through SMEM and a TMA store."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert rows % block_m == 0 and cols % tile_k == 0 and block_m % 64 == 0
+
+  def body(x_gmem, o_gmem, o_smem):
+    bm = lax.axis_index("m")
+
+    def step(indices, x_smem, carry):
+      del indices
+      v = plgpu.load(x_smem, (), layout=plgpu.Layout.WGMMA)
+      return carry + jnp.sum(v, axis=1)
+
+    init = plgpu.layout_cast(jnp.zeros((block_m,), jnp.float32),
+                             plgpu.Layout.WGMMA.reduce(1))
+    acc = plgpu.emit_pipeline(
+        step, grid=(cols // tile_k,),
+        in_specs=[pl.BlockSpec((block_m, tile_k), lambda k: (bm, k))],
+        max_concurrent_steps=mcs, init_carry=init)(x_gmem)
+    o_smem[...] = acc
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(bm * block_m, block_m)])
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((rows,), jnp.float32),
+      scratch_types=[plgpu.SMEM((block_m,), jnp.float32)],
+      grid=(rows // block_m,), grid_names=("m",))(x)
+
+
+def _rowsum_ref(x):
+  import jax
+  import jax.numpy as jnp
+  return jnp.sum(x.astype(jnp.float32), axis=1)
+
+
+def _make_rowsum(rows=RS_ROWS, cols=RS_COLS, seed=2, **kw):
+  import jax.numpy as jnp
+  # Positive-mean values (normal, mean 1): the relative error of the sums
+  # means something.
+  x = _rand(seed, (rows, cols), jnp.float32, shift=1.0)
+  return Built(functools.partial(row_sums, **kw), (x,), _rowsum_ref, tol=1e-5)
+
+
+def _rowsum_cases():
+  n = RS_ROWS * RS_COLS
+  mk = lambda name, **p: Case(
+      name=name, family="row sums 32768x8192 f32", params=p, flops=float(n),
+      bytes=4.0 * (n + RS_ROWS), make=_make_rowsum)
+  return [
+      mk("rowsum 128 rows/block 128x128 mcs=2", block_m=128, tile_k=128, mcs=2),
+      mk("rowsum 64 rows/block 64x256 mcs=3", block_m=64, tile_k=256, mcs=3),
+  ]
+
+
+# ---------------------------------------------------------------------------
+# 4. examples/kernels.py warp_specialized_matmul (any size; 128x256 block
+#    tiles, 2 compute warpgroups + 1 memory warpgroup), f16.
+# ---------------------------------------------------------------------------
+
+def _make_ws(size, seed=0):
+  import jax.numpy as jnp
+  _paths()
+  from kernels import warp_specialized_matmul
+  a = _rand(seed, (size, size), jnp.float16)
+  b = _rand(seed + 100, (size, size), jnp.float16)
+  return Built(warp_specialized_matmul, (a, b), _matmul_ref, tol=5e-3)
+
+
+def _ws_cases():
+  return [Case(name=f"warp_specialized_matmul {s}", family="warp-specialized matmul",
+               params=dict(size=s), flops=2.0 * s ** 3, bytes=3.0 * s * s * 2,
+               make=_make_ws) for s in (4096, 8192)]
+
+
+# ---------------------------------------------------------------------------
+# 5. JAX's hopper_matmul_mgpu and attention_mgpu (the installed jax's).
+# ---------------------------------------------------------------------------
+
+HOPPER_CONFIGS = {
+    # name: TuningConfig fields (MatmulDimension by name)
+    "128x128x64 mcs=4 wgN minorN w4": dict(
+        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
+        grid_minor_dim="N", grid_tile_width=4, wg_dimension="N"),
+    "128x128x64 mcs=4 wgM minorM w8": dict(
+        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
+        grid_minor_dim="M", grid_tile_width=8, wg_dimension="M"),
+    "128x128x64 mcs=4 wgN minorN w4 clusterM": dict(
+        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
+        grid_minor_dim="N", grid_tile_width=4, wg_dimension="N",
+        cluster_dimension="M"),
+}
+
+
+def _make_hopper(size, config, dtype="float16", seed=0):
+  import jax.numpy as jnp
+  from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
+  fields = dict(HOPPER_CONFIGS[config])
+  for k in ("grid_minor_dim", "wg_dimension", "cluster_dimension"):
+    if fields.get(k) is not None:
+      fields[k] = hm.MatmulDimension[fields[k]]
+  cfg = hm.TuningConfig(epi_tile_n=64, epi_tile_m=64, **fields)
+  a = _rand(seed, (size, size), jnp.dtype(dtype))
+  b = _rand(seed + 100, (size, size), jnp.dtype(dtype))
+  return Built(lambda a, b: hm.matmul(a, b, None, cfg), (a, b), _matmul_ref,
+               tol=_rel_tol_for(dtype))
+
+
+def _hopper_cases():
+  return [Case(name=f"hopper_matmul {s} f16 {c}", family=f"hopper_matmul_mgpu {s}",
+               params=dict(size=s, config=c), flops=2.0 * s ** 3,
+               bytes=3.0 * s * s * 2, make=_make_hopper)
+          for s in (4096, 8192) for c in HOPPER_CONFIGS]
+
+
+def _make_attention(batch, seq, heads, head_dim, block_q, block_kv, causal,
+                    mcs=2, seed=5):
+  import jax.numpy as jnp
+  from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+  shape = (batch, seq, heads, head_dim)
+  q, k, v = (_rand(seed + 100 * i, shape, jnp.float16) for i in range(3))
+  cfg = am.TuningConfig(block_q=block_q, block_kv=block_kv,
+                        max_concurrent_steps=mcs, causal=causal)
+
+  def ref(q, k, v):
+    return am.attention_reference(q, k, v, causal=causal).astype(jnp.float32)
+
+  return Built(lambda q, k, v: am.attention(q, k, v, cfg), (q, k, v), ref, tol=1e-2)
+
+
+def _attention_cases():
+  out = []
+  for batch, seq, heads, d, bq, bkv, causal in [
+      (1, 4096, 32, 128, 64, 128, False),
+      (1, 4096, 32, 128, 64, 64, False),
+      (1, 8192, 16, 128, 64, 128, True),
+      (1, 4096, 32, 64, 64, 128, False),
+  ]:
+    flops = 4.0 * batch * seq * seq * heads * d / (2 if causal else 1)
+    out.append(Case(
+        name=f"attention fwd b{batch} s{seq} h{heads} d{d} bq{bq} bkv{bkv}"
+             + (" causal" if causal else ""),
+        family=f"attention_mgpu fwd s{seq} h{heads} d{d}" + (" causal" if causal else ""),
+        params=dict(batch=batch, seq=seq, heads=heads, head_dim=d, block_q=bq,
+                    block_kv=bkv, causal=causal),
+        flops=flops, bytes=4.0 * batch * seq * heads * d * 2,
+        make=_make_attention))
+  return out
+
+
+def all_cases():
+  return (_quickstart_cases() + _ew_cases() + _rowsum_cases() + _ws_cases()
+          + _hopper_cases() + _attention_cases())
+
+
+CASES = all_cases()   # plain data: nothing is built or traced here
+
+
+def by_name(name):
+  for c in CASES:
+    if c.name == name:
+      return c
+  raise KeyError(name)
+
+
+# Sizes small enough for the simulator on a CPU (a few seconds a kernel): the
+# same kernel code, the same configuration, smaller operands.
+def sim_params(case):
+  p = dict(case.params)
+  fam = case.family
+  if fam.startswith("quickstart"):
+    p["size"] = 256 if p["tile_n"] < 256 else 512
+  elif fam.startswith("elementwise regs"):
+    p.update(rows=4 * p["rows_per_block"], cols=256)
+  elif fam.startswith("elementwise pipeline"):
+    p.update(blocks=2, rows=2 * p["tile_m"] * 2, cols=2 * p["tile_n"])
+  elif fam.startswith("row sums"):
+    p.update(rows=2 * p["block_m"], cols=2 * p["tile_k"])
+  elif fam.startswith("warp-specialized"):
+    p["size"] = 256
+  elif fam.startswith("hopper_matmul"):
+    p["size"] = 512
+  elif fam.startswith("attention"):
+    p.update(seq=256, heads=2)
+  return p

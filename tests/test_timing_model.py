@@ -1,0 +1,125 @@
+"""The timing model's verdicts: registers and occupancy, the bound in words,
+register spills, and the per-unit tallies behind report.summary."""
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from pallas_sim import gpus
+from pallas_sim.backends.sim.machine import bound, occupancy
+from pallas_sim.backends.sim.machine.state import BlockStats
+from pallas_sim.backends.sim.machine.timing import KernelTime
+from test_quickstart import matmul_mcs
+
+F16, F32 = jnp.float16, jnp.float32
+S = jax.ShapeDtypeStruct
+
+
+def _est(m, n, k, **kw):
+  return ps.estimate(lambda a, b: matmul_mcs(a, b, **kw), S((m, k), F16),
+                     S((k, n), F16)).kernels[0]
+
+
+def test_registers_count_the_accumulator_once_and_spill_past_255():
+  base = gpus.H100.register_base
+  k128 = _est(256, 256, 256, tile_n=128)
+  k256 = _est(256, 256, 256, tile_n=256, max_concurrent_steps=2)
+  assert k128.registers == base + 128 and k128.spilled_registers == 0
+  assert k256.registers == base + 256 and k256.register_limit == 255
+  assert k256.spilled_registers == base + 1
+  assert "spilled" in k256.summary()
+
+
+def test_set_max_registers_sets_the_limit():
+  @plgpu.kernel(out_type=S((128,), F32), num_threads=2, thread_name="t")
+  def k(o_ref):
+    t = lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      plgpu.set_max_registers(232, action="increase")
+      o_ref[...] = jnp.zeros((128,), F32)
+
+    @pl.when(t == 1)
+    def _():
+      plgpu.set_max_registers(40, action="decrease")
+  rep = ps.estimate(k).kernels[0]
+  assert rep.register_limit == 232
+  # (without it: the register file's share of each warpgroup, in eights)
+  nothing = jax.make_jaxpr(lambda: None)().jaxpr
+  assert occupancy.registers(nothing, 2, 32).limit == 255
+  r = occupancy.registers(nothing, 3, 32)
+  assert r.limit == 168 and r.per_thread == 32
+
+
+def test_a_spilling_accumulator_costs_more_per_flop():
+  """The 128x256 f32 accumulator does not fit a lane's 255 registers: each
+  wgmma moves the spilled registers out and back, which no tile that fits
+  pays (the H200 runs it ~4x slower, benchmarks/RESULTS.md)."""
+  fits = _est(2048, 2048, 2048, tile_n=128, max_concurrent_steps=3)
+  spills = _est(2048, 2048, 2048, tile_n=256, max_concurrent_steps=3)
+  assert spills.stalls["spill"] > 0 and fits.stalls["spill"] == 0
+  per_flop = lambda k: k.timing.compute_s / k.wgmma_flops
+  assert per_flop(spills) > 1.2 * per_flop(fits)
+
+
+def _kt(seconds=1.0, compute=1.0, memory=0.1, launch=4e-6, tail=0.0, fill=1.0):
+  return KernelTime(seconds, compute, memory, launch, tail, fill)
+
+
+def _totals(thread=100.0, **stalls):
+  t = BlockStats()
+  t.thread_cycles = thread
+  t.stalls.update(stalls)
+  return t
+
+
+@pytest.mark.parametrize("kt, totals, util, words", [
+    (_kt(seconds=5e-6, compute=1e-6), _totals(), {}, "launch overhead"),
+    (_kt(memory=1.0, compute=0.5), _totals(), {"HBM": 0.9}, "HBM"),
+    (_kt(tail=0.4, fill=0.1), _totals(), {}, "tail wave"),
+    (_kt(), _totals(spill=60.0), {}, "register spills"),
+    (_kt(), _totals(), {"tensor core": 0.8, "TMA": 0.1}, "tensor core"),
+    (_kt(), _totals(), {"tensor core": 0.1, "TMA": 0.7}, "TMA bandwidth"),
+    (_kt(), _totals(TMA=70.0), {"tensor core": 0.1, "TMA": 0.1}, "TMA latency"),
+    (_kt(), _totals(barrier=50.0, TMA=10.0), {"tensor core": 0.1, "TMA": 0.1},
+     "barrier stalls"),
+    (_kt(), _totals(), {"tensor core": 0.1, "TMA": 0.1}, "ALU"),
+])
+def test_the_bound_is_named_by_what_limits_the_kernel(kt, totals, util, words):
+  util = {"tensor core": 0.0, "TMA": 0.0, "HBM": 0.0, **util}
+  regs = occupancy.Registers(300, 255, 256)
+  got, why = bound.name(kt, totals, util, regs)
+  assert got == words and why
+
+
+def test_summary_reports_bound_units_and_time():
+  k = _est(1024, 1024, 1024)
+  text = k.summary()
+  assert f"bound: {k.bound} (" in text
+  assert "occupancy: 2 block(s) per SM, 1 wave(s) over 132 SMs" in text
+  assert "units busy: tensor core" in text and "thread time:" in text
+  assert sum(k.stalls.values()) == pytest.approx(1.0)
+  assert 0 < k.utilisation["tensor core"] < 1 and k.gbps > 0
+  assert k.timing.seconds == k.time_s
+
+
+def test_co_residents_take_the_unit_as_busy_as_this_block_keeps_it():
+  """Blocks sharing an SM are alike: a block that keeps the TMA engine busy
+  gets 1/share of it, one that rarely uses it has it nearly alone."""
+  from pallas_sim.backends.sim.machine.timing import Engines, Timing
+  t = Timing(gpus.H200)
+  busy, idle = Engines(share=2, tma_rate=100.0), Engines(share=2, tma_rate=100.0)
+  s, e, _ = t.tma(busy, 0.0, 10_000)     # (first: all blocks load at once)
+  assert e - s == 200.0
+  s, e, _ = t.tma(busy, 100.0, 10_000)   # kept it busy so far: half the rate
+  assert e - s == 200.0
+  t.tma(idle, 0.0, 100)                  # 1 cycle of work in 10000
+  s, e, _ = t.tma(idle, 10_000.0, 10_000)
+  assert e - s == pytest.approx(100.0 * (1 + 1 / 10_000))
+  alone = Engines(share=1, tma_rate=100.0)
+  s, e, _ = t.tma(alone, 0.0, 10_000)
+  assert e - s == 100.0
