@@ -56,12 +56,13 @@ class Engines:
 def _stretch(share, work, t):
   """How much longer a unit takes for a block sharing it with share - 1
   others: they are like it, so each keeps the unit as busy as this block
-  has so far (work / t, its share of the unit's time); when that is all of
-  it, each gets 1/share, when none, this block has the unit alone."""
+  has so far (work / t); what they leave is this block's: 1 / (1 - their
+  busy share), up to share (each gets 1/share of a saturated unit); alone,
+  or beside blocks that leave it idle, 1."""
   if share == 1:
     return 1.0
-  busy = min(1.0, work / t) if t > 0 else 1.0
-  return 1.0 + (share - 1) * busy
+  others = (share - 1) * (work / t if t > 0 else 1.0)
+  return share if others >= 1 - 1 / share else min(share, 1.0 / (1.0 - others))
 
 
 class Timing:
