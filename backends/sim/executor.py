@@ -112,8 +112,9 @@ class Executor:
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
     p.barriers = resources.barrier_count(jaxpr)
     p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)
-    p.variation = (block_classes.variation(jaxpr, launch.grid_names)
-                   if self.options.block_classes else None)
+    # Whether blocks' control flow differs (then estimate runs them all, and
+    # the L2 model follows their loads: machine/timing.py)
+    p.variation = block_classes.variation(jaxpr, launch.grid_names)
     names = resources.primitive_names(jaxpr)
     # Warps of a warp_map get clock components of their own.
     p.warps = WARPS_PER_WARPGROUP if "mpmd_map" in names else 0
@@ -209,11 +210,13 @@ class Executor:
     return in_bufs, out_bufs
 
   @staticmethod
-  def _merge(result, cycles, totals, log, init_log, cross):
+  def _merge(result, cycles, totals, log, init_log, cross, loads):
     """Merges a group's result, in block order."""
     for number, c, st in zip(result.numbers, result.cycles, result.stats):
       cycles[number] = c
       totals.add(st)
+      if st.loads is not None:
+        loads[number] = st.loads
     for ev in result.events:
       kind = ev[0]
       if kind == "race":
@@ -331,6 +334,7 @@ class Executor:
     s.grid_index = np.array([idx for _, idx, _ in s.blocks],
                             dtype=np.int64).reshape(len(s.blocks), -1)
     s.placement.set_loads(s.grid_index, prep.load_axes)
+    s.placement.trace_loads = prep.variation is not None
     s.log = races.RaceLog(launch.name)
     s.runner = GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
                            s.placement, s.log, self.check_races,
@@ -353,7 +357,9 @@ class Executor:
     recorder = profiler.Recorder(launch.profile) if launch.profile else None
     t1 = time.perf_counter()  # (the first groups' times decide on workers)
     runner.profile = recorder
-    merge = lambda result: self._merge(result, cycles, totals, log, init_log, cross)
+    loads = {}  # block number -> its TMA loads, where the L2 model follows them
+    merge = lambda result: self._merge(result, cycles, totals, log, init_log, cross,
+                                       loads)
     on_ray = False
     classes, note = self._classes(prep, launch, groups, placement)
     workers = 1 if serial or classes else self._workers(prep, launch, groups)
@@ -415,7 +421,7 @@ class Executor:
           + "\n".join(str(f) for f in unset), findings=unset, where=launch.where))
 
     rep = self._kernel_report(launch, arrays, prep, grid, placement, cycles, totals,
-                              wall, trace, used, s.grid_index)
+                              wall, trace, used, s.grid_index, loads)
     rep.simulated_blocks, rep.classes = simulated, note
     self.report.kernels.append(rep)
     return [b.data for b in out_bufs]
@@ -450,12 +456,13 @@ class Executor:
       totals.add(st)
 
   def _kernel_report(self, launch, arrays, prep, grid, placement, cycles, totals, wall,
-                     trace, workers, grid_index):
+                     trace, workers, grid_index, loads):
     """The timing model's verdict on a launch (machine/timing.py, bound.py)."""
     inputs = sum(np.asarray(a).nbytes for a in arrays[:launch.num_inputs])
     outputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
     if totals.tma_load_bytes + totals.tma_store_bytes:
-      reads = placement.hbm_reads(grid_index, prep.load_axes, totals.load_sites, inputs)
+      reads = (placement.hbm_reads_traced(loads, inputs) if placement.trace_loads else
+               placement.hbm_reads(grid_index, prep.load_axes, totals.load_sites, inputs))
       writes = totals.tma_store_bytes
     else:  # (kernels without TMA move their operands with plain loads and stores)
       reads, writes = inputs, outputs

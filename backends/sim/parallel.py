@@ -116,6 +116,9 @@ def restore(result, io_bufs, log):
 
 def _init_worker():
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles Ctrl-C)
+  # (jaxlib's absl installs a failure handler that reports a SIGTERM, which
+  # is how the pool ends its workers: ended quietly instead)
+  signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_groups(job, task):

@@ -18,7 +18,7 @@ class BlockStats:
   by what they waited for (`stalls`, cycles summed over warpgroups); the
   cycles its SM's units worked for it (`tma_cycles`, `tensor_cycles`)."""
   __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "thread_cycles",
-               "stalls", "tma_cycles", "tensor_cycles", "load_sites")
+               "stalls", "tma_cycles", "tensor_cycles", "load_sites", "loads")
 
   def __init__(self):
     self.tma_load_bytes = 0
@@ -29,6 +29,7 @@ class BlockStats:
     self.tma_cycles = 0.0
     self.tensor_cycles = 0.0
     self.load_sites = {}  # TMA load site (Compiler.site) -> [bytes, loads] there
+    self.loads = None     # [(issue cycle, source key, bytes)] where the L2 model follows them
 
   def add(self, other, times=1):
     """Adds another block's tallies (`times` blocks like it)."""
@@ -88,6 +89,7 @@ class Block:
     st.thread_cycles = sum(wg.time for wg in self.warpgroups)
     st.tma_cycles = self.engines.tma_work
     st.tensor_cycles = self.engines.tc_work
+    st.loads = self.engines.loads
     return self.cycles()
 
 

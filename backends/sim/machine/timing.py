@@ -13,6 +13,7 @@ the order in which blocks are simulated: a launch split over processes, or
 estimated from one block per class (backends/sim/block_classes.py), gets
 the same times as one simulated block after block. (Latencies are not
 shared: hiding them is what co-residency is for.)"""
+import collections
 import dataclasses
 import math
 
@@ -40,13 +41,14 @@ class Engines:
   next free for it (cycles), how many blocks share them, and the work it
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
-               "tma_rate", "latency")
+               "tma_rate", "latency", "loads")
 
-  def __init__(self, share=1, spill=0.0, tma_rate=None, latency=None):
+  def __init__(self, share=1, spill=0.0, tma_rate=None, latency=None, loads=False):
     self.share = share
     self.spill = spill  # cycles a warpgroup spends on spilled registers per wgmma
     self.tma_rate = tma_rate  # bytes per cycle of its SM's TMA engine (None: alone)
     self.latency = latency or {}  # TMA load site -> its latency (cycles)
+    self.loads = [] if loads else None  # (LaunchTiming.hbm_reads_traced)
     self.tma_free = 0.0
     self.tc_free = 0.0
     self.tma_work = 0.0
@@ -123,6 +125,9 @@ class LaunchTiming:
     active = max(1, min(num_blocks, g.num_sms))
     self.tma_rate = min(g.tma_bytes_per_clk, g.l2_bytes_per_s / g.clock_hz / active)
     self.latency = {}
+    # Follow each TMA load (hbm_reads_traced): set for kernels whose blocks
+    # take different paths, whose addresses the per-site model cannot group.
+    self.trace_loads = False
     self.slots = g.num_sms * self.per_sm     # blocks in one wave
     self.waves = -(-num_blocks // self.slots) if num_blocks else 0
     self.num_blocks = num_blocks
@@ -144,7 +149,8 @@ class LaunchTiming:
   def engines(self, block_index):
     """The block's share of its SM's units (a fresh Engines)."""
     share = self.share(block_index)
-    return Engines(share, self.spill_per_wgmma * share, self.tma_rate, self.latency)
+    return Engines(share, self.spill_per_wgmma * share, self.tma_rate, self.latency,
+                   self.trace_loads)
 
   def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the
@@ -159,6 +165,29 @@ class LaunchTiming:
         wave = grid_index[w * self.slots:(w + 1) * self.slots]
         misses += self._distinct(wave, axes)
       self.latency[site] = g.tma_latency + g.hbm_latency_extra * (misses / n if n else 1)
+
+  def hbm_reads_traced(self, loads, input_bytes):
+    """Bytes read from HBM, following every TMA load: the loads of a wave's
+    blocks (which start together) in the order of their issue cycles,
+    through an L2 of the GPU's size kept least-recently-used by source
+    (buffer, offset, box); a load from a source not in it misses."""
+    l2 = self.timing.gpu.l2_bytes
+    cache, used, reads = collections.OrderedDict(), 0, 0
+    n = self.num_blocks
+    for w in range(self.waves):
+      wave = [ev for b in range(w * self.slots, min(n, (w + 1) * self.slots))
+              for ev in loads.get(b, ())]
+      wave.sort(key=lambda ev: ev[0])
+      for _, key, nbytes in wave:
+        if key in cache:
+          cache.move_to_end(key)
+          continue
+        reads += nbytes
+        cache[key] = nbytes
+        used += nbytes
+        while used > l2 and cache:
+          used -= cache.popitem(last=False)[1]
+    return reads
 
   @staticmethod
   def _distinct(wave, axes):

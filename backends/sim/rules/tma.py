@@ -147,6 +147,10 @@ def _copy_gmem_to_smem(eqn, cx):
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
     start, _, done = timing.tma(blk.engines, wg.time, tx, site)
+    if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
+      base = s.buf.data.__array_interface__["data"][0]
+      blk.engines.loads.append((start, (s.buf.name, s.view.__array_interface__["data"][0]
+                                        - base, s.view.shape), s.view.nbytes))
     blk.stats.tma_load_bytes += s.view.nbytes
     tally = blk.stats.load_sites.get(site)
     if tally is None:
