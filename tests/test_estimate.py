@@ -1,6 +1,8 @@
 """ps.estimate: predicted times without values, from one block per class of
 blocks that do the same work (backends/sim/block_classes.py); equal to the
 full simulation's wherever both run."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -237,3 +239,47 @@ def test_l2_serves_what_the_blocks_of_a_wave_share():
   spill = lt.hbm_reads(index, {0: (0,)}, big, 10 ** 15)
   fits = sum(len(set(index[w * SMS:(w + 1) * SMS, 0])) for w in range(4)) * 2 ** 30
   assert fits < spill < 4 * SMS * 2 ** 30
+
+
+def test_traced_l2_reads_each_source_once_while_it_stays():
+  """Where the L2 model follows loads: a wave's loads in issue order through
+  an LRU L2; a source read again while it is there costs no HBM bytes."""
+  from pallas_sim.backends.sim.machine.timing import Timing
+  h = gpus.H200
+  lt = Timing(h).launch(2 * SMS, 150 * 1024, 1)  # one per SM: two waves
+  tile, own = 2 ** 20, 2 ** 16
+  # every block of both waves reads tiles 0..3 of "a", and one of its own
+  loads = {b: [(float(i), ("a", i * tile, (512, 512)), tile) for i in range(4)]
+           + [(5.0, ("b", b * own, (128, 128)), own)] for b in range(2 * SMS)}
+  assert lt.hbm_reads_traced(loads, 0) == 4 * tile + 2 * SMS * own
+  # an L2 too small for what a wave reads: the shared tiles are evicted by
+  # the blocks' own before the next wave reads them again
+  small = Timing(dataclasses.replace(h, l2_bytes=8 * tile)).launch(2 * SMS, 150 * 1024, 1)
+  assert small.hbm_reads_traced(loads, 0) == 2 * 4 * tile + 2 * SMS * own
+
+
+def test_estimate_follows_loads_where_blocks_take_different_paths():
+  """A persistent-style kernel: each block loops over tiles from its index,
+  so the per-site model cannot group its loads; the traced one does, and
+  estimate and simulate agree."""
+  nsm, tiles = 4, 12
+
+  def persistent(x):
+    @plgpu.kernel(out_type=S((nsm, 64, 128), F32), grid=(nsm,), grid_names=("b",),
+                  scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier()])
+    def k(x_ref, o_ref, smem, bar):
+      b = lax.axis_index("b")
+
+      def step(t, c):
+        plgpu.copy_gmem_to_smem(x_ref.at[lax.rem(t, 3)], smem, bar)
+        plgpu.barrier_wait(bar)
+        return c
+      lax.fori_loop(b, tiles, step, None)   # (trip count from the block index)
+      plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
+      plgpu.wait_smem_to_gmem(0)
+    return k(x)
+  x = jnp.ones((3, 64, 128), F32)
+  est = ps.estimate(persistent, S(x.shape, F32)).kernels[0]
+  assert est.simulated_blocks == nsm
+  assert est.hbm_bytes == 3 * 64 * 128 * 4 + nsm * 64 * 128 * 4  # 3 tiles once
+  assert _times(ps.estimate(persistent, S(x.shape, F32))) == _times(_full(persistent, x))
