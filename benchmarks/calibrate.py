@@ -406,6 +406,49 @@ def _build_pingpong(n, cpu=False):
 
 
 # ---------------------------------------------------------------------------
+# (i) ALU: a warpgroup's elementwise ops on a 128x128 f32 tile in registers.
+# ---------------------------------------------------------------------------
+
+ALU_OPS = {
+    "fma": (lambda v: v * 0.999 + 0.001, "v * 0.999 + 0.001 (one FMA)"),
+    "add": (lambda v: v + 1.0, "v + 1"),
+    "exp": (lambda v: __import__("jax").numpy.exp(-v), "exp(-v) (ex2 and a multiply)"),
+}
+
+
+def alu_loop(x, *, n, blocks, op):
+  """Block b loads x (128x128 f32) into registers, applies `op` n times
+  (a loop carrying the tile) and writes it to o[b]."""
+  import jax
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  f = ALU_OPS[op][0]
+
+  def body(x_ref, o_ref):
+    b = lax.axis_index("b")
+    v = lax.fori_loop(0, n, lambda i, v: f(v), x_ref[...])
+    o_ref[b] = v
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((blocks,) + x.shape, x.dtype),
+                      grid=(blocks,), grid_names=("b",))(x)
+
+
+def _build_alu(n, *, op, blocks, cpu=False):
+  import jax.numpy as jnp
+  if cpu:
+    blocks = min(blocks, 2)
+  x = _array((128, 128), seed=40)
+  f = ALU_OPS[op][0]
+
+  def ref(x):
+    from jax import lax
+    v = lax.fori_loop(0, n, lambda i, v: f(v), x.astype(jnp.float32))
+    return jnp.broadcast_to(v, (blocks, 128, 128))
+  return Built(functools.partial(alu_loop, n=n, blocks=blocks, op=op), (x,), ref,
+               tol=1e-3)
+
+
+# ---------------------------------------------------------------------------
 # (g) Launch overhead: n tiny kernels chained in one jitted program.
 # ---------------------------------------------------------------------------
 
@@ -471,7 +514,7 @@ class Micro:
     per = (t2 - t1) / (self.n2 - self.n1)
     d = dict(per_iter_s=per, per_iter_cycles=per * clock_hz if clock_hz else None,
              intercept_s=t1 - self.n1 * per)
-    if self.unit in ("bytes", "flop"):
+    if self.unit in ("bytes", "flop", "elements"):
       rate = self.work / per if per > 0 else float("nan")
       d["rate_per_s"] = rate
       sms = self.params.get("blocks", NUM_SMS) or NUM_SMS
@@ -559,6 +602,14 @@ def _micros():
         _build_wgmma, dict(dtype="f16", N=N, M=M, blocks=1, wait=0), 800, 4000,
         work=1, unit="wgmma", note="one block; wgmma + wgmma_wait(0)"))
   # (f) barrier round trip.
+  # (i) ALU: an elementwise op on 128x128 f32 in one warpgroup's registers.
+  for op in ALU_OPS:
+    for bps in (1, 2):
+      out.append(Micro(f"alu_{op}_{bps}_per_sm", "alu_cycles_per_vector", _build_alu,
+                       dict(op=op, blocks=bps * NUM_SMS), 200, 1000, work=128 * 128,
+                       unit="elements", cpu_n=(2, 4),
+                       note=f"{ALU_OPS[op][1]} over 128x128 f32 in registers, "
+                            f"{bps} block(s) per SM"))
   out.append(Micro("barrier_pingpong", "barrier_latency", _build_pingpong, {},
                    2000, 10000, work=1, unit="round trip",
                    note="two warpgroups, arrive/wait over two Barriers: one round trip "

@@ -18,14 +18,18 @@ class GPU:
   max_smem_per_block: int = 232448      # Mosaic's max_smem_bytes on sm_90
   smem_per_sm: int = 228 * 1024
   max_threads_per_sm: int = 2048
-  # Dense tensor-core throughput per SM and clock, by operand type: fp8 and
-  # int8 run at twice the f16/bf16 rate, tf32 (f32 operands) at half.
-  tensor_flop_per_clk: tuple = (("f16", 4096), ("bf16", 4096), ("tf32", 2048),
-                                ("fp8", 8192), ("int8", 8192))
-  # Tensor-core cycles each wgmma group costs beyond its FLOPs: a loop of
-  # wgmma 128xNx64 + wgmma_wait(1) on every SM ran at 3314 (N=64) and 3669
-  # (N=128) FLOP/clk of the 4096 (H200): ~60 cycles a group.
-  wgmma_issue_cycles: float = 60.0
+  # Dense tensor-core throughput per SM, in cycles of clock_hz, sustained:
+  # a loop of wgmma 128xNx64 + wgmma_wait(1) on every SM ran 794 (N=64) and
+  # 828 (N=128) TFLOP/s of f16 (H200), which at 1980 MHz is 345 and 662
+  # cycles a group: 3312 FLOP/clk and 28 cycles a group. (The datasheet's
+  # 4096 FLOP/clk at the boost clock is 989 TFLOP/s; the SM clock falls under
+  # sustained tensor load, seen at 1650-1980 MHz there, so the figures are
+  # per second: cuBLAS gets 788 TFLOP/s of bf16 on this GPU, KINDS.md.)
+  # fp8 and int8 run at twice the f16/bf16 rate (fp8: 1679 TFLOP/s measured
+  # at N=128), tf32 (f32 operands) at half (480).
+  tensor_flop_per_clk: tuple = (("f16", 3312), ("bf16", 3312), ("tf32", 1656),
+                                ("fp8", 6624), ("int8", 6624))
+  wgmma_issue_cycles: float = 28.0
   hbm_bytes_per_s: float = 3.35e12        # reads
   hbm_write_bytes_per_s: float = 2.44e12  # writes (H100: the H200's ratio)
   l2_bytes: int = 50 * 2 ** 20
@@ -48,10 +52,15 @@ class GPU:
   # Tiny kernels chained in one jitted program: 1.34-1.64 us a launch (H200;
   # host-bound, so an upper bound on the device's own gap).
   launch_overhead_s: float = 1.5e-6
-  # calibrate: instruction issue cost of one warpgroup-wide vector op,
-  # per 128 elements (one element per lane) of the widest operand.
-  alu_cycles_per_vector: float = 2.0
-  op_overhead_cycles: float = 4.0
+  # A warpgroup's elementwise op, per 128 elements (one per lane) of its
+  # widest operand: v + 1 on a 128x128 f32 tile in registers took 113 cycles
+  # (and v * a + b, one FMA, 123); exp(-v) 1851 (H200). One warpgroup has
+  # the SM's ALUs to itself: with two blocks per SM each op took 2.25x
+  # (1.73x for exp), so warpgroups on an SM share them (machine/state.py).
+  # Only exp was measured of the transcendental functions.
+  alu_cycles_per_vector: float = 0.85
+  transcendental_cycles_per_vector: float = 14.4
+  op_overhead_cycles: float = 4.0   # calibrate
   # A lane's registers beyond its arrays (addresses, indices, loop counters),
   # for the register estimate (machine/occupancy.py): the spill cliff lies
   # between 128x224 f32 accumulators (224 registers: no cliff) and 128x256

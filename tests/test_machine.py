@@ -121,7 +121,7 @@ def test_wgmma_rate_depends_on_the_operand_type():
     busy[np.dtype(dt).name] = (done - start - gpus.H100.wgmma_latency
                                - gpus.H100.wgmma_issue_cycles)
   f16 = busy["float16"]
-  assert f16 == 2 * 64 * 256 * 64 / 4096 and busy["bfloat16"] == f16
+  assert f16 == 2 * 64 * 256 * 64 / gpus.H100.tensor_rate("f16") and busy["bfloat16"] == f16
   assert busy["float32"] == 2 * f16            # tf32: half the rate
   assert busy["float8_e4m3fn"] == busy["int8"] == f16 / 2
 

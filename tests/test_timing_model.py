@@ -123,3 +123,24 @@ def test_co_residents_take_the_unit_as_busy_as_this_block_keeps_it():
   alone = Engines(share=1, tma_rate=100.0)
   s, e, _ = t.tma(alone, 0.0, 10_000)
   assert e - s == 100.0
+
+
+def _alu_kernel(blocks, n=50):
+  @plgpu.kernel(out_type=S((blocks, 128, 128), F32), grid=(blocks,), grid_names=("b",))
+  def k(x_ref, o_ref):
+    v = lax.fori_loop(0, n, lambda i, v: v * 0.999 + 0.001, x_ref[...])
+    o_ref[lax.axis_index("b")] = v
+  return k
+
+
+def test_warpgroups_on_an_sm_share_its_alus():
+  """The H200 ran an FMA loop at 123 cycles per 128x128 tile with one block
+  per SM and 277 with two (benchmarks/RESULTS.md): co-resident blocks share
+  the SM's ALUs, and one warpgroup alone has them all."""
+  sms = gpus.H200.num_sms
+  one = ps.estimate(_alu_kernel(sms), S((128, 128), F32), gpu="h200").kernels[0]
+  two = ps.estimate(_alu_kernel(2 * sms), S((128, 128), F32), gpu="h200").kernels[0]
+  assert two.blocks_per_sm >= 2 and two.waves == one.waves == 1
+  assert 1.7 < two.block_cycles_max / one.block_cycles_max <= 2.0
+  per_tile = one.block_cycles_max / 50
+  assert 100 < per_tile < 150  # (the FMA: one vector op, its product folded in)

@@ -15,6 +15,7 @@ from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveEr
 from pallas_sim.options import MAX_CYCLES
 from pallas_sim.backends.sim import capture, profiler
 from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.machine.timing import alu_stretch
 
 RULES = {}
 
@@ -129,6 +130,7 @@ class Compiler:
     prog.steps = []
     blocking = False
     fused = contractions(jaxpr)
+    folded = _folded_products(jaxpr, fused)
     scopes = []  # (the profile's open regions, as the lowering tracks them)
     for eqn in jaxpr.eqns:
       where = self.where(eqn)
@@ -164,7 +166,8 @@ class Compiler:
         st.ins = tuple(read(v) for v in eqn.invars)
       st.outs = tuple(slot(v) for v in eqn.outvars)
       st.multi = eqn.primitive.multiple_results
-      st.cost = self.timing.issue_cycles(eqn)
+      # (a product used only by the adds it is fused into costs nothing apart)
+      st.cost = 0.0 if id(eqn) in folded else self.timing.issue_cycles(eqn)
       if self.profile:
         names = [sc.name for sc in eqn.source_info.name_stack.stack]
         _profiled(st, *profiler.scope_changes(scopes, names), scopes)
@@ -246,6 +249,27 @@ def contractions(jaxpr):
   return fused
 
 
+def _folded_products(jaxpr, fused):
+  """ids of the `mul` equations whose every use is an add fused with them
+  (contractions): the GPU computes them inside the FMA, not apart."""
+  fused_muls = {id(m) for m, _, _, _ in fused.values()}
+  uses = {}
+  for eqn in jaxpr.eqns:
+    for v in eqn.invars:
+      if not isinstance(v, jax_extend_core.Literal):
+        uses.setdefault(v, []).append(eqn)
+  outs = set(v for v in jaxpr.outvars if not isinstance(v, jax_extend_core.Literal))
+  folded = set()
+  for eqn in jaxpr.eqns:
+    if id(eqn) not in fused_muls:
+      continue
+    [v] = eqn.outvars
+    if v not in outs and all(id(u) in fused and fused[id(u)][0] is eqn
+                             for u in uses.get(v, ())):
+      folded.add(id(eqn))
+  return folded
+
+
 def _in(v, table):
   """v (a Var; Literals are unhashable and never in `table`) in table."""
   return not isinstance(v, jax_extend_core.Literal) and v in table
@@ -302,11 +326,13 @@ def run_plain(prog, args, wg):
   for i, a in zip(prog.invars, args):
     env[i] = a
   wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
+  stretch = alu_stretch(wg)  # (the SM's ALUs, shared: machine/timing.py)
   st = None
   try:
     for st in prog.steps:
       out = st.fn(wg, *[env[i] for i in st.ins])
-      wg.time += st.cost
+      wg.alu += st.cost
+      wg.time += st.cost * stretch
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v
@@ -327,14 +353,17 @@ def run_gen(prog, args, wg):
   for i, a in zip(prog.invars, args):
     env[i] = a
   wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
+  stretch = alu_stretch(wg)
   st = None
   try:
     for st in prog.steps:
       if st.gen:
         out = yield from st.fn(wg, *[env[i] for i in st.ins])
+        stretch = alu_stretch(wg)  # (it waited: the others moved on)
       else:
         out = st.fn(wg, *[env[i] for i in st.ins])
-      wg.time += st.cost
+      wg.alu += st.cost
+      wg.time += st.cost * stretch
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v

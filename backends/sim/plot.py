@@ -35,7 +35,7 @@ def save(report, path):
   tl.set_xlabel("simulated time (us)")
   tl.set_title("traced blocks (blue: TMA, orange: tensor core, gray: waits)")
 
-  peak = gpu.num_sms * gpu.tensor_rate("f16") * gpu.clock_hz / 1e12
+  peak = gpu.num_sms * gpu.tensor_rate("f16") * gpu.clock_hz / 1e12  # (sustained)
   bw = gpu.hbm_bytes_per_s / 1e12
   xs = [2.0 ** e for e in range(-4, 13)]
   roof.loglog(xs, [min(peak, bw * x) for x in xs], "k-", label=f"{gpu.name}: f16 tensor cores, HBM")

@@ -38,11 +38,13 @@ class Wait:
 class Task:
   """A coroutine with a local clock (cycles). Subclassed by the warpgroup
   state (machine/state.py), which adds what the rules keep per warpgroup."""
-  __slots__ = ("name", "gen", "time", "waiting", "queued", "done", "sched", "steps")
+  __slots__ = ("name", "gen", "time", "waiting", "queued", "done", "sched", "steps",
+               "alu")
 
   def __init__(self, name, sched):
     self.name = name
     self.steps = 0  # equations run (counted per program run, for progress)
+    self.alu = 0.0  # cycles of issue work, as if alone on its SM (machine/timing.py)
     self.gen = None
     self.sched = sched
     self.time = 0.0

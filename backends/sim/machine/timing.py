@@ -55,6 +55,32 @@ class Engines:
     self.tc_work = 0.0
 
 
+TRANSCENDENTAL = frozenset((
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
+    "pow", "erf", "erfc", "erf_inv", "atan", "atan2", "asin", "acos", "sinh", "cosh",
+    "asinh", "acosh", "atanh", "cbrt"))
+
+
+def alu_stretch(wg):
+  """How much longer a warpgroup's ALU work takes beside the others on its
+  SM: the other warpgroups of its block, each as busy as it has been
+  (ALU work over this one's clock), and the co-resident blocks, like this
+  block. Read once per program run (interpret.py)."""
+  t = wg.time
+  blk = wg.block
+  if t <= 0:
+    return 1.0
+  total = 0.0
+  for other in blk.warpgroups:
+    total += other.alu
+  share = blk.engines.share
+  others = max(0.0, (total - wg.alu) + (share - 1) * total) / t
+  cap = len(blk.warpgroups) * share
+  if cap == 1:
+    return 1.0
+  return cap if others >= 1 - 1 / cap else min(cap, 1.0 / (1.0 - others))
+
+
 def _stretch(share, work, t):
   """How much longer a unit takes for a block sharing it with share - 1
   others: they are like it, so each keeps the unit as busy as this block
@@ -75,12 +101,16 @@ class Timing:
     self.barrier_latency = gpu.barrier_latency
 
   def issue_cycles(self, eqn):
-    """Cycles one warpgroup spends issuing this equation (calibrate)."""
+    """Cycles one warpgroup, alone on its SM, spends issuing this equation:
+    an overhead, and per 128 elements of its widest output, the ALU's or
+    (transcendental functions) the special-function units' cycles."""
     size = 1
     for v in eqn.outvars:
       size = max(size, math.prod(getattr(v.aval, "shape", ())))
     g = self.gpu
-    return g.op_overhead_cycles + g.alu_cycles_per_vector * (-(-size // 128))
+    per = (g.transcendental_cycles_per_vector if eqn.primitive.name in TRANSCENDENTAL
+           else g.alu_cycles_per_vector)
+    return g.op_overhead_cycles + per * (-(-size // 128))
 
   def tma(self, engines, t, nbytes, site=None):
     """A transfer issued at t (a load from `site`, whose latency the L2 model
