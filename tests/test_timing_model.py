@@ -84,6 +84,7 @@ def _totals(thread=100.0, **stalls):
     (_kt(), _totals(spill=60.0), {}, "register spills"),
     (_kt(), _totals(), {"tensor core": 0.8, "TMA": 0.1}, "tensor core"),
     (_kt(), _totals(), {"tensor core": 0.1, "TMA": 0.7}, "TMA bandwidth"),
+    (_kt(), _totals(), {"tensor core": 0.88, "TMA": 0.94}, "TMA bandwidth"),
     (_kt(), _totals(TMA=70.0), {"tensor core": 0.1, "TMA": 0.1}, "TMA latency"),
     (_kt(), _totals(barrier=50.0, TMA=10.0), {"tensor core": 0.1, "TMA": 0.1},
      "barrier stalls"),

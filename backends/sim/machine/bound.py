@@ -46,10 +46,13 @@ def name(kt, totals, util, regs):
   if regs is not None and regs.spilled and t and totals.stalls["spill"] >= SPILL * t:
     return "register spills", (f"{regs.spilled} registers per lane spill "
                                f"({regs.per_thread} needed, {regs.limit} allowed)")
-  if util["tensor core"] >= BUSY:
+  # (the busier of the two, where both are; a TMA engine saturated is what
+  # its SM's share of L2/HBM bandwidth lets through)
+  unit = max(("tensor core", "TMA"), key=lambda u: util[u])
+  if util[unit] >= BUSY:
+    if unit == "TMA":
+      return "TMA bandwidth", f"TMA engines busy {util['TMA']:.0%}"
     return "tensor core", f"tensor cores busy {util['tensor core']:.0%}"
-  if util["TMA"] >= BUSY:  # (what its SM's share of L2/HBM bandwidth lets through)
-    return "TMA bandwidth", f"TMA engines busy {util['TMA']:.0%}"
   shares = stall_shares(totals)
   if not shares:
     return "launch overhead", "no work"
