@@ -60,6 +60,11 @@ class GPU:
   # Only exp was measured of the transcendental functions.
   alu_cycles_per_vector: float = 0.85
   transcendental_cycles_per_vector: float = 14.4
+  # With CompilerParams(approx_math=True) a transcendental function is one
+  # special-function-unit op (ex2.approx...): 16 per clock per SM
+  # sub-partition against 32 FP32 lanes, so twice an ALU op (a lead from
+  # the SM's layout, not measured here).
+  sfu_cycles_per_vector: float = 1.7
   op_overhead_cycles: float = 4.0   # calibrate
   # A lane's registers beyond its arrays (addresses, indices, loop counters),
   # for the register estimate (machine/occupancy.py): the spill cliff lies

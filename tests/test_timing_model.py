@@ -145,3 +145,19 @@ def test_warpgroups_on_an_sm_share_its_alus():
   assert 1.7 < two.block_cycles_max / one.block_cycles_max <= 2.0
   per_tile = one.block_cycles_max / 50
   assert 100 < per_tile < 150  # (the FMA: one vector op, its product folded in)
+
+
+def test_block_slots_take_blocks_as_they_free_up():
+  """As the GPU's block scheduler: long blocks on half the SMs, and the
+  short ones run on the others meanwhile (static waves would queue them
+  behind the long ones: 1200 cycles)."""
+  from pallas_sim.backends.sim.machine.timing import Timing
+  sms = gpus.H200.num_sms
+  lt = Timing(gpus.H200).launch(3 * sms, 200 * 1024, 1)  # one block per SM
+  cycles = [1000.0] * (sms // 2) + [100.0] * (sms // 2 + 2 * sms)
+  kt = lt.kernel_time(cycles, 0, 0)
+  assert kt.compute_s * gpus.H200.clock_hz == pytest.approx(1000.0)
+  # like blocks: waves; the last, a third full, is the tail
+  kt = lt.kernel_time([100.0] * (2 * sms + 44), 0, 0)
+  assert kt.compute_s * gpus.H200.clock_hz == pytest.approx(300.0)
+  assert kt.tail_s * gpus.H200.clock_hz == pytest.approx(100.0)

@@ -79,6 +79,7 @@ class KernelLaunch:
   where: str = ""              # user file:line of the kernel body
   arg_names: tuple = ()        # the body's parameter names, where recoverable
   profile: object = None       # profiler.Spec when compiler_params ask for a profile
+  approx_math: bool = False     # CompilerParams(approx_math=True): the timing model's
 
 
 # --- executing launches: the active executor receives them ----------------
@@ -187,7 +188,8 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
       num_outputs=grid_mapping.num_outputs, out_avals=tuple(out_avals),
       aliases=tuple(input_output_aliases), block_mappings=block_mappings,
       where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr),
-      profile=profiler.spec_of(kw.get("compiler_params")))
+      profile=profiler.spec_of(kw.get("compiler_params")),
+      approx_math=bool(getattr(kw.get("compiler_params"), "approx_math", False)))
   if _active:
     # Static checks (shared memory, unsupported primitives) at lowering time,
     # where an exception reaches the caller as it is. Ours first (they name

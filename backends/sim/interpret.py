@@ -167,7 +167,8 @@ class Compiler:
       st.outs = tuple(slot(v) for v in eqn.outvars)
       st.multi = eqn.primitive.multiple_results
       # (a product used only by the adds it is fused into costs nothing apart)
-      st.cost = 0.0 if id(eqn) in folded else self.timing.issue_cycles(eqn)
+      st.cost = 0.0 if id(eqn) in folded else self.timing.issue_cycles(
+          eqn, getattr(self.launch, "approx_math", False))
       if self.profile:
         names = [sc.name for sc in eqn.source_info.name_stack.stack]
         _profiled(st, *profiler.scope_changes(scopes, names), scopes)

@@ -15,6 +15,7 @@ the same times as one simulated block after block. (Latencies are not
 shared: hiding them is what co-residency is for.)"""
 import collections
 import dataclasses
+import heapq
 import math
 
 import numpy as np
@@ -55,6 +56,12 @@ class Engines:
     self.tc_work = 0.0
 
 
+# Equations that only say which registers hold which elements: the compiler
+# emits no vector instructions for them (a broadcast of a scalar, a reshape
+# of a row, a layout cast).
+SHAPE_ONLY = frozenset(("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
+                        "layout_cast", "optimization_barrier"))
+
 TRANSCENDENTAL = frozenset((
     "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
     "pow", "erf", "erfc", "erf_inv", "atan", "atan2", "asin", "acos", "sinh", "cosh",
@@ -63,21 +70,22 @@ TRANSCENDENTAL = frozenset((
 
 def alu_stretch(wg):
   """How much longer a warpgroup's ALU work takes beside the others on its
-  SM: the other warpgroups of its block, each as busy as it has been
-  (ALU work over this one's clock), and the co-resident blocks, like this
-  block. Read once per program run (interpret.py)."""
-  t = wg.time
+  SM: the other warpgroups of its block, each as busy as it has been by
+  its own clock (ALU work over time: a warpgroup may run ahead of another
+  in the simulation), and the co-resident blocks, like this block. Read
+  once per program run (interpret.py)."""
   blk = wg.block
-  if t <= 0:
-    return 1.0
-  total = 0.0
-  for other in blk.warpgroups:
-    total += other.alu
   share = blk.engines.share
-  others = max(0.0, (total - wg.alu) + (share - 1) * total) / t
   cap = len(blk.warpgroups) * share
-  if cap == 1:
+  if cap <= 1 or wg.time <= 0:
     return 1.0
+  mine = others = 0.0
+  for o in blk.warpgroups:
+    busy = min(1.0, o.alu / o.time) if o.time > 0 else 0.0
+    mine += busy
+    if o is not wg:
+      others += busy
+  others += (share - 1) * mine
   return cap if others >= 1 - 1 / cap else min(cap, 1.0 / (1.0 - others))
 
 
@@ -100,16 +108,24 @@ class Timing:
     self.gpu = gpu
     self.barrier_latency = gpu.barrier_latency
 
-  def issue_cycles(self, eqn):
+  def issue_cycles(self, eqn, approx_math=False):
     """Cycles one warpgroup, alone on its SM, spends issuing this equation:
-    an overhead, and per 128 elements of its widest output, the ALU's or
-    (transcendental functions) the special-function units' cycles."""
+    an overhead, and per 128 elements of its widest output, the ALU's, or
+    for transcendental functions the library's (or with approx_math, one
+    special-function unit op's)."""
     size = 1
     for v in eqn.outvars:
       size = max(size, math.prod(getattr(v.aval, "shape", ())))
     g = self.gpu
-    per = (g.transcendental_cycles_per_vector if eqn.primitive.name in TRANSCENDENTAL
-           else g.alu_cycles_per_vector)
+    name = eqn.primitive.name
+    if name in SHAPE_ONLY:  # (no vector work: which registers hold what)
+      return g.op_overhead_cycles
+    if name not in TRANSCENDENTAL:
+      per = g.alu_cycles_per_vector
+    elif approx_math:
+      per = g.sfu_cycles_per_vector
+    else:
+      per = g.transcendental_cycles_per_vector
     return g.op_overhead_cycles + per * (-(-size // 128))
 
   def tma(self, engines, t, nbytes, site=None):
@@ -230,25 +246,29 @@ class LaunchTiming:
     return len(np.unique(wave[:, list(axes)], axis=0))
 
   def kernel_time(self, block_cycles, hbm_reads, hbm_writes):
-    """Each SM runs its waves one after another, a wave as long as its
-    longest co-resident block; the kernel takes its slowest SM, and cannot
-    beat HBM bandwidth for the bytes it moves (calibrate); plus launch
+    """The SMs' block slots (per_sm on each) take blocks in launch order as
+    they free up, as the GPU's block scheduler hands them out: a launch of
+    like blocks runs in waves, and one of unlike blocks (causal attention)
+    evens out over the slots. The kernel takes its last block's end, and
+    cannot beat HBM bandwidth for the bytes it moves; plus launch
     overhead. Returns a KernelTime."""
     g = self.timing.gpu
     cycles = np.asarray(block_cycles, dtype=np.float64)
-    idx = np.arange(len(cycles))
-    waves = np.zeros((g.num_sms, max(self.waves, 1)))
-    np.maximum.at(waves, (idx % g.num_sms, idx // self.slots), cycles)
-    per_sm = waves.sum(axis=1)
-    compute_s = per_sm.max(initial=0) / g.clock_hz
-    tail_s = 0.0
-    if self.waves > 1 and len(cycles) % self.slots:  # (a last wave not full)
-      tail_s = waves[:, -1].max() / g.clock_hz
+    free = [(0.0, slot) for slot in range(min(self.slots, len(cycles)))]
+    heapq.heapify(free)
+    end = 0.0
+    for c in cycles:
+      t, slot = heapq.heappop(free)
+      heapq.heappush(free, (t + c, slot))
+      end = max(end, t + c)
+    # (the tail: from when a slot first has nothing left to run)
+    idle = min(t for t, _ in free) if free else 0.0
+    compute_s = end / g.clock_hz
+    tail_s = (end - idle) / g.clock_hz if self.waves > 1 else 0.0
     memory_s = hbm_reads / g.hbm_bytes_per_s + hbm_writes / g.hbm_write_bytes_per_s
     return KernelTime(max(compute_s, memory_s) + g.launch_overhead_s, compute_s,
                       memory_s, g.launch_overhead_s, tail_s,
                       (len(cycles) % self.slots or self.slots) / self.slots)
-
 
   def hbm_reads(self, grid_index, load_axes, site_bytes, input_bytes):
     """Bytes read from HBM: the blocks of one wave run together,
