@@ -228,36 +228,12 @@ def elementwise_regs(x, y, *, rows_per_block=8, row_tile=None):
 
 
 def elementwise_pipeline(x, y, *, blocks=1024, tile_m=32, tile_n=256, mcs=2):
-  """out = x + y through plgpu.emit_pipeline (examples/kernels.py
-  pipeline_elementwise with sizes as parameters): each of `blocks` CUDA
-  blocks pipelines its rows over (tile_m, tile_n) tiles, TMA in and out."""
-  import jax
-  from jax import lax
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-  rows, cols = x.shape
-  assert rows % (blocks * tile_m) == 0 and cols % tile_n == 0
-  tiles_per_block = rows // blocks // tile_m
-
-  def body(x_gmem, y_gmem, o_gmem):
-    blk = lax.axis_index("blk")
-
-    def index_map(i, j):
-      return blk * tiles_per_block + i, j
-
-    def step(indices, x_smem, y_smem, o_smem):
-      del indices
-      o_smem[...] = x_smem[...] + y_smem[...]
-
-    spec = pl.BlockSpec((tile_m, tile_n), index_map)
-    plgpu.emit_pipeline(
-        step, grid=(tiles_per_block, cols // tile_n),
-        in_specs=[spec, spec], out_specs=[spec],
-        max_concurrent_steps=mcs)(x_gmem, y_gmem, o_gmem)
-
-  return plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-      grid=(blocks,), grid_names=("blk",))(x, y)
+  """out = x + y through plgpu.emit_pipeline: examples/kernels.py
+  pipeline_elementwise at these sizes (each of `blocks` CUDA blocks
+  pipelines its rows over (tile_m, tile_n) tiles, TMA in and out)."""
+  _paths()
+  from kernels import pipeline_elementwise
+  return pipeline_elementwise(x, y, blocks=blocks, tile_m=tile_m, tile_n=tile_n, mcs=mcs)
 
 
 def _add_ref(x, y):

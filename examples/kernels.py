@@ -473,15 +473,17 @@ PE_BLOCKS = 2                      # CUDA blocks, each owns 128 rows
 PE_TILE_M, PE_TILE_N = 32, 128     # 16 KiB tiles
 
 
-def pipeline_elementwise(x, y):
+def pipeline_elementwise(x, y, *, blocks=PE_BLOCKS, tile_m=PE_TILE_M, tile_n=PE_TILE_N,
+                         mcs=2):
   """out = x + y; each of 2 CUDA blocks pipelines its 128 x 256 half over a
   (4, 2) grid of 32 x 128 tiles with ``plgpu.emit_pipeline`` (2 concurrent
   steps: the inputs of step s+2 are fetched while step s computes, and
-  outputs are TMA-stored from the pipeline's SMEM ring)."""
+  outputs are TMA-stored from the pipeline's SMEM ring). The keywords give
+  other sizes (benchmarks/timing_suite.py)."""
   rows, cols = x.shape
-  assert x.shape == y.shape and rows % (PE_BLOCKS * PE_TILE_M) == 0
-  tiles_per_block = rows // PE_BLOCKS // PE_TILE_M
-  grid = (tiles_per_block, cols // PE_TILE_N)
+  assert x.shape == y.shape and rows % (blocks * tile_m) == 0 and cols % tile_n == 0
+  tiles_per_block = rows // blocks // tile_m
+  grid = (tiles_per_block, cols // tile_n)
 
   def body(x_gmem, y_gmem, o_gmem):
     blk = lax.axis_index("blk")
@@ -493,19 +495,19 @@ def pipeline_elementwise(x, y):
       del indices
       o_smem[...] = x_smem[...] + y_smem[...]
 
-    spec = pl.BlockSpec((PE_TILE_M, PE_TILE_N), index_map)
+    spec = pl.BlockSpec((tile_m, tile_n), index_map)
     plgpu.emit_pipeline(
         step,
         grid=grid,
         in_specs=[spec, spec],
         out_specs=[spec],
-        max_concurrent_steps=2,
+        max_concurrent_steps=mcs,
     )(x_gmem, y_gmem, o_gmem)
 
   return plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-      grid=(PE_BLOCKS,),
+      grid=(blocks,),
       grid_names=("blk",),
   )(x, y)
 

@@ -15,6 +15,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import pallas_sim as ps
 from pallas_sim import gpus
 from pallas_sim.backends.sim import block_classes
+from test_machine import copy_kernel
 from test_quickstart import matmul_mcs
 
 F16, F32 = jnp.float16, jnp.float32
@@ -140,26 +141,13 @@ def test_variation_sees_through_nested_jaxprs_and_loops():
                S((), F32)), ("b",)) is None
 
 
-def _copy_kernel(nblocks, smem_floats):
-  @plgpu.kernel(out_type=S((nblocks, 64, 128), F32), grid=(nblocks,), grid_names=("b",),
-                scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier(),
-                               plgpu.SMEM((smem_floats,), F32)])
-  def k(x_ref, o_ref, smem, bar, _):
-    b = lax.axis_index("b")
-    plgpu.copy_gmem_to_smem(x_ref.at[b], smem, bar)
-    plgpu.barrier_wait(bar)
-    plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
-    plgpu.wait_smem_to_gmem(0)
-  return k
-
-
 @settings(max_examples=6, deadline=None)
 @given(nblocks=st.integers(1, 3 * SMS + 7), per_sm=st.sampled_from([1, 2, 3]),
        gpu=st.sampled_from(["h100", "h200"]))
 def test_estimate_equals_full_simulation_for_any_grid_and_occupancy(nblocks, per_sm, gpu):
   # SMEM sized so that per_sm blocks fit on an SM
   smem_floats = (gpus.H100.smem_per_sm // per_sm - 34 * 1024 - 1024) // 4
-  k = _copy_kernel(nblocks, smem_floats)
+  k = copy_kernel(nblocks, smem_floats)
   x = jnp.ones((nblocks, 64, 128), F32)
   est = ps.estimate(k, S(x.shape, F32), gpu=gpu)
   full = _full(k, x, gpu=gpu)

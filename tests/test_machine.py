@@ -131,19 +131,7 @@ def test_co_resident_blocks_compete_for_their_sms_engines():
   longer than a block alone on its SM, by the same amount whatever the
   order they are simulated in."""
   sms = gpus.H100.num_sms
-
-  def kernel(nblocks):
-    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((nblocks, 64, 128), F32),
-                  grid=(nblocks,), grid_names=("b",),
-                  scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier(),
-                                 plgpu.SMEM((20 * 1024,), F32)])  # 2 blocks per SM
-    def k(x_ref, o_ref, smem, bar, _):
-      b = lax.axis_index("b")
-      plgpu.copy_gmem_to_smem(x_ref.at[b], smem, bar)
-      plgpu.barrier_wait(bar)
-      plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
-      plgpu.wait_smem_to_gmem(0)
-    return k
+  kernel = lambda nblocks: copy_kernel(nblocks, 20 * 1024)  # 2 blocks per SM
 
   x = jnp.ones((2 * sms, 64, 128), F32)
   one = ps.simulate(kernel(sms), x[:sms]).report.kernels[0]
@@ -155,6 +143,22 @@ def test_co_resident_blocks_compete_for_their_sms_engines():
   # (the transfer is what they share: the latency after it is not)
   lat = gpus.H100.tma_latency
   assert two.block_cycles_min - one.block_cycles_min < one.block_cycles_min - lat
+
+
+def copy_kernel(nblocks, smem_floats):
+  """Block b copies x[b] through SMEM into o[b]; `smem_floats` more of SMEM
+  set how many blocks fit on an SM."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((nblocks, 64, 128), F32),
+                grid=(nblocks,), grid_names=("b",),
+                scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier(),
+                               plgpu.SMEM((smem_floats,), F32)])
+  def k(x_ref, o_ref, smem, bar, _):
+    b = lax.axis_index("b")
+    plgpu.copy_gmem_to_smem(x_ref.at[b], smem, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
+    plgpu.wait_smem_to_gmem(0)
+  return k
 
 
 def test_a_last_wave_that_does_not_fill_the_sms_shares_less():
