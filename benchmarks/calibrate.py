@@ -144,8 +144,9 @@ def _build_tma_chain(n, *, tile_rows, cols, hbm, cpu=False):
 # (b, c) Streaming GMEM->SMEM with TMA, and a copy through SMEM.
 # ---------------------------------------------------------------------------
 
-def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None):
+def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False):
   """Block b loads tiles t = (i * blocks + b) [mod region_tiles] of x, i < n,
+  (`same`: t = i mod region_tiles, every block the same tile at once)
   into a ring of `slots` SMEM buffers (slots loads in flight), awaiting each
   before refilling its slot. Writes the last tile each block loaded."""
   import jax
@@ -161,7 +162,7 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None):
     b = lax.axis_index("b")
 
     def issue(i, slot):
-      t = lax.rem(i * blocks + b, R)
+      t = lax.rem(i if same else i * blocks + b, R)
       plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)],
                               smem.at[slot], bars.at[slot])
 
@@ -187,16 +188,16 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None):
       grid=(blocks,), grid_names=("b",))(x)
 
 
-def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None):
+def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None, same=False):
   import jax.numpy as jnp
   rows, cols = x.shape
   R = region_tiles or rows // tile_rows
-  ts = [((n - 1) * blocks + b) % R for b in range(blocks)]
+  ts = [((n - 1) if same else ((n - 1) * blocks + b)) % R for b in range(blocks)]
   return jnp.stack([x[t * tile_rows:(t + 1) * tile_rows] for t in ts])
 
 
 def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
-                  flush=False, cpu=False):
+                  flush=False, same=False, cpu=False):
   if cpu:
     blocks, n_max = min(blocks, 2), 8
     assert n <= n_max
@@ -206,7 +207,8 @@ def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
   # The array holds every tile read (or just the region re-read).
   rows = (region_tiles or blocks * n_max) * tile_rows
   x = _array((rows, cols), seed=12)
-  kw = dict(n=n, blocks=blocks, tile_rows=tile_rows, region_tiles=region_tiles)
+  kw = dict(n=n, blocks=blocks, tile_rows=tile_rows, region_tiles=region_tiles,
+            same=same)
   fn = functools.partial(tma_stream, slots=slots, **kw)
   ref = functools.partial(_stream_ref, **kw)
   if flush and not cpu:
@@ -568,6 +570,17 @@ def _micros():
                    note="all blocks re-read one 8 MiB region"))
   # (c') L2 streaming with more in flight: 2 blocks per SM, 6 slots, a
   # 32 MiB region (still L2-resident): what a matmul's co-resident blocks do.
+  # (c'') every block reading the same tile at once (a matmul's A and B tiles
+  # are read by many blocks together): 32 KiB, and 16 KiB of 128-byte rows.
+  for name, blocks, rows_, cols_ in (("l2_same_tile", NUM_SMS, 64, 128),
+                                     ("l2_same_tile_2_per_sm", 2 * NUM_SMS, 64, 128),
+                                     ("l2_same_tile_128b_rows", NUM_SMS, 128, 32)):
+    out.append(Micro(name, "L2 bandwidth (shared tiles)", _build_stream,
+                     dict(blocks=blocks, slots=4, n_max=240, region_mib=8, same=True,
+                          tile_rows=rows_, cols=cols_),
+                     80, 400, work=blocks * rows_ * cols_ * F32, unit="bytes",
+                     note=f"{blocks} blocks loading the same {rows_}x{cols_} f32 tile at "
+                          "once, 4 in flight"))
   for name, blocks, slots, mib in (("l2_stream_2_per_sm", 2 * NUM_SMS, 3, 8),
                                    ("l2_stream_6slots", NUM_SMS, 6, 8),
                                    ("l2_stream_32mib", NUM_SMS, 4, 32),

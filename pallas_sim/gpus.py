@@ -35,9 +35,13 @@ class GPU:
   l2_bytes: int = 50 * 2 ** 20
   # L2 to SMs when every SM re-reads one 8 MiB region: 9.36 TB/s (H200).
   l2_bytes_per_s: float = 9.36e12
-  # One SM's TMA engine alone, 4-6 loads of 32 KiB in flight: 171-206 GB/s,
-  # ~104 B/clk (H200). With many SMs busy each gets its share of the L2's.
-  tma_bytes_per_clk: float = 104.0
+  # What one SM's TMA engine moves: every SM loading the same 16 KiB tile
+  # of 128-byte rows at once, 4 in flight, got 160 B/clk each (41.9 TB/s in
+  # all: the L2 serves a tile many SMs read together at far more than its
+  # streaming rate, which the model does not credit). One SM alone from HBM
+  # got 87-104 B/clk: latency-bound. With many SMs busy each gets its share
+  # of the L2's bandwidth (H200).
+  tma_bytes_per_clk: float = 160.0
   # A TMA load's latency, issue to barrier completion, of a 4 KiB tile:
   # 440 cycles from L2, 968 from HBM (H200); what it moves beyond that is
   # charged at the SM's rate.
