@@ -114,8 +114,10 @@ def estimate(fn, *args, options=None, **kwargs):
   The tensor cores' sums are skipped, and blocks whose work is the same are
   simulated once (backends/sim/block_classes.py): a kernel whose control
   flow depends on the block's index or on data runs every block, and its
-  report says so (report.kernels[i].classes). Races and uninitialized reads
-  are not looked for; other options as for simulate (gpu="h100"/"h200")."""
+  report says so (report.kernels[i].classes); where it depends on data and
+  arrays were given, the values are computed too, so that blocks take the
+  paths they take in ps.simulate. Races and uninitialized reads are not
+  looked for; other options as for simulate (gpu="h100"/"h200")."""
   opts = dataclasses.replace(take(kwargs, options), numerics=False, block_classes=True,
                              check_races=False, check_uninitialized=False)
   shapes = [False]

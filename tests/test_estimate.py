@@ -271,3 +271,34 @@ def test_estimate_follows_loads_where_blocks_take_different_paths():
   assert est.simulated_blocks == nsm
   assert est.hbm_bytes == 3 * 64 * 128 * 4 + nsm * 64 * 128 * 4  # 3 tiles once
   assert _times(ps.estimate(persistent, S(x.shape, F32))) == _times(_full(persistent, x))
+
+
+def test_control_flow_on_tensor_core_sums_takes_the_simulations_paths():
+  """A loop whose trip count comes from a wgmma's result: given arrays,
+  estimate computes the sums too, and times the paths simulate takes."""
+  def kernel(a, bt):
+    @plgpu.kernel(out_type=S((64, 64), F32),
+                  scratch_types=dict(a_s=plgpu.SMEM((64, 32), F32),
+                                     b_s=plgpu.SMEM((64, 32), F32),
+                                     acc=plgpu.ACC((64, 64), F32),
+                                     o_s=plgpu.SMEM((64, 64), F32),
+                                     bar=plgpu.Barrier(num_arrivals=2)))
+    def k(a_ref, b_ref, o_ref, a_s, b_s, acc, o_s, bar):
+      plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+      plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.wgmma(acc, a_s, b_s.T)
+      o_s[...] = acc[...]
+      n = o_s[0, 0].astype(jnp.int32)
+      extra = lax.fori_loop(0, n, lambda i, c: c * 0.5 + 1.0, jnp.zeros((64, 64), F32))
+      o_ref[...] = o_s[...] + extra
+    return k(a, bt)
+  a = jnp.zeros((64, 32), F32).at[0, 0].set(40.0)
+  bt = jnp.zeros((64, 32), F32).at[0, 0].set(1.0)
+  est = ps.estimate(kernel, a, bt).kernels[0]
+  full = _full(kernel, a, bt).kernels[0]
+  assert "values read from memory" in est.classes
+  assert est.block_cycles_max == full.block_cycles_max
+  # (40 trips of the loop: without the sums it would run none)
+  none = ps.estimate(kernel, S(a.shape, F32), S(bt.shape, F32)).kernels[0]
+  assert full.block_cycles_max > none.block_cycles_max + 40 * 30

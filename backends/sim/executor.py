@@ -105,16 +105,22 @@ class Executor:
     if launch.profile is not None:  # (the profiler's buffer is in SMEM too)
       p.smem += launch.profile.smem_bytes(launch.num_threads)
     resources.check_smem(p.smem, self.gpu, where=launch.where)
-    cx = Compiler(self.timing, launch, self.options.max_cycles, self.options.numerics)
+    # Whether blocks' control flow differs (then estimate runs them all, and
+    # the L2 model follows their loads: machine/timing.py)
+    p.variation = block_classes.variation(jaxpr, launch.grid_names)
+    # Control flow that reads data runs on the values the kernel computes:
+    # an estimate given arrays computes them for such a kernel (so that it
+    # takes the paths the full simulation takes).
+    numerics = self.options.numerics or (
+        p.variation is not None and p.variation[0] == block_classes.DATA
+        and not self.shapes_only)
+    cx = Compiler(self.timing, launch, self.options.max_cycles, numerics)
     p.program = cx.compile(jaxpr)
     # Per TMA load site: the grid axes its address depends on (L2 reuse).
     axes = block_classes.load_axes(jaxpr, launch.grid_names)
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
     p.barriers = resources.barrier_count(jaxpr)
     p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)
-    # Whether blocks' control flow differs (then estimate runs them all, and
-    # the L2 model follows their loads: machine/timing.py)
-    p.variation = block_classes.variation(jaxpr, launch.grid_names)
     names = resources.primitive_names(jaxpr)
     # Warps of a warp_map get clock components of their own.
     p.warps = WARPS_PER_WARPGROUP if "mpmd_map" in names else 0
