@@ -375,25 +375,23 @@ def barrier_pingpong(x, *, n):
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
   def body(x_ref, o_ref, bars):
+    def play(t, arrive_first):
+      """Thread t: arrive on bars[0] then wait on bars[1] (the ping), or
+      the other way round (the pong), n times."""
+      def step(i, c):
+        if arrive_first:
+          plgpu.barrier_arrive(bars.at[0])
+          plgpu.barrier_wait(bars.at[1])
+        else:
+          plgpu.barrier_wait(bars.at[0])
+          plgpu.barrier_arrive(bars.at[1])
+        return c + 1.0
+      cnt = lax.fori_loop(0, n, step, jnp.float32(0))
+      o_ref[t] = x_ref[t] + cnt
+
     t = lax.axis_index("t")
-
-    @pl.when(t == 0)
-    def _ping():
-      def step(i, c):
-        plgpu.barrier_arrive(bars.at[0])
-        plgpu.barrier_wait(bars.at[1])
-        return c + 1.0
-      cnt = lax.fori_loop(0, n, step, jnp.float32(0))
-      o_ref[0] = x_ref[0] + cnt
-
-    @pl.when(t == 1)
-    def _pong():
-      def step(i, c):
-        plgpu.barrier_wait(bars.at[0])
-        plgpu.barrier_arrive(bars.at[1])
-        return c + 1.0
-      cnt = lax.fori_loop(0, n, step, jnp.float32(0))
-      o_ref[1] = x_ref[1] + cnt
+    pl.when(t == 0)(lambda: play(0, True))
+    pl.when(t == 1)(lambda: play(1, False))
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),

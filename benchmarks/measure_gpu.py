@@ -386,6 +386,22 @@ def summarize_micros(jobs):
   return out
 
 
+# (figure, micro-benchmark, its field): the figures the JSON summarises
+FIGURES = [
+    ("tma_latency_l2_4k_cycles", "tma_latency_l2_4k", "per_iter_cycles"),
+    ("tma_latency_l2_32k_cycles", "tma_latency_l2_32k", "per_iter_cycles"),
+    ("tma_latency_hbm_4k_cycles", "tma_latency_hbm_4k", "per_iter_cycles"),
+    ("hbm_read_bytes_per_s", "stream_hbm_all_sms", "rate_per_s"),
+    ("hbm_read_bytes_per_s_2_per_sm", "stream_hbm_2_per_sm", "rate_per_s"),
+    ("hbm_copy_bytes_per_s", "copy_gmem_smem_gmem_all_sms", "rate_per_s"),
+    ("one_sm_tma_bytes_per_s", "stream_hbm_one_sm", "rate_per_s"),
+    ("one_sm_tma_bytes_per_s_6slots", "stream_hbm_one_sm_6slots", "rate_per_s"),
+    ("l2_reuse_bytes_per_s", "l2_reuse_all_sms", "rate_per_s"),
+    ("barrier_round_trip_cycles", "barrier_pingpong", "per_iter_cycles"),
+    ("launch_overhead_s_1_block", "launch_1_blocks", "per_iter_s"),
+    ("launch_overhead_s_132_blocks", "launch_132_blocks", "per_iter_s"),
+]
+
 def headline(micros):
   """The figures gpus.py reads, from the micro rows."""
   g = {r["name"]: r for r in micros if "per_iter_s" in r}
@@ -395,18 +411,8 @@ def headline(micros):
     if name in g and g[name].get(field) is not None:
       f[key] = g[name][field] * scale
 
-  put("tma_latency_l2_4k_cycles", "tma_latency_l2_4k", "per_iter_cycles")
-  put("tma_latency_l2_32k_cycles", "tma_latency_l2_32k", "per_iter_cycles")
-  put("tma_latency_hbm_4k_cycles", "tma_latency_hbm_4k", "per_iter_cycles")
-  put("hbm_read_bytes_per_s", "stream_hbm_all_sms", "rate_per_s")
-  put("hbm_read_bytes_per_s_2_per_sm", "stream_hbm_2_per_sm", "rate_per_s")
-  put("hbm_copy_bytes_per_s", "copy_gmem_smem_gmem_all_sms", "rate_per_s")
-  put("one_sm_tma_bytes_per_s", "stream_hbm_one_sm", "rate_per_s")
-  put("one_sm_tma_bytes_per_s_6slots", "stream_hbm_one_sm_6slots", "rate_per_s")
-  put("l2_reuse_bytes_per_s", "l2_reuse_all_sms", "rate_per_s")
-  put("barrier_round_trip_cycles", "barrier_pingpong", "per_iter_cycles")
-  put("launch_overhead_s_1_block", "launch_1_blocks", "per_iter_s")
-  put("launch_overhead_s_132_blocks", "launch_132_blocks", "per_iter_s")
+  for key, name, field in FIGURES:
+    put(key, name, field)
   for r in g.values():
     if r["name"].startswith(("wgmma_", "spill_")) and r.get("per_sm_per_clk"):
       f[f"{r['name']}_flop_per_clk_per_sm"] = r["per_sm_per_clk"]
