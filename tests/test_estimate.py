@@ -302,3 +302,18 @@ def test_control_flow_on_tensor_core_sums_takes_the_simulations_paths():
   # (40 trips of the loop: without the sums it would run none)
   none = ps.estimate(kernel, S(a.shape, F32), S(bt.shape, F32)).kernels[0]
   assert full.block_cycles_max > none.block_cycles_max + 40 * 30
+
+
+@pytest.mark.parametrize("name", [e[0] for e in __import__("kernels").EXAMPLES
+                                  if e[0] not in __import__("kernels").NOT_LOWERABLE])
+def test_estimate_equals_simulate_on_every_example_kernel(name):
+  """Shapes or arrays, one block per class or all: the times simulate gives."""
+  import kernels as K
+  fn, make_args = [(e[1], e[2]) for e in K.EXAMPLES if e[0] == name][0]
+  args = make_args(0)
+  full = _full(fn, *args)
+  assert _times(ps.estimate(fn, *args)) == _times(full)
+  shapes = [S(np.shape(a), np.asarray(a).dtype) for a in args]
+  est = ps.estimate(fn, *shapes)
+  if all("values read from memory" not in k.classes for k in est.kernels):
+    assert _times(est) == _times(full)
