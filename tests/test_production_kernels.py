@@ -152,3 +152,16 @@ def test_races_in_jax_s_own_code_warn_by_default_and_raise_when_asked():
     assert "only unordered" in str(r) and "cycles of slack" in str(r)
   with pytest.raises(ps.RaceError, match="read-write race"):
     ps.simulate(fn, *inputs, library_races="raise")
+
+
+@pytest.mark.parametrize("name", ["hopper_matmul cluster=M float16", "attention causal",
+                                  "attention_with_pipeline_emitter"])
+def test_estimate_gives_simulates_times_on_jaxs_kernels(name):
+  make, args = CASES[name]
+  fn, inputs, _ = make(*args)
+  full = ps.simulate(fn, *inputs, check_races=False, check_uninitialized=False,
+                     workers=1).report
+  est = ps.estimate(fn, *[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in inputs])
+  for k_full, k_est in zip(full.kernels, est.kernels, strict=True):
+    assert k_est.time_s == k_full.time_s and k_est.bound == k_full.bound
+    assert k_est.block_cycles_max == k_full.block_cycles_max
