@@ -75,6 +75,10 @@ class Options:
       raise ValueError(f"engine={self.engine!r}: choose one of {ENGINES}")
     if not self.max_cycles > 0:
       raise ValueError(f"max_cycles={self.max_cycles!r}: must be positive")
+    if self.block_classes and (self.check_races or self.check_uninitialized):
+      raise ValueError("block_classes=True simulates some blocks only: races and "
+                       "unwritten outputs cannot be checked; pass check_races=False and "
+                       "check_uninitialized=False, or use ps.estimate")
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))

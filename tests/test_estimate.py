@@ -317,3 +317,12 @@ def test_estimate_equals_simulate_on_every_example_kernel(name):
   est = ps.estimate(fn, *shapes)
   if all("values read from memory" not in k.classes for k in est.kernels):
     assert _times(est) == _times(full)
+
+
+def test_block_classes_in_simulate_need_the_checks_off():
+  a = jnp.ones((256, 256), F16)
+  with pytest.raises(ValueError, match="block_classes=True simulates some blocks only"):
+    ps.simulate(matmul_mcs, a, a, block_classes=True)
+  rep = ps.simulate(matmul_mcs, a, a, block_classes=True, check_races=False,
+                    check_uninitialized=False).report
+  assert rep.kernels[0].simulated_blocks == 1
