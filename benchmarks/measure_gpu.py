@@ -89,13 +89,14 @@ class ClockSampler:
 
   FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu"
 
-  def __init__(self):
+  def __init__(self, every_ms=100):
     self.samples = []
     self.proc = None
     try:
       self.proc = subprocess.Popen(
           ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
-           "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+           "-lms", str(every_ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+          text=True)
     except OSError:
       return
     threading.Thread(target=self._read, daemon=True).start()
@@ -158,6 +159,9 @@ def _per_call(f, args, calls, enq=None):
   if enq is not None:
     enq.append((t1 - t0) / (t2 - t0))
   return (t2 - t0) / calls
+
+
+BATCH_S = [0.025]  # (--batch-s: longer batches give the clock sampler more to see)
 
 
 def time_fn(f, args, *, batch_s=0.025, batches=7, max_calls=400):
@@ -235,7 +239,7 @@ class Job:
     args = self.built.args
     try:
       t0 = time.time()
-      r1 = time_fn(self.f1, args)
+      r1 = time_fn(self.f1, args, batch_s=BATCH_S[0])
       if self.f2 is not None:
         r2 = time_fn(self.f2, args, batches=5)
         self.res["k2_per_kernel_s"] = r2["median_s"] / 2
@@ -516,6 +520,9 @@ def main(argv=None):
   ap.add_argument("--ncu-timeout", type=float, default=90.0)
   ap.add_argument("--ncu-child", default=None, help=argparse.SUPPRESS)
   ap.add_argument("--sim-check", action="store_true")
+  ap.add_argument("--batch-s", type=float, default=0.025,
+                  help="seconds of back-to-back calls per batch")
+  ap.add_argument("--clock-ms", type=int, default=100, help="clock sampling period")
   ns = ap.parse_args(argv)
 
   if ns.ncu_child:
@@ -530,7 +537,8 @@ def main(argv=None):
   path = os.path.join(ns.out, "h200_measured.json")
   env = _env()
   print("env:", json.dumps(env), flush=True)
-  clocks = ClockSampler()
+  BATCH_S[0] = ns.batch_s
+  clocks = ClockSampler(ns.clock_ms)
 
   jobs = []
   if not ns.only_suite:
