@@ -18,20 +18,12 @@ bytes there, which the L2 model of machine/timing.py counts once per wave."""
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim import capture, refview
+from pallas_sim.backends.sim.resources import inner, sub_jaxprs
 
 GRID = "the block's grid index"
 DATA = "values read from memory"
 
 _NONE = frozenset()  # taints: DATA, and ("grid", dimension) per grid axis
-
-
-def _subjaxprs(params):
-  for key, v in params.items():
-    for j in (v if isinstance(v, (tuple, list)) else (v,)):
-      if hasattr(j, "eqns"):
-        yield key, j
-      elif hasattr(j, "jaxpr") and hasattr(j.jaxpr, "eqns"):
-        yield key, j.jaxpr
 
 
 def _is_ref(v):
@@ -128,19 +120,19 @@ def _eqn(eqn, ins, grid):
     _decide(ins[0], eqn, grid)
     outs = [_NONE] * n_out
     for branch in p["branches"]:
-      b = _walk(_inner(branch), ins[1:], grid)
+      b = _walk(inner(branch), ins[1:], grid)
       outs = [o | t for o, t in zip(outs, b)]
     return outs
   if name == "while":
     cn, bn = p["cond_nconsts"], p["body_nconsts"]
     cc, bc, carry = ins[:cn], ins[cn:cn + bn], list(ins[cn + bn:])
-    body = _inner(p["body_jaxpr"])
+    body = inner(p["body_jaxpr"])
     while True:  # (taints only grow: a fixpoint in a few rounds)
       new = [c | t for c, t in zip(carry, _walk(body, bc + carry, grid))]
       if new == carry:
         break
       carry = new
-    [c] = _walk(_inner(p["cond_jaxpr"]), cc + carry, grid)
+    [c] = _walk(inner(p["cond_jaxpr"]), cc + carry, grid)
     _decide(c, eqn, grid)
     return carry
   if name == "copy_gmem_to_smem":
@@ -153,7 +145,7 @@ def _eqn(eqn, ins, grid):
       _decide(ins[i], eqn, grid)
   if name == "delay":
     _decide(ins[0], eqn, grid)
-  subs = list(_subjaxprs(p))
+  subs = [sub for v in p.values() for sub in sub_jaxprs(v)]
   if subs:
     return _calls(eqn, ins, subs, grid)
   taint = _union(ins)
@@ -169,7 +161,7 @@ def _calls(eqn, ins, subs, grid):
   into its inputs until nothing changes."""
   n_out = len(eqn.outvars)
   outs = [_NONE] * n_out
-  for _, sub in subs:
+  for sub in subs:
     if len(ins) == len(sub.invars):
       sub_in = list(ins)
     elif len(ins) == len(sub.constvars):  # (run_scoped: see _walk)
@@ -189,6 +181,3 @@ def _calls(eqn, ins, subs, grid):
       outs = [o | _union(res) | _union(ins) for o in outs]
   return outs
 
-
-def _inner(j):
-  return j.jaxpr if hasattr(j, "consts") else j

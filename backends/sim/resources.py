@@ -41,7 +41,8 @@ class _Need:
     return _Need(max(self.smem, o.smem), self.barriers | o.barriers)
 
 
-def _inner(j):
+def inner(j):
+  """The open Jaxpr of a ClosedJaxpr (or the Jaxpr itself)."""
   return j.jaxpr if hasattr(j, "consts") else j
 
 
@@ -79,7 +80,7 @@ def _eqn_need(eqn, reduction_bytes):
   name = eqn.primitive.name
   p = eqn.params
   if name == "run_scoped":
-    body = _inner(p["jaxpr"])
+    body = inner(p["jaxpr"])
     own = _Need()
     for v in body.invars:
       own = own + _alloc_need(v.aval)
@@ -92,7 +93,7 @@ def _eqn_need(eqn, reduction_bytes):
   for key in _SUBJAXPRS.get(name, ()):
     sub = p[key]
     for j in (sub if isinstance(sub, (tuple, list)) else (sub,)):
-      need = need.union(_jaxpr_need(_inner(j), reduction_bytes))
+      need = need.union(_jaxpr_need(inner(j), reduction_bytes))
   return need
 
 
@@ -145,14 +146,15 @@ def lowering_error(exc, where=None):
       primitive=m.group(1) if m else None, where=where)
 
 
-def _sub_jaxprs(value):
+def sub_jaxprs(value):
+  """The jaxprs an equation parameter holds (nested in tuples or lists)."""
   if hasattr(value, "eqns"):
     yield value
   elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
     yield value.jaxpr
   elif isinstance(value, (tuple, list)):
     for v in value:
-      yield from _sub_jaxprs(v)
+      yield from sub_jaxprs(v)
 
 
 def primitive_names(kernel_jaxpr):
@@ -166,7 +168,7 @@ def primitive_names(kernel_jaxpr):
     for eqn in j.eqns:
       names.add(eqn.primitive.name)
       for p in eqn.params.values():
-        stack.extend(_sub_jaxprs(p))
+        stack.extend(sub_jaxprs(p))
   return names
 
 
@@ -182,10 +184,10 @@ def barrier_count(kernel_jaxpr):
         continue
       seen.add(id(eqn))
       if eqn.primitive.name == "run_scoped":
-        for v in _inner(eqn.params["jaxpr"]).invars:
+        for v in inner(eqn.params["jaxpr"]).invars:
           dt = getattr(getattr(v.aval, "inner_aval", None), "dtype", None)
           if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
             count += math.prod(v.aval.inner_aval.shape)
       for p in eqn.params.values():
-        stack.extend(_sub_jaxprs(p))
+        stack.extend(sub_jaxprs(p))
   return count

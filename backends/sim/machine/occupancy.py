@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from pallas_sim.backends.sim.resources import inner, sub_jaxprs
+
 LANES = 128                  # a warpgroup
 REGISTER_FILE = 65536        # 32-bit registers per SM
 MAX_PER_THREAD = 255
@@ -32,13 +34,8 @@ class Registers:
     return max(0, self.per_thread - self.limit)
 
 
-def _subjaxprs(params):
-  for v in params.values():
-    for j in (v if isinstance(v, (tuple, list)) else (v,)):
-      if hasattr(j, "eqns"):
-        yield j
-      elif hasattr(j, "jaxpr") and hasattr(j.jaxpr, "eqns"):
-        yield j.jaxpr
+def _params_jaxprs(params):
+  return (sub for v in params.values() for sub in sub_jaxprs(v))
 
 
 def _is_acc(aval):
@@ -62,22 +59,18 @@ def _need(jaxpr):
   for eqn in jaxpr.eqns:
     own = 0
     if eqn.primitive.name == "run_scoped":
-      own = sum(_regs(v.aval) for v in _inner(eqn.params["jaxpr"]).invars
+      own = sum(_regs(v.aval) for v in inner(eqn.params["jaxpr"]).invars
                 if _is_acc(v.aval))
     for v in eqn.outvars:
       if not hasattr(v.aval, "inner_aval"):
         values = max(values, _regs(v.aval))
     inner_acc = 0
-    for sub in _subjaxprs(eqn.params):
+    for sub in _params_jaxprs(eqn.params):
       a, val = _need(sub)
       inner_acc = max(inner_acc, a)
       values = max(values, val)
     acc = max(acc, own + inner_acc)
   return acc, values
-
-
-def _inner(j):
-  return j.jaxpr if hasattr(j, "consts") else j
 
 
 def _max_registers(jaxpr):
@@ -88,7 +81,7 @@ def _max_registers(jaxpr):
       n = eqn.params.get("n")
       if n is not None:
         found = max(found or 0, int(n))
-    for sub in _subjaxprs(eqn.params):
+    for sub in _params_jaxprs(eqn.params):
       inner = _max_registers(sub)
       if inner is not None:
         found = max(found or 0, inner)
