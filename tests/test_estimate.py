@@ -214,17 +214,21 @@ def test_l2_serves_what_the_blocks_of_a_wave_share():
   # site 0 follows axis 0, site 1 axis 1; 1 MiB per block in 16 loads
   sites = {0: [4 * SMS * mb, 4 * SMS * 16], 1: [4 * SMS * mb, 4 * SMS * 16]}
   axes = {0: (0,), 1: (1,)}
-  got = lt.hbm_reads(index, axes, sites, input_bytes=10 ** 12)
+  lt.set_loads(index, axes)
+  got = lt.hbm_reads(sites, input_bytes=10 ** 12)
   per_wave = [len(set(index[w * SMS:(w + 1) * SMS, 0])) + 8 for w in range(4)]
   assert got == sum(per_wave) * mb
   # an address read from memory: every block reads its own
-  assert lt.hbm_reads(index, {0: None, 1: (1,)}, sites, 10 ** 12) == sum(
+  lt.set_loads(index, {0: None, 1: (1,)})
+  assert lt.hbm_reads(sites, 10 ** 12) == sum(
       SMS + 8 for _ in range(4)) * mb
   # inputs that fit in the L2 are read once
-  assert lt.hbm_reads(index, axes, sites, input_bytes=3 * mb) == 3 * mb
+  lt.set_loads(index, axes)
+  assert lt.hbm_reads(sites, input_bytes=3 * mb) == 3 * mb
   # what a wave reads at once past the L2: misses (one load of 1 GiB per block)
   big = {0: [4 * SMS * 2 ** 30, 4 * SMS]}
-  spill = lt.hbm_reads(index, {0: (0,)}, big, 10 ** 15)
+  lt.set_loads(index, {0: (0,)})
+  spill = lt.hbm_reads(big, 10 ** 15)
   fits = sum(len(set(index[w * SMS:(w + 1) * SMS, 0])) for w in range(4)) * 2 ** 30
   assert fits < spill < 4 * SMS * 2 ** 30
 
@@ -239,11 +243,11 @@ def test_traced_l2_reads_each_source_once_while_it_stays():
   # every block of both waves reads tiles 0..3 of "a", and one of its own
   loads = {b: [(float(i), ("a", i * tile, (512, 512)), tile) for i in range(4)]
            + [(5.0, ("b", b * own, (128, 128)), own)] for b in range(2 * SMS)}
-  assert lt.hbm_reads_traced(loads, 0) == 4 * tile + 2 * SMS * own
+  assert lt.hbm_reads_traced(loads) == 4 * tile + 2 * SMS * own
   # an L2 too small for what a wave reads: the shared tiles are evicted by
   # the blocks' own before the next wave reads them again
   small = Timing(dataclasses.replace(h, l2_bytes=8 * tile)).launch(2 * SMS, 150 * 1024, 1)
-  assert small.hbm_reads_traced(loads, 0) == 2 * 4 * tile + 2 * SMS * own
+  assert small.hbm_reads_traced(loads) == 2 * 4 * tile + 2 * SMS * own
 
 
 def test_estimate_follows_loads_where_blocks_take_different_paths():

@@ -337,9 +337,9 @@ class Executor:
       s.groups = [s.blocks]
     s.placement = self.timing.launch(len(s.blocks), prep.smem, launch.num_threads,
                                      prep.regs)
-    s.grid_index = np.array([idx for _, idx, _ in s.blocks],
-                            dtype=np.int64).reshape(len(s.blocks), -1)
-    s.placement.set_loads(s.grid_index, prep.load_axes)
+    grid_index = np.array([idx for _, idx, _ in s.blocks],
+                          dtype=np.int64).reshape(len(s.blocks), -1)
+    s.placement.set_loads(grid_index, prep.load_axes)
     s.placement.trace_loads = prep.variation is not None
     s.log = races.RaceLog(launch.name)
     s.runner = GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
@@ -427,7 +427,7 @@ class Executor:
           + "\n".join(str(f) for f in unset), findings=unset, where=launch.where))
 
     rep = self._kernel_report(launch, arrays, prep, grid, placement, cycles, totals,
-                              wall, trace, used, s.grid_index, loads)
+                              wall, trace, used, loads)
     rep.simulated_blocks, rep.classes = simulated, note
     self.report.kernels.append(rep)
     return [b.data for b in out_bufs]
@@ -462,13 +462,13 @@ class Executor:
       totals.add(st)
 
   def _kernel_report(self, launch, arrays, prep, grid, placement, cycles, totals, wall,
-                     trace, workers, grid_index, loads):
+                     trace, workers, loads):
     """The timing model's verdict on a launch (machine/timing.py, bound.py)."""
     inputs = sum(np.asarray(a).nbytes for a in arrays[:launch.num_inputs])
     outputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
     if totals.tma_load_bytes + totals.tma_store_bytes:
-      reads = (placement.hbm_reads_traced(loads, inputs) if placement.trace_loads else
-               placement.hbm_reads(grid_index, prep.load_axes, totals.load_sites, inputs))
+      reads = (placement.hbm_reads_traced(loads) if placement.trace_loads else
+               placement.hbm_reads(totals.load_sites, inputs))
       writes = totals.tma_store_bytes
     else:  # (kernels without TMA move their operands with plain loads and stores)
       reads, writes = inputs, outputs

@@ -279,7 +279,7 @@ MUTANTS = [
            "blocks co-resident on an SM share its engines",
            "  if share == 1:\n    return 1.0\n",
            "  if share >= 1:\n    return 1.0\n",
-           ("tests/test_machine.py",)),
+           ("tests/test_machine.py", "tests/test_timing_model.py")),
     Mutant("last-wave-shares-as-full", "backends/sim/machine/timing.py",
            "a last wave's blocks share their SM with fewer",
            "    end = min(self.num_blocks, start + self.slots)\n",

@@ -86,7 +86,7 @@ def alu_stretch(wg):
     if o is not wg:
       others += busy
   others += (share - 1) * mine
-  return cap if others >= 1 - 1 / cap else min(cap, 1.0 / (1.0 - others))
+  return _leftover(others, cap)
 
 
 def _stretch(share, work, t):
@@ -97,8 +97,13 @@ def _stretch(share, work, t):
   or beside blocks that leave it idle, 1."""
   if share == 1:
     return 1.0
-  others = (share - 1) * (work / t if t > 0 else 1.0)
-  return share if others >= 1 - 1 / share else min(share, 1.0 / (1.0 - others))
+  return _leftover((share - 1) * (work / t if t > 0 else 1.0), share)
+
+
+def _leftover(others, cap):
+  """The stretch of a unit the others keep busy `others` of the time: what
+  they leave is this one's, 1 / (1 - others), up to `cap` (1/cap of it)."""
+  return cap if others >= 1 - 1 / cap else min(cap, 1.0 / (1.0 - others))
 
 
 class Timing:
@@ -171,6 +176,7 @@ class LaunchTiming:
     active = max(1, min(num_blocks, g.num_sms))
     self.tma_rate = min(g.tma_bytes_per_clk, g.l2_bytes_per_s / g.clock_hz / active)
     self.latency = {}
+    self.distinct = {}  # TMA load site -> distinct sources per wave (set_loads)
     # Follow each TMA load (hbm_reads_traced): set for kernels whose blocks
     # take different paths, whose addresses the per-site model cannot group.
     self.trace_loads = False
@@ -205,14 +211,13 @@ class LaunchTiming:
     address comes from data."""
     g = self.timing.gpu
     n = len(grid_index)
+    waves = [grid_index[w * self.slots:(w + 1) * self.slots] for w in range(self.waves)]
     for site, axes in load_axes.items():
-      misses = 0
-      for w in range(self.waves):
-        wave = grid_index[w * self.slots:(w + 1) * self.slots]
-        misses += self._distinct(wave, axes)
+      self.distinct[site] = [self._distinct(wave, axes) for wave in waves]
+      misses = sum(self.distinct[site])
       self.latency[site] = g.tma_latency + g.hbm_latency_extra * (misses / n if n else 1)
 
-  def hbm_reads_traced(self, loads, input_bytes):
+  def hbm_reads_traced(self, loads):
     """Bytes read from HBM, following every TMA load: the loads of a wave's
     blocks (which start together) in the order of their issue cycles,
     through an L2 of the GPU's size kept least-recently-used by source
@@ -270,27 +275,28 @@ class LaunchTiming:
                       memory_s, g.launch_overhead_s, tail_s,
                       (len(cycles) % self.slots or self.slots) / self.slots)
 
-  def hbm_reads(self, grid_index, load_axes, site_bytes, input_bytes):
+  def hbm_reads(self, site_bytes, input_bytes):
     """Bytes read from HBM: the blocks of one wave run together,
     so what several of them read at one load site, the L2 serves after the
     first: per wave and site, each distinct source (blocks agreeing on the
-    grid axes its address depends on, block_classes.load_axes) is read from
-    HBM once, while what the wave's blocks read at one time fits in the L2
+    grid axes its address depends on, block_classes.load_axes: counted by
+    set_loads) is read from HBM once, while what the wave's blocks read at one time fits in the L2
     (a load's bytes at each distinct source, the blocks going through their
     loads together); past that, the excess misses in proportion. Inputs
     that fit in the L2 whole are read once per launch."""
-    n = len(grid_index)
+    n = self.num_blocks
     l2 = self.timing.gpu.l2_bytes
     per_block = {s: b / n for s, (b, _) in site_bytes.items()} if n else {}
     per_load = {s: b / loads for s, (b, loads) in site_bytes.items() if loads}
     reads = 0.0
     for w in range(self.waves):
-      wave = grid_index[w * self.slots:(w + 1) * self.slots]
+      size = min(self.slots, n - w * self.slots)  # (blocks in the wave)
       unique = traffic = live = 0.0
       for s, b in per_block.items():
-        distinct = self._distinct(wave, load_axes.get(s, None))
+        # (a site set_loads does not know: as an address from data)
+        distinct = self.distinct[s][w] if s in self.distinct else size
         unique += distinct * b
-        traffic += len(wave) * b
+        traffic += size * b
         live += distinct * per_load.get(s, 0.0)
       reads += unique if live <= l2 else unique + (traffic - unique) * (1 - l2 / live)
     if input_bytes <= l2:
