@@ -120,16 +120,12 @@ def estimate(fn, *args, options=None, **kwargs):
   looked for; other options as for simulate (gpu="h100"/"h200")."""
   opts = dataclasses.replace(take(kwargs, options), numerics=False, block_classes=True,
                              check_races=False, check_uninitialized=False)
-  shapes = [False]
-
-  def stand_in(a):
-    if isinstance(a, jax.ShapeDtypeStruct):
-      shapes[0] = True
-      return jax.numpy.zeros(a.shape, a.dtype)
-    return a
-  args, kwargs = jax.tree.map(stand_in, (args, kwargs))
+  is_shape = lambda a: isinstance(a, jax.ShapeDtypeStruct)
+  shapes_only = any(map(is_shape, jax.tree.leaves((args, kwargs))))
+  args, kwargs = jax.tree.map(
+      lambda a: jax.numpy.zeros(a.shape, a.dtype) if is_shape(a) else a, (args, kwargs))
   with _simulating(opts) as ex:
-    ex.shapes_only = shapes[0]
+    ex.shapes_only = shapes_only
     _wait(fn(*args, **kwargs))
   return ex.report
 

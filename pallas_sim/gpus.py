@@ -12,8 +12,11 @@ import dataclasses
 class GPU:
   name: str
   num_sms: int = 132
-  # SM clock under load: nvidia-smi read 1980 MHz throughout the runs (H200;
-  # the H100 SXM's boost clock is the same 1980 MHz).
+  # The SM's boost clock, at which the TMA, L2, ALU, barrier and latency
+  # micro-benchmarks ran (H200; the H100 SXM's is the same 1980 MHz). Under
+  # sustained tensor load the clock falls (1650-1830 MHz for a wgmma loop, to
+  # 1035-1470 at the power limit: benchmarks/RESULTS.md); the tensor rates
+  # below are per second for that reason.
   clock_hz: float = 1.98e9
   max_smem_per_block: int = 232448      # Mosaic's max_smem_bytes on sm_90
   smem_per_sm: int = 228 * 1024

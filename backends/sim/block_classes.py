@@ -13,7 +13,7 @@ or None when none does. (Cluster and thread indices are the same in every
 group of a launch: they do not make groups differ.)
 
 The same walk says, for each TMA load, which grid axes its source address
-depends on (`load_axes`): blocks that agree on those axes read the same
+depends on (`analyse`): blocks that agree on those axes read the same
 bytes there, which the L2 model of machine/timing.py counts once per wave."""
 from jax.extend import core as jax_extend_core
 
@@ -30,48 +30,47 @@ def _is_ref(v):
   return hasattr(v.aval, "inner_aval")
 
 
-class _Found(Exception):
-  def __init__(self, why, eqn):
-    self.why, self.eqn = why, eqn
-
-
 class _Walk:
   """One walk over a kernel: `grid` maps grid axis names to dimensions;
   `loads` collects each TMA load's source-address taint (id(eqn) -> taint);
-  `decide`: raise at a control decision that varies (else only collect)."""
+  `found` is the first control decision that varies: (taint, equation)."""
 
-  def __init__(self, grid_names, decide=True):
+  def __init__(self, grid_names):
     self.grid = {n: d for d, n in enumerate(grid_names)}
     self.loads = {}
-    self.decide = decide
+    self.found = None
+
+
+def analyse(jaxpr, grid_names, data_inputs=()):
+  """(variation, load axes) of a kernel, in one walk.
+
+  variation: None, or (what the first varying control decision depends on,
+  the user's file:line of it). load axes: {id(TMA load equation): the grid
+  dimensions its source address depends on, as a sorted tuple, or None
+  where it depends on data}. `data_inputs`: positions of inputs that are
+  values rather than refs and count as data (a kernel's inputs are refs:
+  what is read from them is)."""
+  taint = [frozenset([DATA]) if i in data_inputs else _NONE
+           for i in range(len(jaxpr.invars))]
+  w = _Walk(grid_names)
+  _walk(jaxpr, taint, w)
+  varies = None
+  if w.found is not None:
+    why, eqn = w.found
+    varies = (DATA if DATA in why else GRID,
+              capture.eqn_location(eqn) or "<unknown location>")
+  return varies, {k: None if DATA in t else tuple(sorted(d for _, d in t))
+                  for k, t in w.loads.items()}
 
 
 def variation(jaxpr, grid_names, data_inputs=()):
-  """None, or (what the decision depends on, the user's file:line of it).
-  `data_inputs`: positions of inputs that are values rather than refs and
-  count as data (a kernel's inputs are refs: what is read from them is)."""
-  taint = [frozenset([DATA]) if i in data_inputs else _NONE
-           for i in range(len(jaxpr.invars))]
-  try:
-    _walk(jaxpr, taint, _Walk(grid_names))
-  except _Found as f:
-    why = DATA if DATA in f.why else GRID
-    return why, capture.eqn_location(f.eqn) or "<unknown location>"
-  return None
-
-
-def load_axes(jaxpr, grid_names):
-  """{id(TMA load equation): the grid dimensions its source address depends
-  on, as a sorted tuple, or None where it depends on data}."""
-  w = _Walk(grid_names, decide=False)
-  _walk(jaxpr, [_NONE] * len(jaxpr.invars), w)
-  return {k: None if DATA in t else tuple(sorted(d for _, d in t))
-          for k, t in w.loads.items()}
+  """analyse's variation alone."""
+  return analyse(jaxpr, grid_names, data_inputs)[0]
 
 
 def _walk(jaxpr, in_taint, grid):
-  """Taints of the jaxpr's outputs, given its inputs'; raises _Found at the
-  first control decision that depends on the grid index or data."""
+  """Taints of the jaxpr's outputs, given its inputs'; notes the first
+  control decision that depends on the grid index or data."""
   env = {}
   # (a run_scoped body takes the values it closes over as constvars, bound
   # before its invars: backends/sim/interpret.py compile_open)
@@ -95,8 +94,8 @@ def _walk(jaxpr, in_taint, grid):
 
 
 def _decide(taint, eqn, grid):
-  if taint and grid.decide:
-    raise _Found(taint, eqn)
+  if taint and grid.found is None:
+    grid.found = (taint, eqn)
 
 
 def _union(ts):

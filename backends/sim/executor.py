@@ -106,8 +106,9 @@ class Executor:
       p.smem += launch.profile.smem_bytes(launch.num_threads)
     resources.check_smem(p.smem, self.gpu, where=launch.where)
     # Whether blocks' control flow differs (then estimate runs them all, and
-    # the L2 model follows their loads: machine/timing.py)
-    p.variation = block_classes.variation(jaxpr, launch.grid_names)
+    # the L2 model follows their loads: machine/timing.py); per TMA load
+    # site, the grid axes its address depends on (L2 reuse).
+    p.variation, axes = block_classes.analyse(jaxpr, launch.grid_names)
     # Control flow that reads data runs on the values the kernel computes:
     # an estimate given arrays computes them for such a kernel (so that it
     # takes the paths the full simulation takes).
@@ -116,8 +117,6 @@ class Executor:
         and not self.shapes_only)
     cx = Compiler(self.timing, launch, self.options.max_cycles, numerics)
     p.program = cx.compile(jaxpr)
-    # Per TMA load site: the grid axes its address depends on (L2 reuse).
-    axes = block_classes.load_axes(jaxpr, launch.grid_names)
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
     p.barriers = resources.barrier_count(jaxpr)
     p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)

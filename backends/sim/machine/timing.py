@@ -4,12 +4,13 @@ latency after a barrier wait, a kernel's time), on the hardware figures of
 pallas_sim/gpus.py. The rules only ask it when things start and end; the
 functional machine (values, races) never reads it.
 
-Per-SM units: blocks are placed on SMs by occupancy (SMEM, threads), in
-waves, block i on SM i mod num_SMs. The blocks co-resident on one SM in one
-wave share its TMA engine and tensor cores fairly: each sees 1/share of
-their rate, where share is how many blocks that SM holds in that wave. So a
-block's time depends on its own work and on how crowded its SM is, never on
-the order in which blocks are simulated: a launch split over processes, or
+Per-SM units: blocks are placed on SMs by occupancy (SMEM, threads,
+registers), in waves, block i on SM i mod num_SMs. The blocks co-resident
+on one SM in one wave (share of them) share its TMA engine and tensor
+cores: each takes what the others, taken to be as busy as it has been,
+leave (_stretch: at worst 1/share of the rate). So a block's time depends
+on its own work and on how crowded its SM is, never on the order in which
+blocks are simulated: a launch split over processes, or
 estimated from one block per class (backends/sim/block_classes.py), gets
 the same times as one simulated block after block. (Latencies are not
 shared: hiding them is what co-residency is for.)"""
@@ -207,7 +208,7 @@ class LaunchTiming:
   def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the
     share of its loads that miss: the first of the blocks of a wave that
-    read one source (block_classes.load_axes), or every block where the
+    read one source (block_classes.analyse), or every block where the
     address comes from data."""
     g = self.timing.gpu
     n = len(grid_index)
@@ -279,7 +280,7 @@ class LaunchTiming:
     """Bytes read from HBM: the blocks of one wave run together,
     so what several of them read at one load site, the L2 serves after the
     first: per wave and site, each distinct source (blocks agreeing on the
-    grid axes its address depends on, block_classes.load_axes: counted by
+    grid axes its address depends on, block_classes.analyse: counted by
     set_loads) is read from HBM once, while what the wave's blocks read at one time fits in the L2
     (a load's bytes at each distinct source, the blocks going through their
     loads together); past that, the excess misses in proportion. Inputs
@@ -307,8 +308,8 @@ class LaunchTiming:
 @dataclasses.dataclass(frozen=True)
 class KernelTime:
   seconds: float      # the prediction
-  compute_s: float    # the slowest SM's waves
-  memory_s: float     # HBM bytes over HBM bandwidth
+  compute_s: float    # when the last block ends (block slots, kernel_time)
+  memory_s: float     # HBM reads and writes over their bandwidths
   launch_s: float     # launch overhead
-  tail_s: float       # of compute_s: the last wave, where it is not full
+  tail_s: float       # of compute_s: from when a slot first has nothing left
   last_wave_fill: float  # how full the last wave is (1: full)
