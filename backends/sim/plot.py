@@ -2,6 +2,7 @@
 unit) and a roofline placing each kernel by its tensor-core FLOPs per HBM
 byte. matplotlib is the optional extra pallas-sim[plot]."""
 from pallas_sim import gpus
+from pallas_sim.backends.sim.trace_file import async_unit
 from pallas_sim.errors import SimError
 
 
@@ -21,12 +22,12 @@ def save(report, path):
   gpu = gpus.get(report.gpu)
   fig, (tl, roof) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=(3, 2))
   rows, t0 = {}, 0.0
-  colors = {"TMA": "tab:blue", "wgmma": "tab:orange"}
+  colors = {"TMA engine": "tab:blue", "tensor core": "tab:orange"}
   for k in report.kernels:
     us = 1e6 / k.clock_hz
     for number, block, who, name, start, end in k.trace:
       row = rows.setdefault(f"{k.name}: {who}", len(rows))
-      unit = who.rsplit(" ", 1)[-1]
+      unit = async_unit(who)
       tl.barh(row, max(end - start, 0) * us, left=t0 + start * us, height=0.6,
               color=colors.get(unit, "tab:gray"), alpha=0.6 if unit in colors else 0.9)
     t0 += k.time_s * 1e6

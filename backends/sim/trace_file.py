@@ -10,6 +10,12 @@ as its prediction."""
 ASYNC = {"TMA": "TMA engine", "wgmma": "tensor core"}
 
 
+def async_unit(who):
+  """The async unit a trace event's agent names ("block (0,) thread 0 TMA":
+  "TMA engine"), or None for a warpgroup's own."""
+  return ASYNC.get(who.rsplit(" ", 1)[-1])
+
+
 def events(report):
   out = []
   t0 = 0.0   # where this launch starts (simulated microseconds)
@@ -31,13 +37,13 @@ def events(report):
                 "args": {"bound": k.bound, "where": k.where, "grid": str(k.grid)}})
     for number, block, who, name, start, end in k.trace:
       p = pid(number % k.num_sms)
-      unit = who.rsplit(" ", 1)[-1]
+      unit = async_unit(who)
       ts, dur = t0 + start * us, max(end - start, 0) * us
-      if unit in ASYNC:
+      if unit is not None:
         ids += 1
-        base = {"pid": p, "cat": ASYNC[unit], "name": name, "id": ids,
-                "tid": f"{ASYNC[unit]}"}
-        out.append({**base, "ph": "b", "ts": ts, "args": {"thread": who[:-len(unit) - 1]}})
+        base = {"pid": p, "cat": unit, "name": name, "id": ids, "tid": unit}
+        out.append({**base, "ph": "b", "ts": ts,
+                    "args": {"thread": who.rsplit(" ", 1)[0]}})
         out.append({**base, "ph": "e", "ts": ts + dur})
       else:
         out.append({"ph": "X", "pid": p, "tid": who, "name": name, "ts": ts, "dur": dur})
