@@ -291,11 +291,13 @@ WGMMA_TYPES = {
 }
 
 
-def wgmma_loop(a, b, *, n, blocks, wait, b_transposed):
+def wgmma_loop(a, b, *, n, blocks, wait, b_transposed, pad_kib=0):
   """Each block: A (M, K) and B SMEM-resident (one TMA load each), then n
   times `wgmma(acc, A, B)` on one (M, N) f32 accumulator followed by
   `wgmma_wait(wait)` (wait=1: one group left in flight, as pipelined kernels
-  do; wait=0: each wgmma awaited, the latency). out[b] = n * (A @ B)."""
+  do; wait=0: each wgmma awaited, the latency). out[b] = n * (A @ B).
+  pad_kib: that much more SMEM, unused, which takes its size out of the
+  SM's L1 (they share 256 KiB): where spilled registers go."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -305,7 +307,7 @@ def wgmma_loop(a, b, *, n, blocks, wait, b_transposed):
   swz = 128 // jnp.dtype(a.dtype).itemsize
   T = dict(transforms=(plgpu.TilingTransform((8, swz)), plgpu.SwizzleTransform(128)))
 
-  def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar):
+  def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar, *pad):
     blk = lax.axis_index("b")
     plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
     plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
@@ -323,11 +325,12 @@ def wgmma_loop(a, b, *, n, blocks, wait, b_transposed):
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((blocks, m, nn), jnp.float32),
       scratch_types=[plgpu.SMEM(a.shape, a.dtype, **T), plgpu.SMEM(b.shape, b.dtype, **T),
-                     plgpu.ACC((m, nn), jnp.float32), plgpu.Barrier(num_arrivals=2)],
+                     plgpu.ACC((m, nn), jnp.float32), plgpu.Barrier(num_arrivals=2)]
+      + ([plgpu.SMEM((pad_kib * 8, 64), jnp.float16)] if pad_kib else []),
       grid=(blocks,), grid_names=("b",))(a, b)
 
 
-def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, cpu=False):
+def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, pad_kib=0, cpu=False):
   import jax
   import jax.numpy as jnp
   name, K, bt = WGMMA_TYPES[dtype]
@@ -356,7 +359,7 @@ def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, cpu=False):
     b_chk = rng.choice([-1.0, -0.5, 0.5, 1.0], (N, K) if bt else (K, N))
     check = (jnp.asarray(a_chk, name), jnp.asarray(b_chk.astype(np.float32), name))
   return Built(functools.partial(wgmma_loop, n=n, blocks=blocks, wait=wait,
-                                 b_transposed=bt), (a, b), ref, tol=1e-6,
+                                 b_transposed=bt, pad_kib=pad_kib), (a, b), ref, tol=1e-6,
                check_args=check)
 
 
@@ -606,6 +609,16 @@ def _micros():
         _build_wgmma, dict(dtype="f16" if N % 64 == 0 else "f16t", N=N), n2 // 5, n2,
         work=2.0 * 128 * N * 64 * NUM_SMS, unit="flop",
         note="compare wgmma_f16_m128n128/n256_1per_sm"))
+  # (h') where spilled registers go: the L1 is what SMEM leaves of the SM's
+  # 256 KiB, so more SMEM (an unused pad) leaves the spills less L1. The
+  # 128x128 loop with the largest pad is the control (no spills: unchanged).
+  for N, pad in ((256, 64), (256, 112), (256, 160), (128, 160)):
+    n2 = int(2000 * 256 / N)
+    out.append(Micro(
+        f"spill_f16_m128n{N}_pad{pad}k", "register spills (L1 left by SMEM)",
+        _build_wgmma, dict(dtype="f16", N=N, pad_kib=pad), n2 // 5, n2,
+        work=2.0 * 128 * N * 64 * NUM_SMS, unit="flop",
+        note=f"wgmma_f16_m128n{N}_1per_sm with {pad} KiB more SMEM, unused"))
   # (e) wgmma latency: one block, each wgmma awaited.
   for M, N in ((64, 64), (64, 256), (128, 256)):
     out.append(Micro(

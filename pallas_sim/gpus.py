@@ -82,8 +82,21 @@ class GPU:
   # accumulator goes out and comes back around each wgmma. A 128x256 f32
   # accumulator (256 registers a lane, over the 255) ran its wgmma loop at
   # 747 FLOP/clk against 3669 for 128x128: ~4530 extra cycles for its 256 KiB
-  # round trip, 58 B/clk (H200).
+  # round trip, 58 B/clk, from the L1 (H200).
   local_bytes_per_clk: float = 58.0
+  # Spills live in the L1, which is what SMEM leaves of the SM's 256 KiB:
+  # the SMEM carve-out is one of these sizes (KiB; the CUDA programming
+  # guide, compute capability 9.0), the smallest that holds the blocks the
+  # SM runs at once. What of a spilled accumulator the L1 cannot hold goes
+  # to the L2, slower: the same loop with 160 KiB more SMEM, unused (L1 28
+  # KiB), took 6884 cycles a wgmma against 5999 without (L1 156 KiB): with
+  # 78% of the round trip from the L2, 44.5 B/clk there. The model's other
+  # cases of that study (112 and 64 KiB pads: 92 KiB of L1, and 28 KiB over
+  # two blocks; two blocks per SM without a pad) come within 3% (H200,
+  # spill_study in benchmarks/h200_measured.json).
+  l1_smem_bytes: int = 256 * 1024
+  smem_carveouts_kib: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
+  local_l2_bytes_per_clk: float = 44.5
 
   def tensor_rate(self, operand_kind):
     """Tensor-core FLOP per clock per SM for operands of this kind."""

@@ -66,6 +66,60 @@ def test_a_spilling_accumulator_costs_more_per_flop():
   assert per_flop(spills) > 1.2 * per_flop(fits)
 
 
+def test_the_l1_is_what_the_smem_carveout_leaves():
+  """The driver takes the smallest SMEM carve-out that holds the blocks an
+  SM runs at once; the L1 gets the rest of the 256 KiB."""
+  g = gpus.H200
+  assert occupancy.l1_bytes(g, 49 * 1024) == 192 * 1024   # 64 KiB carve-out
+  assert occupancy.l1_bytes(g, 100 * 1024) == 156 * 1024  # exactly 100
+  assert occupancy.l1_bytes(g, 161 * 1024) == 92 * 1024   # 164
+  assert occupancy.l1_bytes(g, 226 * 1024) == 28 * 1024   # 228
+  assert occupancy.l1_bytes(g, 0) == 256 * 1024
+
+
+def _spilling_loop(pad_kib, steps):
+  """A 128x256 f32 accumulator (spills) in a wgmma loop, with pad_kib of
+  SMEM beside its operands, unused: the kernel's cycles."""
+  def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar, *pad):
+    plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+    plgpu.barrier_wait(bar)
+
+    def step(i, c):
+      plgpu.wgmma(acc, a_s, b_s)
+      plgpu.wgmma_wait(1)
+      return c
+    lax.fori_loop(0, steps, step, None)
+    plgpu.wgmma_wait(0)
+    o_ref[...] = acc[...]
+  T = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+  k = plgpu.kernel(body, out_type=S((128, 256), F32), scratch_types=[
+      plgpu.SMEM((128, 64), F16, **T), plgpu.SMEM((64, 256), F16, **T),
+      plgpu.ACC((128, 256), F32), plgpu.Barrier(num_arrivals=2)]
+      + ([plgpu.SMEM((pad_kib * 8, 64), F16)] if pad_kib else []))
+  rep = ps.estimate(k, S((128, 64), F16), S((64, 256), F16), gpu="h200").kernels[0]
+  return rep.timing.compute_s * gpus.H200.clock_hz
+
+
+def _per_wgmma(pad_kib):
+  return (_spilling_loop(pad_kib, 16) - _spilling_loop(pad_kib, 8)) / 8
+
+
+def test_spills_slow_down_when_smem_leaves_the_l1_too_small_for_them():
+  """What of the spilled accumulator the L1 beside SMEM cannot hold goes to
+  the L2 (the H200: 5999 cycles a wgmma with 156 KiB of L1, 6287 with 92,
+  6884 with 28, benchmarks/RESULTS.md)."""
+  g = gpus.H200
+  roomy, tight, none = (_per_wgmma(p) for p in (0, 112, 160))
+  tensor = 2 * 128 * 256 * 64 / g.tensor_rate("f16") + g.wgmma_issue_cycles
+  round_trip = 2 * 128 * 256 * 4
+  assert roomy == pytest.approx(tensor + round_trip / g.local_bytes_per_clk, rel=0.01)
+  assert roomy < tight < none
+  to_l2 = 1 - 28 / 128
+  assert none == pytest.approx(tensor + round_trip * (
+      (1 - to_l2) / g.local_bytes_per_clk + to_l2 / g.local_l2_bytes_per_clk), rel=0.01)
+
+
 def _kt(seconds=1.0, compute=1.0, memory=0.1, launch=4e-6, tail=0.0, fill=1.0):
   return KernelTime(seconds, compute, memory, launch, tail, fill)
 

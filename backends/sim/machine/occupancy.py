@@ -101,6 +101,14 @@ def registers(jaxpr, num_threads, base):
   return Registers(base + max(acc, values), limit, acc)
 
 
+def l1_bytes(gpu, smem_per_sm):
+  """The L1 an SM has beside smem_per_sm bytes of SMEM: the driver takes the
+  smallest SMEM carve-out that holds them."""
+  carve = min((c * 1024 for c in gpu.smem_carveouts_kib if c * 1024 >= smem_per_sm),
+              default=gpu.smem_carveouts_kib[-1] * 1024)
+  return gpu.l1_smem_bytes - carve
+
+
 def blocks_per_sm(gpu, smem, num_threads, regs, reserved_smem):
   """Blocks one SM holds at once: by SMEM, threads and registers."""
   by_smem = gpu.smem_per_sm // (smem + reserved_smem)

@@ -169,9 +169,14 @@ class LaunchTiming:
                                           CUDA_RESERVED_SMEM_PER_BLOCK)
     # An accumulator that does not fit goes out to local memory and comes
     # back around each wgmma (which needs it whole in registers), through
-    # the SM's local-memory path, shared like its other units.
-    self.spill_per_wgmma = (self.regs.accumulators * 4 * occupancy.LANES * 2
-                            / g.local_bytes_per_clk if self.regs.spilled else 0.0)
+    # the SM's local-memory path, shared like its other units: from the L1
+    # while the L1 left beside SMEM holds the blocks' accumulators, the rest
+    # from the L2.
+    # (The driver sizes the carve-out for the blocks the SM can hold; the
+    # blocks it does hold, share of them, fill the L1: spill_cycles.)
+    self.spilled_bytes = (self.regs.accumulators * 4 * occupancy.LANES * num_threads
+                          if self.regs.spilled else 0)
+    self.l1 = occupancy.l1_bytes(g, self.per_sm * (smem + CUDA_RESERVED_SMEM_PER_BLOCK))
     # Each busy SM's share of the L2's bandwidth, up to what one TMA engine
     # moves alone.
     active = max(1, min(num_blocks, g.num_sms))
@@ -199,10 +204,23 @@ class LaunchTiming:
     first = start + (sm - start) % sms
     return max(1, len(range(first, end, sms)))
 
+  def spill_cycles(self, share):
+    """What a spilled accumulator costs a warpgroup per wgmma, its block
+    one of share on the SM: out and back, from the L1 while the L1 holds
+    the share's accumulators, the rest from the L2; the SM's local-memory
+    path is shared by the share."""
+    if not self.spilled_bytes:
+      return 0.0
+    g = self.timing.gpu
+    to_l2 = max(0.0, 1.0 - self.l1 / (share * self.spilled_bytes))
+    round_trip = 2 * self.regs.accumulators * 4 * occupancy.LANES
+    return share * round_trip * ((1 - to_l2) / g.local_bytes_per_clk
+                                 + to_l2 / g.local_l2_bytes_per_clk)
+
   def engines(self, block_index):
     """The block's share of its SM's units (a fresh Engines)."""
     share = self.share(block_index)
-    return Engines(share, self.spill_per_wgmma * share, self.tma_rate, self.latency,
+    return Engines(share, self.spill_cycles(share), self.tma_rate, self.latency,
                    self.trace_loads)
 
   def set_loads(self, grid_index, load_axes):
