@@ -416,6 +416,10 @@ ALU_OPS = {
     "fma": (lambda v: v * 0.999 + 0.001, "v * 0.999 + 0.001 (one FMA)"),
     "add": (lambda v: v + 1.0, "v + 1"),
     "exp": (lambda v: __import__("jax").numpy.exp(-v), "exp(-v) (ex2 and a multiply)"),
+    # with CompilerParams(approx_math=True), as JAX's attention kernels use
+    # it: one special-function-unit op (ex2.approx) per element
+    "exp2_approx": (lambda v: __import__("jax").numpy.exp2(-v),
+                    "exp2(-v), approx_math (ex2.approx)"),
 }
 
 
@@ -432,8 +436,9 @@ def alu_loop(x, *, n, blocks, op):
     v = lax.fori_loop(0, n, lambda i, v: f(v), x_ref[...])
     o_ref[b] = v
 
+  params = plgpu.CompilerParams(approx_math=op.endswith("_approx"))
   return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((blocks,) + x.shape, x.dtype),
-                      grid=(blocks,), grid_names=("b",))(x)
+                      grid=(blocks,), grid_names=("b",), compiler_params=params)(x)
 
 
 def _build_alu(n, *, op, blocks, cpu=False):

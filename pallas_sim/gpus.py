@@ -68,10 +68,10 @@ class GPU:
   alu_cycles_per_vector: float = 0.85
   transcendental_cycles_per_vector: float = 14.4
   # With CompilerParams(approx_math=True) a transcendental function is one
-  # special-function-unit op (ex2.approx...): 16 per clock per SM
-  # sub-partition against 32 FP32 lanes, so twice an ALU op (a lead from
-  # the SM's layout, not measured here).
-  sfu_cycles_per_vector: float = 1.7
+  # special-function-unit op (ex2.approx...): exp2(-v) on the 128x128 tile
+  # took 1054 cycles, 7.3 a vector after the negation's ALU op (the SM's
+  # 16 results per clock; two blocks per SM took twice as long: H200).
+  sfu_cycles_per_vector: float = 7.3
   op_overhead_cycles: float = 4.0   # calibrate
   # A lane's registers beyond its arrays (addresses, indices, loop counters),
   # for the register estimate (machine/occupancy.py): the spill cliff lies

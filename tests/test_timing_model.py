@@ -215,3 +215,24 @@ def test_block_slots_take_blocks_as_they_free_up():
   kt = lt.kernel_time([100.0] * (2 * sms + 44), 0, 0)
   assert kt.compute_s * gpus.H200.clock_hz == pytest.approx(300.0)
   assert kt.tail_s * gpus.H200.clock_hz == pytest.approx(100.0)
+
+
+def _exp2_loop_cycles(approx, steps):
+  def body(x_ref, o_ref):
+    o_ref[...] = lax.fori_loop(0, steps, lambda i, v: jnp.exp2(-v), x_ref[...])
+  k = plgpu.kernel(body, out_type=S((128, 128), F32),
+                   compiler_params=plgpu.CompilerParams(approx_math=approx))
+  return ps.estimate(k, S((128, 128), F32), gpu="h200").kernels[0].block_cycles_max
+
+
+def test_approx_math_puts_exp2_on_the_special_function_units():
+  """exp2 under approx_math is one SFU op an element (the H200: 16 a clock
+  per SM, 1054 cycles an iteration of exp2(-v) on 128x128 f32); without it,
+  the library's sequence."""
+  g = gpus.H200
+  per = {a: (_exp2_loop_cycles(a, 12) - _exp2_loop_cycles(a, 4)) / 8 for a in (True, False)}
+  neg = g.op_overhead_cycles + 128 * g.alu_cycles_per_vector
+  assert per[True] == pytest.approx(neg + g.op_overhead_cycles + 128 * g.sfu_cycles_per_vector,
+                                    rel=0.05)
+  assert per[False] == pytest.approx(
+      neg + g.op_overhead_cycles + 128 * g.transcendental_cycles_per_vector, rel=0.05)
