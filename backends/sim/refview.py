@@ -67,7 +67,7 @@ def _index(view, indexer, bufname):
   shape = view.shape
   idx = []
   for d, (ix, dim) in enumerate(zip(indexer.indices, shape)):
-    if isinstance(ix, jax_indexing.Slice):
+    if isinstance(ix, SLICES):
       start, size, stride = _as_int(ix.start), int(ix.size), int(ix.stride)
       last = start + (size - 1) * stride if size else start
       if start < 0 or (size and last >= dim):
@@ -97,6 +97,9 @@ def apply(ref, transforms, wg=None):
   buf = ref.buf
   layout = ref.layout
   for i, tr in enumerate(transforms):
+    if type(tr) is FastIndexer and not raw:  # (the common case, first: the checks
+      view = _index(view, tr, buf.name)      # below are slow Protocol isinstances)
+      continue
     if isinstance(tr, gpu_core.ClusterRefTransform) and wg is not None and not raw:
       r = _cluster_peer(Ref(buf, view), tr, wg)
       buf, view = r.buf, r.view
@@ -117,7 +120,7 @@ def apply(ref, transforms, wg=None):
       raise UnsupportedPrimitiveError(
           f"transform {type(tr).__name__} on the raw tiled layout of "
           f"{buf.name}: only access through the untiled ref is modelled")
-    if isinstance(tr, jax_indexing.NDIndexer):
+    if isinstance(tr, INDEXERS):
       view = _index(view, tr, buf.name)
     elif isinstance(tr, jax_state_types.TransposeTransform):
       view = view.transpose(tr.permutation)
@@ -201,9 +204,87 @@ def unflatten(treedef, leaves):
   return tree_util.tree_unflatten(treedef, list(leaves))
 
 
+class FastSlice:
+  """An indexer's slice with its dynamic start filled in (the fields of a
+  jax Slice, without its pytree and validation machinery)."""
+  __slots__ = ("start", "size", "stride")
+
+  def __init__(self, start, size, stride):
+    self.start, self.size, self.stride = start, size, stride
+
+
+class FastIndexer:
+  """An NDIndexer of a compiled transform chain, its leaves filled in."""
+  __slots__ = ("indices",)
+
+  def __init__(self, indices):
+    self.indices = indices
+
+
+SLICES = (jax_indexing.Slice, FastSlice)
+INDEXERS = (jax_indexing.NDIndexer, FastIndexer)
+
+
+def _template(treedef):
+  """The transform chain of a treedef with dynamic leaves, decoded once:
+  a function leaves -> transforms that fills the indexers' dynamic starts
+  and indices in without rebuilding JAX's indexer objects (their
+  unflattening and validation were most of a TMA copy's cost), or None
+  where the chain is not plain indexers over static transforms."""
+  marks = [np.array(0, np.int32) for _ in range(treedef.num_leaves)]
+  pos = {id(m): i for i, m in enumerate(marks)}
+  try:
+    trs = unflatten(treedef, marks)
+  except Exception:
+    return None
+  parts, used = [], set()
+  for tr in trs:
+    if not isinstance(tr, jax_indexing.NDIndexer):
+      if any(id(x) in pos for x in tree_util.tree_leaves(tr)):
+        return None
+      parts.append(tr)
+      continue
+    if tr.int_indexer_shape != ():
+      return None
+    axes = []
+    for ix in tr.indices:
+      if isinstance(ix, jax_indexing.Slice):
+        if not isinstance(ix.size, int) or not isinstance(ix.stride, int):
+          return None
+        start = pos.get(id(ix.start))
+        if start is None and not isinstance(ix.start, (int, np.integer)):
+          return None
+        used.add(start)
+        axes.append((start, ix.start, ix.size, ix.stride))
+      else:
+        i = pos.get(id(ix))
+        if i is None and not isinstance(ix, (int, np.integer)):
+          return None
+        used.add(i)
+        axes.append((i, ix, None, None))
+    parts.append(tuple(axes))
+  if used - {None} != set(range(len(marks))):
+    return None
+
+  def fill(leaves):
+    out = []
+    for part in parts:
+      if type(part) is not tuple:
+        out.append(part)
+        continue
+      idx = []
+      for i, static, size, stride in part:
+        v = static if i is None else leaves[i]
+        idx.append(v if size is None else FastSlice(v, size, stride))
+      out.append(FastIndexer(idx))
+    return out
+  return fill
+
+
 def compile_transforms(treedef):
   """Decodes a primitive's transform treedef once: returns f(ref, leaves) -> Ref.
-  Static transforms (no dynamic leaves) are unflattened here, not per call."""
+  Static transforms (no dynamic leaves) are unflattened here, not per call;
+  dynamic ones through _template where it can."""
   if treedef is None:
     return lambda ref, leaves, wg=None: ref
   if treedef.num_leaves == 0:
@@ -211,6 +292,9 @@ def compile_transforms(treedef):
     if not trs:
       return lambda ref, leaves, wg=None: ref
     return lambda ref, leaves, wg=None: apply(ref, trs, wg)
+  fill = _template(treedef)
+  if fill is not None:
+    return lambda ref, leaves, wg=None: apply(ref, fill(leaves), wg)
   return lambda ref, leaves, wg=None: apply(ref, unflatten(treedef, leaves), wg)
 
 
@@ -222,6 +306,9 @@ def compile_clipped(treedef):
   if treedef.num_leaves == 0:
     trs = unflatten(treedef, [])
     return lambda ref, leaves: apply_clipped(ref, trs)
+  fill = _template(treedef)
+  if fill is not None:
+    return lambda ref, leaves: apply_clipped(ref, fill(leaves))
   return lambda ref, leaves: apply_clipped(ref, unflatten(treedef, leaves))
 
 
@@ -288,7 +375,7 @@ def apply_clipped(ref, transforms):
   (Ref of the in-bounds part, the box's shape, the box's in-bounds slices),
   the slices None where the box is in bounds. Indexers only are clipped; a
   ref with other transforms must stay in bounds."""
-  if not all(isinstance(tr, jax_indexing.NDIndexer) for tr in transforms):
+  if not all(isinstance(tr, INDEXERS) for tr in transforms):
     r = apply(ref, transforms)
     return r, r.view.shape, None
   view = ref.view
@@ -305,7 +392,7 @@ def _index_clipped(view, box, indexer, bufname):
   idx, out = [], []
   empty = False
   for d, (ix, (n, lo, hi)) in enumerate(zip(indexer.indices, box)):
-    if isinstance(ix, jax_indexing.Slice):
+    if isinstance(ix, SLICES):
       start, size, stride = _as_int(ix.start), int(ix.size), int(ix.stride)
       if stride != 1:
         last = start + (size - 1) * stride if size else start
