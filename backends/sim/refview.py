@@ -97,8 +97,14 @@ def apply(ref, transforms, wg=None):
   buf = ref.buf
   layout = ref.layout
   for i, tr in enumerate(transforms):
-    if type(tr) is FastIndexer and not raw:  # (the common case, first: the checks
-      view = _index(view, tr, buf.name)      # below are slow Protocol isinstances)
+    t = type(tr)  # (the common cases first, by exact type: the isinstance
+    if t in _PLAIN_INDEXERS and not raw:  # checks below go through Protocols)
+      view = _index(view, tr, buf.name)
+      continue
+    if t is gpu_core.UntilingTransform and raw:
+      raw = False
+      continue
+    if t is gpu_core.UnswizzleRef:
       continue
     if isinstance(tr, gpu_core.ClusterRefTransform) and wg is not None and not raw:
       r = _cluster_peer(Ref(buf, view), tr, wg)
@@ -223,6 +229,7 @@ class FastIndexer:
 
 SLICES = (jax_indexing.Slice, FastSlice)
 INDEXERS = (jax_indexing.NDIndexer, FastIndexer)
+_PLAIN_INDEXERS = frozenset(INDEXERS)
 
 
 def _template(treedef):

@@ -16,6 +16,7 @@ the same times as one simulated block after block. (Latencies are not
 shared: hiding them is what co-residency is for.)"""
 import collections
 import dataclasses
+import functools
 import heapq
 import math
 
@@ -26,6 +27,7 @@ from pallas_sim.backends.sim.machine import occupancy
 CUDA_RESERVED_SMEM_PER_BLOCK = 1024
 
 
+@functools.lru_cache(maxsize=None)
 def operand_kind(dtype):
   """The tensor-core rate class of a wgmma operand dtype."""
   dtype = np.dtype(dtype)

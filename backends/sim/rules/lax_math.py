@@ -67,6 +67,11 @@ def _div(x, y):
 
 def _rem(x, y):
   dt = np.result_type(x)
+  if dt.kind in "iu" and type(x) is not np.ndarray and type(y) is not np.ndarray:
+    # (scalars, the common case: a loop index mod a slot count)
+    xi, yi = int(x), int(y)
+    r = 0 if yi == 0 else abs(xi) % abs(yi) * (1 if xi >= 0 else -1)
+    return dt.type(r)
   if dt.kind in "iu":
     xa, ya = np.asarray(x, np.int64), np.asarray(y, np.int64)
     r = np.fmod(xa, np.where(ya == 0, 1, ya))
