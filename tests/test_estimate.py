@@ -330,3 +330,41 @@ def test_block_classes_in_simulate_need_the_checks_off():
   rep = ps.simulate(matmul_mcs, a, a, block_classes=True, check_races=False,
                     check_uninitialized=False).report
   assert rep.kernels[0].simulated_blocks == 1
+
+
+def test_a_decision_on_data_outranks_one_on_the_grid():
+  """Whether an estimate given arrays computes values hangs on any decision
+  reading data, not only on the first decision found."""
+  def k(x):
+    b = lax.axis_index("b")
+    y = lax.cond(b > 1, lambda v: v + 1.0, lambda v: v, x)
+    return lax.cond(y > 2.0, lambda v: v * 2.0, lambda v: v, y)
+  jaxpr = jax.make_jaxpr(k, axis_env=[("b", 4)])(S((), F32)).jaxpr
+  why, where = block_classes.variation(jaxpr, ("b",), data_inputs=(0,))
+  assert why == block_classes.DATA and "test_estimate.py:" in where
+
+
+def test_without_numerics_float_math_is_not_computed():
+  """An estimate (numerics off, no decision on data) skips float math: no
+  time depends on it. Integer math, which addresses and trip counts use,
+  is still computed."""
+  from pallas_sim.backends.sim.interpret import Compiler
+  from pallas_sim.backends.sim.machine.timing import Timing
+  from pallas_sim import gpus as _gpus
+  jaxpr = jax.make_jaxpr(lambda x, i: (jnp.exp(x) + 1.0, i * 3 + 1))(
+      S((4, 128), F32), S((), jnp.int32))
+  x, i = np.full((4, 128), 0.5, np.float32), np.int32(5)
+  for skip in (False, True):
+    cx = Compiler(Timing(_gpus.H200), None, numerics=not skip)
+    cx.skip_float_values = skip
+    prog = cx.compile(jaxpr)
+    env = list(prog.template)
+    for s_, v in zip(prog.invars, (x, i)):
+      env[s_] = v
+    for st in prog.steps:
+      r = st.fn(None, *(env[j] for j in st.ins))
+      for s_, v in zip(st.outs, r if st.multi else (r,)):
+        env[s_] = v
+    f, n = (env[s_] for s_ in prog.outvars)
+    assert int(n) == 16
+    np.testing.assert_array_equal(f, 0.0 if skip else np.exp(x) + 1.0)

@@ -33,7 +33,8 @@ def _is_ref(v):
 class _Walk:
   """One walk over a kernel: `grid` maps grid axis names to dimensions;
   `loads` collects each TMA load's source-address taint (id(eqn) -> taint);
-  `found` is the first control decision that varies: (taint, equation)."""
+  `found` is the first control decision that varies, or the first that
+  depends on data where one does: (taint, equation)."""
 
   def __init__(self, grid_names):
     self.grid = {n: d for d, n in enumerate(grid_names)}
@@ -45,7 +46,7 @@ def analyse(jaxpr, grid_names, data_inputs=()):
   """(variation, load axes) of a kernel, in one walk.
 
   variation: None, or (what the first varying control decision depends on,
-  the user's file:line of it). load axes: {id(TMA load equation): the grid
+  DATA where any depends on data, the user's file:line of it). load axes: {id(TMA load equation): the grid
   dimensions its source address depends on, as a sorted tuple, or None
   where it depends on data}. `data_inputs`: positions of inputs that are
   values rather than refs and count as data (a kernel's inputs are refs:
@@ -94,7 +95,9 @@ def _walk(jaxpr, in_taint, grid):
 
 
 def _decide(taint, eqn, grid):
-  if taint and grid.found is None:
+  # (a decision on data outranks one on the grid: it decides whether an
+  # estimate computes values, executor.prepare)
+  if taint and (grid.found is None or DATA in taint and DATA not in grid.found[0]):
     grid.found = (taint, eqn)
 
 

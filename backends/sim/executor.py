@@ -116,6 +116,10 @@ class Executor:
         p.variation is not None and p.variation[0] == block_classes.DATA
         and not self.shapes_only)
     cx = Compiler(self.timing, launch, self.options.max_cycles, numerics)
+    # Without numerics, and with no control decision on data, no value a
+    # float operation computes can change a time: estimate skips them.
+    cx.skip_float_values = not numerics and (
+        p.variation is None or p.variation[0] != block_classes.DATA)
     p.program = cx.compile(jaxpr)
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
     p.barriers = resources.barrier_count(jaxpr)

@@ -8,6 +8,7 @@ decoded once, not at every block. A step whose rule may block (barrier waits,
 async waits, control flow around them) runs as a generator that yields wait
 requests to the scheduler; all other steps are plain calls.
 """
+import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jax_extend_core
 
@@ -59,6 +60,8 @@ class Compiler:
     self.timing = timing
     self.launch = launch
     self.numerics = numerics  # False: the tensor cores' sums are skipped
+    # True (executor.prepare): float elementwise math gives zeros, uncomputed
+    self.skip_float_values = False
     self.sites = {}  # id(eqn) -> its number, for equations a rule asks to number
     self.max_cycles = max_cycles  # loops end a runaway block past this
     self._cache = {}
@@ -151,6 +154,8 @@ class Compiler:
         raise _located(e, eqn, where)
       finally:
         self._where.pop()
+      if self.skip_float_values and _float_math(eqn, builder):
+        fn = _zeros_of(eqn.outvars[0].aval)
       st = Step()
       st.eqn = eqn
       st.where = where
@@ -184,6 +189,23 @@ class Compiler:
     prog.template = template
     prog.blocking = blocking
     return prog
+
+
+def _float_math(eqn, builder):
+  """Whether eqn is pure math (a lax_math rule) with one float array out."""
+  if eqn.primitive.multiple_results or len(eqn.outvars) != 1:
+    return False
+  if not builder.__module__.endswith("rules.lax_math"):
+    return False
+  aval = eqn.outvars[0].aval
+  dtype = getattr(aval, "dtype", None)
+  return (not hasattr(aval, "inner_aval") and dtype is not None
+          and jnp.issubdtype(dtype, jnp.floating) and bool(getattr(aval, "shape", ())))
+
+
+def _zeros_of(aval):
+  shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+  return lambda wg, *args: np.zeros(shape, dtype)
 
 
 def _profiled(st, closes, opens, open_names):
