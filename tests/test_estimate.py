@@ -368,3 +368,43 @@ def test_without_numerics_float_math_is_not_computed():
     f, n = (env[s_] for s_ in prog.outvars)
     assert int(n) == 16
     np.testing.assert_array_equal(f, 0.0 if skip else np.exp(x) + 1.0)
+
+
+def _boxed_loop(decide_on):
+  """A fori_loop (a scan) carrying an index and a running max of data, a
+  pl.run_state inside deciding on the index (as JAX's attention kernel does
+  around its wgmmas) or on the data it boxes."""
+  def kern(x_ref, o_ref):
+    def body(i, carry):
+      acc, m = carry
+      m = jnp.maximum(m, x_ref[...])
+
+      def inside(refs):
+        idx_ref, acc_ref = refs
+        w = idx_ref[...] + 1
+        pred = {"index": w < 4, "box": jnp.sum(acc_ref[...]) > 2.0,
+                "memory": jnp.sum(x_ref[...]) > 2.0}[decide_on]
+
+        @pl.when(pred)
+        def _():
+          acc_ref[...] += 1.0
+      _, acc = pl.run_state(inside)((i, acc + m))
+      return acc, m
+    zeros = jnp.zeros((128,), F32)
+    o_ref[...] = lax.fori_loop(0, 4, body, (zeros, zeros))[0]
+  return plgpu.kernel(kern, out_type=S((128,), F32), grid=(6,), grid_names=("b",))
+
+
+def test_run_state_boxes_values_and_scan_carries_keep_their_own_taints():
+  """pl.run_state's refs hold values, not memory: a decision on the loop
+  index it boxes does not depend on data (a scan's carries each keep their
+  own taint), one on the data it boxes does, and so does one on a kernel
+  ref read inside it."""
+  x = jnp.arange(128, dtype=F32)
+  k = _boxed_loop("index")
+  est = ps.estimate(k, S(x.shape, F32))
+  assert est.kernels[0].simulated_blocks == 1
+  assert _times(est) == _times(_full(k, x))
+  for on in ("box", "memory"):  # (a kernel ref read inside stays memory)
+    data = ps.estimate(_boxed_loop(on), S(x.shape, F32)).kernels[0]
+    assert data.simulated_blocks == 6 and "values read from memory" in data.classes

@@ -40,6 +40,9 @@ class _Walk:
     self.grid = {n: d for d, n in enumerate(grid_names)}
     self.loads = {}
     self.found = None
+    # run_state's refs box values, not memory: a ref's taint is a marker
+    # ("ref", k) and contents[k] what was put in it (reads give that)
+    self.contents = {}
 
 
 def analyse(jaxpr, grid_names, data_inputs=()):
@@ -94,7 +97,21 @@ def _walk(jaxpr, in_taint, grid):
   return [get(v) for v in jaxpr.outvars]
 
 
+def _is_box(t):
+  return type(t) is tuple and t[0] == "ref"
+
+
+def _strip(taint):
+  """A taint without run_state ref markers."""
+  return frozenset(t for t in taint if not _is_box(t)) if taint else taint
+
+
+def _boxes(taint):
+  return [t[1] for t in taint if _is_box(t)]
+
+
 def _decide(taint, eqn, grid):
+  taint = _strip(taint)
   # (a decision on data outranks one on the grid: it decides whether an
   # estimate computes values, executor.prepare)
   if taint and (grid.found is None or DATA in taint and DATA not in grid.found[0]):
@@ -139,7 +156,7 @@ def _eqn(eqn, ins, grid):
     return carry
   if name == "copy_gmem_to_smem":
     ns = refview.num_leaves(p["src_transforms_treedef"])
-    src = _union(ins[:1] + ins[3:3 + ns])
+    src = _strip(_union(ins[:1] + ins[3:3 + ns]))
     grid.loads[id(eqn)] = grid.loads.get(id(eqn), _NONE) | src
     if p.get("has_user_predicate", False):
       i = 3 + ns + sum(refview.num_leaves(p[f"{k}_transforms_treedef"])
@@ -147,13 +164,66 @@ def _eqn(eqn, ins, grid):
       _decide(ins[i], eqn, grid)
   if name == "delay":
     _decide(ins[0], eqn, grid)
+  if name == "run_state":
+    return _run_state(eqn, ins, grid)
+  if name == "scan":
+    return _scan(eqn, ins, grid)
   subs = [sub for v in p.values() for sub in sub_jaxprs(v)]
   if subs:
     return _calls(eqn, ins, subs, grid)
-  taint = _union(ins)
-  if any(_is_ref(v) for v in eqn.invars):  # (a read of memory, or a write)
+  refs = [t for v, t in zip(eqn.invars, ins) if _is_ref(v)]
+  boxed = [k for t in refs for k in _boxes(t)]
+  taint = _strip(_union(ins)) | _union(grid.contents[k] for k in boxed)
+  if len(boxed) < len(refs):  # (a read of memory, or a write)
     taint = taint | {DATA}
+  if boxed and name != "get":  # (swap, addupdate, or an op that may write one)
+    for k in boxed:
+      grid.contents[k] = grid.contents[k] | taint
   return [taint] * n_out
+
+
+def _scan(eqn, ins, grid):
+  """lax.scan: each carry's taint grows by what the body gives it back, to a
+  fixpoint; the per-iteration inputs keep theirs."""
+  p = eqn.params
+  if "num_consts" in p:
+    nc, ncar = p["num_consts"], p["num_carry"]
+  else:  # (jax 0.11: flat trees of the consts, the carry and the xs)
+    ft = p.get("ft_in")
+    groups = ft.unpack() if hasattr(ft, "unpack") else ()
+    if len(groups) != 3 or sum(map(len, groups)) != len(ins):
+      return _calls(eqn, ins, [inner(p["jaxpr"])], grid)
+    nc, ncar = len(groups[0]), len(groups[1])
+  body = inner(p["jaxpr"])
+  consts, carry, xs = ins[:nc], list(ins[nc:nc + ncar]), ins[nc + ncar:]
+  while True:
+    res = _walk(body, consts + carry + xs, grid)
+    new = [c | t for c, t in zip(carry, res[:ncar])]
+    if new == carry:
+      return carry + res[ncar:]
+    carry = new
+
+
+def _run_state(eqn, ins, grid):
+  """pl.run_state: its body's refs box the operands' values; the outputs
+  are what the boxes hold at the end (walked until no box grows)."""
+  sub = inner(eqn.params["jaxpr"])
+  keys, sub_in = [], []
+  for v, t in zip(eqn.invars, ins):
+    if _is_ref(v):  # (memory passed in stays memory)
+      keys.append(None)
+      sub_in.append(t)
+      continue
+    keys.append(len(grid.contents))
+    grid.contents[keys[-1]] = _strip(t)
+    sub_in.append(frozenset([("ref", keys[-1])]))
+  held = lambda: [t if k is None else grid.contents[k] for k, t in zip(keys, sub_in)]
+  while True:
+    before = held()
+    _walk(sub, sub_in, grid)
+    if held() == before:
+      break
+  return held()[:len(eqn.outvars)]
 
 
 def _calls(eqn, ins, subs, grid):
