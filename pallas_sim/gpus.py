@@ -94,6 +94,14 @@ class GPU:
   # cases of that study (112 and 64 KiB pads: 92 KiB of L1, and 28 KiB over
   # two blocks; two blocks per SM without a pad) come within 3% (H200,
   # spill_study in benchmarks/h200_measured.json).
+  # What the model leaves out, said in the summary of a kernel that keeps
+  # the tensor cores busy (machine/bound.clock_note): a wgmma loop alone
+  # holds 1725 MHz (f16; its rate is what tensor_flop_per_clk says per
+  # second), but matmuls that also keep the L2 busy meet the board's 700 W
+  # limit at 1230-1485 MHz (H200, sustained: benchmarks/power_study.py).
+  tensor_clock_mhz: int = 1725
+  power_limit_w: int = 700
+  power_limited_mhz: tuple = (1230, 1485)
   l1_smem_bytes: int = 256 * 1024
   smem_carveouts_kib: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
   local_l2_bytes_per_clk: float = 44.5

@@ -236,3 +236,13 @@ def test_approx_math_puts_exp2_on_the_special_function_units():
                                     rel=0.05)
   assert per[False] == pytest.approx(
       neg + g.op_overhead_cycles + 128 * g.transcendental_cycles_per_vector, rel=0.05)
+
+
+def test_summary_says_what_the_clock_model_leaves_out_when_tensor_cores_are_busy():
+  """A kernel that keeps the tensor cores busy is told that the power-limited
+  clock is not modelled; one that does not is not."""
+  busy = _est(4096, 4096, 4096, tile_n=128, max_concurrent_steps=4)
+  assert busy.utilisation["tensor core"] >= 0.6
+  assert "clock: tensor cores busy" in busy.summary() and "700 W" in busy.clock_note
+  idle = _est(4096, 4096, 4096, tile_n=256, max_concurrent_steps=2)  # (spills)
+  assert idle.utilisation["tensor core"] < 0.6 and "clock:" not in idle.summary()

@@ -491,4 +491,5 @@ class Executor:
         wgmma_flops=totals.wgmma_flops, workers=workers, hbm_bytes=int(hbm),
         registers=prep.regs.per_thread, register_limit=prep.regs.limit,
         timing=kt, utilisation=util, stalls=bound.stall_shares(totals),
-        bound=words, bound_reason=why, num_sms=self.gpu.num_sms)
+        bound=words, bound_reason=why, num_sms=self.gpu.num_sms,
+        clock_note=bound.clock_note(util, self.gpu))

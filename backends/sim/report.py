@@ -31,6 +31,7 @@ class KernelReport:
   register_limit: int = 255
   timing: object = None       # machine/timing.KernelTime: the parts of time_s
   utilisation: dict = dataclasses.field(default_factory=dict)  # unit -> busy share
+  clock_note: str = ""  # what the model leaves out of the clock (bound.clock_note)
   stalls: dict = dataclasses.field(default_factory=dict)  # wait kind -> share of thread time
   bound: str = ""             # what limits it, in words (machine/bound.py)
   bound_reason: str = ""
@@ -84,6 +85,8 @@ class KernelReport:
                    f"launch {t.launch_s * 1e6:.1f} us"
                    + (f", last wave {t.tail_s * 1e6:.1f} us ({t.last_wave_fill:.0%} full)"
                       if t.tail_s else ""))
+    if self.clock_note:
+      lines.append(f"  clock: {self.clock_note}")
     if self.classes:
       lines.append(f"  estimate: {self.classes}")
     return "\n".join(lines)

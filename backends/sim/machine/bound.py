@@ -22,6 +22,20 @@ def utilisation(kt, totals, gpu, hbm):
           "HBM": hbm / (kt.seconds * gpu.hbm_bytes_per_s)}
 
 
+def clock_note(util, gpu):
+  """For a kernel that keeps the tensor cores busy: the clock the model
+  does not predict (the board's power limit), or ""."""
+  busy = util.get("tensor core", 0.0)
+  if busy < 0.6 or not gpu.power_limited_mhz:
+    return ""
+  lo, hi = gpu.power_limited_mhz
+  return (f"tensor cores busy {busy:.0%}: the prediction takes their sustained rate (a "
+          f"wgmma loop alone holds {gpu.tensor_clock_mhz} MHz); kernels that also keep "
+          f"the L2 busy meet the {gpu.power_limit_w} W limit at {lo}-{hi} MHz, where "
+          f"tensor-core work runs {gpu.tensor_clock_mhz / hi - 1:.0%}-"
+          f"{gpu.tensor_clock_mhz / lo - 1:.0%} slower (not modelled)")
+
+
 def stall_shares(totals):
   """Of the warpgroups' time, the share stalled on each kind of wait
   (machine/state.STALLS), and the rest (issuing: "issue")."""
