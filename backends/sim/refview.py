@@ -64,11 +64,18 @@ def _scalar_index(ix, bufname):
 
 
 def _index(view, indexer, bufname):
+  return _index_axes(view, [(ix.start, ix.size, ix.stride) if isinstance(ix, SLICES)
+                            else (ix, None, None) for ix in indexer.indices], bufname)
+
+
+def _index_axes(view, axes, bufname):
+  """view indexed by axes: per axis (start, size, stride) of a slice, or
+  (index, None, None)."""
   shape = view.shape
   idx = []
-  for d, (ix, dim) in enumerate(zip(indexer.indices, shape)):
-    if isinstance(ix, SLICES):
-      start, size, stride = _as_int(ix.start), int(ix.size), int(ix.stride)
+  for d, ((ix, size, stride), dim) in enumerate(zip(axes, shape)):
+    if size is not None:
+      start, size, stride = _as_int(ix), int(size), int(stride)
       last = start + (size - 1) * stride if size else start
       if start < 0 or (size and last >= dim):
         raise OutOfBoundsError(
@@ -285,6 +292,8 @@ def _template(treedef):
         idx.append(v if size is None else FastSlice(v, size, stride))
       out.append(FastIndexer(idx))
     return out
+  # (a chain of indexers alone: compile_transforms indexes straight from it)
+  fill.plans = parts if all(type(p) is tuple for p in parts) else None
   return fill
 
 
@@ -300,9 +309,21 @@ def compile_transforms(treedef):
       return lambda ref, leaves, wg=None: ref
     return lambda ref, leaves, wg=None: apply(ref, trs, wg)
   fill = _template(treedef)
-  if fill is not None:
+  if fill is None:
+    return lambda ref, leaves, wg=None: apply(ref, unflatten(treedef, leaves), wg)
+  plans = fill.plans
+  if plans is None:
     return lambda ref, leaves, wg=None: apply(ref, fill(leaves), wg)
-  return lambda ref, leaves, wg=None: apply(ref, unflatten(treedef, leaves), wg)
+
+  def direct(ref, leaves, wg=None):
+    if ref.raw_tiled:  # (apply says why that is not modelled)
+      return apply(ref, fill(leaves), wg)
+    view, name = ref.view, ref.buf.name
+    for plan in plans:
+      view = _index_axes(view, [(static if i is None else leaves[i], size, stride)
+                                for i, static, size, stride in plan], name)
+    return Ref(ref.buf, view, False, ref.layout)
+  return direct
 
 
 def compile_clipped(treedef):
