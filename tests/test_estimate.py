@@ -408,3 +408,20 @@ def test_run_state_boxes_values_and_scan_carries_keep_their_own_taints():
   for on in ("box", "memory"):  # (a kernel ref read inside stays memory)
     data = ps.estimate(_boxed_loop(on), S(x.shape, F32)).kernels[0]
     assert data.simulated_blocks == 6 and "values read from memory" in data.classes
+
+
+def test_float_math_that_decides_is_computed():
+  """A trip count from float math on the grid index: the estimate computes
+  that float math (skipping it would give every block one trip) and equals
+  the full simulation."""
+  def k(x):
+    def body(x_ref, o_ref):
+      b = lax.axis_index("b")
+      row = jnp.full((128,), 1.5, F32) * b.astype(F32)  # (a vector: what estimate skips)
+      n = jnp.max(row).astype(jnp.int32) + 1
+      o_ref[b] = lax.fori_loop(0, n, lambda i, v: v * 0.5 + 1.0, x_ref[b])
+    return plgpu.kernel(body, out_type=S(x.shape, F32), grid=(4,), grid_names=("b",))(x)
+  x = jnp.ones((4, 128), F32)
+  est = ps.estimate(k, S(x.shape, F32))
+  assert _times(est) == _times(_full(k, x))
+  assert est.kernels[0].block_cycles_max > est.kernels[0].block_cycles_min

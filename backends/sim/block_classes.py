@@ -15,6 +15,7 @@ group of a launch: they do not make groups differ.)
 The same walk says, for each TMA load, which grid axes its source address
 depends on (`analyse`): blocks that agree on those axes read the same
 bytes there, which the L2 model of machine/timing.py counts once per wave."""
+import jax.numpy as jnp
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim import capture, refview
@@ -22,6 +23,9 @@ from pallas_sim.backends.sim.resources import inner, sub_jaxprs
 
 GRID = "the block's grid index"
 DATA = "values read from memory"
+# (a value some float operation computed: an estimate that skips float math
+# must not, where a decision or an address depends on one)
+FLOAT = ("float", 0)
 
 _NONE = frozenset()  # taints: DATA, and ("grid", dimension) per grid axis
 
@@ -40,6 +44,7 @@ class _Walk:
     self.grid = {n: d for d, n in enumerate(grid_names)}
     self.loads = {}
     self.found = None
+    self.float_matters = False  # a decision or an address depends on float math
     # run_state's refs box values, not memory: a ref's taint is a marker
     # ("ref", k) and contents[k] what was put in it (reads give that)
     self.contents = {}
@@ -63,8 +68,16 @@ def analyse(jaxpr, grid_names, data_inputs=()):
     why, eqn = w.found
     varies = (DATA if DATA in why else GRID,
               capture.eqn_location(eqn) or "<unknown location>")
-  return varies, {k: None if DATA in t else tuple(sorted(d for _, d in t))
-                  for k, t in w.loads.items()}
+  return Analysis(varies, {k: None if DATA in t else tuple(sorted(d for _, d in t))
+                           for k, t in w.loads.items()}, w.float_matters)
+
+
+class Analysis(tuple):
+  """(variation, load axes), and whether float math decides anything."""
+  def __new__(cls, variation, load_axes, float_matters):
+    self = super().__new__(cls, (variation, load_axes))
+    self.float_matters = float_matters
+    return self
 
 
 def variation(jaxpr, grid_names, data_inputs=()):
@@ -93,7 +106,7 @@ def _walk(jaxpr, in_taint, grid):
     ins = [get(v) for v in eqn.invars]
     outs = _eqn(eqn, ins, grid)
     for v, t in zip(eqn.outvars, outs):
-      env[v] = t
+      env[v] = t | {FLOAT} if _floating(v) else t
   return [get(v) for v in jaxpr.outvars]
 
 
@@ -110,8 +123,21 @@ def _boxes(taint):
   return [t[1] for t in taint if _is_box(t)]
 
 
+def _integer(v):
+  dtype = getattr(v.aval, "dtype", None)
+  return not _is_ref(v) and dtype is not None and jnp.issubdtype(dtype, jnp.integer)
+
+
+def _floating(v):
+  dtype = getattr(v.aval, "dtype", None)
+  return not _is_ref(v) and dtype is not None and jnp.issubdtype(dtype, jnp.floating)
+
+
 def _decide(taint, eqn, grid):
   taint = _strip(taint)
+  if FLOAT in taint:
+    grid.float_matters = True
+    taint = taint - {FLOAT}
   # (a decision on data outranks one on the grid: it decides whether an
   # estimate computes values, executor.prepare)
   if taint and (grid.found is None or DATA in taint and DATA not in grid.found[0]):
@@ -157,6 +183,9 @@ def _eqn(eqn, ins, grid):
   if name == "copy_gmem_to_smem":
     ns = refview.num_leaves(p["src_transforms_treedef"])
     src = _strip(_union(ins[:1] + ins[3:3 + ns]))
+    if FLOAT in src:
+      grid.float_matters = True
+      src = src - {FLOAT}
     grid.loads[id(eqn)] = grid.loads.get(id(eqn), _NONE) | src
     if p.get("has_user_predicate", False):
       i = 3 + ns + sum(refview.num_leaves(p[f"{k}_transforms_treedef"])
@@ -172,6 +201,8 @@ def _eqn(eqn, ins, grid):
   if subs:
     return _calls(eqn, ins, subs, grid)
   refs = [t for v, t in zip(eqn.invars, ins) if _is_ref(v)]
+  if refs and any(FLOAT in t and _integer(v) for v, t in zip(eqn.invars, ins)):
+    grid.float_matters = True  # (an index into a ref from float math)
   boxed = [k for t in refs for k in _boxes(t)]
   taint = _strip(_union(ins)) | _union(grid.contents[k] for k in boxed)
   if len(boxed) < len(refs):  # (a read of memory, or a write)

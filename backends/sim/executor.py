@@ -108,7 +108,8 @@ class Executor:
     # Whether blocks' control flow differs (then estimate runs them all, and
     # the L2 model follows their loads: machine/timing.py); per TMA load
     # site, the grid axes its address depends on (L2 reuse).
-    p.variation, axes = block_classes.analyse(jaxpr, launch.grid_names)
+    found = block_classes.analyse(jaxpr, launch.grid_names)
+    p.variation, axes = found
     # Control flow that reads data runs on the values the kernel computes:
     # an estimate given arrays computes them for such a kernel (so that it
     # takes the paths the full simulation takes).
@@ -116,9 +117,10 @@ class Executor:
         p.variation is not None and p.variation[0] == block_classes.DATA
         and not self.shapes_only)
     cx = Compiler(self.timing, launch, self.options.max_cycles, numerics)
-    # Without numerics, and with no control decision on data, no value a
-    # float operation computes can change a time: estimate skips them.
-    cx.skip_float_values = not numerics and (
+    # Without numerics, and with no control decision on data nor any
+    # decision or address on float math, no value a float operation
+    # computes can change a time: estimate skips them.
+    cx.skip_float_values = not numerics and not found.float_matters and (
         p.variation is None or p.variation[0] != block_classes.DATA)
     p.program = cx.compile(jaxpr)
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
