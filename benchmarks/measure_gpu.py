@@ -89,12 +89,13 @@ class ClockSampler:
 
   FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu"
 
-  def __init__(self, every_ms=100):
+  def __init__(self, every_ms=100, fields=None):
+    self.fields = fields or self.FIELDS
     self.samples = []
     self.proc = None
     try:
       self.proc = subprocess.Popen(
-          ["nvidia-smi", f"--query-gpu={self.FIELDS}", "--format=csv,noheader,nounits",
+          ["nvidia-smi", f"--query-gpu={self.fields}", "--format=csv,noheader,nounits",
            "-lms", str(every_ms)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
           text=True)
     except OSError:
@@ -102,6 +103,7 @@ class ClockSampler:
     threading.Thread(target=self._read, daemon=True).start()
 
   def _read(self):
+    n = len(self.fields.split(","))
     for line in self.proc.stdout:
       vals = []
       for p in line.split(","):
@@ -109,7 +111,7 @@ class ClockSampler:
           vals.append(float(p))
         except ValueError:
           vals.append(float("nan"))
-      if len(vals) == 4 and vals[0] == vals[0]:
+      if len(vals) == n and vals[0] == vals[0]:
         self.samples.append((time.time(), *vals))
 
   def window(self, t0, t1):

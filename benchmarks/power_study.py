@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,33 +40,20 @@ SUITE = ("quickstart 8192 128x128x64 mcs=2", "quickstart 8192 128x128x64 mcs=4",
          "add pipeline 64M f32 1024 blocks 32x256 mcs=2")
 
 
-class Sampler:
-  """nvidia-smi every `ms`: (host time, SM MHz, instantaneous W, average W)."""
+class Sampler(measure_gpu.ClockSampler):
+  """nvidia-smi every `ms`: (host time, SM MHz, instantaneous W, average W),
+  where the driver has the instantaneous reading (else power.draw twice)."""
 
   def __init__(self, ms):
-    self.samples = []
     fields = "clocks.sm,power.draw.instant,power.draw.average"
     probe = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
                            capture_output=True, text=True)
     if probe.returncode != 0 or "Field" in probe.stdout + probe.stderr:
       fields = "clocks.sm,power.draw,power.draw"
-    self.fields = fields
-    self.proc = subprocess.Popen(
-        ["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-lms", str(ms)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    threading.Thread(target=self._read, daemon=True).start()
-
-  def _read(self):
-    for line in self.proc.stdout:
-      try:
-        vals = [float(p) for p in line.split(",")]
-      except ValueError:
-        continue
-      if len(vals) == 3:
-        self.samples.append((time.time(), *vals))
+    super().__init__(ms, fields)
 
   def window(self, t0, t1):
-    s = [x for x in self.samples if t0 <= x[0] <= t1]
+    s = [x for x in self.samples if t0 <= x[0] <= t1 and all(v == v for v in x)]  # (whole readings)
     if not s:
       return None
     col = lambda i: [x[i] for x in s]
@@ -135,7 +121,7 @@ def main(argv=None):
                    fields=sampler.fields, seconds=ns.seconds, window=ns.window, env=measure_gpu._env(),
                    rows=rows), open(path, "w"), indent=1)
     time.sleep(0.5)
-  sampler.proc.terminate()
+  sampler.stop()
   return 0
 
 
