@@ -94,6 +94,9 @@ class GPU:
   # cases of that study (112 and 64 KiB pads: 92 KiB of L1, and 28 KiB over
   # two blocks; two blocks per SM without a pad) come within 3% (H200,
   # spill_study in benchmarks/h200_measured.json).
+  l1_smem_bytes: int = 256 * 1024
+  smem_carveouts_kib: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
+  local_l2_bytes_per_clk: float = 44.5
   # What the model leaves out, said in the summary of a kernel that keeps
   # the tensor cores busy (machine/bound.clock_note): a wgmma loop alone
   # holds 1725 MHz (f16; its rate is what tensor_flop_per_clk says per
@@ -102,9 +105,6 @@ class GPU:
   tensor_clock_mhz: int = 1725
   power_limit_w: int = 700
   power_limited_mhz: tuple = (1230, 1485)
-  l1_smem_bytes: int = 256 * 1024
-  smem_carveouts_kib: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
-  local_l2_bytes_per_clk: float = 44.5
 
   def tensor_rate(self, operand_kind):
     """Tensor-core FLOP per clock per SM for operands of this kind."""

@@ -106,7 +106,7 @@ def _walk(jaxpr, in_taint, grid):
     ins = [get(v) for v in eqn.invars]
     outs = _eqn(eqn, ins, grid)
     for v, t in zip(eqn.outvars, outs):
-      env[v] = t | {FLOAT} if _floating(v) else t
+      env[v] = t | {FLOAT} if _value_of(v, jnp.floating) else t
   return [get(v) for v in jaxpr.outvars]
 
 
@@ -123,21 +123,24 @@ def _boxes(taint):
   return [t[1] for t in taint if _is_box(t)]
 
 
-def _integer(v):
+def _value_of(v, kind):
+  """Whether v is a value (not a ref) whose dtype is of `kind`."""
   dtype = getattr(v.aval, "dtype", None)
-  return not _is_ref(v) and dtype is not None and jnp.issubdtype(dtype, jnp.integer)
+  return not _is_ref(v) and dtype is not None and jnp.issubdtype(dtype, kind)
 
 
-def _floating(v):
-  dtype = getattr(v.aval, "dtype", None)
-  return not _is_ref(v) and dtype is not None and jnp.issubdtype(dtype, jnp.floating)
-
-
-def _decide(taint, eqn, grid):
+def _used(taint, grid):
+  """A taint that a decision or an address uses: without ref markers, and
+  without FLOAT, which it notes (float math matters there)."""
   taint = _strip(taint)
   if FLOAT in taint:
     grid.float_matters = True
     taint = taint - {FLOAT}
+  return taint
+
+
+def _decide(taint, eqn, grid):
+  taint = _used(taint, grid)
   # (a decision on data outranks one on the grid: it decides whether an
   # estimate computes values, executor.prepare)
   if taint and (grid.found is None or DATA in taint and DATA not in grid.found[0]):
@@ -182,10 +185,7 @@ def _eqn(eqn, ins, grid):
     return carry
   if name == "copy_gmem_to_smem":
     ns = refview.num_leaves(p["src_transforms_treedef"])
-    src = _strip(_union(ins[:1] + ins[3:3 + ns]))
-    if FLOAT in src:
-      grid.float_matters = True
-      src = src - {FLOAT}
+    src = _used(_union(ins[:1] + ins[3:3 + ns]), grid)
     grid.loads[id(eqn)] = grid.loads.get(id(eqn), _NONE) | src
     if p.get("has_user_predicate", False):
       i = 3 + ns + sum(refview.num_leaves(p[f"{k}_transforms_treedef"])
@@ -201,7 +201,7 @@ def _eqn(eqn, ins, grid):
   if subs:
     return _calls(eqn, ins, subs, grid)
   refs = [t for v, t in zip(eqn.invars, ins) if _is_ref(v)]
-  if refs and any(FLOAT in t and _integer(v) for v, t in zip(eqn.invars, ins)):
+  if refs and any(FLOAT in t and _value_of(v, jnp.integer) for v, t in zip(eqn.invars, ins)):
     grid.float_matters = True  # (an index into a ref from float math)
   boxed = [k for t in refs for k in _boxes(t)]
   taint = _strip(_union(ins)) | _union(grid.contents[k] for k in boxed)

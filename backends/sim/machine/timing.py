@@ -176,8 +176,9 @@ class LaunchTiming:
     # from the L2.
     # (The driver sizes the carve-out for the blocks the SM can hold; the
     # blocks it does hold, share of them, fill the L1: spill_cycles.)
-    self.spilled_bytes = (self.regs.accumulators * 4 * occupancy.LANES * num_threads
-                          if self.regs.spilled else 0)
+    self.acc_bytes = (self.regs.accumulators * 4 * occupancy.LANES
+                      if self.regs.spilled else 0)  # (a warpgroup's, spilled)
+    self.spilled_bytes = self.acc_bytes * num_threads
     self.l1 = occupancy.l1_bytes(g, self.per_sm * (smem + CUDA_RESERVED_SMEM_PER_BLOCK))
     # Each busy SM's share of the L2's bandwidth, up to what one TMA engine
     # moves alone.
@@ -215,9 +216,8 @@ class LaunchTiming:
       return 0.0
     g = self.timing.gpu
     to_l2 = max(0.0, 1.0 - self.l1 / (share * self.spilled_bytes))
-    round_trip = 2 * self.regs.accumulators * 4 * occupancy.LANES
-    return share * round_trip * ((1 - to_l2) / g.local_bytes_per_clk
-                                 + to_l2 / g.local_l2_bytes_per_clk)
+    return share * 2 * self.acc_bytes * ((1 - to_l2) / g.local_bytes_per_clk
+                                         + to_l2 / g.local_l2_bytes_per_clk)
 
   def engines(self, block_index):
     """The block's share of its SM's units (a fresh Engines)."""
