@@ -104,22 +104,10 @@ def apply(ref, transforms, wg=None):
   buf = ref.buf
   layout = ref.layout
   for i, tr in enumerate(transforms):
-    t = type(tr)  # (the common cases first, by exact type: the isinstance
-    if t in _PLAIN_INDEXERS and not raw:  # checks below go through Protocols)
+    # (the common cases first: indexers by exact type, then untiling and
+    # unswizzling, before the isinstance checks that go through Protocols)
+    if type(tr) in _PLAIN_INDEXERS and not raw:
       view = _index(view, tr, buf.name)
-      continue
-    if t is gpu_core.UntilingTransform and raw:
-      raw = False
-      continue
-    if t is gpu_core.UnswizzleRef:
-      continue
-    if isinstance(tr, gpu_core.ClusterRefTransform) and wg is not None and not raw:
-      r = _cluster_peer(Ref(buf, view), tr, wg)
-      buf, view = r.buf, r.view
-      continue
-    if isinstance(tr, gpu_core.ExtractAliasedRef):
-      buf, view, layout = _aliased(buf, view, tr, transforms[i + 1:])
-      raw = tiling_of(transforms[i + 1:])[0] is not None
       continue
     if isinstance(tr, gpu_core.UntilingTransform):
       if not raw:
@@ -128,6 +116,14 @@ def apply(ref, transforms, wg=None):
       raw = False
       continue
     if isinstance(tr, gpu_core.UnswizzleRef):
+      continue
+    if isinstance(tr, gpu_core.ClusterRefTransform) and wg is not None and not raw:
+      r = _cluster_peer(Ref(buf, view), tr, wg)
+      buf, view = r.buf, r.view
+      continue
+    if isinstance(tr, gpu_core.ExtractAliasedRef):
+      buf, view, layout = _aliased(buf, view, tr, transforms[i + 1:])
+      raw = tiling_of(transforms[i + 1:])[0] is not None
       continue
     if raw:
       raise UnsupportedPrimitiveError(
