@@ -1,6 +1,7 @@
 """The tensor core's summation kernels against each other and the tests' own
-model (tests/agreement/tensor_core_ref.py): the fast kernel for finite
-operands must give every bit the general one gives, signs of zeros included,
+model (tests/agreement/tensor_core_ref.py): the fast kernels for finite
+operands (float64 lanes, and float32/int32 lanes where their products are
+exact) must give every bit the general one gives, signs of zeros included,
 over operands of every exponent an operand type has (subnormals too)."""
 import ml_dtypes
 import numpy as np
@@ -39,7 +40,7 @@ def accumulator(rng, shape, zeros, narrow):
   return np.where(rng.random(shape) < zeros, zero, acc).astype(np.float32)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(name=st.sampled_from(sorted(OPERANDS)), m=st.integers(1, 9),
        k=st.integers(1, 70), n=st.integers(1, 17), zeros=st.sampled_from([0, .3, .9, 1]),
        narrow=st.booleans(), seed=st.integers(0, 2 ** 32 - 1))
@@ -59,6 +60,43 @@ def test_fast_kernel_equals_the_general_one_and_the_reference(name, m, k, n, zer
   with np.errstate(over="ignore"):  # (sums past f32's range are inf in both)
     ref = tensor_core_ref.matmul(a, b, itemsize, acc).astype(np.float32)
   np.testing.assert_array_equal(fast.view(np.uint32), ref.view(np.uint32))
+  # the public entry on float32 values: the narrow kernel where it applies
+  a32, b32 = a.astype(np.float32), b.astype(np.float32)
+  public = acc.copy()
+  tc.mma_f32(public, a32, b32, itemsize)
+  np.testing.assert_array_equal(public.view(np.uint32), general.view(np.uint32))
+  ok, ea32, eb32 = tc.narrow_operands(a32, b32, acc)
+  if ok:
+    np.testing.assert_array_equal(ea32, ea)
+    np.testing.assert_array_equal(eb32, eb)
+    narrow = acc.copy()
+    tc._mma_narrow(narrow, a32, b32, ea32, eb32, kslice, align, result)
+    np.testing.assert_array_equal(narrow.view(np.uint32), general.view(np.uint32))
+
+
+def test_narrow_kernel_takes_f16_operands_and_its_int32_sums_hold_the_largest():
+  """Sixteen products of the largest f16 mantissa, one sign, in one slice:
+  the int32 sum of their truncated terms is at its bound and still exact.
+  Wide bf16 exponents (products past float32's range) take the float64
+  kernel and give the same bits."""
+  top = np.float32(np.float16(2 - 2 ** -10))
+  for sign in (1, -1):
+    a = np.full((2, 32), sign * top, np.float32)
+    b = np.full((32, 3), top, np.float32)
+    acc = np.array([[0, 1e-3, -7], [1e6, -0.0, 3]], np.float32)
+    ok, _, lo, hi = tc._scan32(a)
+    assert ok and (lo, hi) == (0, 0) and tc.narrow_operands(a, b, acc)[0]
+    got, want = acc.copy(), acc.copy()
+    tc.mma_f32(got, a, b, 2)
+    tc._mma(want, a.astype(np.float64), b.astype(np.float64), tc.exponents(a.astype(np.float64)),
+            tc.exponents(b.astype(np.float64)), 16, 25, 23)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+  wide = np.array([[2.0 ** 100, 1.0], [3.0, 2.0 ** -120]], np.float32)
+  assert not tc.narrow_operands(wide, wide, np.ones((2, 2), np.float32))[0]
+  got, want = np.ones((2, 2), np.float32), np.ones((2, 2), np.float32)
+  tc.mma_f32(got, wide, wide, 2)
+  tc.mma_f32(want, wide.astype(np.float64), wide.astype(np.float64), 2)
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 def test_non_finite_operands_take_the_general_kernel():
@@ -71,3 +109,22 @@ def test_non_finite_operands_take_the_general_kernel():
   acc = np.array([[np.nan, 0], [0, 0]], np.float32)
   tc.mma_f32(acc, np.ones((2, 2)), np.ones((2, 2)), 2)
   assert np.isnan(acc[0, 0]) and (acc.ravel()[1:] == 2).all()
+
+
+def test_a_strided_accumulator_view_is_updated_in_place_in_f32():
+  """An accumulator that is a view (columns of a larger one) gets the same
+  f32 bits a contiguous one does, and nothing outside it changes."""
+  rng = np.random.default_rng(3)
+  a = rng.standard_normal((8, 32)).astype(np.float16).astype(np.float32)
+  b = rng.standard_normal((32, 16)).astype(np.float16).astype(np.float32)
+  big = (rng.standard_normal((8, 48)) * 100).astype(np.float32)
+  before = big.copy()
+  view = big[:, 16:32]
+  assert not view.flags.c_contiguous
+  want = view.copy()
+  tc.mma_f32(want, a, b, 2)
+  tc.mma_f32(view, a, b, 2)
+  np.testing.assert_array_equal(big[:, 16:32].view(np.uint32), want.view(np.uint32))
+  np.testing.assert_array_equal(big[:, :16], before[:, :16])
+  np.testing.assert_array_equal(big[:, 32:], before[:, 32:])
+  assert not np.array_equal(want, want.astype(np.float16).astype(np.float32))

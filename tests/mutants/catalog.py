@@ -95,14 +95,14 @@ MUTANTS = [
     Mutant("tc-f16-accumulator", TC,
            "the wgmma accumulator is f32; the mutant keeps it in f16",
            "  acc[...] = out\n", "  acc[...] = out.astype(np.float16)\n",
-           ("tests/test_wgmma.py", AGREE)),
+           ("tests/test_tensor_core.py", "tests/test_wgmma.py", AGREE)),
     Mutant("tc-drops-a-slice", TC,
            "every K slice is summed; the mutant skips the first",
            "    for c in range(0, k, kslice):\n      hi = min(c + kslice, k)\n"
            "      for j in range(n):\n        e = ",
            "    for c in range(kslice, k, kslice):\n      hi = min(c + kslice, k)\n"
            "      for j in range(n):\n        e = ",
-           ("tests/test_wgmma.py", AGREE)),
+           ("tests/test_tensor_core.py", "tests/test_wgmma.py", AGREE)),
     Mutant("tc-fast-zero-accumulator", TC,
            "a zero accumulator takes no part in the alignment (the fast kernel reads "
            "exponents from the bits); the mutant aligns to a zero's exponent field",
@@ -113,9 +113,29 @@ MUTANTS = [
            "the general kernel (inf/NaN operands) sums every slice too; the mutant "
            "skips the first",
            "    for c in range(0, k, kslice):\n      hi = min(c + kslice, k)\n"
-           "      for j in range(n):\n        emax[j] = _NONE",
+           "      for j in range(n):\n        emax[j] = _NONE if",
            "    for c in range(kslice, k, kslice):\n      hi = min(c + kslice, k)\n"
-           "      for j in range(n):\n        emax[j] = _NONE",
+           "      for j in range(n):\n        emax[j] = _NONE if",
+           ("tests/test_tensor_core.py",)),
+    Mutant("tc-narrow-drops-a-slice", TC,
+           "the float32-lane kernel (f16 and fp8 operands, and bf16/tf32 ones of "
+           "moderate exponents) sums every slice too; the mutant skips the first",
+           "    for c in range(0, k, kslice):\n      hi = min(c + kslice, k)\n"
+           "      for j in range(n):\n        emax[j] = _NONE\n",
+           "    for c in range(kslice, k, kslice):\n      hi = min(c + kslice, k)\n"
+           "      for j in range(n):\n        emax[j] = _NONE\n",
+           ("tests/test_tensor_core.py", "tests/test_wgmma.py", AGREE)),
+    Mutant("tc-narrow-accumulator-not-aligned", TC,
+           "the accumulator takes part in the alignment in the float32-lane kernel; "
+           "the mutant aligns to the products alone",
+           "          e = max(e, np.int32(((sbits[j] >> 52) & 0x7ff) - 1023))\n",
+           "          pass\n",
+           ("tests/test_tensor_core.py",)),
+    Mutant("tc-narrow-zero-products-skip-the-cut", TC,
+           "a slice of zero products still cuts the accumulator to the result bits "
+           "(13 for fp8); the mutant leaves it as it was",
+           "        if s[j] != 0.0:\n          e = max(",
+           "        if s[j] != 0.0 and live:\n          e = max(",
            ("tests/test_tensor_core.py",)),
     Mutant("tf32-round-to-nearest", WG,
            "f32 wgmma operands are truncated to tf32; the mutant rounds them",

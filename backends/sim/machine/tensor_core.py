@@ -137,6 +137,85 @@ def _mma_finite(acc, a, b, ea, eb, kslice, align_bits, result_bits):
       acc[i, j] = s[j]
 
 
+@numba.njit(cache=True)
+def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
+  # _mma_finite on 16-lane float32/int32 vectors, where narrow() holds: every
+  # product is exact in float32 (at most 24 significant bits, a normal
+  # exponent) and so is every scale 2^(align - emax); a truncated term is
+  # below 2^(align + 2), so a slice's terms sum exactly in int32
+  # (kslice * 2^(align + 2) <= 2^31 for every entry of PRECISION and SYNC).
+  # The accumulator's own term, the sum's scale-back and the final cut are
+  # float64 as in _mma_finite; a zero sum is +0.0 there too (tot starts at
+  # +0.0), and a slice of zero products and a zero s leaves s as it is.
+  m, k = a.shape
+  n = b.shape[1]
+  keep = ~np.int64((1 << (52 - result_bits)) - 1)
+  s = np.empty(n)
+  sbits = s.view(np.int64)
+  emax = np.empty(n, np.int32)
+  scale_bits = np.empty(n, np.int32)
+  scale32 = scale_bits.view(np.float32)
+  scale64_bits = np.empty(n, np.int64)
+  scale64 = scale64_bits.view(np.float64)
+  inv_bits = np.empty(n, np.int64)
+  inv = inv_bits.view(np.float64)
+  tot = np.empty(n, np.int32)
+  for i in range(m):
+    for j in range(n):
+      s[j] = acc[i, j]
+    for c in range(0, k, kslice):
+      hi = min(c + kslice, k)
+      for j in range(n):
+        emax[j] = _NONE
+      for kk in range(c, hi):
+        eik, ebk = ea[i, kk], eb[kk]
+        for j in range(n):  # (int32 throughout and a select: it vectorizes)
+          e, v = emax[j], np.int32(eik + ebk[j])
+          emax[j] = v if v > e else e
+      for j in range(n):
+        e = emax[j]
+        live = e > _NONE // 2
+        if s[j] != 0.0:
+          e = max(e, np.int32(((sbits[j] >> 52) & 0x7ff) - 1023))
+        emax[j] = e
+        # (no live product: this scale is never used, and may be past float32's)
+        scale_bits[j] = (127 + align_bits - e) << 23 if live else 0
+        scale64_bits[j] = np.int64(1023 + align_bits - e) << 52
+        inv_bits[j] = np.int64(1023 - align_bits + e) << 52
+        tot[j] = 0
+      for kk in range(c, hi):
+        aik, bk = a[i, kk], b[kk]
+        for j in range(n):
+          tot[j] += np.int32(aik * bk[j] * scale32[j])
+      for j in range(n):
+        if emax[j] > _NONE // 2:
+          s[j] = (np.float64(tot[j]) + np.trunc(s[j] * scale64[j])) * inv[j]
+          sbits[j] &= keep
+    for j in range(n):
+      acc[i, j] = s[j]
+
+
+@numba.njit(cache=True)
+def _scan32(x):
+  """The exponents of float32 values x (as exponents() gives them) and
+  whether _mma_narrow may take them: every value zero or normal, with at
+  most 12 significant bits; with the least and greatest exponent."""
+  flat = x.reshape(-1)
+  bits = flat.view(np.int32)
+  e = np.empty(flat.size, np.int32)
+  lo, hi, bad = np.int32(1 << 20), np.int32(-(1 << 20)), 0
+  for i in range(flat.size):
+    field, mant = (bits[i] >> 23) & 0xff, bits[i] & 0x7fffff
+    zero = field == 0 and mant == 0
+    v = np.int32(field - 127)
+    e[i] = _NONE if zero else v
+    # (non-finite, subnormal, or bits below the 12th)
+    bad |= (field == 0xff) | ((field == 0) & (mant != 0)) | ((mant & 0xfff) != 0)
+    if not zero:
+      lo, hi = min(lo, v), max(hi, v)
+  return bad == 0, e.reshape(x.shape), lo, hi
+
+
 # mma.sync (plgpu.mma), fitted on an H200 (benchmarks/mma_numerics_probe.py):
 # f16/bf16 sum as wgmma does; fp8 in slices of 8 with f16's precision, not
 # wgmma's 13 bits. (elements per slice, align bits, result bits) by width.
@@ -151,10 +230,13 @@ def mma_f32(acc, a, b, itemsize, sync=False):
     kslice, align_bits, result_bits = SYNC[itemsize]
   else:
     (align_bits, result_bits), kslice = PRECISION[itemsize], SLICE_BYTES // itemsize
-  a = np.ascontiguousarray(a, np.float64)
-  b = np.ascontiguousarray(b, np.float64)
   out = np.ascontiguousarray(acc, np.float32)
-  _mma_any(out, a, b, kslice, align_bits, result_bits)
+  if a.dtype == np.float32 and b.dtype == np.float32:
+    _mma_any32(out, np.ascontiguousarray(a), np.ascontiguousarray(b), kslice,
+               align_bits, result_bits)
+  else:
+    _mma_any(out, np.ascontiguousarray(a, np.float64), np.ascontiguousarray(b, np.float64),
+             kslice, align_bits, result_bits)
   if out is not acc:
     acc[...] = out
 
@@ -175,3 +257,26 @@ def _mma_any(out, a, b, kslice, align_bits, result_bits):
     _mma_finite(out, a, b, ea, eb, kslice, align_bits, result_bits)
   else:
     _mma(out, a, b, ea, eb, kslice, align_bits, result_bits)
+
+
+@numba.njit(cache=True)
+def narrow_operands(a, b, out):
+  """Whether _mma_narrow is exact on float32 operand values a, b and
+  accumulator out: products exact and normal in float32, every scale
+  2^(align - emax) a normal float32, the accumulator finite; with the
+  operands' exponents."""
+  oka, ea, loa, hia = _scan32(a)
+  okb, eb, lob, hib = _scan32(b)
+  ok = oka and okb and loa + lob >= -100 and hia + hib <= 100 and _all_finite(out)
+  return ok, ea, eb
+
+
+@numba.njit(cache=True)
+def _mma_any32(out, a, b, kslice, align_bits, result_bits):
+  """_mma_any for float32 operand values: _mma_narrow where it is exact."""
+  ok, ea, eb = narrow_operands(a, b, out)
+  if ok:
+    _mma_narrow(out, a, b, ea, eb, kslice, align_bits, result_bits)
+  else:
+    _mma_any(out, a.astype(np.float64), b.astype(np.float64), kslice, align_bits,
+             result_bits)
