@@ -148,3 +148,45 @@ SMEM_CASES = _smem_cases()
 def test_smem_bytes_of_kernels_that_fit_match_the_lowering(name, fn, args):
   sim = ps.simulate(fn, *args, check_lowering=False, on_race="report")
   assert [k.smem_bytes for k in sim.report.kernels][:1] == [lowering_smem_bytes(fn, *args)]
+
+
+def test_a_kernel_run_again_is_lowered_once_and_a_rejected_one_every_time(monkeypatch):
+  """The real lowering's acceptance is kept per process for a kernel given
+  the same everything (its jaxpr, operands, parameters); a kernel that
+  differs in any of them, and a rejected one, are lowered again."""
+  from pallas_sim.backends.sim import capture
+  calls = []
+  real = capture.real_lowering_error
+  monkeypatch.setattr(capture, "real_lowering_error",
+                      lambda *a, **kw: calls.append(1) or real(*a, **kw))
+  def body(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 3 + 1
+  def other(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 3 - 1
+  x = jnp.arange(128, dtype=jnp.float32) + 0.25  # (a value no other test uses)
+  k = _k((128,), body)
+  first = ps.run(k, x, backend="sim")
+  assert calls == [1]
+  again = ps.run(_k((128,), body), x + 1, backend="sim")  # (traced afresh)
+  assert calls == [1] and float(again[0]) == float(first[0]) + 3
+  ps.run(_k((128,), other), x, backend="sim")  # another body
+  ps.run(_k((256,), body), jnp.ones(256, jnp.float32), backend="sim")  # other shapes
+  assert calls == [1, 1, 1]
+  def log1p(x_ref, o_ref):
+    o_ref[...] = jnp.log1p(x_ref[...])
+  for _ in range(2):
+    with pytest.raises(ps.LoweringError):
+      ps.run(_k((128,), log1p), x, backend="sim")
+  assert calls == [1, 1, 1, 1, 1]
+
+
+def test_the_smem_bound_of_jaxs_tests_is_part_of_what_was_lowered():
+  """JAX's tests lower under artificial_shared_memory_limit: a kernel
+  accepted without it is lowered again under it, and rejected."""
+  from jax.experimental.mosaic.gpu import core as mgpu_core
+  x = jnp.ones((512, 128), jnp.float32) * 0.5
+  fn = lambda x: pipeline_copy(x, (64, 128), 2)
+  ps.run(fn, x, backend="sim")
+  with mgpu_core.artificial_shared_memory_limit(1024):
+    with pytest.raises(ps.SmemOverflowError, match="max_smem_bytes=1024"):
+      ps.run(fn, x, backend="sim")

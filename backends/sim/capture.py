@@ -10,6 +10,7 @@ We wrap that function: for our own `SimParams` it lowers to one ordered
 `jax.jit` too; any other params go to JAX's own interpreter unchanged.
 """
 import ast
+import collections
 import contextlib
 import ctypes
 import ctypes.util
@@ -194,7 +195,7 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
     # Static checks (shared memory, unsupported primitives) at lowering time,
     # where an exception reaches the caller as it is. Ours first (they name
     # the primitive and line), then the real lowering's, which has the final say.
-    lower = lambda: real_lowering_error(
+    lower = lambda: lowering_error_once(
         args, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
         input_output_aliases=input_output_aliases, out_avals=out_avals,
         name=name, **kw)
@@ -211,6 +212,59 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
   outs = jax_callback.io_callback(
       lambda *xs: _execute(launch, *xs), shapes, *args, ordered=True)
   return list(outs)
+
+
+# Kernels the real lowering accepted in this process, by a text of all it
+# was given (lowering_key): a kernel run again (a debugging loop, or a
+# property test's examples) is lowered once, not at every call (~80 ms).
+# Only acceptances are kept: a rejection is raised afresh, at its own lines.
+_LOWERED = collections.OrderedDict()
+_LOWERED_MAX = 512
+
+
+def lowering_error_once(args, **params):
+  """real_lowering_error, or None at once for a kernel accepted before."""
+  key = lowering_key(args, **params)
+  if key in _LOWERED:
+    _LOWERED.move_to_end(key)
+    return None
+  err = real_lowering_error(args, **params)
+  if err is None:
+    _LOWERED[key] = True
+    if len(_LOWERED) > _LOWERED_MAX:
+      _LOWERED.popitem(last=False)
+  return err
+
+
+def lowering_key(args, **params):
+  """Everything the real lowering sees, as text: the kernel's jaxprs (their
+  printed form names every equation, its params and avals), the operands'
+  shapes and dtypes, and every other parameter, field by field (a
+  GridMapping's repr leaves out its index maps). A value printed with its
+  address (a function) makes the key new at every call: a miss, never a
+  false hit."""
+  ops = tuple((tuple(a.shape), str(a.dtype)) for a in args)
+  # and what outside the kernel steers the lowering: its flags, and the
+  # SMEM bound that JAX's tests lower (jax.experimental.mosaic.gpu.core)
+  from jax.experimental.mosaic.gpu import core as mgpu_core
+  flags = sorted((k, v) for k, v in jax.config.values.items() if "mosaic" in k or "pallas" in k)
+  env = repr((flags, getattr(mgpu_core, "_SMEM_SIZE_BOUND", None)))
+  return (repr(ops) + "|" + env + "|"
+          + "|".join(f"{k}={_as_text(v)}" for k, v in sorted(params.items())))
+
+
+def _as_text(v):
+  if isinstance(v, (_jax_core.Jaxpr, _jax_core.ClosedJaxpr)):
+    return str(v)
+  if dataclasses.is_dataclass(v) and not isinstance(v, type):
+    fields = ",".join(f"{f.name}={_as_text(getattr(v, f.name))}"
+                      for f in dataclasses.fields(v))
+    return f"{type(v).__name__}({fields})"
+  if isinstance(v, (tuple, list)):
+    return "(" + ",".join(map(_as_text, v)) + ")"
+  if isinstance(v, (dict, FrozenDict)):
+    return "{" + ",".join(f"{k!r}:{_as_text(x)}" for k, x in sorted(v.items(), key=repr)) + "}"
+  return repr(v)
 
 
 def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,

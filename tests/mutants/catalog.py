@@ -117,6 +117,24 @@ MUTANTS = [
            "    for c in range(kslice, k, kslice):\n      hi = min(c + kslice, k)\n"
            "      for j in range(n):\n        emax[j] = _NONE if",
            ("tests/test_tensor_core.py",)),
+    Mutant("lowering-cache-ignores-smem-bound", "backends/sim/capture.py",
+           "a kept lowering acceptance counts only under the SMEM bound it was "
+           "lowered with; the mutant leaves the bound out of the key",
+           '  env = repr((flags, getattr(mgpu_core, "_SMEM_SIZE_BOUND", None)))',
+           '  env = repr((flags, None))',
+           ("tests/test_lowering_agreement.py",)),
+    Mutant("lowering-cache-keeps-rejections", "backends/sim/capture.py",
+           "only acceptances are kept: a rejected kernel is lowered again; the "
+           "mutant keeps rejections too (and answers None for them)",
+           "  if err is None:\n    _LOWERED[key] = True",
+           "  if True:\n    _LOWERED[key] = True",
+           ("tests/test_lowering_agreement.py",)),
+    Mutant("lowering-key-only-the-jaxpr", "backends/sim/capture.py",
+           "the key holds the operands' shapes and every parameter; the mutant "
+           "keys on the jaxpr alone",
+           '  return (repr(ops) + "|" + env + "|"\n',
+           '  return _as_text(params["jaxpr"])\n  return (repr(ops) + "|" + env + "|"\n',
+           ("tests/test_lowering_agreement.py",)),
     Mutant("tc-narrow-drops-a-slice", TC,
            "the float32-lane kernel (f16 and fp8 operands, and bf16/tf32 ones of "
            "moderate exponents) sums every slice too; the mutant skips the first",
