@@ -75,6 +75,8 @@ def _make_array(key, shape, dtype, seed, kind):
     rng = np.random.default_rng(seed)
     if kind == "uniform":  # [0.5, 1.5): positive, far from zero
       x = rng.random(shape, dtype=np.float32) + np.float32(0.5)
+    elif kind == "normal":  # what a model's data looks like to the tensor cores
+      x = rng.standard_normal(shape, dtype=np.float32)
     else:                  # small integers: exact in every operand type here
       x = rng.integers(-3, 4, shape).astype(np.float32)
       x[x == 0] = 1.0
@@ -218,6 +220,65 @@ def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
   return Built(fn, (x,), ref, tol=0.0)
 
 
+def tma_panel(x, *, n, blocks, tile_rows, box_cols, slots):
+  """Block b walks its own panel of x (rows b * tile_rows on) along the
+  columns, one (tile_rows, box_cols) box a load, `slots` in flight: how a
+  matmul reads its A tiles, each box row box_cols elements of a long row.
+  Past the panel's end it starts again at its first column (x small enough
+  for the L2: the loads hit there). Writes each block's last box (TMA
+  store)."""
+  import jax
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  assert n >= slots
+  per_row = x.shape[1] // box_cols
+
+  def body(x_ref, o_ref, smem, bars):
+    b = lax.axis_index("b")
+
+    def issue(i, slot):
+      c = lax.rem(i, per_row)
+      plgpu.copy_gmem_to_smem(
+          x_ref.at[pl.ds(b * tile_rows, tile_rows), pl.ds(c * box_cols, box_cols)],
+          smem.at[slot], bars.at[slot])
+
+    for s in range(slots):
+      issue(s, s)
+
+    def step(i, c):
+      slot = lax.rem(i, slots)
+      plgpu.barrier_wait(bars.at[slot])
+
+      @pl.when(i + slots < n)
+      def _():
+        issue(i + slots, slot)
+      return c
+
+    lax.fori_loop(0, n, step, None)
+    plgpu.copy_smem_to_gmem(smem.at[(n - 1) % slots], o_ref.at[b])
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((blocks, tile_rows, box_cols), x.dtype),
+      scratch_types=[plgpu.SMEM((slots, tile_rows, box_cols), x.dtype),
+                     plgpu.Barrier(num_barriers=slots)],
+      grid=(blocks,), grid_names=("b",))(x)
+
+
+def _build_panel(n, *, blocks, box_cols, cols, slots, dtype="float16", tile_rows=128,
+                 cpu=False):
+  import jax.numpy as jnp
+  if cpu:
+    blocks, cols = 2, 16 * box_cols
+  x = _array((blocks * tile_rows, cols), dtype=dtype, seed=14)
+  c = (n - 1) % (cols // box_cols)
+  ref = lambda x: jnp.stack([x[b * tile_rows:(b + 1) * tile_rows,
+                               c * box_cols:(c + 1) * box_cols] for b in range(blocks)])
+  return Built(functools.partial(tma_panel, n=n, blocks=blocks, tile_rows=tile_rows,
+                                 box_cols=box_cols, slots=slots), (x,), ref, tol=0.0)
+
+
 def tma_copy(x, *, n, blocks, tile_rows, slots):
   """out = x[:n * blocks tiles]: block b copies tiles i * blocks + b, i < n,
   GMEM -> SMEM (TMA load, `slots` in flight) -> GMEM (TMA store, one in
@@ -304,8 +365,12 @@ def wgmma_loop(a, b, *, n, blocks, wait, b_transposed, pad_kib=0):
   from jax.experimental.pallas import mosaic_gpu as plgpu
   m, k = a.shape
   nn = b.shape[0] if b_transposed else b.shape[1]
-  swz = 128 // jnp.dtype(a.dtype).itemsize
-  T = dict(transforms=(plgpu.TilingTransform((8, swz)), plgpu.SwizzleTransform(128)))
+  isz = jnp.dtype(a.dtype).itemsize
+  # (the swizzle of K's bytes, up to 128, for both operands: a K=32 f16 A
+  # has 64-byte rows, as the quickstart's tile_k=32 A tiles do)
+  swz = min(128, k * isz)
+  T = lambda x: dict(transforms=(plgpu.TilingTransform((8, swz // isz)),
+                                 plgpu.SwizzleTransform(swz)))
 
   def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar, *pad):
     blk = lax.axis_index("b")
@@ -324,13 +389,14 @@ def wgmma_loop(a, b, *, n, blocks, wait, b_transposed, pad_kib=0):
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((blocks, m, nn), jnp.float32),
-      scratch_types=[plgpu.SMEM(a.shape, a.dtype, **T), plgpu.SMEM(b.shape, b.dtype, **T),
+      scratch_types=[plgpu.SMEM(a.shape, a.dtype, **T(a)), plgpu.SMEM(b.shape, b.dtype, **T(b)),
                      plgpu.ACC((m, nn), jnp.float32), plgpu.Barrier(num_arrivals=2)]
       + ([plgpu.SMEM((pad_kib * 8, 64), jnp.float16)] if pad_kib else []),
       grid=(blocks,), grid_names=("b",))(a, b)
 
 
-def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, pad_kib=0, cpu=False):
+def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, pad_kib=0,
+                 data="int", cpu=False):
   import jax
   import jax.numpy as jnp
   name, K, bt = WGMMA_TYPES[dtype]
@@ -338,8 +404,12 @@ def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, pad_kib=0, c
     blocks = NUM_SMS * bps
   if cpu:
     blocks = min(blocks, 2)
-  a = _array((M, K), name, seed=20, kind="int")
-  b = _array((N, K) if bt else (K, N), name, seed=21, kind="int")
+  # data="int": small integers (exact sums: the check is the timed run);
+  # "normal": random normal operands, whose bits toggle as real data's do
+  # (the tensor cores' power, hence the clock, depends on them), checked on
+  # the integer operands.
+  a = _array((M, K), name, seed=20, kind=data)
+  b = _array((N, K) if bt else (K, N), name, seed=21, kind=data)
 
   def ref(a, b):
     af = a.astype(jnp.float32)
@@ -358,6 +428,9 @@ def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, pad_kib=0, c
     a_chk[np.arange(M), rng.integers(0, K, M)] = rng.choice([-1.0, 1.0], M)
     b_chk = rng.choice([-1.0, -0.5, 0.5, 1.0], (N, K) if bt else (K, N))
     check = (jnp.asarray(a_chk, name), jnp.asarray(b_chk.astype(np.float32), name))
+  elif data != "int":
+    check = (_array((M, K), name, seed=20, kind="int"),
+             _array((N, K) if bt else (K, N), name, seed=21, kind="int"))
   return Built(functools.partial(wgmma_loop, n=n, blocks=blocks, wait=wait,
                                  b_transposed=bt, pad_kib=pad_kib), (a, b), ref, tol=1e-6,
                check_args=check)
@@ -596,6 +669,30 @@ def _micros():
                      80, 400, work=blocks * tb, unit="bytes",
                      note=f"{blocks} blocks x {slots} loads of 32 KiB in flight over a "
                           f"{mib} MiB region"))
+  # (c3) HBM read as a matmul reads its A tiles: each block its own panel of
+  # rows 16 KiB long (8192 f16), a box of 128 rows a load, the box's rows 64,
+  # 128 or 256 bytes wide; one and two blocks per SM (264 and 528 MiB: every
+  # byte from HBM once a call).
+  for bps, row_bytes, slots in ((1, 64, 4), (1, 128, 4), (1, 256, 4), (2, 64, 4),
+                                (2, 128, 4), (1, 64, 8)):
+    box = row_bytes // 2
+    n2 = 8192 // box
+    out.append(Micro(
+        f"hbm_panel_{row_bytes}b_rows_{bps}_per_sm" + ("" if slots == 4 else f"_{slots}slots"),
+        "HBM bandwidth by the TMA box's row bytes", _build_panel,
+        dict(blocks=bps * NUM_SMS, box_cols=box, cols=8192, slots=slots), n2 // 4, n2,
+        work=bps * NUM_SMS * 128 * row_bytes, unit="bytes", cpu_n=(slots, slots + 2),
+        note=f"{bps * NUM_SMS} blocks, boxes of 128 rows x {row_bytes} B along rows "
+             f"of 16 KiB, {slots} in flight"))
+  # (c4) The same from the L2: each block's panel 1 KiB wide (33 MiB in all
+  # at two blocks per SM), walked round and round.
+  for bps, row_bytes in ((2, 64), (2, 128), (2, 256), (1, 64), (1, 128)):
+    out.append(Micro(
+        f"l2_panel_{row_bytes}b_rows_{bps}_per_sm", "L2 bandwidth by the TMA box's row bytes",
+        _build_panel, dict(blocks=bps * NUM_SMS, box_cols=row_bytes // 2, cols=512, slots=4),
+        400, 2000, work=bps * NUM_SMS * 128 * row_bytes, unit="bytes", cpu_n=(4, 6),
+        note=f"{bps * NUM_SMS} blocks, boxes of 128 rows x {row_bytes} B, 4 in flight, "
+             "from an L2-resident panel of 1 KiB rows"))
   # (d) wgmma throughput, (h) the spill cliff.
   for dt in ("f16", "bf16", "fp8", "tf32"):
     for N in (64, 128, 256):
@@ -614,6 +711,25 @@ def _micros():
         _build_wgmma, dict(dtype="f16" if N % 64 == 0 else "f16t", N=N), n2 // 5, n2,
         work=2.0 * 128 * N * 64 * NUM_SMS, unit="flop",
         note="compare wgmma_f16_m128n128/n256_1per_sm"))
+  # (d'') on random normal operands (the figures above are for small
+  # integers): the power they draw, and so the clock, for power_study.py.
+  for dt, bps in (("f16", 1), ("f16", 2), ("bf16", 1), ("fp8", 1)):
+    N, K = 128, WGMMA_TYPES[dt][1]
+    n2 = int(2000 * 256 / N / bps)
+    out.append(Micro(
+        f"wgmma_{dt}_m128n{N}_{bps}per_sm_normal", "tensor_flop_per_clk (random data)",
+        _build_wgmma, dict(dtype=dt, N=N, bps=bps, data="normal"), n2 // 5, n2,
+        work=2.0 * 128 * N * K * NUM_SMS * bps, unit="flop",
+        note=f"{NUM_SMS * bps} blocks, wgmma 128x{N}x{K} + wgmma_wait(1), random "
+             "normal operands"))
+  # (d') K = 32 a wgmma (half the FLOPs of a call, the same issue work).
+  for N, bps in ((128, 1), (128, 2), (256, 1)):
+    n2 = int(2000 * 256 / N / bps)
+    out.append(Micro(
+        f"wgmma_f16k32_m128n{N}_{bps}per_sm", "tensor_flop_per_clk (K=32)",
+        _build_wgmma, dict(dtype="f16k32", N=N, bps=bps), n2 // 5, n2,
+        work=2.0 * 128 * N * 32 * NUM_SMS * bps, unit="flop",
+        note=f"{NUM_SMS * bps} blocks, wgmma 128x{N}x32 + wgmma_wait(1)"))
   # (h') where spilled registers go: the L1 is what SMEM leaves of the SM's
   # 256 KiB, so more SMEM (an unused pad) leaves the spills less L1. The
   # 128x128 loop with the largest pad is the control (no spills: unchanged).
@@ -654,6 +770,9 @@ def _micros():
 # f16 with B stored (N, K) and passed transposed: N need only be a multiple
 # of 8 then (a (K, N) B with the 128-byte swizzle needs N % 64 == 0).
 WGMMA_TYPES["f16t"] = ("float16", 64, True)
+# f16 with K = 32 a wgmma: A's rows 64 bytes (the 64-byte swizzle), as in
+# the quickstart's tile_k=32 configurations.
+WGMMA_TYPES["f16k32"] = ("float16", 32, False)
 
 MICROS = _micros()
 

@@ -28,6 +28,8 @@ MICROS = ("alu_fma_1_per_sm", "alu_exp_2_per_sm", "wgmma_f16_m128n128_1per_sm",
           "wgmma_f16_m128n128_2per_sm", "wgmma_f16_m128n64_1per_sm",
           "wgmma_bf16_m128n128_1per_sm", "wgmma_fp8_m128n128_1per_sm",
           "wgmma_tf32_m128n128_1per_sm", "wgmma_f16_m128n256_1per_sm",
+          "wgmma_f16_m128n128_1per_sm_normal", "wgmma_f16_m128n128_2per_sm_normal",
+          "wgmma_bf16_m128n128_1per_sm_normal", "wgmma_fp8_m128n128_1per_sm_normal",
           "l2_stream_32mib", "l2_reuse_all_sms", "l2_same_tile_2_per_sm",
           "stream_hbm_all_sms", "copy_gmem_smem_gmem_all_sms")
 SUITE = ("quickstart 8192 128x128x64 mcs=2", "quickstart 8192 128x128x64 mcs=4",
