@@ -117,6 +117,17 @@ MUTANTS = [
            "    for c in range(kslice, k, kslice):\n      hi = min(c + kslice, k)\n"
            "      for j in range(n):\n        emax[j] = _NONE if",
            ("tests/test_tensor_core.py",)),
+    Mutant("shadow-fast-path-ignores-clocks", RACES,
+           "race checking's one-call common case finds a tile written by one agent "
+           "ordered only if its clock is known; the mutant takes every such tile as ordered",
+           "  if same:\n    return kmax <= vec[c0]\n",
+           "  if same:\n    return True\n",
+           ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
+    Mutant("shadow-fast-path-write-keeps-reads", RACES,
+           "a write clears the read slot it was ordered after; the mutant leaves it",
+           "    if slot:\n      _stamp(rc, rk, off, d0, d1, s0, s1, NONE, 0, False)\n",
+           "    pass\n",
+           ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
     Mutant("lowering-cache-ignores-smem-bound", "backends/sim/capture.py",
            "a kept lowering acceptance counts only under the SMEM bound it was "
            "lowered with; the mutant leaves the bound out of the key",

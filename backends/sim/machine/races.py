@@ -14,11 +14,13 @@ here, each GMEM access is also emitted as an event, in order, with the
 group's intra-group race reports.
 """
 import ctypes
+import math
 import mmap
 import os
 import sys
 
 import jax
+import numba
 import numpy as np
 
 NONE = 0                        # "no access": its clock is +inf in every vector
@@ -245,7 +247,8 @@ class Shadow:
   def __getattr__(self, name):  # only called for arrays not yet allocated
     if name.startswith("_"):
       raise AttributeError(name)
-    arr = np.zeros(self.shape, self.comp_dtype if name.endswith("c") else np.int32)
+    # (flat: every view of it is built from element offsets and strides)
+    arr = np.zeros(math.prod(self.shape), self.comp_dtype if name.endswith("c") else np.int32)
     setattr(self, name, arr)
     return arr
 
@@ -300,6 +303,87 @@ def _unordered(c, k, vec):
   return m if m.any() else None
 
 
+def rows_of(shape, estrides):
+  """A view's elements as d0 rows of d1 (element strides s0 between rows, s1
+  within one; contiguous dims merged, so a whole tile is one row): (d0, d1,
+  s0, s1), or None where that takes more than two loops or a stride is not
+  positive (a broadcast or reversed view)."""
+  dims = []
+  for n, st in zip(shape, estrides):
+    if n == 1:
+      continue
+    if st <= 0:
+      return None
+    if dims and dims[-1][1] == n * st:
+      dims[-1] = (dims[-1][0] * n, st)
+    else:
+      dims.append((n, st))
+  if len(dims) > 2:
+    return None
+  dims = [(1, 0)] * (2 - len(dims)) + dims if dims else [(1, 0), (1, 1)]
+  return dims[0][0], dims[1][0], dims[0][1], dims[1][1]
+
+
+@numba.njit(cache=True)
+def _ordered(c, k, off, d0, d1, s0, s1, vec):
+  """Whether every entry (c, k) of flat shadows under the rows is ordered
+  before vec (k <= vec[c]). One component under them all (a tile written by
+  one agent) is one comparison; array slices vectorize, loops do not."""
+  c0 = c[off]
+  same, kmax = True, k[off]
+  for r in range(d0):
+    e = off + r * s0
+    rc = c[e:e + d1] if s1 == 1 else c[e:e + (d1 - 1) * s1 + 1:s1]
+    rk = k[e:e + d1] if s1 == 1 else k[e:e + (d1 - 1) * s1 + 1:s1]
+    same = same and rc.min() == c0 and rc.max() == c0
+    kmax = max(kmax, rk.max())
+  if same:
+    return kmax <= vec[c0]
+  for r in range(d0):
+    e = off + r * s0
+    for i in range(d1):
+      x = e + i * s1
+      if k[x] > vec[c[x]]:
+        return False
+  return True
+
+
+@numba.njit(cache=True)
+def _stamp(c, k, off, d0, d1, s0, s1, comp, clock, clock_too):
+  """The entries under the rows become (comp, clock) (`clock_too`), or get
+  the component comp alone."""
+  for r in range(d0):
+    e = off + r * s0
+    if s1 == 1:
+      c[e:e + d1] = comp
+      if clock_too:
+        k[e:e + d1] = clock
+    else:
+      c[e:e + (d1 - 1) * s1 + 1:s1] = comp
+      if clock_too:
+        k[e:e + (d1 - 1) * s1 + 1:s1] = clock
+
+
+@numba.njit(cache=True)
+def _plain(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, comp, clock, write):
+  """access()'s common case in one call: nothing unordered under the view.
+  A write: the last write and (`slot`) the one read slot ordered before
+  it; it becomes the last write, the slot cleared. A read: the last write
+  and the one slot ordered before it; it takes the slot. False (nothing
+  changed) where something is unordered: access() then reports it."""
+  if not _ordered(wc, wk, off, d0, d1, s0, s1, vec):
+    return False
+  if slot and not _ordered(rc, rk, off, d0, d1, s0, s1, vec):
+    return False
+  if write:
+    _stamp(wc, wk, off, d0, d1, s0, s1, comp, clock, True)
+    if slot:
+      _stamp(rc, rk, off, d0, d1, s0, s1, NONE, 0, False)
+  else:
+    _stamp(rc, rk, off, d0, d1, s0, s1, comp, clock, True)
+  return True
+
+
 def element_map(buf, view):
   """(offset, element strides, shape) of `view` in buf.data's elements, or a
   covering 1-D range when the view is a bitcast."""
@@ -307,10 +391,10 @@ def element_map(buf, view):
   isz = base.itemsize
   off_b = view.__array_interface__["data"][0] - buf.address()
   if view.dtype.itemsize == isz and all(s % isz == 0 for s in view.strides):
-    return off_b // isz, [s // isz for s in view.strides], view.shape
+    return off_b // isz, tuple(s // isz for s in view.strides), view.shape
   lo = off_b // isz
   span = sum((d - 1) * abs(s) for d, s in zip(view.shape, view.strides)) + view.itemsize
-  return lo, [1], (-(-span // isz),)
+  return lo, (1,), (-(-span // isz),)
 
 
 def element_range(buf, off, estrides, mask):
@@ -352,6 +436,7 @@ class Tracker:
     self.sites = {}
     self.logged = set()  # shadows whose read_log has entries
     self.gmem_spans = {}  # GMEM shadow -> the flat elements [lo, hi) touched
+    self.rows = {}  # (shape, element strides) -> rows_of() or () (access's common case)
 
   def start_group(self, events):
     self.group += 1
@@ -438,9 +523,25 @@ class Tracker:
       sh.group = self.group
       sh.any_read = False
       sh.read_slots = 0
+    self.sites[(sh.uid, comp, clock)] = (site, issue, know, span)
+    if sh.read_slots <= 1 and not (atomic or sh.any_atomic):
+      rows = self.rows.get((shape, estrides))
+      if rows is None:
+        rows = self.rows[(shape, estrides)] = rows_of(shape, estrides) or ()
+      if rows:
+        slot = sh.read_slots == 1 and (sh.any_read or not write)
+        if not write or slot:
+          rc, rk = sh.r1c, sh.r1k
+        else:
+          rc, rk = sh.wc, sh.wk  # (not read)
+        if _plain(sh.wc, sh.wk, rc, rk, slot or not write, off, *rows, vec, comp, clock,
+                  write):
+          if not write:
+            sh.any_read = True
+            sh.read_slots = 1
+          return
     V = lambda arr: _view(arr, off, shape, estrides)
     wc, wk = V(sh.wc), V(sh.wk)
-    self.sites[(sh.uid, comp, clock)] = (site, issue, know, span)
     m = _unordered(wc, wk, vec)
     if m is not None and atomic and sh.any_atomic:
       # Atomic read-modify-writes do not race with each other.
