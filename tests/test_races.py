@@ -635,14 +635,20 @@ def test_a_third_concurrent_reader_is_not_forgotten():
   assert r.second.agent == "tma_load", text
 
 
-def scopes_kernel(wait_in_scope):
+def scopes_kernel(wait_in_scope, later=False):
   """A scope issues a TMA load and leaves (awaiting it inside, or only
-  after); the next scope gets the same SMEM bytes and writes them."""
+  after; `later`: after awaiting a second load issued after it, by which
+  time the first has landed); the next scope gets the same SMEM bytes and
+  writes them."""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256,), jnp.float32),
-                scratch_types=[plgpu.Barrier()])
-  def k(x_ref, o_ref, bar):
+                scratch_types=[plgpu.Barrier(), plgpu.Barrier(),
+                               plgpu.SMEM((256,), jnp.float32)])
+  def k(x_ref, o_ref, bar, bar2, c):
     def first(a):
       plgpu.copy_gmem_to_smem(x_ref, a, bar)
+      if later:
+        plgpu.copy_gmem_to_smem(x_ref, c, bar2)
+        plgpu.barrier_wait(bar2)
       if wait_in_scope:
         plgpu.barrier_wait(bar)
     pl.run_scoped(first, plgpu.SMEM((256,), jnp.float32))
@@ -668,3 +674,17 @@ def test_async_work_that_outlives_its_run_scoped_races_with_the_next_scope():
   assert r.kind == "async work outlives its run_scoped"
   assert r.first.agent == "tma_load" and r.second.agent == "thread"
   assert r.overlapped == 1  # (the load was still in flight at the write)
+
+
+def test_async_work_landed_but_not_awaited_at_its_scopes_end_races_too():
+  """The load has landed by the scope's end (the thread awaited a load
+  issued after it), but no one awaited it: the bytes are not free yet, as
+  the thread has not observed the load."""
+  x = jnp.arange(256, dtype=jnp.float32)
+  assert ps.simulate(scopes_kernel(True, later=True), x).report.races == []
+  bad = ps.simulate(scopes_kernel(False, later=True), x, on_race="report").report.races
+  assert len(bad) == 1, "\n".join(map(str, bad))
+  r = bad[0]
+  assert r.kind == "async work outlives its run_scoped"
+  assert r.first.agent == "tma_load" and r.second.agent == "thread"
+  assert r.overlapped == 0, r  # (landed before the write: the race is in the order alone)

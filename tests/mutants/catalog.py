@@ -128,6 +128,12 @@ MUTANTS = [
            "    if slot:\n      _stamp(rc, rk, off, d0, d1, s0, s1, NONE, 0, False)\n",
            "    pass\n",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
+    Mutant("scope-end-shortcut-always", "backends/sim/machine/observer.py",
+           "a scope's end looks for unobserved async entries unless all are ordered "
+           "before the thread; the mutant always skips the look",
+           "        if races.all_ordered(comps, clocks, h.vc):",
+           "        if True:",
+           ("tests/test_races.py",)),
     Mutant("lowering-cache-ignores-smem-bound", "backends/sim/capture.py",
            "a kept lowering acceptance counts only under the SMEM bound it was "
            "lowered with; the mutant leaves the bound out of the key",

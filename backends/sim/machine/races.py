@@ -348,6 +348,11 @@ def _ordered(c, k, off, d0, d1, s0, s1, vec):
   return True
 
 
+def all_ordered(c, k, vec):
+  """Whether every entry (c, k) of a whole flat shadow is ordered before vec."""
+  return c.size == 0 or _ordered(c, k, 0, 1, c.size, 0, 1, vec)
+
+
 @numba.njit(cache=True)
 def _stamp(c, k, off, d0, d1, s0, s1, comp, clock, clock_too):
   """The entries under the rows become (comp, clock) (`clock_too`), or get
