@@ -529,6 +529,57 @@ def _build_alu(n, *, op, blocks, cpu=False):
                tol=1e-3)
 
 
+def _scalar_round(c, i):
+  """One round of scalar int32 work, four equations that no compiler folds
+  together: a multiply, an add of the loop index, a shift and an xor."""
+  from jax import lax
+  c = c * 1664525 + i
+  return c ^ lax.shift_right_logical(c, 13)
+
+
+def scalar_loop(x, *, n, blocks, rounds):
+  """Block b carries a scalar through n iterations of `rounds` dependent
+  rounds (_scalar_round), then writes it (o[b], 128 copies): the cost of a
+  scalar equation, a pipeline's bookkeeping (indices, slots, predicates)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(x_ref, o_ref):
+    b = lax.axis_index("b")
+
+    def step(i, c):
+      for _ in range(rounds):
+        c = _scalar_round(c, i)
+      return c
+    c = lax.fori_loop(0, n, step, x_ref[0] + b)
+    o_ref[b] = jnp.broadcast_to(c, (128,))
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((blocks, 128), jnp.int32),
+                      grid=(blocks,), grid_names=("b",))(x)
+
+
+def _build_scalar(n, *, rounds, blocks, cpu=False):
+  import jax.numpy as jnp
+  from jax import lax
+  if cpu:
+    blocks = min(blocks, 2)
+  x = jnp.arange(128, dtype=jnp.int32) + 7
+
+  def ref(x):
+    def one(b):
+      def step(i, c):
+        for _ in range(rounds):
+          c = _scalar_round(c, i)
+        return c
+      return lax.fori_loop(0, n, step, x[0] + b)
+    return jnp.broadcast_to(jnp.stack([one(b) for b in range(blocks)])[:, None],
+                            (blocks, 128))
+  return Built(functools.partial(scalar_loop, n=n, blocks=blocks, rounds=rounds), (x,),
+               ref, tol=0.0)
+
+
 # ---------------------------------------------------------------------------
 # (g) Launch overhead: n tiny kernels chained in one jitted program.
 # ---------------------------------------------------------------------------
@@ -755,6 +806,13 @@ def _micros():
                        unit="elements", cpu_n=(2, 4),
                        note=f"{ALU_OPS[op][1]} over 128x128 f32 in registers, "
                             f"{bps} block(s) per SM"))
+  # (i') scalar equations: a dependent chain of 4 or 32 a loop iteration.
+  for rounds in (1, 8):
+    out.append(Micro(f"scalar_chain_{4 * rounds}_ops", "op_overhead_cycles",
+                     _build_scalar, dict(rounds=rounds, blocks=NUM_SMS), 2000, 10000,
+                     work=1, unit="iteration", cpu_n=(2, 4),
+                     note=f"one warpgroup a block, a loop of {4 * rounds} dependent "
+                          "scalar int32 equations (mul, add, shift, xor)"))
   out.append(Micro("barrier_pingpong", "barrier_latency", _build_pingpong, {},
                    2000, 10000, work=1, unit="round trip",
                    note="two warpgroups, arrive/wait over two Barriers: one round trip "

@@ -77,7 +77,12 @@ class GPU:
   # took 1054 cycles, 7.3 a vector after the negation's ALU op (the SM's
   # 16 results per clock; two blocks per SM took twice as long: H200).
   sfu_cycles_per_vector: float = 7.3
-  op_overhead_cycles: float = 4.0   # calibrate
+  # An equation's cost beyond its vectors: a loop of dependent scalar int32
+  # equations (mul, add, shift, xor) took 4.29 cycles each, 3.44 over the
+  # 0.85 of its one vector (H200, scalar_chain_4_ops / _32_ops: 12.2 and
+  # 132.2 cycles an iteration). Dependent: independent ones could issue
+  # faster. A convert that only drops a weak type emits nothing (free).
+  op_overhead_cycles: float = 3.44
   # A lane's registers beyond its arrays (addresses, indices, loop counters),
   # for the register estimate (machine/occupancy.py): the spill cliff lies
   # between 128x224 f32 accumulators (224 registers: no cliff) and 128x256

@@ -134,6 +134,12 @@ MUTANTS = [
            "        if races.all_ordered(comps, clocks, h.vc):",
            "        if True:",
            ("tests/test_races.py",)),
+    Mutant("weak-type-convert-costs", "backends/sim/machine/timing.py",
+           "a convert that only drops a weak type emits no instruction; the mutant "
+           "charges it as an equation",
+           "      return 0.0  # (a weak type made strong: no instruction at all)",
+           "      return g.op_overhead_cycles + g.alu_cycles_per_vector",
+           ("tests/test_timing_model.py",)),
     Mutant("lowering-cache-ignores-smem-bound", "backends/sim/capture.py",
            "a kept lowering acceptance counts only under the SMEM bound it was "
            "lowered with; the mutant leaves the bound out of the key",

@@ -126,6 +126,9 @@ class Timing:
       size = max(size, math.prod(getattr(v.aval, "shape", ())))
     g = self.gpu
     name = eqn.primitive.name
+    if name == "convert_element_type" and eqn.invars and getattr(
+        eqn.invars[0].aval, "dtype", None) == eqn.params.get("new_dtype"):
+      return 0.0  # (a weak type made strong: no instruction at all)
     if name in SHAPE_ONLY:  # (no vector work: which registers hold what)
       return g.op_overhead_cycles
     if name not in TRANSCENDENTAL:
