@@ -146,6 +146,27 @@ def _build_tma_chain(n, *, tile_rows, cols, hbm, cpu=False):
 # (b, c) Streaming GMEM->SMEM with TMA, and a copy through SMEM.
 # ---------------------------------------------------------------------------
 
+def _load_ring(n, slots, issue, bars):
+  """Loads 0..n-1, issue(i, slot), through a ring of `slots` SMEM buffers:
+  `slots` in flight, each awaited (bars[slot]) before its slot is refilled."""
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  for s in range(slots):
+    issue(s, s)
+
+  def step(i, c):
+    slot = lax.rem(i, slots)
+    plgpu.barrier_wait(bars.at[slot])
+
+    @pl.when(i + slots < n)
+    def _():
+      issue(i + slots, slot)
+    return c
+
+  lax.fori_loop(0, n, step, None)
+
+
 def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False):
   """Block b loads tiles t = (i * blocks + b) [mod region_tiles] of x, i < n,
   (`same`: t = i mod region_tiles, every block the same tile at once)
@@ -168,19 +189,7 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False)
       plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)],
                               smem.at[slot], bars.at[slot])
 
-    for s in range(slots):
-      issue(s, s)
-
-    def step(i, c):
-      slot = lax.rem(i, slots)
-      plgpu.barrier_wait(bars.at[slot])
-
-      @pl.when(i + slots < n)
-      def _():
-        issue(i + slots, slot)
-      return c
-
-    lax.fori_loop(0, n, step, None)
+    _load_ring(n, slots, issue, bars)
     o_ref[b] = smem[(n - 1) % slots]
 
   return plgpu.kernel(
@@ -243,19 +252,7 @@ def tma_panel(x, *, n, blocks, tile_rows, box_cols, slots):
           x_ref.at[pl.ds(b * tile_rows, tile_rows), pl.ds(c * box_cols, box_cols)],
           smem.at[slot], bars.at[slot])
 
-    for s in range(slots):
-      issue(s, s)
-
-    def step(i, c):
-      slot = lax.rem(i, slots)
-      plgpu.barrier_wait(bars.at[slot])
-
-      @pl.when(i + slots < n)
-      def _():
-        issue(i + slots, slot)
-      return c
-
-    lax.fori_loop(0, n, step, None)
+    _load_ring(n, slots, issue, bars)
     plgpu.copy_smem_to_gmem(smem.at[(n - 1) % slots], o_ref.at[b])
     plgpu.wait_smem_to_gmem(0)
 

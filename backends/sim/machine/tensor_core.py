@@ -139,7 +139,7 @@ def _mma_finite(acc, a, b, ea, eb, kslice, align_bits, result_bits):
 
 @numba.njit(cache=True)
 def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
-  # _mma_finite on 16-lane float32/int32 vectors, where narrow() holds: every
+  # _mma_finite on float32/int32 vector lanes, where narrow_operands() holds: every
   # product is exact in float32 (at most 24 significant bits, a normal
   # exponent) and so is every scale 2^(align - emax); a truncated term is
   # below 2^(align + 2), so a slice's terms sum exactly in int32
@@ -147,6 +147,9 @@ def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
   # The accumulator's own term, the sum's scale-back and the final cut are
   # float64 as in _mma_finite; a zero sum is +0.0 there too (tot starts at
   # +0.0), and a slice of zero products and a zero s leaves s as it is.
+  # (Its scratch arrays are allocated here, as _mma_finite's are, not by a
+  # shared helper: arrays returned by a call lose LLVM's knowledge that they
+  # alias nothing, and the loops over them ran 25% slower.)
   m, k = a.shape
   n = b.shape[1]
   keep = ~np.int64((1 << (52 - result_bits)) - 1)
