@@ -534,13 +534,10 @@ class Tracker:
       if rows is None:
         rows = self.rows[(shape, estrides)] = rows_of(shape, estrides) or ()
       if rows:
-        slot = sh.read_slots == 1 and (sh.any_read or not write)
-        if not write or slot:
-          rc, rk = sh.r1c, sh.r1k
-        else:
-          rc, rk = sh.wc, sh.wk  # (not read)
-        if _plain(sh.wc, sh.wk, rc, rk, slot or not write, off, *rows, vec, comp, clock,
-                  write):
+        # (a read takes the slot; a write clears it where this group read)
+        slot = not write or (sh.read_slots == 1 and sh.any_read)
+        rc, rk = (sh.r1c, sh.r1k) if slot else (sh.wc, sh.wk)  # (not read without slot)
+        if _plain(sh.wc, sh.wk, rc, rk, slot, off, *rows, vec, comp, clock, write):
           if not write:
             sh.any_read = True
             sh.read_slots = 1
