@@ -1,5 +1,7 @@
 """The machine's shape: block groups merged in order, the happens-before
 observer, the timing component, and the fixes that came with them."""
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -294,3 +296,33 @@ def test_released_shadow_elements_read_zero_and_the_rest_is_kept(dtype):
     np.testing.assert_array_equal(arr, want)
   arr[...] = 7  # (pages given back are usable again)
   assert (arr == 7).all()
+
+
+def _huge_kb(address):
+  """AnonHugePages (kB) of the mapping holding `address` (Linux)."""
+  with open("/proc/self/smaps") as f:
+    lines = f.read().splitlines()
+  for i, line in enumerate(lines):
+    head = line.split(" ", 1)[0]
+    if "-" in head and all(c in "0123456789abcdef-" for c in head):
+      lo, hi = (int(x, 16) for x in head.split("-"))
+      if lo <= address < hi:
+        return next(int(r.split()[1]) for r in lines[i + 1:]
+                    if r.startswith("AnonHugePages:"))
+  raise AssertionError("no mapping")
+
+
+def test_large_shadows_are_zeroed_lazily_in_base_pages():
+  """races.zeros: a large shadow reads zero, is writable, and is mapped in
+  base pages (no transparent huge pages: each touch after a release would
+  zero 2 MiB), which release() gives back as it does numpy's."""
+  from pallas_sim.backends.sim.machine.races import release, zeros
+  arr = zeros(8 << 20, np.int32)  # 32 MiB
+  assert arr.dtype == np.int32 and arr.shape == (8 << 20,) and not arr.any()
+  arr[:] = 5  # (every page touched)
+  release(arr, 4096, 6 << 20)
+  want = np.full(8 << 20, 5, np.int32)
+  want[4096:6 << 20] = 0
+  np.testing.assert_array_equal(arr, want)
+  if sys.platform.startswith("linux"):
+    assert _huge_kb(arr.__array_interface__["data"][0]) == 0

@@ -279,13 +279,13 @@ class Executor:
   def _go_parallel(self, g, n, t0, t1):
     """After g groups ran here (t0: the start, t1: the end of the first,
     which pays for warm-up): whether to run the rest over workers. Decided
-    after four groups, or sooner if they are slow: a group must take a
-    millisecond or more (the merge of one costs a fraction of that), and the
-    rest parallel_after_s or more."""
+    from the groups after the first (or from the first alone if it is
+    slow): a group must take a millisecond or more (the merge of one costs
+    a fraction of that), and the rest parallel_after_s or more."""
     if not self.parallel_after_s:
       return True
     now = time.perf_counter()
-    if g < 4 and now - t0 < self.parallel_after_s / 5:
+    if g < 2 and now - t0 < self.parallel_after_s / 5:
       return False
     per = (now - t1) / (g - 1) if g > 1 else now - t0
     return per >= 1e-3 and per * (n - g) >= self.parallel_after_s
