@@ -254,7 +254,11 @@ class Shadow:
 
 
 _PAGE = mmap.PAGESIZE
-RELEASE_MIN = 1 << 14  # elements: a GMEM shadow span worth giving back
+# GMEM shadow bytes touched and not yet given back, per shadow, above which
+# they are (a worker's private memory: pages faulted in again after a
+# release cost ~1 us each, which released every group was 10% of a 1024^3
+# matmul's time).
+RELEASE_BYTES = 16 << 20
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 _madvise = None
 if sys.platform == "linux" and _MADV_DONTNEED is not None:
@@ -461,6 +465,7 @@ class Tracker:
     self.sites = {}
     self.logged = set()  # shadows whose read_log has entries
     self.gmem_spans = {}  # GMEM shadow -> the flat elements [lo, hi) touched
+    self.dirty = {}  # GMEM shadow -> [lo, hi) touched since its last release
     self.rows = {}  # (shape, element strides) -> rows_of() or () (access's common case)
 
   def start_group(self, events):
@@ -479,21 +484,25 @@ class Tracker:
       if sh.read_log:
         sh.read_log.clear()
     self.logged.clear()
-    # GMEM shadows likewise hold nothing a later group needs: what it sees
-    # of them is "no access", zeros. The elements this group touched are
-    # zeroed, their whole pages given back (a tile's rows touch a page
-    # each: some 30 times the tile's own bytes, which over a launch of
-    # thousands of blocks was every page of an output's shadows, in every
-    # worker process).
-    # (Small spans are left as they are, as a scratch shadow is: stale
-    # entries are ordered before every later access, and releasing costs
-    # more than a small block's accesses.)
+    # GMEM shadows likewise hold nothing a later group needs: stale entries
+    # are ordered before every later access, as a scratch shadow's are. Yet
+    # a launch of thousands of blocks would touch every page of an
+    # output's shadows, in every worker process (a tile's rows touch a page
+    # each: some 30 times the tile's own bytes): so the span touched since
+    # the last release (consecutive blocks share their rows) is zeroed and
+    # its whole pages given back once it passes RELEASE_BYTES.
     for sh, (lo, hi) in self.gmem_spans.items():
-      if hi - lo >= RELEASE_MIN:
-        for arr in list(vars(sh).values()):
-          if isinstance(arr, np.ndarray):
-            release(arr, lo, hi)
-        sh.reset()
+      was = self.dirty.get(sh)
+      if was is not None:
+        lo, hi = min(lo, was[0]), max(hi, was[1])
+      arrays = [a for a in vars(sh).values() if isinstance(a, np.ndarray)]
+      if (hi - lo) * sum(a.itemsize for a in arrays) < RELEASE_BYTES:
+        self.dirty[sh] = (lo, hi)
+        continue
+      for arr in arrays:
+        release(arr, lo, hi)
+      sh.reset()
+      self.dirty.pop(sh, None)
     self.gmem_spans.clear()
 
   def shadow(self, buf):
@@ -538,7 +547,7 @@ class Tracker:
     if not sh.written:
       if not write:
         self.sites[(sh.uid, comp, clock)] = (site, issue, know, span)
-        sh.read_log.append((self.group, off, estrides, shape, comp, clock))
+        sh.read_log.append((self.group, off, estrides, shape, comp, clock, vec.copy()))
         self.logged.add(sh)
         return
       self._replay(sh)
@@ -588,6 +597,11 @@ class Tracker:
                        block, span)
         rc[...] = NONE
       return
+    self._read(sh, V, vec, comp, clock)
+
+  def _read(self, sh, V, vec, comp, clock):
+    """A read goes into the read slots (V: a shadow array's elements under
+    it; vec: its vector)."""
     sh.any_read = True
     # Every read since the last write that is unordered with the others is
     # kept, in as many slots as it takes: a read ordered before this one is
@@ -619,18 +633,16 @@ class Tracker:
 
   def _replay(self, sh):
     """The first write to a GMEM buffer: the reads logged so far in the
-    current group become its last reads (a current-group read concurrent
-    with another is kept only once)."""
+    current group go into its read slots, as if they had been recorded
+    when they were made (each with its own vector: reads unordered with
+    each other each keep a slot, so the write is checked against all)."""
     sh.written = True
-    for group, off, estrides, shape, comp, clock in sh.read_log:
+    log, sh.read_log = sh.read_log, None
+    for group, off, estrides, shape, comp, clock, vec in log:
       if group == self.group:
-        V = lambda arr: _view(arr, off, shape, estrides)
-        sh.any_read = True
-        sh.group = group
-        sh.read_slots = max(sh.read_slots, 1)
-        V(sh.r1c)[...] = comp
-        V(sh.r1k)[...] = clock
-    sh.read_log = None
+        if sh.group != group:
+          sh.group, sh.any_read, sh.read_slots = group, False, 0
+        self._read(sh, lambda arr: _view(arr, off, shape, estrides), vec, comp, clock)
 
   def _report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site,
               issue, agent, block, span):
