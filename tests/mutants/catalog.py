@@ -169,15 +169,31 @@ MUTANTS = [
     Mutant("tc-narrow-accumulator-not-aligned", TC,
            "the accumulator takes part in the alignment in the float32-lane kernel; "
            "the mutant aligns to the products alone",
-           "          e = max(e, np.int32(((sbits[j] >> 52) & 0x7ff) - 1023))\n",
-           "          pass\n",
+           "        sexp[j] = se if sbits[j] << 1 != 0 else _NONE\n",
+           "        sexp[j] = _NONE\n",
            ("tests/test_tensor_core.py",)),
     Mutant("tc-narrow-zero-products-skip-the-cut", TC,
            "a slice of zero products still cuts the accumulator to the result bits "
            "(13 for fp8); the mutant leaves it as it was",
-           "        if s[j] != 0.0:\n          e = max(",
-           "        if s[j] != 0.0 and live:\n          e = max(",
+           "        t64[j] = v if emax[j] > _NONE // 2 else s[j]\n"
+           "      for j in range(n):  # toward zero: clear the low mantissa bits\n"
+           "        sbits[j] = t64b[j] & keep\n",
+           "        t64[j] = v if scale_bits[j] != 0 else s[j]\n"
+           "      for j in range(n):  # toward zero: clear the low mantissa bits\n"
+           "        sbits[j] = t64b[j] & keep if scale_bits[j] != 0 else t64b[j]\n",
            ("tests/test_tensor_core.py",)),
+    Mutant("tc-narrow-eight-rows-drop-one", TC,
+           "the float32-lane kernel sums K eight rows at a time; the mutant drops "
+           "the eighth row's terms",
+           "                        + np.int32(a6 * b6[j] * sc) + np.int32(a7 * b7[j] * sc)))",
+           "                        + np.int32(a6 * b6[j] * sc)))",
+           ("tests/test_tensor_core.py", "tests/test_wgmma.py")),
+    Mutant("tc-narrow-four-exponents-drop-one", TC,
+           "the float32-lane kernel's largest exponent is taken over K four rows at "
+           "a time; the mutant leaves the fourth row's out",
+           "          v2 = v2 if v2 > v3 else v3\n",
+           "          v2 = v2\n",
+           ("tests/test_tensor_core.py", "tests/test_wgmma.py")),
     Mutant("tf32-round-to-nearest", WG,
            "f32 wgmma operands are truncated to tf32; the mutant rounds them",
            "  return (x.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)",

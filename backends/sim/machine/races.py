@@ -416,14 +416,22 @@ def _plain(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, comp, clock, write):
 def element_map(buf, view):
   """(offset, element strides, shape) of `view` in buf.data's elements, or a
   covering 1-D range when the view is a bitcast."""
-  base = buf.data
-  isz = base.itemsize
+  isz = buf.data.itemsize
   off_b = view.__array_interface__["data"][0] - buf.address()
-  if view.dtype.itemsize == isz and all(s % isz == 0 for s in view.strides):
-    return off_b // isz, tuple(s // isz for s in view.strides), view.shape
+  key = (view.strides, view.itemsize, isz)
+  estrides = _ESTRIDES.get(key)
+  if estrides is None:
+    estrides = _ESTRIDES[key] = (
+        tuple(s // isz for s in view.strides)
+        if view.itemsize == isz and all(s % isz == 0 for s in view.strides) else False)
+  if estrides is not False:
+    return off_b // isz, estrides, view.shape
   lo = off_b // isz
   span = sum((d - 1) * abs(s) for d, s in zip(view.shape, view.strides)) + view.itemsize
   return lo, (1,), (-(-span // isz),)
+
+
+_ESTRIDES = {}  # (byte strides, view itemsize, buffer itemsize) -> element strides (False: a bitcast)
 
 
 def element_range(buf, off, estrides, mask):

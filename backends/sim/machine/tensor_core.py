@@ -142,11 +142,14 @@ def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
   # _mma_finite on float32/int32 vector lanes, where narrow_operands() holds: every
   # product is exact in float32 (at most 24 significant bits, a normal
   # exponent) and so is every scale 2^(align - emax); a truncated term is
-  # below 2^(align + 2), so a slice's terms sum exactly in int32
-  # (kslice * 2^(align + 2) <= 2^31 for every entry of PRECISION and SYNC).
+  # below 2^(align + 2), so a slice's terms sum exactly in int32, in any
+  # order (kslice * 2^(align + 2) <= 2^31 for every entry of PRECISION and
+  # SYNC): rows of K are taken eight and four at a time, which keeps the
+  # partial sums in registers (~20% faster than one at a time).
   # The accumulator's own term, the sum's scale-back and the final cut are
   # float64 as in _mma_finite; a zero sum is +0.0 there too (tot starts at
   # +0.0), and a slice of zero products and a zero s leaves s as it is.
+  # The per-slice loops are selects, not branches, so that they vectorize.
   # (Its scratch arrays are allocated here, as _mma_finite's are, not by a
   # shared helper: arrays returned by a call lose LLVM's knowledge that they
   # alias nothing, and the loops over them ran 25% slower.)
@@ -156,6 +159,7 @@ def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
   s = np.empty(n)
   sbits = s.view(np.int64)
   emax = np.empty(n, np.int32)
+  sexp = np.empty(n, np.int32)
   scale_bits = np.empty(n, np.int32)
   scale32 = scale_bits.view(np.float32)
   scale64_bits = np.empty(n, np.int64)
@@ -163,6 +167,8 @@ def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
   inv_bits = np.empty(n, np.int64)
   inv = inv_bits.view(np.float64)
   tot = np.empty(n, np.int32)
+  t64 = np.empty(n)
+  t64b = t64.view(np.int64)
   for i in range(m):
     for j in range(n):
       s[j] = acc[i, j]
@@ -170,30 +176,60 @@ def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
       hi = min(c + kslice, k)
       for j in range(n):
         emax[j] = _NONE
-      for kk in range(c, hi):
+      kk = c
+      while kk + 4 <= hi:
+        e0, e1, e2, e3 = ea[i, kk], ea[i, kk + 1], ea[i, kk + 2], ea[i, kk + 3]
+        b0, b1, b2, b3 = eb[kk], eb[kk + 1], eb[kk + 2], eb[kk + 3]
+        for j in range(n):  # (int32 throughout and selects: it vectorizes)
+          v0, v1 = np.int32(e0 + b0[j]), np.int32(e1 + b1[j])
+          v2, v3 = np.int32(e2 + b2[j]), np.int32(e3 + b3[j])
+          v0 = v0 if v0 > v1 else v1
+          v2 = v2 if v2 > v3 else v3
+          v0 = v0 if v0 > v2 else v2
+          e = emax[j]
+          emax[j] = v0 if v0 > e else e
+        kk += 4
+      while kk < hi:
         eik, ebk = ea[i, kk], eb[kk]
-        for j in range(n):  # (int32 throughout and a select: it vectorizes)
+        for j in range(n):
           e, v = emax[j], np.int32(eik + ebk[j])
           emax[j] = v if v > e else e
+        kk += 1
+      for j in range(n):  # the accumulator's exponent, or none (s is +-0)
+        se = np.int32(((sbits[j] >> 52) & 0x7ff) - 1023)
+        sexp[j] = se if sbits[j] << 1 != 0 else _NONE
       for j in range(n):
-        e = emax[j]
-        live = e > _NONE // 2
-        if s[j] != 0.0:
-          e = max(e, np.int32(((sbits[j] >> 52) & 0x7ff) - 1023))
+        e0, se = emax[j], sexp[j]
+        e = se if se > e0 else e0
         emax[j] = e
         # (no live product: this scale is never used, and may be past float32's)
-        scale_bits[j] = (127 + align_bits - e) << 23 if live else 0
+        scale_bits[j] = (127 + align_bits - e) << 23 if e0 > _NONE // 2 else 0
         scale64_bits[j] = np.int64(1023 + align_bits - e) << 52
         inv_bits[j] = np.int64(1023 - align_bits + e) << 52
         tot[j] = 0
-      for kk in range(c, hi):
+      kk = c
+      while kk + 8 <= hi:
+        a0, a1, a2, a3 = a[i, kk], a[i, kk + 1], a[i, kk + 2], a[i, kk + 3]
+        a4, a5, a6, a7 = a[i, kk + 4], a[i, kk + 5], a[i, kk + 6], a[i, kk + 7]
+        b0, b1, b2, b3 = b[kk], b[kk + 1], b[kk + 2], b[kk + 3]
+        b4, b5, b6, b7 = b[kk + 4], b[kk + 5], b[kk + 6], b[kk + 7]
+        for j in range(n):
+          sc = scale32[j]
+          tot[j] += ((np.int32(a0 * b0[j] * sc) + np.int32(a1 * b1[j] * sc)
+                      + np.int32(a2 * b2[j] * sc) + np.int32(a3 * b3[j] * sc))
+                     + (np.int32(a4 * b4[j] * sc) + np.int32(a5 * b5[j] * sc)
+                        + np.int32(a6 * b6[j] * sc) + np.int32(a7 * b7[j] * sc)))
+        kk += 8
+      while kk < hi:
         aik, bk = a[i, kk], b[kk]
         for j in range(n):
           tot[j] += np.int32(aik * bk[j] * scale32[j])
-      for j in range(n):
-        if emax[j] > _NONE // 2:
-          s[j] = (np.float64(tot[j]) + np.trunc(s[j] * scale64[j])) * inv[j]
-          sbits[j] &= keep
+        kk += 1
+      for j in range(n):  # (no term and a zero s: s as it was)
+        v = (np.float64(tot[j]) + np.trunc(s[j] * scale64[j])) * inv[j]
+        t64[j] = v if emax[j] > _NONE // 2 else s[j]
+      for j in range(n):  # toward zero: clear the low mantissa bits
+        sbits[j] = t64b[j] & keep
     for j in range(n):
       acc[i, j] = s[j]
 
