@@ -5,6 +5,7 @@ exact) must give every bit the general one gives, signs of zeros included,
 over operands of every exponent an operand type has (subnormals too)."""
 import ml_dtypes
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
 import tensor_core_ref
@@ -128,3 +129,17 @@ def test_a_strided_accumulator_view_is_updated_in_place_in_f32():
   np.testing.assert_array_equal(big[:, :16], before[:, :16])
   np.testing.assert_array_equal(big[:, 32:], before[:, 32:])
   assert not np.array_equal(want, want.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("name", ["f16", "bf16", "f8e4m3", "f8e5m2"])
+def test_operand_values_are_the_types_own_for_every_bit_pattern(name):
+  """wgmma operands become float32 values through a table (f16, fp8): the
+  values, NaN payloads included, are what the type's astype gives, on
+  strided views too."""
+  dt = np.dtype(OPERANDS[name][0])
+  bits = np.uint16 if dt.itemsize == 2 else np.uint8
+  every = np.arange(1 << (8 * dt.itemsize), dtype=np.uint32).astype(bits).view(dt)
+  for x in (every.reshape(-1, 16), every.reshape(-1, 16)[::3, 1::2]):
+    got = tc.values_f32(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_array_equal(got.view(np.uint32), x.astype(np.float32).view(np.uint32))

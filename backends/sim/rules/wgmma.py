@@ -35,7 +35,7 @@ def operand(x, acc_dtype):
   if dt == np.float32:
     return to_tf32(x)
   if dt in _HALF:
-    return x.astype(np.float32)
+    return tensor_core.values_f32(x)
   if dt.kind in "iu":
     return x.astype(np.int32)
   raise KernelError(f"wgmma operand dtype {dt} is not supported on Hopper")
