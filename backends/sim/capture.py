@@ -419,17 +419,28 @@ def kernel_arg_names(jaxpr):
   if src is None:
     return ()
   path, line = src
+  text = "".join(linecache.getlines(path))
+  known = _ARG_NAMES.get(path)
+  if known is None or known[0] != text:  # (parsed once per file's text: ~4 ms)
+    known = _ARG_NAMES[path] = (text, _parameter_names(text))
+  return known[1].get(line, ())
+
+
+_ARG_NAMES = {}  # source path -> (its text, {def or decorator line: parameter names})
+
+
+def _parameter_names(text):
   try:
-    tree = ast.parse("".join(linecache.getlines(path)))
+    tree = ast.parse(text)
   except SyntaxError:
-    return ()
+    return {}
+  names = {}
   for node in ast.walk(tree):
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      lines = [node.lineno] + [d.lineno for d in node.decorator_list]
-      if line in lines:
-        args = node.args
-        return tuple(a.arg for a in args.posonlyargs + args.args)
-  return ()
+      args = node.args
+      for line in [node.lineno] + [d.lineno for d in node.decorator_list]:
+        names.setdefault(line, tuple(a.arg for a in args.posonlyargs + args.args))
+  return names
 
 
 def _short(path):
