@@ -128,6 +128,18 @@ MUTANTS = [
            "    if slot:\n      _stamp(rc, rk, off, d0, d1, s0, s1, NONE, 0, False)\n",
            "    pass\n",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
+    Mutant("shadow-summary-kept-past-an-overlap", RACES,
+           "a shadow's summary of a view's last stamp is dropped when an overlapping "
+           "view is stamped; the mutant keeps it (a stale 'ordered')",
+           "    for other in [k for k in known if k != key and _overlap(k, lo, hi)]:",
+           "    for other in [k for k in known if k != key and False]:",
+           ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
+    Mutant("shadow-summary-ignores-clocks", RACES,
+           "a shadow's summary says a view is ordered only if its clock is known; the "
+           "mutant trusts every summary",
+           "        if ((kw is None or kw[1] <= vec[kw[0]]) and (kr is None or kr[1] <= vec[kr[0]])",
+           "        if ((kw is None or True) and (kr is None or True)",
+           ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
     Mutant("scope-end-shortcut-always", "backends/sim/machine/observer.py",
            "a scope's end looks for unobserved async entries unless all are ordered "
            "before the thread; the mutant always skips the look",

@@ -229,10 +229,29 @@ class Shadow:
     self.written = not gmem
     self.read_log = []
     self.any_atomic = False  # whether an atomic write was recorded (`wa`)
+    # What the last whole-view stamps left, by the view's rows (offset, d0,
+    # d1, s0, s1) -> (component, clock): every entry under them has that
+    # component and a clock no later (the last write; read slot 1). A view
+    # stamped again (a pipeline's slot, an accumulator) is then checked in
+    # one comparison instead of a scan of its elements.
+    self.known_w, self.known_r = {}, {}
+
+  def know(self, known, key, comp, clock):
+    """The rows `key` were stamped (comp, clock): what was known of rows
+    that overlap them no longer holds."""
+    lo, hi = _span(key)
+    for other in [k for k in known if k != key and _overlap(k, lo, hi)]:
+      del known[other]
+    known[key] = (comp, clock)
+
+  def forget(self):
+    self.known_w.clear()
+    self.known_r.clear()
 
   def reset(self):
     """As new (its arrays zeroed by the caller): a GMEM shadow at the end of
     a group."""
+    self.forget()
     self.read_slots = 0
     self.any_read = False
     self.group = 0
@@ -348,6 +367,17 @@ def rows_of(shape, estrides):
   return dims[0][0], dims[1][0], dims[0][1], dims[1][1]
 
 
+def _span(key):
+  """The flat elements [lo, hi) that rows (offset, d0, d1, s0, s1) cover."""
+  off, d0, d1, s0, s1 = key
+  return off, off + (d0 - 1) * s0 + (d1 - 1) * s1 + 1
+
+
+def _overlap(key, lo, hi):
+  a, b = _span(key)
+  return a < hi and lo < b
+
+
 @numba.njit(cache=True)
 def _ordered(c, k, off, d0, d1, s0, s1, vec):
   """Whether every entry (c, k) of flat shadows under the rows is ordered
@@ -394,15 +424,18 @@ def _stamp(c, k, off, d0, d1, s0, s1, comp, clock, clock_too):
 
 
 @numba.njit(cache=True)
-def _plain(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, comp, clock, write):
+def _plain(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, comp, clock, write,
+           check_w, check_r):
   """access()'s common case in one call: nothing unordered under the view.
   A write: the last write and (`slot`) the one read slot ordered before
   it; it becomes the last write, the slot cleared. A read: the last write
   and the one slot ordered before it; it takes the slot. False (nothing
-  changed) where something is unordered: access() then reports it."""
-  if not _ordered(wc, wk, off, d0, d1, s0, s1, vec):
+  changed) where something is unordered: access() then reports it.
+  `check_w`, `check_r`: whether the last write, the slot, need looking at
+  (not where the shadow's summary of these rows says they are ordered)."""
+  if check_w and not _ordered(wc, wk, off, d0, d1, s0, s1, vec):
     return False
-  if slot and not _ordered(rc, rk, off, d0, d1, s0, s1, vec):
+  if slot and check_r and not _ordered(rc, rk, off, d0, d1, s0, s1, vec):
     return False
   if write:
     _stamp(wc, wk, off, d0, d1, s0, s1, comp, clock, True)
@@ -574,11 +607,22 @@ class Tracker:
         # (a read takes the slot; a write clears it where this group read)
         slot = not write or (sh.read_slots == 1 and sh.any_read)
         rc, rk = (sh.r1c, sh.r1k) if slot else (sh.wc, sh.wk)  # (not read without slot)
-        if _plain(sh.wc, sh.wk, rc, rk, slot, off, *rows, vec, comp, clock, write):
-          if not write:
+        key = (off,) + rows
+        kw = sh.known_w.get(key)
+        kr = sh.known_r.get(key) if slot else None
+        if ((kw is None or kw[1] <= vec[kw[0]]) and (kr is None or kr[1] <= vec[kr[0]])
+            and _plain(sh.wc, sh.wk, rc, rk, slot, off, *rows, vec, comp, clock, write,
+                       kw is None, kr is None)):
+          if write:
+            sh.know(sh.known_w, key, comp, clock)
+            if slot:
+              sh.know(sh.known_r, key, NONE, 0)
+          else:
+            sh.know(sh.known_r, key, comp, clock)
             sh.any_read = True
             sh.read_slots = 1
           return
+    sh.forget()  # (the arrays change below, element by element)
     V = lambda arr: _view(arr, off, shape, estrides)
     wc, wk = V(sh.wc), V(sh.wk)
     m = _unordered(wc, wk, vec)
@@ -645,6 +689,7 @@ class Tracker:
     when they were made (each with its own vector: reads unordered with
     each other each keep a slot, so the write is checked against all)."""
     sh.written = True
+    sh.forget()
     log, sh.read_log = sh.read_log, None
     for group, off, estrides, shape, comp, clock, vec in log:
       if group == self.group:
