@@ -142,3 +142,19 @@ def test_a_write_races_with_every_unordered_read_logged_before_it(monkeypatch):
                                  release_bytes, monkeypatch)
     assert first == []
     assert [(kind, a, b) for kind, a, b, _ in second] == [("read-write race", 1, 0)]  # (thread 2 read, thread 1 wrote)
+
+
+def test_a_shadow_keeps_summaries_of_a_few_views_only():
+  """Each block of a launch writes its own rows of an output: its shadow
+  must not keep a summary per block (each stamp would scan them all)."""
+  tr, buf = tracker(), buffer((512, 8))
+  vec = np.full(4, 0, np.int64)
+  vec[0] = 1 << 60
+  site = races.Site(0, "thread", "prim", "k.py:1", "x", "write", 1)
+  agent = types.SimpleNamespace(thread=1, pos=0)
+  for row in range(512):
+    vec[1] += 1
+    tr.access(buf, buf.data[row], vec, 1, int(vec[1]), site, True, agent,
+              types.SimpleNamespace(index=(0,)))
+  assert 0 < len(buf.shadow.known_w) <= races.KNOWN_MAX
+  assert (buf.shadow.wk.reshape(512, 8) == np.arange(1, 513)[:, None]).all()

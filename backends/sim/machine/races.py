@@ -238,7 +238,11 @@ class Shadow:
 
   def know(self, known, key, comp, clock):
     """The rows `key` were stamped (comp, clock): what was known of rows
-    that overlap them no longer holds."""
+    that overlap them no longer holds. A few views are kept (a pipeline's
+    slots): a buffer whose every block stamps other rows (a GMEM output)
+    would make this a scan of thousands."""
+    if len(known) >= KNOWN_MAX and key not in known:
+      known.clear()
     lo, hi = _span(key)
     for other in [k for k in known if k != key and _overlap(k, lo, hi)]:
       del known[other]
@@ -365,6 +369,9 @@ def rows_of(shape, estrides):
     return None
   dims = [(1, 0)] * (2 - len(dims)) + dims if dims else [(1, 0), (1, 1)]
   return dims[0][0], dims[1][0], dims[0][1], dims[1][1]
+
+
+KNOWN_MAX = 8  # views a shadow keeps a summary of
 
 
 def _span(key):
