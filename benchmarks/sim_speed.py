@@ -16,6 +16,7 @@ over one of them (the time of 1010 iterations less that of 10, per 1000).
 
     ./dev bench                 # prints the tables (also benchmarks/RESULTS.md)
     ./dev bench --only scaling  # one table: speed, scaling, per-op
+    ./dev bench --only speed --kernels matmul --repeat 6  # (JAX's iota row takes minutes)
 """
 import argparse
 import os
@@ -108,8 +109,9 @@ def ours(fn, args, check_races):
 def speed_table(ns, rng):
   cases = []
   nb = 1024 if ns.quick else 8192
-  cases.append((f"iota {nb * 128 // 1024}K elems ({nb} blocks)", make_iota(nb), (), nb))
-  for size in ((256, 512) if ns.quick else (512, 1024)):
+  if "iota" in ns.kernels:
+    cases.append((f"iota {nb * 128 // 1024}K elems ({nb} blocks)", make_iota(nb), (), nb))
+  for size in ((256, 512) if ns.quick else (512, 1024)) if "matmul" in ns.kernels else ():
     a = jnp.asarray(rng.standard_normal((size, size)), jnp.float16)
     b = jnp.asarray(rng.standard_normal((size, size)), jnp.float16)
     cases.append((f"matmul {size}^3 f16", matmul_scoped_acc, (a, b),
@@ -251,6 +253,8 @@ def main(argv=None):
   ap.add_argument("--repeat", type=int, default=3)
   ap.add_argument("--quick", action="store_true", help="smaller sizes")
   ap.add_argument("--only", nargs="+", choices=sorted(TABLES), default=list(TABLES))
+  ap.add_argument("--kernels", nargs="+", choices=["iota", "matmul"],
+                  default=["iota", "matmul"], help="rows of the speed table")
   ap.add_argument("--sizes", type=int, nargs="+", default=None,
                   help="matmul sizes of the scaling table (default 1024 2048)")
   ns = ap.parse_args(argv)

@@ -226,16 +226,19 @@ def test_gmem_unwritten_in_a_workers_copy_but_written_by_an_earlier_group_is_no_
   assert initcheck.unwritten_of(buf, 8, (8, 1), (2, 8), mask) is None
 
 
-def test_workers_are_taken_once_a_group_after_the_first_shows_the_rest_is_long():
-  """The first group pays for warm-up, so the decision waits for the second
-  (unless the first alone is long); then it needs groups of a millisecond
-  or more whose rest would take parallel_after_s here."""
+def test_workers_are_taken_once_the_groups_so_far_show_the_rest_is_long():
+  """The first group pays for warm-up: alone, it decides only when it is 4 ms
+  or more and the rest would take twice parallel_after_s (once, when it is
+  long itself); later, groups of a millisecond or more whose rest would
+  take parallel_after_s here."""
   import time
   ex = Executor()
   after = ex.parallel_after_s
   now = time.perf_counter()
-  assert not ex._go_parallel(1, 64, now - 0.018, now)       # (first group only)
-  assert ex._go_parallel(1, 64, now - after / 4, now)       # (a first group this slow)
-  assert ex._go_parallel(2, 64, now - 0.030, now - 0.012)   # 12 ms x 62 to come
-  assert not ex._go_parallel(2, 10, now - 0.030, now - 0.012)      # 96 ms to come
-  assert not ex._go_parallel(2, 10**5, now - 0.030, now - 0.0005)  # groups of 0.5 ms
+  assert ex._go_parallel(1, 64, now - 0.016)           # 16 ms x 63 to come
+  assert not ex._go_parallel(1, 20, now - 0.016)       # 304 ms: not twice
+  assert not ex._go_parallel(1, 10**4, now - 0.003)    # warm-up may be all of it
+  assert ex._go_parallel(1, 6, now - after / 4)        # long: once is enough
+  assert ex._go_parallel(2, 64, now - 0.012)           # 12 ms x 62 to come
+  assert not ex._go_parallel(2, 10, now - 0.012)       # 96 ms to come
+  assert not ex._go_parallel(2, 10**5, now - 0.0005)   # groups of 0.5 ms

@@ -276,18 +276,22 @@ class Executor:
                                       r.task)
     return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
 
-  def _go_parallel(self, g, n, t0, t1):
-    """After g groups ran here (t0: the start, t1: the end of the first,
-    which pays for warm-up): whether to run the rest over workers. Decided
-    from the groups after the first (or from the first alone if it is
-    slow): a group must take a millisecond or more (the merge of one costs
-    a fraction of that), and the rest parallel_after_s or more."""
+  def _go_parallel(self, g, n, t1):
+    """After g groups ran here (t1: the end of the setup or, from g = 2, of
+    the first group, which pays for warm-up): whether to run the rest over
+    workers. A group must take a millisecond or more (the merge of one
+    costs a fraction of that), and the rest parallel_after_s or more; judged
+    from the groups after the first, or from the first alone when its
+    warm-up cannot mislead much: 4 ms or more, and the rest worth twice
+    parallel_after_s (once, for a first group of parallel_after_s / 5)."""
     if not self.parallel_after_s:
       return True
     now = time.perf_counter()
-    if g < 2 and now - t0 < self.parallel_after_s / 5:
-      return False
-    per = (now - t1) / (g - 1) if g > 1 else now - t0
+    if g < 2:
+      first = now - t1
+      need = self.parallel_after_s * (1 if first >= self.parallel_after_s / 5 else 2)
+      return first >= 4e-3 and first * (n - 1) >= need
+    per = (now - t1) / (g - 1)
     return per >= 1e-3 and per * (n - g) >= self.parallel_after_s
 
   def _run_parallel(self, runner, groups, first, trace, merge, workers, progress,
@@ -386,7 +390,7 @@ class Executor:
       for g, members in enumerate(groups):
         number, idx, _ = members[0]
         progress.done = number
-        if workers > 1 and (on_ray or (g and self._go_parallel(g, len(groups), t0, t1))):
+        if workers > 1 and (on_ray or (g and self._go_parallel(g, len(groups), t1))):
           self._run_parallel(runner, groups, g, trace, merge, workers, progress, on_ray)
           used = workers
           simulated = len(blocks)
