@@ -131,8 +131,8 @@ MUTANTS = [
     Mutant("shadow-summary-kept-past-an-overlap", RACES,
            "a shadow's summary of a view's last stamp is dropped when an overlapping "
            "view is stamped; the mutant keeps it (a stale 'ordered')",
-           "    for other in [k for k in known if k != key and _overlap(k, lo, hi)]:",
-           "    for other in [k for k in known if k != key and False]:",
+           "    for other in [k for k, v in known.items() if v[2] < hi and lo < v[3] and k != key]:",
+           "    for other in [k for k, v in known.items() if False]:",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
     Mutant("shadow-summary-ignores-clocks", RACES,
            "a shadow's summary says a view is ordered only if its clock is known; the "
@@ -140,6 +140,32 @@ MUTANTS = [
            "        if ((kw is None or kw[1] <= vec[kw[0]]) and (kr is None or kr[1] <= vec[kr[0]])",
            "        if ((kw is None or True) and (kr is None or True)",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
+    Mutant("gmem-replay-keeps-one-read", RACES,
+           "GMEM reads logged before a buffer's first write all go into the read "
+           "slots at that write; the mutant keeps the last read of each element",
+           "        self._read(sh, lambda arr: _view(arr, off, shape, estrides), vec, comp, clock)\n",
+           "        sh.any_read, sh.read_slots = True, max(sh.read_slots, 1)\n"
+           "        _view(sh.r1c, off, shape, estrides)[...] = comp\n"
+           "        _view(sh.r1k, off, shape, estrides)[...] = clock\n",
+           ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
+    Mutant("tc-operand-table-off-by-one", TC,
+           "wgmma operands of f16 and fp8 take each bit pattern's own value; the "
+           "mutant takes its neighbour's",
+           "    out[i] = table[flat[i]]\n",
+           "    out[i] = table[flat[i] ^ 1]\n",
+           ("tests/test_tensor_core.py", "tests/test_wgmma.py")),
+    Mutant("arg-names-cache-ignores-edits", "backends/sim/capture.py",
+           "a kernel's parameter names are read again when its file's text changes; "
+           "the mutant keeps the first reading",
+           "  if known is None or known[0] != text:",
+           "  if known is None:",
+           ("tests/test_errors.py",)),
+    Mutant("workers-from-any-first-group", "backends/sim/executor.py",
+           "the first group alone decides on workers only when its warm-up cannot "
+           "mislead (4 ms or more); the mutant trusts any first group",
+           "      return first >= 4e-3 and first * (n - 1) >= need\n",
+           "      return first * (n - 1) >= need\n",
+           ("tests/test_parallel.py",)),
     Mutant("scope-end-shortcut-always", "backends/sim/machine/observer.py",
            "a scope's end looks for unobserved async entries unless all are ordered "
            "before the thread; the mutant always skips the look",

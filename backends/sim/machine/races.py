@@ -230,23 +230,28 @@ class Shadow:
     self.read_log = []
     self.any_atomic = False  # whether an atomic write was recorded (`wa`)
     # What the last whole-view stamps left, by the view's rows (offset, d0,
-    # d1, s0, s1) -> (component, clock): every entry under them has that
-    # component and a clock no later (the last write; read slot 1). A view
-    # stamped again (a pipeline's slot, an accumulator) is then checked in
-    # one comparison instead of a scan of its elements.
+    # d1, s0, s1) -> (component, clock, and the flat elements [lo, hi) the
+    # rows span): every entry under them has that component and a clock no
+    # later (the last write; read slot 1). A view stamped again (a
+    # pipeline's slot, an accumulator) is then checked in one comparison
+    # instead of a scan of its elements. Not for GMEM, whose views seldom
+    # come again (an output tile is written once per block).
     self.known_w, self.known_r = {}, {}
+    self.summarized = not gmem
 
   def know(self, known, key, comp, clock):
     """The rows `key` were stamped (comp, clock): what was known of rows
     that overlap them no longer holds. A few views are kept (a pipeline's
-    slots): a buffer whose every block stamps other rows (a GMEM output)
-    would make this a scan of thousands."""
+    slots), not one per block."""
+    if not self.summarized:
+      return
     if len(known) >= KNOWN_MAX and key not in known:
       known.clear()
-    lo, hi = _span(key)
-    for other in [k for k in known if k != key and _overlap(k, lo, hi)]:
+    off, d0, d1, s0, s1 = key
+    lo, hi = off, off + (d0 - 1) * s0 + (d1 - 1) * s1 + 1
+    for other in [k for k, v in known.items() if v[2] < hi and lo < v[3] and k != key]:
       del known[other]
-    known[key] = (comp, clock)
+    known[key] = (comp, clock, lo, hi)
 
   def forget(self):
     self.known_w.clear()
@@ -372,17 +377,6 @@ def rows_of(shape, estrides):
 
 
 KNOWN_MAX = 8  # views a shadow keeps a summary of
-
-
-def _span(key):
-  """The flat elements [lo, hi) that rows (offset, d0, d1, s0, s1) cover."""
-  off, d0, d1, s0, s1 = key
-  return off, off + (d0 - 1) * s0 + (d1 - 1) * s1 + 1
-
-
-def _overlap(key, lo, hi):
-  a, b = _span(key)
-  return a < hi and lo < b
 
 
 @numba.njit(cache=True)
