@@ -141,7 +141,8 @@ def test_a_write_races_with_every_unordered_read_logged_before_it(monkeypatch):
     [first, second] = run_groups([[(1, True, 0, None)], reads_then_write],
                                  release_bytes, monkeypatch)
     assert first == []
-    assert [(kind, a, b) for kind, a, b, _ in second] == [("read-write race", 1, 0)]  # (thread 2 read, thread 1 wrote)
+    # (site 1: thread 2's read; site 0: thread 1's write)
+    assert [(kind, a, b) for kind, a, b, _ in second] == [("read-write race", 1, 0)]
 
 
 def test_a_shadow_keeps_summaries_of_a_few_views_only():

@@ -131,19 +131,22 @@ MUTANTS = [
     Mutant("shadow-summary-kept-past-an-overlap", RACES,
            "a shadow's summary of a view's last stamp is dropped when an overlapping "
            "view is stamped; the mutant keeps it (a stale 'ordered')",
-           "    for other in [k for k, v in known.items() if v[2] < hi and lo < v[3] and k != key]:",
+           "    for other in [k for k, v in known.items() if v[2] < hi and lo < v[3] "
+           "and k != key]:",
            "    for other in [k for k, v in known.items() if False]:",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
     Mutant("shadow-summary-ignores-clocks", RACES,
            "a shadow's summary says a view is ordered only if its clock is known; the "
            "mutant trusts every summary",
-           "        if ((kw is None or kw[1] <= vec[kw[0]]) and (kr is None or kr[1] <= vec[kr[0]])",
+           "        if ((kw is None or kw[1] <= vec[kw[0]]) and "
+           "(kr is None or kr[1] <= vec[kr[0]])",
            "        if ((kw is None or True) and (kr is None or True)",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
     Mutant("gmem-replay-keeps-one-read", RACES,
            "GMEM reads logged before a buffer's first write all go into the read "
            "slots at that write; the mutant keeps the last read of each element",
-           "        self._read(sh, lambda arr: _view(arr, off, shape, estrides), vec, comp, clock)\n",
+           "        self._read(sh, lambda arr: _view(arr, off, shape, estrides), vec, comp, "
+           "clock)\n",
            "        sh.any_read, sh.read_slots = True, max(sh.read_slots, 1)\n"
            "        _view(sh.r1c, off, shape, estrides)[...] = comp\n"
            "        _view(sh.r1k, off, shape, estrides)[...] = clock\n",

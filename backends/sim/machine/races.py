@@ -465,7 +465,8 @@ def element_map(buf, view):
   return lo, (1,), (-(-span // isz),)
 
 
-_ESTRIDES = {}  # (byte strides, view itemsize, buffer itemsize) -> element strides (False: a bitcast)
+# (byte strides, view itemsize, buffer itemsize) -> element strides (False: a bitcast)
+_ESTRIDES = {}
 
 
 def element_range(buf, off, estrides, mask):
