@@ -2,11 +2,12 @@
 race checks on) over worker processes, with each process's largest mappings
 by private memory, from /proc/self/smaps (Linux).
 
-A worker writes its table after each task (its last one is kept); the parent
-writes its own at merge 16 and every 250 merges after. Mappings are labeled where they hold one of
-the launch's GMEM buffers, their written-masks or race shadows, or (in the
-parent) the cross-block summaries. A diagnosis tool, not a benchmark: it wraps
-the simulator's internals (parallel.run_groups, Executor._merge).
+A worker writes its table after each task (its last one is kept); the
+parent writes its own at merge 16 and every 250 merges after. Mappings are
+labeled where they hold one of the launch's GMEM buffers, their
+written-masks or race shadows, or (in the parent) the cross-block summaries.
+A diagnosis tool, not a benchmark: it wraps the simulator's internals
+(parallel.run_groups, Executor._merge).
 
     ./dev python benchmarks/memory_map.py 4096 [--workers N] [--per-task K]
         [--no-uninitialized] [--out DIR]     # tables in DIR (default build/memory_map)
