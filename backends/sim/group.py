@@ -204,8 +204,15 @@ class GroupRunner:
                          [b.stats for b in blocks], events, group.writes or [])
     # Blocks, warpgroups and their buffers reference each other: free the
     # SMEM now rather than at some later cyclic collection (a launch of
-    # thousands of blocks would hold all of theirs until then).
+    # thousands of blocks would hold all of theirs until then). A barrier
+    # names its buffer, whose object array holds it: numpy arrays are
+    # invisible to the cyclic collector, so that cycle (and through the
+    # barrier's block, the whole group) was never freed.
     for b in blocks:
+      for bufs in b.shared.values():
+        for buf in bufs:
+          if buf is not None and buf.data.dtype == object:
+            buf.data.fill(None)
       b.shared.clear()
       b.zombies.clear()
       b.warpgroups.clear()

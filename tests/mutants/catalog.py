@@ -169,6 +169,12 @@ MUTANTS = [
            "      return first >= 4e-3 and first * (n - 1) >= need\n",
            "      return first * (n - 1) >= need\n",
            ("tests/test_parallel.py",)),
+    Mutant("group-end-keeps-barrier-cycles", "backends/sim/group.py",
+           "a group's end empties its barrier arrays (a cycle through a numpy array "
+           "is never collected); the mutant leaves them, and every group stays alive",
+           "            buf.data.fill(None)\n",
+           "            pass\n",
+           ("tests/test_machine.py",)),
     Mutant("scope-end-shortcut-always", "backends/sim/machine/observer.py",
            "a scope's end looks for unobserved async entries unless all are ordered "
            "before the thread; the mutant always skips the look",
