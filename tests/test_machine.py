@@ -328,12 +328,8 @@ def test_large_shadows_are_zeroed_lazily_in_base_pages():
     assert _huge_kb(arr.__array_interface__["data"][0]) == 0
 
 
-def test_a_launchs_groups_are_freed_once_it_ends(monkeypatch):
-  """A barrier names its buffer, whose object array holds the barrier:
-  numpy arrays are invisible to Python's cyclic collector, so unless the
-  group breaks that cycle at its end, every group of a launch (its blocks,
-  warpgroups, clocks and events) stays in memory for good."""
-  import gc
+def _groups_made(monkeypatch):
+  """Weak references to every Group made from now on."""
   import weakref
 
   from pallas_sim.backends.sim import group as group_mod
@@ -344,9 +340,32 @@ def test_a_launchs_groups_are_freed_once_it_ends(monkeypatch):
     init(self, *args, **kw)
     made.append(weakref.ref(self))
   monkeypatch.setattr(group_mod.Group, "__init__", tracked)
+  return made
+
+
+def test_a_launchs_groups_are_freed_once_it_ends(monkeypatch):
+  """A barrier names its buffer, whose object array holds the barrier:
+  numpy arrays are invisible to Python's cyclic collector, so unless the
+  group breaks that cycle at its end, every group of a launch (its blocks,
+  warpgroups, clocks and events) stays in memory for good; a launch that
+  deadlocks too."""
+  import gc
+  made = _groups_made(monkeypatch)
   a = jnp.asarray(np.random.default_rng(0).standard_normal((256, 256)), jnp.float16)
   sim = ps.simulate(lambda x, y: matmul_mcs(x, y), a, a, workers=1)
   assert sim.report.kernels[0].num_blocks == 4 and len(made) >= 4
   del sim
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.SMEM((128,), jnp.float32),
+                               plgpu.Barrier(num_arrivals=2)])
+  def deadlocks(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)  # one arrival of two
+    plgpu.barrier_wait(bar)
+    o_ref[...] = smem[...]
+  before = len(made)
+  with pytest.raises(ps.DeadlockError):
+    ps.run(deadlocks, jnp.zeros((128,), jnp.float32), backend="sim")
+  assert len(made) > before
   gc.collect()
   assert [r for r in made if r() is not None] == []

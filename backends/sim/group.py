@@ -197,28 +197,38 @@ class GroupRunner:
         wg = Warpgroup(blk, w, {**axes, **thread_axes}, f"block {blk.index}{self.suffix[w]}")
         group.sched.spawn(wg, _warpgroup(program, refs, wg, launch, group))
     group.hb.ready()
-    group.sched.run()
-    group.hb.end_group()
+    try:
+      group.sched.run()
+      group.hb.end_group()
+    except KeyboardInterrupt:  # (kept whole: the backtrace shows every thread)
+      raise
+    except BaseException:  # (a deadlock, a rule's error: freed all the same)
+      _free(group)
+      raise
     blocks = group.blocks
     result = GroupResult([b.number for b in blocks], [b.finish() for b in blocks],
                          [b.stats for b in blocks], events, group.writes or [])
-    # Blocks, warpgroups and their buffers reference each other: free the
-    # SMEM now rather than at some later cyclic collection (a launch of
-    # thousands of blocks would hold all of theirs until then). A barrier
-    # names its buffer, whose object array holds it: numpy arrays are
-    # invisible to the cyclic collector, so that cycle (and through the
-    # barrier's block, the whole group) was never freed.
-    for b in blocks:
-      for bufs in b.shared.values():
-        for buf in bufs:
-          if buf is not None and buf.data.dtype == object:
-            buf.data.fill(None)
-      b.shared.clear()
-      b.zombies.clear()
-      b.warpgroups.clear()
-    group.by_cluster.clear()
-    group.makers.clear()
+    _free(group)
     return result
+
+
+def _free(group):
+  """Blocks, warpgroups and their buffers reference each other: free the
+  SMEM now rather than at some later cyclic collection (a launch of
+  thousands of blocks would hold all of theirs until then). A barrier names
+  its buffer, whose object array holds it: numpy arrays are invisible to the
+  cyclic collector, so that cycle (and through the barrier's block, the
+  whole group) was never freed."""
+  for b in group.blocks:
+    for bufs in b.shared.values():
+      for buf in bufs:
+        if buf is not None and buf.data.dtype == object:
+          buf.data.fill(None)
+    b.shared.clear()
+    b.zombies.clear()
+    b.warpgroups.clear()
+  group.by_cluster.clear()
+  group.makers.clear()
 
 
 def _warpgroup(prog, refs, wg, launch, group):

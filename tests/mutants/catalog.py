@@ -172,8 +172,13 @@ MUTANTS = [
     Mutant("group-end-keeps-barrier-cycles", "backends/sim/group.py",
            "a group's end empties its barrier arrays (a cycle through a numpy array "
            "is never collected); the mutant leaves them, and every group stays alive",
-           "            buf.data.fill(None)\n",
-           "            pass\n",
+           "          buf.data.fill(None)\n",
+           "          pass\n",
+           ("tests/test_machine.py",)),
+    Mutant("group-error-keeps-barrier-cycles", "backends/sim/group.py",
+           "a group that raises (a deadlock) is freed too; the mutant leaves it alive",
+           "      _free(group)\n      raise\n",
+           "      raise\n",
            ("tests/test_machine.py",)),
     Mutant("scope-end-shortcut-always", "backends/sim/machine/observer.py",
            "a scope's end looks for unobserved async entries unless all are ordered "
