@@ -27,39 +27,46 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from quickstart import matmul  # noqa: E402
 
 
-def table(names, top=14):
-  """(private MiB, PSS MiB, lines): this process's largest mappings."""
+def table(names, top=18):
+  """(private MiB, PSS MiB, lines): this process's largest mappings, by
+  resident size."""
   rows = []
   with open("/proc/self/smaps") as f:
     for line in f:
       p = line.split()
       if "-" in p[0] and ":" not in p[0]:
         lo, hi = (int(x, 16) for x in p[0].split("-"))
-        rows.append([lo, hi, 0, 0, " ".join(p[5:])[-30:]])
+        rows.append([lo, hi, 0, 0, " ".join(p[5:])[-30:], 0])
       elif p[0] == "Private_Dirty:":
         rows[-1][2] = int(p[1])
       elif p[0] == "Pss:":
         rows[-1][3] = int(p[1])
-  lines = ["| private (MiB) | PSS (MiB) | mapping (MiB) | what |", "|---:|---:|---:|---|"]
-  for lo, hi, priv, pss, path in sorted(rows, key=lambda r: -r[2])[:top]:
-    what = ", ".join(n for a, n in names.items() if lo <= a < hi) or path
-    lines.append(f"| {priv / 1024:.1f} | {pss / 1024:.1f} | {(hi - lo) / 2**20:.1f} | {what} |")
+      elif p[0] == "Rss:":
+        rows[-1][5] = int(p[1])
+  lines = ["| private (MiB) | PSS (MiB) | resident (MiB) | mapping (MiB) | what |",
+           "|---:|---:|---:|---:|---|"]
+  for lo, hi, priv, pss, path, rss in sorted(rows, key=lambda r: -r[5])[:top]:
+    what = ", ".join(n for (a, e), n in names.items() if a < hi and lo < e) or path
+    lines.append(f"| {priv / 1024:.1f} | {pss / 1024:.1f} | {rss / 1024:.1f} | "
+                 f"{(hi - lo) / 2**20:.1f} | {what} |")
   return sum(r[2] for r in rows) / 1024, sum(r[3] for r in rows) / 1024, lines
 
 
-def _address(a):
-  return a.__array_interface__["data"][0]
+def _span(a):
+  """The bytes an array spans (a mapping may start inside its first page)."""
+  lo = a.__array_interface__["data"][0]
+  return lo, lo + max(a.nbytes, 1)
 
 
 def buffer_names(bufs):
   names = {}
   for b in bufs:
-    names[_address(b.data)] = f"data of {b.name}"
+    names[_span(b.data)] = f"data of {b.name}"
     if b.written is not None:
-      names[_address(b.written)] = f"written-mask of {b.name}"
+      names[_span(b.written)] = f"written-mask of {b.name}"
     for k, v in vars(b.shadow).items() if b.shadow is not None else ():
       if isinstance(v, np.ndarray):
-        names[_address(v)] = f"race shadow {k} of {b.name}"
+        names[_span(v)] = f"race shadow {k} of {b.name}"
   return names
 
 
@@ -88,13 +95,21 @@ def main(argv=None):
     parallel.run = lambda *a, **k: run(*a, **{**k, "per_task": ns.per_task})
 
   merge, merged = executor.Executor._merge, [0]
+  bufs, make_buffers = [], executor.Executor._buffers
+
+  def buffers(self, launch, arrays):
+    made = make_buffers(self, launch, arrays)
+    bufs[:] = made[0] + made[1]
+    return made
+  executor.Executor._buffers = buffers
 
   def parent(result, cycles, totals, log, init_log, cross, loads):
     merged[0] += 1
     if merged[0] % 250 == 16:  # (late in a big launch; once in a small one)
-      names = {_address(v): f"cross-block {k}" for sm in (cross.summaries.values()
+      names = {_span(v): f"cross-block {k}" for sm in (cross.summaries.values()
                                                           if cross else ())
                for k, v in vars(sm).items() if isinstance(v, np.ndarray)}
+      names.update(buffer_names(bufs))
       priv, pss, lines = table(names)
       with open(os.path.join(ns.out, "parent.md"), "w") as f:
         f.write(f"parent after {merged[0]} merges: private {priv:.0f} MiB, PSS "

@@ -72,6 +72,21 @@ def reads_the_previous_block():
   return k
 
 
+def writes_its_input(row):
+  """Block i copies x[i] to its output row; block `row` first doubles x[i]
+  in place (an input, not aliased to an output) and copies that."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((ROWS, 128), F32),
+                grid=(ROWS,), grid_names=("i",))
+  def k(x_ref, o_ref):
+    i = lax.axis_index("i")
+
+    @pl.when(i == row)
+    def _():
+      x_ref[i] = x_ref[i] * 2
+    o_ref[i] = x_ref[i]
+  return k
+
+
 def _x(shape=(ROWS, 128), dtype=F32, seed=0):
   r = np.random.default_rng(seed)
   if jnp.issubdtype(dtype, jnp.integer):
@@ -91,6 +106,7 @@ CASES = [
     ("atomic add, f32", atomic_rows(F32), (_x(),)),
     ("TMA reduction, f32", tma_reduction_rows(), (_x(),)),
     ("reads the previous block's row", reads_the_previous_block(), (_x(),)),
+    ("the last block writes its input", writes_its_input(ROWS - 1), (_x(),)),
     ("clusters of (2, 2), multicast", multicast_kernel(cluster=(2, 2), clusters=4),
      (jnp.asarray(np.random.default_rng(2).standard_normal((4, 128, 128)), F32),)),
 ]
@@ -161,6 +177,41 @@ def test_a_block_that_reads_another_s_writes_runs_the_launch_in_one_process():
   np.testing.assert_array_equal(out[1][1:], x[:-1] * 2)
   assert [(f.example[0], f.count) for f in two.report.uninitialized] == [((0,), 1)]
   assert any("between blocks" in r.kind for r in two.report.races)
+
+
+def _lent(monkeypatch):
+  """[(copy_inputs, whether each input buffer is the callback's array)] of
+  every launch attempt."""
+  seen, real = [], Executor._buffers
+
+  def buffers(self, launch, arrays, prep, copy_inputs=False):
+    ins, outs = real(self, launch, arrays, prep, copy_inputs)
+    seen.append((copy_inputs, [b.data is a for b, a in zip(ins, arrays)]))
+    return ins, outs
+  monkeypatch.setattr(Executor, "_buffers", buffers)
+  return seen
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_inputs_are_lent_uncopied_until_the_kernel_writes_one(monkeypatch, workers):
+  """The callback's read-only inputs are the launch's input buffers (a copy
+  of each would cost its size again: issue 10); a kernel that writes an
+  input fails that write and runs again with copies, with the outputs,
+  findings and times of a run that copied at once, and the caller's array
+  unchanged."""
+  seen = _lent(monkeypatch)
+  x = _x()
+  ex, out = _run(atomic_rows(F32), (x,), workers)
+  assert seen == [(False, [True])]
+  seen.clear()
+  ex, out = _run(writes_its_input(ROWS - 1), (x,), workers)
+  want = np.asarray(x).copy()
+  want[ROWS - 1] *= 2
+  np.testing.assert_array_equal(out[0], want)
+  np.testing.assert_array_equal(np.asarray(x)[ROWS - 1], want[ROWS - 1] / 2)
+  assert seen[0] == (False, [True]) and seen[-1] == (True, [False])
+  assert not ex.errors and not ex.report.races
+  assert len(ex.report.kernels) == 1
 
 
 def deadlocks_in_block(n):

@@ -194,19 +194,30 @@ class Executor:
     lines += backtrace(group.sched.tasks if group else (), exc.__traceback__)
     return "\n".join(lines)
 
-  def _buffers(self, launch, arrays):
+  def _buffers(self, launch, arrays, prep, copy_inputs=False):
     n_in, n_out = launch.num_inputs, launch.num_outputs
     names = list(launch.arg_names[:n_in + n_out])
     if len(names) < n_in + n_out:
       names = [f"in{i}" for i in range(n_in)] + [f"out{j}" for j in range(n_out)]
+    aliases = dict((o, i) for i, o in launch.aliases)
     # ps.estimate given shapes: zeros stand for the inputs, and the outputs
     # need no poison (values are not computed): calloc'ed zeros, whose pages
     # only what the kernel touches costs.
     estimating = self.shapes_only and not self.options.numerics
-    copy = ((lambda a: np.zeros(np.shape(a), np.asarray(a).dtype)) if estimating else
-            (lambda a: np.array(a, copy=True)))
-    in_bufs = [memory.Buffer(names[i], "gmem", copy(a)) for i, a in enumerate(arrays[:n_in])]
-    aliases = dict((o, i) for i, o in launch.aliases)
+    # An input the callback hands over read-only (its own copy of the
+    # caller's array) is used as it is: most kernels never write an input,
+    # and a copy of each would cost its size again (issue 10). A kernel
+    # that does write one fails that write (numpy refuses it, before any
+    # element changes) and the launch runs again with copies (_execute).
+    # Copied at once: an input an output aliases, and the inputs of a
+    # serial-only kernel (a re-run would print its debug_print lines twice).
+    aliased = set(aliases.values())
+    borrow = lambda i, a: (not copy_inputs and not prep.serial_only and i not in aliased
+                           and isinstance(a, np.ndarray) and not a.flags.writeable)
+    copy = ((lambda i, a: np.zeros(np.shape(a), np.asarray(a).dtype)) if estimating else
+            (lambda i, a: a if borrow(i, a) else np.array(a, copy=True)))
+    in_bufs = [memory.Buffer(names[i], "gmem", copy(i, a))
+               for i, a in enumerate(arrays[:n_in])]
     out_bufs = []
     for j, aval in enumerate(launch.out_avals):
       if j in aliases:  # (holds the input's values: counts as written)
@@ -323,17 +334,23 @@ class Executor:
                     RuntimeWarning, stacklevel=2)
       raise _Rerun from e
 
-  def _execute(self, launch, arrays):
+  def _execute(self, launch, arrays, copy_inputs=False):
     try:
-      return self._execute_once(launch, arrays)
-    except _Rerun:
-      return self._execute_once(launch, arrays, serial=True)
+      try:
+        return self._execute_once(launch, arrays, copy_inputs=copy_inputs)
+      except _Rerun:
+        return self._execute_once(launch, arrays, serial=True, copy_inputs=copy_inputs)
+    except Exception as e:
+      if copy_inputs or not memory.wrote_read_only(e):
+        raise
+    # (the kernel wrote an input it was lent read-only: see _buffers)
+    return self._execute(launch, arrays, copy_inputs=True)
 
-  def _setup(self, launch, arrays):
+  def _setup(self, launch, arrays, copy_inputs=False):
     """A launch's buffers, groups, placement, race log and group runner."""
     s = types.SimpleNamespace()
     s.prep = prep = self.prepare(launch)
-    s.in_bufs, s.out_bufs = self._buffers(launch, arrays)
+    s.in_bufs, s.out_bufs = self._buffers(launch, arrays, prep, copy_inputs)
     s.grid = grid = tuple(launch.grid) or ()
     clusters = list(itertools.product(*[range(g) for g in grid]))
     # A group per cluster (a block each without clusters); blocks are
@@ -357,9 +374,9 @@ class Executor:
                            check_init=self.options.check_uninitialized)
     return s
 
-  def _execute_once(self, launch, arrays, serial=False):
+  def _execute_once(self, launch, arrays, serial=False, copy_inputs=False):
     t0 = time.perf_counter()
-    s = self._setup(launch, arrays)
+    s = self._setup(launch, arrays, copy_inputs)
     prep, in_bufs, out_bufs, grid = s.prep, s.in_bufs, s.out_bufs, s.grid
     groups, blocks, placement, log, runner = (s.groups, s.blocks, s.placement, s.log,
                                               s.runner)

@@ -25,6 +25,19 @@ def poison(shape, dtype):
   return np.zeros(shape, dtype)
 
 
+def wrote_read_only(exc):
+  """Whether exc (or what caused it: rules wrap what they raise) is numpy
+  refusing a write into a read-only array, such as an input lent by the
+  callback (executor._buffers); from a worker, only its text came back."""
+  seen = set()
+  while exc is not None and id(exc) not in seen:
+    seen.add(id(exc))
+    if "read-only" in str(exc) and (isinstance(exc, ValueError) or "ValueError" in str(exc)):
+      return True
+    exc = exc.__cause__ or exc.__context__
+  return False
+
+
 class Buffer:
   """One allocation. `data` holds the logical (untiled) contents; `tiling` and
   `swizzle` record the physical layout the lowering would use."""
