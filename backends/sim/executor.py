@@ -215,7 +215,7 @@ class Executor:
     borrow = lambda i, a: (not copy_inputs and not prep.serial_only and i not in aliased
                            and isinstance(a, np.ndarray) and not a.flags.writeable)
     copy = ((lambda i, a: np.zeros(np.shape(a), np.asarray(a).dtype)) if estimating else
-            (lambda i, a: a if borrow(i, a) else np.array(a, copy=True)))
+            (lambda i, a: a if borrow(i, a) else memory.copy(a)))
     in_bufs = [memory.Buffer(names[i], "gmem", copy(i, a))
                for i, a in enumerate(arrays[:n_in])]
     out_bufs = []

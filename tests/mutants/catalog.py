@@ -346,7 +346,7 @@ MUTANTS = [
            "", (AGREE,)),
     Mutant("smem-not-poisoned", "backends/sim/machine/memory.py",
            "uninitialized SMEM and outputs are poison (NaN); the mutant zeroes them",
-           "    return np.full(shape, np.nan, dtype)", "    return np.zeros(shape, dtype)",
+           "    out[...] = np.nan\n", "    out[...] = 0\n",
            ("tests/test_semantics.py",)),
     Mutant("zeroed-outputs", "backends/sim/executor.py",
            "outputs are what the kernel wrote; the mutant returns zeros",

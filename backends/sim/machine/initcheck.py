@@ -17,6 +17,7 @@ store with a reduction, read the destination first.
 """
 import numpy as np
 
+from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.machine.races import Site, _view, element_map, element_range
 
 
@@ -24,7 +25,7 @@ def track(buf):
   """From now on, `buf`'s elements count as unwritten until written."""
   if buf.data.dtype == object:  # barriers
     return
-  buf.written = np.zeros(buf.data.shape, np.bool_)
+  buf.written = memory.base_pages(buf.data.shape, np.bool_)
   buf.unwritten = buf.data.size
 
 

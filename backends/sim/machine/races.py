@@ -23,6 +23,8 @@ import jax
 import numba
 import numpy as np
 
+from pallas_sim.backends.sim.machine import memory
+
 NONE = 0                        # "no access": its clock is +inf in every vector
 # Zero means "none" in every shadow array (components start at 1, group
 # numbers at 1), so shadows are allocated zeroed, which costs nothing until
@@ -295,24 +297,7 @@ if sys.platform == "linux" and _MADV_DONTNEED is not None:
   _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 
 
-def zeros(n, dtype):
-  """n zeros, flat, whose pages are mapped on first touch, one base page at
-  a time: numpy asks for transparent huge pages above 4 MiB, and then every
-  touch after a release() zeroes a whole 2 MiB page (a 128x128 tile's write
-  to a 1024x1024 output's shadow cost 0.5 ms where it costs 20 us)."""
-  nbytes = n * np.dtype(dtype).itemsize
-  if nbytes < _HUGE or _madvise is None:
-    return np.zeros(n, dtype)
-  # (private: shared anonymous memory would be one shadow for every forked
-  # worker, and MADV_DONTNEED would not zero it)
-  mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
-  if _NOHUGE is not None:
-    mm.madvise(_NOHUGE)
-  return np.frombuffer(mm, dtype)
-
-
-_HUGE = 1 << 21
-_NOHUGE = getattr(mmap, "MADV_NOHUGEPAGE", None)
+zeros = memory.base_pages  # (flat shadows: one page at a time)
 
 
 def release(arr, lo, hi):
