@@ -261,26 +261,29 @@ def _line(fn, needle):
   return start + [i for i, t in enumerate(src) if needle in t][0]
 
 
-def test_cross_block_arrays_widen_when_site_numbers_pass_16_bits():
-  """Blocks and sites are kept in 16 bits while they fit (a quarter of the
-  memory of an 8192^2 output); a site numbered past that widens them, and
-  the race still names both sites."""
+def test_cross_block_records_widen_when_they_pass_16_bits():
+  """Per element, one record of a block and a site (CrossBlock.record), in
+  16 bits while they fit (a quarter of the memory of a 32-bit block and a
+  site, for an 8192^2 output); the record numbered past that widens them,
+  and the race still names both sites and the block."""
   from pallas_sim.backends.sim.machine import memory, races
   from pallas_sim.backends.sim.machine.cross_block import CrossBlock
   log = races.RaceLog("k")
-  cross = CrossBlock(log, num_blocks=4)
+  cross = CrossBlock(log)
   buf = memory.Buffer("out", "gmem", np.zeros((4, 8), np.float32))
   first = log.site("thread", "store", "a.py:1", "out", "write", 0)
+  late = log.site("thread", "store", "b.py:2", "out", "write", 0)
   cross.access(0, (0,), buf, 0, (8, 1), (1, 8), first, True, False)
-  assert cross.summaries[id(buf)].xws.dtype == np.uint16
-  for i in range(1 << 16):
-    log.site("thread", "store", f"b.py:{i}", "out", "write", 0)
-  late = log.site_list[-1]
+  assert cross.summaries[id(buf)].xw.dtype == np.uint16
+  for me in range(10, 10 + (1 << 16)):
+    cross.record(me, first)
   cross.access(1, (1,), buf, 8, (8, 1), (1, 8), late, True, False)
-  assert cross.summaries[id(buf)].xws.dtype == np.int32
+  assert cross.summaries[id(buf)].xw.dtype == np.int32
   cross.access(2, (2,), buf, 8, (8, 1), (1, 8), first, True, False)
-  [race] = log.races()
-  assert race.first is late and race.second is first
+  cross.access(2, (2,), buf, 0, (8, 1), (1, 8), late, False, False)
+  [ww, wr] = log.races()
+  assert (ww.first, ww.second, ww.kind) == (late, first, "write-write race between blocks")
+  assert (wr.first, wr.second, wr.kind) == (first, late, "write-read race between blocks")
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int32])

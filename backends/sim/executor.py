@@ -381,7 +381,7 @@ class Executor:
     groups, blocks, placement, log, runner = (s.groups, s.blocks, s.placement, s.log,
                                               s.runner)
     nt = launch.num_threads
-    cross = CrossBlock(log, len(blocks)) if self.check_races else None
+    cross = CrossBlock(log) if self.check_races else None
     cycles = np.zeros(len(blocks))
     totals = BlockStats()  # (summed over the launch's blocks)
     trace = []

@@ -13,18 +13,13 @@ import numpy as np
 from pallas_sim.backends.sim.machine.races import _view, advice, element_range
 
 
-def _others(b, me):
-  """Mask of elements last touched by a block other than `me`, or None."""
-  lo, hi = b.min(), b.max()
-  if hi == 0 or (lo == hi == me):
-    return None
-  m = (b != 0) & (b != me)
-  return m if m.any() else None
-
-
 class _Summary:
-  """Per-element blocks and sites of one GMEM buffer (arrays on first use;
-  block numbers are 1-based, 0 is none; 16-bit while they fit)."""
+  """Per-element records of one GMEM buffer (arrays on first use): the
+  record (CrossBlock.record: a block and a site) that last wrote each
+  element plainly (xw) or atomically (xa), and of the first two blocks that
+  read it (xr1, xr2); 0 is none. One array where a block's and a site's
+  were two: an 8192^2 output's cost 256 MiB, now 128 while records fit in
+  16 bits."""
 
   def __init__(self, shape, cross):
     self.shape = shape
@@ -36,13 +31,12 @@ class _Summary:
   def __getattr__(self, name):
     if name.startswith("_") or name in ("shape", "cross"):
       raise AttributeError(name)
-    dt = self.cross.site_dtype if name.endswith("s") else self.cross.block_dtype
-    arr = np.zeros(self.shape, dt)
+    arr = np.zeros(self.shape, self.cross.record_dtype)
     setattr(self, name, arr)
     return arr
 
-  def widen_sites(self):
-    for name in ("xws", "xas", "xr1s", "xr2s"):
+  def widen(self):
+    for name in ("xw", "xa", "xr1", "xr2"):
       if name in self.__dict__:
         setattr(self, name, self.__dict__[name].astype(np.int32))
 
@@ -51,18 +45,40 @@ class CrossBlock:
   """Cross-block race detection for one launch; `add` receives a group's
   GMEM access events in order and reports to `log` (races.RaceLog)."""
 
-  def __init__(self, log, num_blocks=1 << 31):
+  def __init__(self, log):
     self.log = log
     self.summaries = {}
-    self.block_dtype = np.uint16 if num_blocks < (1 << 16) - 1 else np.int32
-    self.site_dtype = np.uint16  # (int32 once a site's number does not fit)
+    self.record_dtype = np.uint16  # (int32 once a record does not fit)
+    self.records = {}  # (block number + 1, site id) -> record
+    # a record's block number + 1, and its site's id (0: none)
+    self.rec_block = np.zeros(64, np.int64)
+    self.rec_site = np.zeros(64, np.int64)
 
-  def _site(self, site):
-    if site.id >= (1 << 16) - 1 and self.site_dtype == np.uint16:
-      self.site_dtype = np.int32
-      for sh in self.summaries.values():
-        sh.widen_sites()
-    return site.id
+  def record(self, me, site):
+    """The record of block number me - 1 at `site` (new records may widen
+    the summaries: take views of them after)."""
+    key = (me, site.id)
+    r = self.records.get(key)
+    if r is None:
+      r = self.records[key] = len(self.records) + 1
+      if r >= (1 << 16) - 1 and self.record_dtype == np.uint16:
+        self.record_dtype = np.int32
+        for sh in self.summaries.values():
+          sh.widen()
+      if r >= len(self.rec_block):
+        self.rec_block = np.resize(self.rec_block, 2 * r)
+        self.rec_site = np.resize(self.rec_site, 2 * r)
+      self.rec_block[r], self.rec_site[r] = me, site.id
+    return r
+
+  def _others(self, rec, me):
+    """Mask of the elements of a record view that a block other than `me`
+    touched, or None."""
+    lo, hi = rec.min(), rec.max()
+    if hi == 0 or (lo == hi and self.rec_block[lo] == me):
+      return None
+    m = (rec != 0) & (self.rec_block[rec] != me)
+    return m if m.any() else None
 
   def _summary(self, buf):
     buf = buf.origin  # (a detached group's copy: the launch's buffer)
@@ -92,50 +108,44 @@ class CrossBlock:
       sh.any_xread = bool(sh.read_log)
       for (roff, rest, rshape), readers in sh.read_log.items():
         for rme, rsite in readers:
-          self._add_reader(sh, lambda arr: _view(arr, roff, rshape, rest), rme,
-                           self._site(rsite))
+          r = self.record(rme, rsite)
+          self._add_reader(sh, lambda arr: _view(arr, roff, rshape, rest), rme, r)
       sh.read_log = None
-    checks = [(V(sh.xwb), sh.xws, "write")]
+    checks = [(V(sh.xw), "write")]
     if sh.any_atomic and (not atomic or not write):
-      checks.append((V(sh.xab), sh.xas, "write"))
+      checks.append((V(sh.xa), "write"))
     if write and sh.any_xread:
-      checks += [(V(sh.xr1b), sh.xr1s, "read"), (V(sh.xr2b), sh.xr2s, "read")]
-    for arr, sarr, prior in checks:
-      m = _others(arr, me)
+      checks += [(V(sh.xr1), "read"), (V(sh.xr2), "read")]
+    for rec, prior in checks:
+      m = self._others(rec, me)
       if m is not None:
         rng = element_range(buf, off, estrides, m)
-        for sid in np.unique(V(sarr)[m]):
+        for sid in np.unique(self.rec_site[rec[m]]):
           first = self.log.site_list[int(sid)]
           kind = ("write-write" if prior == "write" and write else
                   "read-write" if prior == "read" else "write-read")
           self.log.add(f"{kind} race between blocks", first, site, block, rng,
                        advice(first, site, same_block=False))
+    r = self.record(me, site)  # (before the views: it may widen the arrays)
     if write:
       if atomic:
         sh.any_atomic = True
-      sid = self._site(site)  # (before the arrays: it may widen them)
-      tb, ts = (sh.xab, sh.xas) if atomic else (sh.xwb, sh.xws)
-      V(tb)[...] = me
-      V(ts)[...] = sid
+      V(sh.xa if atomic else sh.xw)[...] = r
       return
     sh.any_xread = True
-    self._add_reader(sh, V, me, self._site(site))
+    self._add_reader(sh, V, me, r)
 
-  @staticmethod
-  def _add_reader(sh, V, me, sid):
-    """Records block `me` among the (at most two distinct) blocks that read
-    the elements of view V, for the cross-block check of later writes."""
-    xr1b = V(sh.xr1b)
-    lo, hi = xr1b.min(), xr1b.max()
-    if lo == hi == me:
+  def _add_reader(self, sh, V, me, r):
+    """Records block `me` (record r) among the (at most two distinct)
+    blocks that read the elements of view V, for the cross-block check of
+    later writes."""
+    xr1 = V(sh.xr1)
+    lo, hi = xr1.min(), xr1.max()
+    if lo == hi and lo and self.rec_block[lo] == me:
       return
     if hi == 0:
-      xr1b[...] = me
-      V(sh.xr1s)[...] = sid
+      xr1[...] = r
       return
-    new1 = xr1b == 0
-    xr1b[new1] = me
-    V(sh.xr1s)[new1] = sid
-    add2 = (xr1b != me) & (V(sh.xr2b) == 0)
-    V(sh.xr2b)[add2] = me
-    V(sh.xr2s)[add2] = sid
+    xr1[xr1 == 0] = r
+    add2 = (self.rec_block[xr1] != me) & (V(sh.xr2) == 0)
+    V(sh.xr2)[add2] = r
