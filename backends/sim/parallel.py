@@ -114,8 +114,14 @@ def restore(result, io_bufs, log):
               lambda key: None if key is None else log.site(*key))
 
 
-def _init_worker():
+def _init_worker(workers):
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles Ctrl-C)
+  # Each worker keeps touched GMEM shadow pages up to its share of the
+  # budget one process has, 2 MiB at least: 16 workers with 16 MiB each
+  # held 256 MiB (at 8192^3, more than the output's 128). Pages given back
+  # cost ~1 us each when touched again: a fraction of a percent of a group
+  # there.
+  races.RELEASE_BYTES = max(2 << 20, races.RELEASE_BYTES // workers)
   # (jaxlib's absl installs a failure handler that reports a SIGTERM, which
   # is how the pool ends its workers: ended quietly instead)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -176,7 +182,8 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
     # never call into JAX, whose threads are the ones not copied.)
     warnings.simplefilter("ignore", RuntimeWarning)
     warnings.simplefilter("ignore", DeprecationWarning)
-    pool = ctx.Pool(min(workers, len(todo)), initializer=_init_worker)
+    n = min(workers, len(todo))
+    pool = ctx.Pool(n, initializer=_init_worker, initargs=(n,))
   try:
     yield from in_order(pool.imap(_run_task, todo), runner, first)
   finally:
