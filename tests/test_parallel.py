@@ -3,6 +3,8 @@ same outputs bit for bit, the same race reports and uninitialized-memory
 findings in the same order, the same predicted times, block cycles and
 trace, and the same errors, as one process running them in block order."""
 import dataclasses
+import inspect
+import multiprocessing.pool
 
 import jax
 import jax.numpy as jnp
@@ -129,10 +131,32 @@ def _kernel_fields(k):
   return d
 
 
+@pytest.fixture(params=["lasting workers", "a worker per task"])
+def fresh(request, monkeypatch):
+  """Both ways a pool runs tasks (parallel.run): workers that last the
+  launch, and a worker forked for each task (each later fork sees the
+  parent's merges so far). Yields the maxtasksperchild of the pools made."""
+  made = []
+  real = multiprocessing.pool.Pool.__init__
+
+  def init(self, *args, **kw):
+    made.append(inspect.signature(real).bind(self, *args, **kw).arguments.get(
+        "maxtasksperchild"))
+    real(self, *args, **kw)
+  monkeypatch.setattr(multiprocessing.pool.Pool, "__init__", init)
+  if request.param == "a worker per task":
+    monkeypatch.setattr(parallel, "FRESH_MIN_BYTES", 0)
+    monkeypatch.setattr(parallel, "FRESH_TASK_S", 0.0)
+  return request.param, made
+
+
 @pytest.mark.parametrize("name,fn,args", CASES, ids=[c[0] for c in CASES])
-def test_workers_give_what_one_process_gives(name, fn, args):
+def test_workers_give_what_one_process_gives(name, fn, args, fresh):
   one, out1 = _run(fn, args, 1)
   two, out2 = _run(fn, args, 2)
+  way, made = fresh
+  assert set(made) <= {1 if way == "a worker per task" else None}
+  assert made or not any(k.workers > 1 for k in two.report.kernels)
   for x, y in zip(out1, out2, strict=True):
     np.testing.assert_array_equal(x, y)
   assert [str(r) for r in one.report.races] == [str(r) for r in two.report.races]

@@ -54,6 +54,7 @@ class Executor:
   # would take at least this long here (a fork and its pool cost ~20 ms);
   # 0: always, after the first group (tests).
   parallel_after_s = 0.25
+  group_s = None  # what a group of the launch took here (_go_parallel)
 
   def __init__(self, options=None, trace_blocks=2, detached_groups=False, **named):
     self.options = opts = take(named, options)
@@ -295,15 +296,13 @@ class Executor:
     from the groups after the first, or from the first alone when its
     warm-up cannot mislead much: 4 ms or more, and the rest worth twice
     parallel_after_s (once, for a first group of parallel_after_s / 5)."""
-    if not self.parallel_after_s:
-      return True
     now = time.perf_counter()
     if g < 2:
-      first = now - t1
+      first = self.group_s = now - t1
       need = self.parallel_after_s * (1 if first >= self.parallel_after_s / 5 else 2)
-      return first >= 4e-3 and first * (n - 1) >= need
-    per = (now - t1) / (g - 1)
-    return per >= 1e-3 and per * (n - g) >= self.parallel_after_s
+      return not self.parallel_after_s or (first >= 4e-3 and first * (n - 1) >= need)
+    per = self.group_s = (now - t1) / (g - 1)
+    return not self.parallel_after_s or (per >= 1e-3 and per * (n - g) >= self.parallel_after_s)
 
   def _run_parallel(self, runner, groups, first, trace, merge, workers, progress,
                     on_ray=False):
@@ -316,7 +315,8 @@ class Executor:
       if on_ray:
         results = ray_engine.run(self, runner, groups, self.trace_blocks, workers)
       else:
-        results = parallel.run(runner, groups, first, self.trace_blocks, workers)
+        results = parallel.run(runner, groups, first, self.trace_blocks, workers,
+                               group_s=self.group_s)
       for g, result, group_trace in results:
         if not seen.check(g, result):
           raise _Rerun  # (it read what another block wrote: see parallel.py)

@@ -163,13 +163,32 @@ def in_order(done, runner, first):
       nxt += 1
 
 
-def run(runner, groups, first, trace_blocks, workers, per_task=None):
+# A task runs in a worker forked for it alone when the launch's writable
+# GMEM is this large and the task this long: a fork costs ~5 ms here for a
+# parent of 1 GB mapped (an 8192^3 matmul's parent maps 2-3), and the
+# first group's time, which the estimate rests on, includes warm-up.
+FRESH_MIN_BYTES = 16 << 20
+FRESH_TASK_S = 0.25
+
+
+def run(runner, groups, first, trace_blocks, workers, per_task=None, group_s=None):
   """Runs groups[first:] over `workers` forked processes; yields (group
   index, GroupResult with the parent's objects, trace or None) in group
-  order. Raises GroupFailed if a group raised in a worker."""
+  order. Raises GroupFailed if a group raised in a worker.
+
+  group_s (the seconds a group took here, if known) decides whether each
+  task gets a worker of its own: pages of an output that both a worker and
+  the parent's merges wrote stay in memory three times (the page as it was
+  at the fork, kept by the other workers, and the writers' copies) for as
+  long as the worker lives. A worker that ends with its task frees them
+  (an 8192^3 matmul on 16 workers: ~300 MiB). A later fork sees the
+  parent's merges so far: what Visibility rejects all the same."""
   global _JOB
-  todo = tasks(len(groups) - first,
-               per_task or max(1, -(-(len(groups) - first) // (workers * 8))))
+  size = per_task or max(1, -(-(len(groups) - first) // (workers * 8)))
+  todo = tasks(len(groups) - first, size)
+  writable = sum(b.data.nbytes for b in runner.io_bufs if b.data.flags.writeable)
+  fresh = (group_s is not None and group_s * size >= FRESH_TASK_S
+           and writable >= FRESH_MIN_BYTES)
   todo = [[g + first for g in task] for task in todo]
   _JOB = Job(runner, groups, trace_blocks)
   ctx = multiprocessing.get_context("fork")
@@ -183,9 +202,13 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None):
     warnings.simplefilter("ignore", RuntimeWarning)
     warnings.simplefilter("ignore", DeprecationWarning)
     n = min(workers, len(todo))
-    pool = ctx.Pool(n, initializer=_init_worker, initargs=(n,))
+    pool = ctx.Pool(n, initializer=_init_worker, initargs=(n,),
+                    maxtasksperchild=1 if fresh else None)
   try:
-    yield from in_order(pool.imap(_run_task, todo), runner, first)
+    with warnings.catch_warnings():  # (a fresh worker forks in the pool's thread)
+      if fresh:
+        warnings.filterwarnings("ignore", ".*fork.*", DeprecationWarning)
+      yield from in_order(pool.imap(_run_task, todo), runner, first)
   finally:
     pool.terminate()
     pool.join()

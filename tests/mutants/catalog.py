@@ -166,8 +166,24 @@ MUTANTS = [
     Mutant("workers-from-any-first-group", "backends/sim/executor.py",
            "the first group alone decides on workers only when its warm-up cannot "
            "mislead (4 ms or more); the mutant trusts any first group",
-           "      return first >= 4e-3 and first * (n - 1) >= need\n",
-           "      return first * (n - 1) >= need\n",
+           "(first >= 4e-3 and first * (n - 1) >= need)\n",
+           "(first * (n - 1) >= need)\n",
+           ("tests/test_parallel.py",)),
+    Mutant("workers-never-fresh", "backends/sim/parallel.py",
+           "long tasks of a launch with large outputs get a worker each (its "
+           "memory freed with it); the mutant keeps workers for the launch",
+           "                    maxtasksperchild=1 if fresh else None)",
+           "                    maxtasksperchild=None)",
+           ("tests/test_parallel.py",)),
+    Mutant("inputs-always-copied", "backends/sim/executor.py",
+           "read-only inputs are lent to the launch, not copied; the mutant copies",
+           "a if borrow(i, a) else memory.copy(a)", "memory.copy(a)",
+           ("tests/test_parallel.py",)),
+    Mutant("input-write-not-rerun", "backends/sim/executor.py",
+           "a kernel writing an input it was lent runs again with copies; the "
+           "mutant raises the refused write",
+           "      if copy_inputs or not memory.wrote_read_only(e):",
+           "      if True:",
            ("tests/test_parallel.py",)),
     Mutant("group-end-keeps-barrier-cycles", "backends/sim/group.py",
            "a group's end empties its barrier arrays (a cycle through a numpy array "
