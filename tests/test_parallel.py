@@ -191,7 +191,7 @@ def test_the_cases_run_over_workers_and_find_what_they_are_for():
   assert [(f.example[0], f.count) for f in two.report.uninitialized] == [((1,), 1)]
 
 
-def test_a_block_that_reads_another_s_writes_runs_the_launch_in_one_process():
+def test_a_block_that_reads_another_s_writes_runs_the_launch_in_one_process(fresh):
   """A worker sees GMEM as it was at the fork: a launch whose blocks read
   what other blocks wrote (a race on the GPU) is run again in one process,
   so that it reads what a one-process run reads."""
@@ -217,7 +217,7 @@ def _lent(monkeypatch):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_inputs_are_lent_uncopied_until_the_kernel_writes_one(monkeypatch, workers):
+def test_inputs_are_lent_uncopied_until_the_kernel_writes_one(monkeypatch, workers, fresh):
   """The callback's read-only inputs are the launch's input buffers (a copy
   of each would cost its size again: issue 10); a kernel that writes an
   input fails that write and runs again with copies, with the outputs,
@@ -251,7 +251,7 @@ def deadlocks_in_block(n):
   return k
 
 
-def test_an_error_in_a_worker_is_raised_as_one_process_raises_it(monkeypatch):
+def test_an_error_in_a_worker_is_raised_as_one_process_raises_it(monkeypatch, fresh):
   failed = []
   real = parallel.run
 

@@ -198,22 +198,24 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None, group_s=Non
   gc.freeze()
   with warnings.catch_warnings():
     # (JAX and Python warn at any fork of a threaded process; the workers
-    # never call into JAX, whose threads are the ones not copied.)
+    # never call into JAX, whose threads are the ones not copied. Nor do
+    # they take a lock the parent's merges may hold.)
     warnings.simplefilter("ignore", RuntimeWarning)
     warnings.simplefilter("ignore", DeprecationWarning)
     n = min(workers, len(todo))
     pool = ctx.Pool(n, initializer=_init_worker, initargs=(n,),
                     maxtasksperchild=1 if fresh else None)
-  try:
-    with warnings.catch_warnings():  # (a fresh worker forks in the pool's thread)
-      if fresh:
-        warnings.filterwarnings("ignore", ".*fork.*", DeprecationWarning)
+  with warnings.catch_warnings():  # (a fresh worker forks in the pool's thread)
+    if fresh:  # (the same warnings as at the pool's start, above)
+      warnings.filterwarnings("ignore", ".*fork", RuntimeWarning)
+      warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
+    try:
       yield from in_order(pool.imap(_run_task, todo), runner, first)
-  finally:
-    pool.terminate()
-    pool.join()
-    gc.unfreeze()
-    _JOB = None
+    finally:
+      pool.terminate()
+      pool.join()
+      gc.unfreeze()
+      _JOB = None
 
 
 class Visibility:
