@@ -4,9 +4,10 @@ Blocks of a launch are unordered on hardware: two accesses of different
 blocks to the same GMEM element, one of them a write, race (unless both are
 TMA reductions: atomics), in whatever order they ran here. Per GMEM buffer
 and element this keeps which block wrote it (plainly or atomically) and up to
-two blocks that read it, each with the site; a GMEM buffer only ever read
-(inputs, usually) keeps nothing: its reads are logged until its first write
-(per region read, its first two blocks), then replayed.
+two blocks that read it, each with the site (one record number for both); a
+GMEM buffer only ever read (inputs, usually) keeps nothing: its reads are
+logged until its first write (per region read, its first two blocks), then
+replayed.
 """
 import numpy as np
 
@@ -66,8 +67,9 @@ class CrossBlock:
         for sh in self.summaries.values():
           sh.widen()
       if r >= len(self.rec_block):
-        self.rec_block = np.resize(self.rec_block, 2 * r)
-        self.rec_site = np.resize(self.rec_site, 2 * r)
+        pad = np.zeros(len(self.rec_block), np.int64)
+        self.rec_block = np.concatenate([self.rec_block, pad])
+        self.rec_site = np.concatenate([self.rec_site, pad])
       self.rec_block[r], self.rec_site[r] = me, site.id
     return r
 
