@@ -120,8 +120,8 @@ MUTANTS = [
     Mutant("shadow-fast-path-ignores-clocks", RACES,
            "race checking's one-call common case finds a tile written by one agent "
            "ordered only if its clock is known; the mutant takes every such tile as ordered",
-           "  if same:\n    return kmax <= vec[c0]\n",
-           "  if same:\n    return True\n",
+           "  if cmin == cmax:\n    return kmax <= vec[c0]\n",
+           "  if cmin == cmax:\n    return True\n",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
     Mutant("shadow-fast-path-write-keeps-reads", RACES,
            "a write clears the read slot it was ordered after; the mutant leaves it",
