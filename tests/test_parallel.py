@@ -238,6 +238,25 @@ def test_inputs_are_lent_uncopied_until_the_kernel_writes_one(monkeypatch, worke
   assert len(ex.report.kernels) == 1
 
 
+def test_reads_of_an_input_race_with_a_write_to_it_in_another_block():
+  """Reads of a lent input are not tracked (nothing can write it while it
+  is lent); a kernel that writes an input runs with copies, whose reads
+  are: block 0 doubles x[0] in place, the other blocks read it."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((ROWS, 128), F32),
+                grid=(ROWS,), grid_names=("i",))
+  def k(x_ref, o_ref):
+    i = lax.axis_index("i")
+
+    @pl.when(i == 0)
+    def _():
+      x_ref[0] = x_ref[0] * 2
+    o_ref[i] = x_ref[0]
+  ex, out = _run(k, (_x(),), 1)
+  kinds = {r.kind for r in ex.report.races}
+  assert kinds == {"write-read race between blocks"}, kinds
+  np.testing.assert_array_equal(out[0], np.tile(np.asarray(_x())[0] * 2, (ROWS, 1)))
+
+
 def deadlocks_in_block(n):
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((ROWS, 128), F32), grid=(ROWS,),
                 grid_names=("i",), scratch_types=[plgpu.Barrier()])

@@ -23,7 +23,8 @@ def tracker():
 def buffer(shape):
   data = np.zeros(shape, np.float16)
   return types.SimpleNamespace(data=data, shadow=None, alloc_key=None, space="smem",
-                               packed=None, name="x", address=lambda: data.ctypes.data)
+                               packed=None, lent=False, name="x",
+                               address=lambda: data.ctypes.data)
 
 
 VIEWS = [lambda d: d, lambda d: d[1:3], lambda d: d[:, ::2], lambda d: d[2:, 1:5],

@@ -219,6 +219,8 @@ class Executor:
             (lambda i, a: a if borrow(i, a) else memory.copy(a)))
     in_bufs = [memory.Buffer(names[i], "gmem", copy(i, a))
                for i, a in enumerate(arrays[:n_in])]
+    for b, a in zip(in_bufs, arrays[:n_in]):
+      b.lent = b.data is a
     out_bufs = []
     for j, aval in enumerate(launch.out_avals):
       if j in aliases:  # (holds the input's values: counts as written)

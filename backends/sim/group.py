@@ -84,7 +84,7 @@ class Group:
     elif ref.buf.packed is not None:
       aliasing.read_packed(ref.buf)
     if self.writes is not None and ref.buf.space == "gmem":
-      if ref.view.size:
+      if ref.view.size and not ref.buf.lent:  # (a lent input: never written)
         emap = element_map(ref.buf, ref.view)
         if not replayed:  # (what it read, for parallel.Visibility)
           self.events.append(("gmem_read", ref.buf) + emap)

@@ -185,6 +185,11 @@ MUTANTS = [
            "      if copy_inputs or not memory.wrote_read_only(e):",
            "      if True:",
            ("tests/test_parallel.py",)),
+    Mutant("copied-inputs-reads-untracked", "backends/sim/executor.py",
+           "reads of a lent input are not tracked, of a copied one they are; the "
+           "mutant treats every input as lent",
+           "      b.lent = b.data is a\n", "      b.lent = True\n",
+           ("tests/test_parallel.py",)),
     Mutant("group-end-keeps-barrier-cycles", "backends/sim/group.py",
            "a group's end empties its barrier arrays (a cycle through a numpy array "
            "is never collected); the mutant leaves them, and every group stays alive",

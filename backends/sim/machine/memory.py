@@ -79,7 +79,7 @@ class Buffer:
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
                "alloc_key", "_origin", "written", "unwritten", "_addr", "aliases",
-               "smem_range", "packed")
+               "smem_range", "packed", "lent")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
                origin=None):
@@ -97,6 +97,10 @@ class Buffer:
     self.aliases = None  # a RefUnion's byte tags (machine/aliasing.py)
     self.smem_range = None  # SMEM bytes [start, end) of a run_scoped allocation
     self.packed = None  # a RefUnion's 4-bit member: where in the union (aliasing.py)
+    # An input lent read-only (executor._buffers): nothing writes it in a
+    # launch that completes, so its reads race with nothing and are not
+    # tracked (a write fails, and the launch runs again with a copy).
+    self.lent = False
     self.nbytes = data.nbytes if data.dtype != object else 8 * data.size
 
   @property

@@ -569,7 +569,7 @@ class Tracker:
     touch the memory, when it took effect) in simulated cycles: the issue
     and the completion of async work, the thread's clock twice for a plain
     access."""
-    if view.size == 0:
+    if view.size == 0 or (buf.lent and not write):
       return
     sh = self.shadow(buf)
     off, estrides, shape = element_map(buf, view)
