@@ -236,6 +236,16 @@ def test_inputs_are_lent_uncopied_until_the_kernel_writes_one(monkeypatch, worke
   assert seen[0] == (False, [True]) and seen[-1] == (True, [False])
   assert not ex.errors and not ex.report.races
   assert len(ex.report.kernels) == 1
+  real = Executor._execute
+  monkeypatch.setattr(Executor, "_execute", lambda self, launch, arrays, copy_inputs=False:
+                      real(self, launch, arrays, copy_inputs=True))
+  at_once, out2 = _run(writes_its_input(ROWS - 1), (x,), workers)
+  assert seen[-1] == (True, [False])
+  np.testing.assert_array_equal(out[0], out2[0])
+  assert [str(f) for f in ex.report.uninitialized] == [
+      str(f) for f in at_once.report.uninitialized]
+  assert [_kernel_fields(k) for k in ex.report.kernels] == [
+      _kernel_fields(k) for k in at_once.report.kernels]
 
 
 def test_reads_of_an_input_race_with_a_write_to_it_in_another_block():
