@@ -9,6 +9,7 @@ descendants every 20 ms, from /proc/<pid>/smaps_rollup (Linux).
 
     ./dev python benchmarks/memory.py 1024 2048 4096 [--workers N]
         [--no-races] [--no-uninitialized]   # what the checks hold (issue 10)
+        [--no-fresh]                        # workers that last the launch
 """
 import argparse
 import os
@@ -24,8 +25,11 @@ import sys, time
 import numpy as np, jax, jax.numpy as jnp
 sys.path.insert(0, {examples!r})
 import pallas_sim as ps
+from pallas_sim.backends.sim import parallel
 from quickstart import matmul
 n, workers, races, uninit = {n}, {workers}, {races}, {uninit}
+if not {fresh}:  # (--no-fresh: workers that last the launch, whatever its size)
+  parallel.FRESH_MIN_BYTES = 1 << 62
 rng = np.random.default_rng(0)
 a = jnp.asarray(rng.standard_normal((n, n)), jnp.float16)
 b = jnp.asarray(rng.standard_normal((n, n)), jnp.float16)
@@ -84,10 +88,10 @@ def _private(pid):
   return maps[0][0] * 1024 if maps else 0
 
 
-def measure(n, workers, detail=None, races=True, uninit=True):
+def measure(n, workers, detail=None, races=True, uninit=True, fresh=True):
   here = os.path.dirname(os.path.abspath(__file__))
   code = CHILD.format(examples=os.path.join(here, "..", "examples"), n=n,
-                      workers=workers, races=races, uninit=uninit)
+                      workers=workers, races=races, uninit=uninit, fresh=fresh)
   env = dict(os.environ, PALLAS_SIM_PROGRESS="0")
   proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True, env=env)
@@ -131,8 +135,11 @@ def main(argv=None):
                   help="also print the largest private mappings near the peak")
   ap.add_argument("--races", action=argparse.BooleanOptionalAction, default=True)
   ap.add_argument("--uninitialized", action=argparse.BooleanOptionalAction, default=True)
+  ap.add_argument("--fresh", action=argparse.BooleanOptionalAction, default=True,
+                  help="a worker per task where parallel.run would (--no-fresh: never)")
   ns = ap.parse_args(argv)
-  print(f"races checked: {ns.races}, uninitialized reads checked: {ns.uninitialized}\n")
+  print(f"races checked: {ns.races}, uninitialized reads checked: {ns.uninitialized}, "
+        f"a worker per long task: {ns.fresh}\n")
   print("| size | blocks | workers | simulate (s) | GMEM data (MiB) | peak PSS, all "
         "processes (MiB) | main process | largest worker | largest worker, private "
         "| bound 4 x GMEM + 1 GiB (MiB) | within | races |")
@@ -140,7 +147,7 @@ def main(argv=None):
   for n in ns.sizes:
     detail = [] if ns.mappings else None
     wall, used, blocks, nraces, peak, main_peak, worker_peak, worker_private = measure(
-        n, ns.workers, detail, ns.races, ns.uninitialized)
+        n, ns.workers, detail, ns.races, ns.uninitialized, ns.fresh)
     gmem = 3 * n * n * 2  # A, B and the output, f16
     bound = 4 * gmem + GIB
     print(f"| {n}^3 | {blocks} | {used} | {wall:.1f} | {gmem / 2**20:.0f} | "
