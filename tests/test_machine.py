@@ -1,5 +1,6 @@
 """The machine's shape: block groups merged in order, the happens-before
 observer, the timing component, and the fixes that came with them."""
+import os
 import sys
 
 import jax
@@ -372,3 +373,40 @@ def test_a_launchs_groups_are_freed_once_it_ends(monkeypatch):
   assert len(made) > before
   gc.collect()
   assert [r for r in made if r() is not None] == []
+
+
+def _vm_flags(arr):
+  """The VmFlags of the mapping that holds arr's first byte (Linux)."""
+  addr, here = arr.__array_interface__["data"][0], False
+  with open("/proc/self/smaps") as f:
+    for line in f:
+      p = line.split()
+      if "-" in p[0] and ":" not in p[0]:
+        lo, hi = (int(x, 16) for x in p[0].split("-"))
+        here = lo <= addr < hi
+      elif here and p[0] == "VmFlags:":
+        return set(p[1:])
+  return set()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux only")
+def test_large_gmem_arrays_are_in_base_pages():
+  """Outputs (poison), their written-masks and input copies of 2 MiB or more
+  are asked for base pages (VmFlags "nh"): a transparent huge page written
+  by a worker and by the parent after the fork counts as private to every
+  worker (issue 10); small ones stay numpy's own. Their values are as
+  before: NaN poison, a False mask, an equal copy."""
+  from pallas_sim.backends.sim.machine import initcheck, memory
+  out = memory.poison((1024, 1024), np.float32)
+  assert np.isnan(out).all() and out.flags.writeable
+  buf = memory.Buffer("o", "gmem", memory.poison((2048, 1024), np.int8))
+  assert (buf.data == np.int8(-128 + 0x5A)).all()
+  initcheck.track(buf)
+  x = np.arange(1 << 20, dtype=np.float32).reshape(1024, 1024)
+  x.flags.writeable = False
+  dup = memory.copy(x)
+  np.testing.assert_array_equal(dup, x)
+  assert dup.flags.writeable and not np.shares_memory(dup, x)
+  for arr in (out, buf.data, buf.written, dup):
+    assert "nh" in _vm_flags(arr), _vm_flags(arr)
+  assert not buf.written.any()

@@ -190,6 +190,11 @@ MUTANTS = [
            "mutant treats every input as lent",
            "      b.lent = b.data is a\n", "      b.lent = True\n",
            ("tests/test_parallel.py",)),
+    Mutant("gmem-arrays-in-huge-pages", "backends/sim/machine/memory.py",
+           "large outputs, masks and copies ask for base pages; the mutant leaves "
+           "them to transparent huge pages",
+           "  mm.madvise(_NOHUGE)\n", "  pass\n",
+           ("tests/test_machine.py",)),
     Mutant("group-end-keeps-barrier-cycles", "backends/sim/group.py",
            "a group's end empties its barrier arrays (a cycle through a numpy array "
            "is never collected); the mutant leaves them, and every group stays alive",
