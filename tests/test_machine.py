@@ -302,8 +302,9 @@ def test_released_shadow_elements_read_zero_and_the_rest_is_kept(dtype):
   assert (arr == 7).all()
 
 
-def _huge_kb(address):
-  """AnonHugePages (kB) of the mapping holding `address` (Linux)."""
+def _smaps(address, field):
+  """The values of `field` (e.g. "AnonHugePages:") in /proc/self/smaps for
+  the mapping holding `address` (Linux)."""
   with open("/proc/self/smaps") as f:
     lines = f.read().splitlines()
   for i, line in enumerate(lines):
@@ -311,9 +312,13 @@ def _huge_kb(address):
     if "-" in head and all(c in "0123456789abcdef-" for c in head):
       lo, hi = (int(x, 16) for x in head.split("-"))
       if lo <= address < hi:
-        return next(int(r.split()[1]) for r in lines[i + 1:]
-                    if r.startswith("AnonHugePages:"))
+        return next(r.split()[1:] for r in lines[i + 1:] if r.startswith(field))
   raise AssertionError("no mapping")
+
+
+def _huge_kb(address):
+  """AnonHugePages (kB) of the mapping holding `address` (Linux)."""
+  return int(_smaps(address, "AnonHugePages:")[0])
 
 
 def test_large_shadows_are_zeroed_lazily_in_base_pages():
@@ -375,20 +380,6 @@ def test_a_launchs_groups_are_freed_once_it_ends(monkeypatch):
   assert [r for r in made if r() is not None] == []
 
 
-def _vm_flags(arr):
-  """The VmFlags of the mapping that holds arr's first byte (Linux)."""
-  addr, here = arr.__array_interface__["data"][0], False
-  with open("/proc/self/smaps") as f:
-    for line in f:
-      p = line.split()
-      if "-" in p[0] and ":" not in p[0]:
-        lo, hi = (int(x, 16) for x in p[0].split("-"))
-        here = lo <= addr < hi
-      elif here and p[0] == "VmFlags:":
-        return set(p[1:])
-  return set()
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux only")
 def test_large_gmem_arrays_are_in_base_pages():
   """Outputs (poison), their written-masks and input copies of 2 MiB or more
@@ -408,5 +399,6 @@ def test_large_gmem_arrays_are_in_base_pages():
   np.testing.assert_array_equal(dup, x)
   assert dup.flags.writeable and not np.shares_memory(dup, x)
   for arr in (out, buf.data, buf.written, dup):
-    assert "nh" in _vm_flags(arr), _vm_flags(arr)
+    flags = _smaps(arr.__array_interface__["data"][0], "VmFlags:")
+    assert "nh" in flags, flags
   assert not buf.written.any()
