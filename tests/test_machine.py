@@ -322,11 +322,13 @@ def _huge_kb(address):
 
 
 def test_large_shadows_are_zeroed_lazily_in_base_pages():
-  """races.zeros: a large shadow reads zero, is writable, and is mapped in
-  base pages (no transparent huge pages: each touch after a release would
-  zero 2 MiB), which release() gives back as it does numpy's."""
-  from pallas_sim.backends.sim.machine.races import release, zeros
-  arr = zeros(8 << 20, np.int32)  # 32 MiB
+  """memory.base_pages, as shadows use it: a large flat shadow reads zero,
+  is writable, and is mapped in base pages (no transparent huge pages:
+  each touch after a release would zero 2 MiB), which release() gives back
+  as it does numpy's."""
+  from pallas_sim.backends.sim.machine.memory import base_pages
+  from pallas_sim.backends.sim.machine.races import release
+  arr = base_pages(8 << 20, np.int32)  # 32 MiB
   assert arr.dtype == np.int32 and arr.shape == (8 << 20,) and not arr.any()
   arr[:] = 5  # (every page touched)
   release(arr, 4096, 6 << 20)

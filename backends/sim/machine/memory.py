@@ -23,8 +23,7 @@ def base_pages(shape, dtype):
     each worker (at 4096^3 on 8 workers, 13-14 MiB of a 16 MiB mask each,
     against 4-8 in base pages)."""
   dtype = np.dtype(dtype)
-  nbytes = math.prod(shape) * dtype.itemsize if isinstance(shape, tuple) else (
-      shape * dtype.itemsize)
+  nbytes = math.prod(np.atleast_1d(shape)) * dtype.itemsize  # (a shape or a length)
   if nbytes < _HUGE or _NOHUGE is None:
     return np.zeros(shape, dtype)
   # (private: shared anonymous memory would be one array for every forked

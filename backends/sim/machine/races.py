@@ -278,7 +278,8 @@ class Shadow:
     if name.startswith("_"):
       raise AttributeError(name)
     # (flat: every view of it is built from element offsets and strides)
-    arr = zeros(math.prod(self.shape), self.comp_dtype if name.endswith("c") else np.int32)
+    arr = memory.base_pages(math.prod(self.shape),
+                            self.comp_dtype if name.endswith("c") else np.int32)
     setattr(self, name, arr)
     return arr
 
@@ -295,9 +296,6 @@ if sys.platform == "linux" and _MADV_DONTNEED is not None:
   _libc = ctypes.CDLL(None, use_errno=True)
   _madvise = _libc.madvise
   _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-
-
-zeros = memory.base_pages  # (flat shadows: one page at a time)
 
 
 def release(arr, lo, hi):
