@@ -10,6 +10,7 @@ descendants every 20 ms, from /proc/<pid>/smaps_rollup (Linux).
     ./dev python benchmarks/memory.py 1024 2048 4096 [--workers N]
         [--no-races] [--no-uninitialized]   # what the checks hold (issue 10)
         [--no-fresh]                        # workers that last the launch
+        [--no-warm]         # no unmeasured 256^3 run first (numba's compile)
 """
 import argparse
 import os
@@ -137,7 +138,12 @@ def main(argv=None):
   ap.add_argument("--uninitialized", action=argparse.BooleanOptionalAction, default=True)
   ap.add_argument("--fresh", action=argparse.BooleanOptionalAction, default=True,
                   help="a worker per task where parallel.run would (--no-fresh: never)")
+  ap.add_argument("--warm", action=argparse.BooleanOptionalAction, default=True,
+                  help="first simulate a 256^3 matmul, unmeasured (--no-warm: the "
+                       "first size pays for compiling numba's kernels on a fresh machine)")
   ns = ap.parse_args(argv)
+  if ns.warm:  # (numba caches its kernels on disk: ~15 s, once per checkout)
+    measure(256, 1, None, ns.races, ns.uninitialized, ns.fresh)
   print(f"races checked: {ns.races}, uninitialized reads checked: {ns.uninitialized}, "
         f"a worker per long task: {ns.fresh}\n")
   print("| size | blocks | workers | simulate (s) | GMEM data (MiB) | peak PSS, all "
