@@ -7,6 +7,7 @@ size) load one unit at a time: tensor cores, L2, HBM, ALUs; suite kernels
 (benchmarks/timing_suite.py) load several together.
 
     python3 benchmarks/power_study.py --out $OUT [--seconds 3] [--window 1.5]
+        [--whole-suite]   # every kernel of the suite, no micro-benchmarks
 
 Writes $OUT/power_study.json: per kernel the time per call over the window,
 the median SM clock and power there (and their range), and the idle board.
@@ -59,7 +60,8 @@ class Sampler(measure_gpu.ClockSampler):
     if not s:
       return None
     col = lambda i: [x[i] for x in s]
-    return dict(sm_mhz=statistics.median(col(1)), sm_mhz_min=min(col(1)),
+    return dict(sm_mhz=statistics.median(col(1)), sm_mhz_mean=statistics.fmean(col(1)),
+              sm_mhz_min=min(col(1)),
                 sm_mhz_max=max(col(1)), power_w=statistics.median(col(2)),
                 power_w_min=min(col(2)), power_w_max=max(col(2)),
                 power_avg_w=statistics.median(col(3)), samples=len(s))
@@ -96,14 +98,16 @@ def main(argv=None):
   ap.add_argument("--seconds", type=float, default=3.0)
   ap.add_argument("--window", type=float, default=1.5)
   ap.add_argument("--filter", default="")
+  ap.add_argument("--whole-suite", action="store_true",
+                  help="every kernel of benchmarks/timing_suite.py, and no micros")
   ns = ap.parse_args(argv)
   sampler = Sampler(20)
   time.sleep(2.5)
   t = time.time()
   rows = [dict(name="idle", kind="idle", clock=sampler.window(t - 1.5, t))]
-  jobs = [j for j in measure_gpu.micro_jobs() if j.key.endswith(" n2")
-          and j.meta["name"] in MICROS]
-  jobs += [j for j in measure_gpu.suite_jobs() if j.meta["name"] in SUITE]
+  jobs = [] if ns.whole_suite else [j for j in measure_gpu.micro_jobs()
+                                    if j.key.endswith(" n2") and j.meta["name"] in MICROS]
+  jobs += [j for j in measure_gpu.suite_jobs() if ns.whole_suite or j.meta["name"] in SUITE]
   jobs = [j for j in jobs if ns.filter in j.meta["name"]]
   path = os.path.join(ns.out, "power_study.json")
   for j in jobs:

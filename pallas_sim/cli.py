@@ -124,6 +124,9 @@ def main(argv=None):
   r.add_argument("file")
   r.add_argument("--gpu", default="h100", choices=gpus.NAMES)
   r.add_argument("--trace", help="write a Chrome trace of the kernels here")
+  r.add_argument("--clock-mhz", type=float, default=None,
+                 help="predict times with the SMs at this clock (e.g. what nvidia-smi "
+                      "shows at the power limit; default: each unit at its measured one)")
   r.add_argument("args", nargs=argparse.REMAINDER)
   c = sub.add_parser("check", help="check a file's or module's entry points for races")
   c.add_argument("target")
@@ -138,7 +141,7 @@ def main(argv=None):
   sys.argv = [ns.file] + ns.args
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status = 0
-  with ps.backend("sim", gpu=ns.gpu) as report:
+  with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz) as report:
     try:
       runpy.run_path(ns.file, run_name="__main__")
     except SystemExit as e:  # the script's own exit: report first, then its status

@@ -37,6 +37,13 @@ class GPU:
   # are those of random data. (tf32 and int8: not measured on such data.)
   tensor_flop_per_clk: tuple = (("f16", 3238), ("bf16", 3203), ("tf32", 1656),
                                 ("fp8", 6544), ("int8", 6624))
+  # The SM clock (MHz) each of those loops ran at: the median of nvidia-smi's
+  # readings over the sustained loop (random operands: power_study_random in
+  # benchmarks/h200_measured.json; tf32's small-integer loop held 1965-1980;
+  # int8's rate is twice f16's small-integer one, whose loop held 1725).
+  # at_clock() divides the rates by these to get FLOP per cycle.
+  tensor_rate_mhz: tuple = (("f16", 1665), ("bf16", 1755), ("tf32", 1980),
+                            ("fp8", 1710), ("int8", 1725))
   wgmma_issue_cycles: float = 28.0
   hbm_bytes_per_s: float = 3.35e12        # reads
   hbm_write_bytes_per_s: float = 2.44e12  # writes (H100: the H200's ratio)
@@ -115,6 +122,10 @@ class GPU:
   tensor_clock_mhz: int = 1725
   power_limit_w: int = 700
   power_limited_mhz: tuple = (1230, 1485)
+  # The SMs' highest clock, and the one at_clock() set (None: the figures as
+  # measured, each unit at its own loop's clock).
+  boost_mhz: float = 1980.0
+  sm_clock_mhz: float | None = None
 
   def tensor_rate(self, operand_kind):
     """Tensor-core FLOP per clock per SM for operands of this kind."""
@@ -135,11 +146,43 @@ GPUS = {g.name: g for g in (H100, H200)}
 NAMES = tuple(sorted(GPUS))
 
 
-def get(gpu):
-  if isinstance(gpu, GPU):
-    return gpu
-  try:
-    return GPUS[str(gpu).lower()]
-  except KeyError:
-    raise ValueError(
-        f"gpu={gpu!r}: unknown GPU model; choose one of {list(NAMES)}") from None
+def get(gpu, clock_mhz=None):
+  """The model named `gpu` (or gpu itself), at_clock(clock_mhz) if given."""
+  if not isinstance(gpu, GPU):
+    try:
+      gpu = GPUS[str(gpu).lower()]
+    except KeyError:
+      raise ValueError(
+          f"gpu={gpu!r}: unknown GPU model; choose one of {list(NAMES)}") from None
+  return gpu if clock_mhz is None else at_clock(gpu, clock_mhz)
+
+
+def at_clock(gpu, mhz):
+  """The model with its SMs at `mhz` for the whole kernel: the clock an
+  H100/H200 holds at the board's power limit (1035-1860 MHz for the large
+  matmuls of benchmarks/timing_suite.py on an H200, where the model's
+  default counts their tensor cores at their loop's 1665 MHz and everything
+  else at 1980: benchmarks/RESULTS.md), or any clock to ask "what if".
+
+  What the SM does, per cycle of its clock, stays: issue, ALU, barrier and
+  wgmma latencies, its TMA engine's and L1's bytes a cycle, and the tensor
+  cores' FLOP a cycle (the rates divided by their loops' clocks). What the
+  memory system does, per second, stays: HBM and L2 bandwidth (so a busy SM's
+  share of the L2 is more bytes a cycle at a lower clock), spills' round
+  trips to the L2, and the TMA and HBM latencies (taken to be in the memory
+  system's time: they were measured at 1980 MHz), launch overhead."""
+  if isinstance(mhz, bool) or not isinstance(mhz, (int, float)) or not (
+      0 < mhz <= gpu.boost_mhz):
+    raise ValueError(f"clock_mhz={mhz!r}: the SM clock in MHz, above 0 and at most "
+                     f"the {gpu.name}'s boost clock, {gpu.boost_mhz:g}")
+  mhz = float(mhz)
+  was = gpu.clock_hz / 1e6  # (the clock of the cycle figures)
+  r = mhz / was
+  measured = dict(gpu.tensor_rate_mhz)
+  return dataclasses.replace(
+      gpu, clock_hz=mhz * 1e6, sm_clock_mhz=mhz,
+      tensor_flop_per_clk=tuple((k, v * was / measured[k])
+                                for k, v in gpu.tensor_flop_per_clk),
+      tensor_rate_mhz=tuple((k, mhz) for k, _ in gpu.tensor_rate_mhz),
+      tma_latency=gpu.tma_latency * r, hbm_latency_extra=gpu.hbm_latency_extra * r,
+      local_l2_bytes_per_clk=gpu.local_l2_bytes_per_clk / r)

@@ -45,6 +45,12 @@ class Options:
   numerics: compute the tensor cores' sums (False: outputs are not
     meaningful; times are the same, as no time depends on a value the
     tensor cores compute unless control flow reads it: ps.estimate).
+  clock_mhz: the SM clock the kernel runs at, for the whole launch (None:
+    each unit at the clock its figures were measured at: the tensor cores
+    at a wgmma loop's sustained 1665 MHz, the rest at the 1980 MHz boost).
+    A kernel that keeps the tensor cores and the L2 busy runs at the board's
+    power limit, 1035-1860 MHz on an H200 (what nvidia-smi shows while it
+    runs); the model does not predict that clock (gpus.at_clock).
   block_classes: simulate one block per class of blocks that do the same
     work, and give the others its times (backends/sim/block_classes.py;
     kernels whose control flow depends on the block's index or on data run
@@ -61,9 +67,10 @@ class Options:
   engine: str = "processes"
   numerics: bool = True
   block_classes: bool = False
+  clock_mhz: float | None = None
 
   def __post_init__(self):
-    gpus.get(self.gpu)  # raises on an unknown model
+    gpus.get(self.gpu, self.clock_mhz)  # raises on an unknown model or clock
     for name in ("on_race", "on_uninitialized", "library_races"):
       if getattr(self, name) not in _ON:
         raise ValueError(f"{name}={getattr(self, name)!r}: choose one of {_ON}")

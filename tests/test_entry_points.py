@@ -73,8 +73,9 @@ def test_pallas_sim_run_simulates_a_script_and_prints_the_report(tmp_path):
 
 def test_pallas_sim_run_passes_on_the_scripts_exit_status(tmp_path):
   (tmp_path / "script.py").write_text(SCRIPT)
-  p = _cli(["run", "script.py", "3"], tmp_path)
+  p = _cli(["run", "--gpu", "h200", "--clock-mhz", "1400", "script.py", "3"], tmp_path)
   assert p.returncode == 3, p.stdout + p.stderr
+  assert "pallas-sim report (h200 at 1400 MHz)" in p.stdout
 
 
 def test_report_summary_names_kernels_resources_time_and_races(rng):

@@ -19,7 +19,7 @@ def _pyplot():
 
 def save(report, path):
   plt = _pyplot()
-  gpu = gpus.get(report.gpu)
+  gpu = gpus.get(report.gpu, report.clock_mhz)
   fig, (tl, roof) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=(3, 2))
   rows, t0 = {}, 0.0
   colors = {"TMA engine": "tab:blue", "tensor core": "tab:orange"}

@@ -100,6 +100,7 @@ class Report:
   # machine/initcheck.Uninitialized findings: reads of elements nothing
   # wrote, outputs no block wrote in full
   uninitialized: list = dataclasses.field(default_factory=list)
+  clock_mhz: float | None = None  # the SM clock asked for (Options.clock_mhz)
 
   @property
   def time_s(self):
@@ -107,7 +108,8 @@ class Report:
     return sum(k.time_s for k in self.kernels)
 
   def summary(self):
-    lines = [f"pallas-sim report ({self.gpu}): {len(self.kernels)} kernel "
+    at = f" at {self.clock_mhz:g} MHz" if self.clock_mhz else ""
+    lines = [f"pallas-sim report ({self.gpu}{at}): {len(self.kernels)} kernel "
              f"launch(es), {len(self.races)} race(s), {len(self.uninitialized)} "
              "uninitialized-memory finding(s)"]
     lines += ["  " + k.summary().replace("\n", "\n  ") for k in self.kernels]

@@ -25,6 +25,8 @@ def utilisation(kt, totals, gpu, hbm):
 def clock_note(util, gpu):
   """For a kernel that keeps the tensor cores busy: the clock the model
   does not predict (the board's power limit), or ""."""
+  if gpu.sm_clock_mhz is not None:
+    return f"SMs at {gpu.sm_clock_mhz:g} MHz throughout (clock_mhz)"
   busy = util.get("tensor core", 0.0)
   if busy < 0.6 or not gpu.power_limited_mhz:
     return ""
@@ -33,7 +35,8 @@ def clock_note(util, gpu):
           f"wgmma loop alone holds {gpu.tensor_clock_mhz} MHz); kernels that also keep "
           f"the L2 busy meet the {gpu.power_limit_w} W limit at {lo}-{hi} MHz, where "
           f"tensor-core work runs {gpu.tensor_clock_mhz / hi - 1:.0%}-"
-          f"{gpu.tensor_clock_mhz / lo - 1:.0%} slower (not modelled)")
+          f"{gpu.tensor_clock_mhz / lo - 1:.0%} slower (not predicted: pass clock_mhz=, "
+          f"the clock nvidia-smi shows while it runs, to predict at it)")
 
 
 def stall_shares(totals):

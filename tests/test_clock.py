@@ -1,0 +1,123 @@
+"""The SM clock as an input (Options.clock_mhz, gpus.at_clock): what the SM
+does per cycle stays, what the memory system does per second stays."""
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from pallas_sim import gpus
+from test_quickstart import matmul_mcs
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import timing_suite  # noqa: E402
+
+F16, F32 = jnp.float16, jnp.float32
+S = jax.ShapeDtypeStruct
+H = gpus.H200
+
+SM_CYCLES = ("wgmma_issue_cycles", "wgmma_latency", "barrier_latency", "tma_bytes_per_clk",
+             "alu_cycles_per_vector", "transcendental_cycles_per_vector",
+             "sfu_cycles_per_vector", "op_overhead_cycles", "local_bytes_per_clk")
+PER_SECOND = ("hbm_bytes_per_s", "hbm_write_bytes_per_s", "l2_bytes_per_s",
+              "launch_overhead_s")
+
+
+def test_at_clock_keeps_the_sms_cycles_and_the_memory_systems_seconds():
+  g = gpus.at_clock(H, 990)
+  assert g.clock_hz == 990e6 and g.sm_clock_mhz == 990.0
+  for f in SM_CYCLES + PER_SECOND:
+    assert getattr(g, f) == getattr(H, f), f
+  # tensor cores: each rate per cycle of the clock its loop ran at
+  assert g.tensor_rate("f16") == pytest.approx(3238 * 1980 / 1665)
+  assert g.tensor_rate("tf32") == pytest.approx(1656)
+  # latencies in the memory system's time: half the cycles at half the clock
+  assert g.tma_latency == pytest.approx(H.tma_latency / 2)
+  assert g.hbm_latency_extra == pytest.approx(H.hbm_latency_extra / 2)
+  assert g.local_l2_bytes_per_clk == pytest.approx(2 * H.local_l2_bytes_per_clk)
+  # a clock from a clock: as from the figures
+  twice = gpus.at_clock(gpus.at_clock(H, 1500), 990)
+  for f in dataclasses.fields(g):
+    assert _same(getattr(twice, f.name), getattr(g, f.name)), f.name
+
+
+def _same(a, b):
+  if isinstance(a, tuple):
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+  return a == pytest.approx(b) if isinstance(a, float) else a == b
+
+
+@pytest.mark.parametrize("bad", [0, -5, 1981, 5000, "fast", True])
+def test_a_clock_that_is_not_one_is_refused_by_name(bad):
+  with pytest.raises(ValueError, match="clock_mhz"):
+    ps.Options(gpu="h200", clock_mhz=bad)
+
+
+def _wgmma_loop(steps, **opts):
+  """One block: a 128x128 f32 accumulator, wgmma 128x128x64 `steps` times;
+  the kernel's compute time (s)."""
+  def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar):
+    plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+    plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+    plgpu.barrier_wait(bar)
+
+    def step(i, c):
+      plgpu.wgmma(acc, a_s, b_s)
+      plgpu.wgmma_wait(1)
+      return c
+    lax.fori_loop(0, steps, step, None)
+    plgpu.wgmma_wait(0)
+    o_ref[...] = acc[...]
+  T = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+  k = plgpu.kernel(body, out_type=S((128, 128), F32), scratch_types=[
+      plgpu.SMEM((128, 64), F16, **T), plgpu.SMEM((64, 128), F16, **T),
+      plgpu.ACC((128, 128), F32), plgpu.Barrier(num_arrivals=2)])
+  rep = ps.estimate(k, S((128, 64), F16), S((64, 128), F16), gpu="h200", **opts)
+  return rep.kernels[0].timing.compute_s
+
+
+def _per_wgmma(**opts):
+  return (_wgmma_loop(40, **opts) - _wgmma_loop(20, **opts)) / 20
+
+
+def test_tensor_core_work_takes_its_cycles_at_the_clock_given():
+  flops = 2 * 128 * 128 * 64
+  per_clk = 3238 * 1980 / 1665  # (f16, per cycle of the loop's clock)
+  for mhz in (1000, 1500):
+    assert _per_wgmma(clock_mhz=mhz) == pytest.approx(
+        (flops / per_clk + H.wgmma_issue_cycles) / (mhz * 1e6), rel=1e-6)
+  # At the clock its rate was measured at, a tensor-bound loop takes what the
+  # default model gives it (which counts the rate per second): the tensor
+  # cores' part alike, the issue cycles at 1665 MHz rather than 1980.
+  assert _per_wgmma(clock_mhz=1665) == pytest.approx(_per_wgmma(), rel=0.01)
+
+
+def test_an_hbm_bound_kernel_does_not_slow_down_with_the_sm_clock():
+  def add(x, y):
+    return timing_suite.elementwise_pipeline(x, y, blocks=1024, tile_m=32, tile_n=256)
+  args = [S((timing_suite.EW_ROWS, timing_suite.EW_COLS), F32)] * 2
+  fast = ps.estimate(add, *args, gpu="h200").kernels[0]
+  slow = ps.estimate(add, *args, gpu="h200", clock_mhz=1000).kernels[0]
+  assert fast.bound == slow.bound == "HBM"
+  assert slow.time_s == pytest.approx(fast.time_s, rel=0.02)
+
+
+def test_a_matmul_at_the_power_limits_clock_is_slower_and_says_so():
+  """The large matmuls of the suite run at 1035-1860 MHz on an H200 at its
+  700 W limit (benchmarks/RESULTS.md): given such a clock, the tensor-bound
+  part of a matmul takes longer (at 1000 MHz its tensor cores, not its
+  share of the L2, bound it); the report names the clock."""
+  a, b = S((4096, 4096), F16), S((4096, 4096), F16)
+  mm = lambda a, b: matmul_mcs(a, b, tile_n=128, max_concurrent_steps=4)
+  default = ps.estimate(mm, a, b, gpu="h200")
+  slow = ps.estimate(mm, a, b, gpu="h200", clock_mhz=1000)
+  assert slow.time_s > 1.15 * default.time_s
+  k = slow.kernels[0]
+  assert k.clock_hz == 1000e6 and slow.clock_mhz == 1000
+  assert "at 1000 MHz" in slow.summary() and "SMs at 1000 MHz" in k.summary()
+  assert "pass clock_mhz=" in default.kernels[0].clock_note
