@@ -690,4 +690,21 @@ MUTANTS = [
            "  carve = min((c * 1024 for c in gpu.smem_carveouts_kib if c * 1024 >= smem_per_sm),\n",
            "  carve = max((c * 1024 for c in gpu.smem_carveouts_kib if c * 1024 >= smem_per_sm),\n",
            ("tests/test_timing_model.py",)),
+    Mutant("clock-latency-in-sm-cycles", "pallas_sim/gpus.py",
+           "at another SM clock, TMA and HBM latencies keep their nanoseconds; the "
+           "mutant keeps their cycles",
+           "      tma_latency=gpu.tma_latency * r, hbm_latency_extra=gpu.hbm_latency_extra * r,\n",
+           "      tma_latency=gpu.tma_latency, hbm_latency_extra=gpu.hbm_latency_extra,\n",
+           ("tests/test_clock.py",)),
+    Mutant("clock-tensor-rate-per-second", "pallas_sim/gpus.py",
+           "at another SM clock, the tensor cores do the FLOP a cycle their loop did; "
+           "the mutant keeps the default's cycles of 1980 MHz",
+           "      tensor_flop_per_clk=tuple((k, v * was / measured[k])\n",
+           "      tensor_flop_per_clk=tuple((k, v * 1.0)\n",
+           ("tests/test_clock.py",)),
+    Mutant("clock-ignored", "backends/sim/executor.py",
+           "the executor's GPU model is at the clock asked for",
+           "    self.gpu = gpus.get(opts.gpu, opts.clock_mhz)\n",
+           "    self.gpu = gpus.get(opts.gpu)\n",
+           ("tests/test_clock.py",)),
 ]
