@@ -153,6 +153,8 @@ def elementwise_reference(x, y, *, dt, out_dt, un, bi, iota_axis, shape, tile):
       lo = np.where(above, u.lo, np.where(below, two_y, np.fmin(yb, two_y)))
       hi = np.where(above, u.hi, np.where(below, two_y, np.fmax(u.hi, two_y)))
       w = Iv(lo, hi)
+    if ints:  # (an integer has no -0: neg of a 0 is +0, as -0.0 + 0.0 is)
+      w = w.add(0.0)
     if out_dt == dt:
       return w
     if out_dt == "i32":

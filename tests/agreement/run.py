@@ -42,7 +42,7 @@ def run_shard(family, shard, args):
     env["HYPOTHESIS_MAX_EXAMPLES"] = str(args.examples)
   cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          os.path.join(HERE, "test_agreement.py") + f"::test_{family}",
-         f"--hypothesis-seed={shard}", "--hypothesis-show-statistics"]
+         f"--hypothesis-seed={args.seed + shard}", "--hypothesis-show-statistics"]
   t0 = time.time()
   try:
     p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True,
@@ -79,6 +79,8 @@ def main(argv=None):
                   choices=list(FAMILIES))
   ap.add_argument("--shards", type=int, default=2,
                   help="pytest processes per family (different seeds)")
+  ap.add_argument("--seed", type=int, default=0,
+                  help="hypothesis seed of the first shard (the others: the next ones)")
   ap.add_argument("--examples", type=int, default=None,
                   help="examples per shard (default: the profile's)")
   ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 2))
@@ -96,7 +98,8 @@ def main(argv=None):
             + (f"simulator vs real Mosaic GPU on {dev.device_kind}" if dev
                else "simulator vs NumPy reference (no Hopper GPU; the lowering "
                     "runs on the CPU to say what must be rejected)")
-            + f"; profile {args.profile}, {args.shards} shard(s) per family")
+            + f"; profile {args.profile}, {args.shards} shard(s) per family, seeds "
+            f"{args.seed}..{args.seed + args.shards - 1}")
   print(header, flush=True)
 
   jobs = [(f, s) for f in args.families for s in range(args.shards)]
