@@ -7,12 +7,11 @@ import sys
 import jax
 import jax.numpy as jnp
 import pytest
-from jax import lax
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 from pallas_sim import gpus
 from test_quickstart import matmul_mcs
+from test_timing_model import wgmma_loop
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import timing_suite  # noqa: E402
@@ -58,31 +57,10 @@ def test_a_clock_that_is_not_one_is_refused_by_name(bad):
     ps.Options(gpu="h200", clock_mhz=bad)
 
 
-def _wgmma_loop(steps, **opts):
-  """One block: a 128x128 f32 accumulator, wgmma 128x128x64 `steps` times;
-  the kernel's compute time (s)."""
-  def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar):
-    plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
-    plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
-    plgpu.barrier_wait(bar)
-
-    def step(i, c):
-      plgpu.wgmma(acc, a_s, b_s)
-      plgpu.wgmma_wait(1)
-      return c
-    lax.fori_loop(0, steps, step, None)
-    plgpu.wgmma_wait(0)
-    o_ref[...] = acc[...]
-  T = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
-  k = plgpu.kernel(body, out_type=S((128, 128), F32), scratch_types=[
-      plgpu.SMEM((128, 64), F16, **T), plgpu.SMEM((64, 128), F16, **T),
-      plgpu.ACC((128, 128), F32), plgpu.Barrier(num_arrivals=2)])
-  rep = ps.estimate(k, S((128, 64), F16), S((64, 128), F16), gpu="h200", **opts)
-  return rep.kernels[0].timing.compute_s
-
-
 def _per_wgmma(**opts):
-  return (_wgmma_loop(40, **opts) - _wgmma_loop(20, **opts)) / 20
+  """Seconds a 128x128x64 wgmma adds to a one-block loop of them."""
+  t = lambda steps: wgmma_loop(128, steps, **opts).timing.compute_s
+  return (t(40) - t(20)) / 20
 
 
 def test_tensor_core_work_takes_its_cycles_at_the_clock_given():

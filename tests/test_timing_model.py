@@ -77,9 +77,10 @@ def test_the_l1_is_what_the_smem_carveout_leaves():
   assert occupancy.l1_bytes(g, 0) == 256 * 1024
 
 
-def _spilling_loop(pad_kib, steps):
-  """A 128x256 f32 accumulator (spills) in a wgmma loop, with pad_kib of
-  SMEM beside its operands, unused: the kernel's cycles."""
+def wgmma_loop(n, steps, pad_kib=0, **opts):
+  """One block: a 128xn f32 accumulator, wgmma 128xnx64 `steps` times, with
+  pad_kib of SMEM beside its operands, unused: its report (ps.estimate on
+  the H200 model, with opts)."""
   def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar, *pad):
     plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
     plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
@@ -93,12 +94,16 @@ def _spilling_loop(pad_kib, steps):
     plgpu.wgmma_wait(0)
     o_ref[...] = acc[...]
   T = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
-  k = plgpu.kernel(body, out_type=S((128, 256), F32), scratch_types=[
-      plgpu.SMEM((128, 64), F16, **T), plgpu.SMEM((64, 256), F16, **T),
-      plgpu.ACC((128, 256), F32), plgpu.Barrier(num_arrivals=2)]
+  k = plgpu.kernel(body, out_type=S((128, n), F32), scratch_types=[
+      plgpu.SMEM((128, 64), F16, **T), plgpu.SMEM((64, n), F16, **T),
+      plgpu.ACC((128, n), F32), plgpu.Barrier(num_arrivals=2)]
       + ([plgpu.SMEM((pad_kib * 8, 64), F16)] if pad_kib else []))
-  rep = ps.estimate(k, S((128, 64), F16), S((64, 256), F16), gpu="h200").kernels[0]
-  return rep.timing.compute_s * gpus.H200.clock_hz
+  return ps.estimate(k, S((128, 64), F16), S((64, n), F16), gpu="h200", **opts).kernels[0]
+
+
+def _spilling_loop(pad_kib, steps):
+  """A 128x256 f32 accumulator (spills) in the loop: the kernel's cycles."""
+  return wgmma_loop(256, steps, pad_kib).timing.compute_s * gpus.H200.clock_hz
 
 
 def _per_wgmma(pad_kib):
