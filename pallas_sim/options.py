@@ -49,7 +49,7 @@ class Options:
     each unit at the clock its figures were measured at: the tensor cores
     at a wgmma loop's sustained 1665 MHz, the rest at the 1980 MHz boost).
     A kernel that keeps the tensor cores and the L2 busy runs at the board's
-    power limit, 1035-1860 MHz on an H200 (what nvidia-smi shows while it
+    power limit, 1035-1905 MHz on an H200 (what nvidia-smi shows while it
     runs); the model does not predict that clock (gpus.at_clock).
   block_classes: simulate one block per class of blocks that do the same
     work, and give the others its times (backends/sim/block_classes.py;
