@@ -15,7 +15,7 @@ every figure the model uses is in pallas_sim/gpus.py.
 
 The measured time counted (--truth) is by default the sustained one: each
 kernel timed after a second of back-to-back calls, when the SM clock has
-settled where the 700 W power limit puts it (1230-1485 MHz for the large
+settled where the 700 W power limit puts it (1035-1905 MHz for the large
 matmuls), as it runs in any loop longer than a fraction of a second. The
 short-batch time (25 ms batches straight after compiling, whatever the clock
 was then: it scatters up to 11% from the sustained one) is printed beside

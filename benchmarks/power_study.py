@@ -61,8 +61,8 @@ class Sampler(measure_gpu.ClockSampler):
       return None
     col = lambda i: [x[i] for x in s]
     return dict(sm_mhz=statistics.median(col(1)), sm_mhz_mean=statistics.fmean(col(1)),
-              sm_mhz_min=min(col(1)),
-                sm_mhz_max=max(col(1)), power_w=statistics.median(col(2)),
+                sm_mhz_min=min(col(1)), sm_mhz_max=max(col(1)),
+                power_w=statistics.median(col(2)),
                 power_w_min=min(col(2)), power_w_max=max(col(2)),
                 power_avg_w=statistics.median(col(3)), samples=len(s))
 

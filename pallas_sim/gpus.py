@@ -2,6 +2,7 @@
 timing.py) and the resource checks read, as data. Figures marked 'calibrate'
 are leads to be measured on a real Hopper GPU (benchmarks/), not trusted."""
 import dataclasses
+import numbers
 
 
 # Figures marked (H200) were measured on an H200 by benchmarks/calibrate.py
@@ -171,7 +172,7 @@ def at_clock(gpu, mhz):
   share of the L2 is more bytes a cycle at a lower clock), spills' round
   trips to the L2, and the TMA and HBM latencies (taken to be in the memory
   system's time: they were measured at 1980 MHz), launch overhead."""
-  if isinstance(mhz, bool) or not isinstance(mhz, (int, float)) or not (
+  if isinstance(mhz, bool) or not isinstance(mhz, numbers.Real) or not (
       0 < mhz <= gpu.boost_mhz):
     raise ValueError(f"clock_mhz={mhz!r}: the SM clock in MHz, above 0 and at most "
                      f"the {gpu.name}'s boost clock, {gpu.boost_mhz:g}")

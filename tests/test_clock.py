@@ -6,6 +6,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import pallas_sim as ps
@@ -30,6 +31,7 @@ PER_SECOND = ("hbm_bytes_per_s", "hbm_write_bytes_per_s", "l2_bytes_per_s",
 def test_at_clock_keeps_the_sms_cycles_and_the_memory_systems_seconds():
   g = gpus.at_clock(H, 990)
   assert g.clock_hz == 990e6 and g.sm_clock_mhz == 990.0
+  assert gpus.at_clock(H, np.int64(990)) == g  # (a sweep's numpy numbers too)
   for f in SM_CYCLES + PER_SECOND:
     assert getattr(g, f) == getattr(H, f), f
   # tensor cores: each rate per cycle of the clock its loop ran at
