@@ -2,7 +2,8 @@
 ten configurations of the quickstart matmul at 8192^3 f16 on the H200 model,
 the predicted time, the bound, and how long each estimate took here.
 
-    ./dev python benchmarks/estimate_sweep.py [--size 8192] [--gpu h200]"""
+    ./dev python benchmarks/estimate_sweep.py [--size 8192] [--gpu h200]
+        [--clock-mhz F]   # the SMs at F MHz (the power limit's clock, if known)"""
 import argparse
 import os
 import sys
@@ -24,6 +25,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--size", type=int, default=8192)
   ap.add_argument("--gpu", default="h200")
+  ap.add_argument("--clock-mhz", type=float, default=None)
   ns = ap.parse_args(argv)
   n = ns.size
   shape = jax.ShapeDtypeStruct((n, n), jnp.float16)
@@ -35,7 +37,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     rep = ps.estimate(lambda a, b: matmul_mcs(a, b, tile_n=tn, tile_k=tk,
                                               max_concurrent_steps=mcs),
-                      shape, shape, gpu=ns.gpu)
+                      shape, shape, gpu=ns.gpu, clock_mhz=ns.clock_mhz)
     k = rep.kernels[0]
     print(f"| 128x{tn}x{tk}, {mcs} | {k.time_s * 1e6:.0f} | {k.tflops:.0f} | {k.bound} | "
           f"{time.perf_counter() - t0:.2f} |")
