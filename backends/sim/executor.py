@@ -62,7 +62,7 @@ class Executor:
       raise TypeError(f"Executor: unknown option(s) {sorted(named)}")
     self.gpu = gpus.get(opts.gpu, opts.clock_mhz)
     self.timing = Timing(self.gpu)
-    self.report = Report(self.gpu.name, clock_mhz=opts.clock_mhz)
+    self.report = Report(self.gpu.name, clock_mhz=self.gpu.sm_clock_mhz)
     self.trace_blocks = trace_blocks
     self.check_races = opts.check_races
     self.on_race = opts.on_race
