@@ -115,7 +115,8 @@ def run(args):
   with open(conftest, "w") as f:
     f.write(COMMON + ("" if args.native else CONFTEST))
   log = os.path.join(out, "results.jsonl")
-  for stale in (log, os.path.join(out, "races.jsonl")):
+  checks = os.path.join(out, "estimate.jsonl")
+  for stale in (log, os.path.join(out, "races.jsonl"), checks):
     if os.path.exists(stale):
       os.remove(stale)
   cmd = [sys.executable, "-m", "pytest", TEST, "-q", "-p", "no:cacheprovider",
@@ -132,6 +133,8 @@ def run(args):
              JAX_SUITE_TEST_TIMEOUT=str(args.timeout))
   if not args.native:
     env["JAX_PLATFORMS"] = "cpu"
+    if args.check_estimate:  # (backends/sim/estimate_check.py)
+      env["PALLAS_SIM_CHECK_ESTIMATE"] = checks
   elif args.n:  # (workers share the GPU: no worker may take 75% of its memory)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   print(" ".join(cmd), flush=True)
@@ -143,6 +146,28 @@ def run(args):
     json.dump(results, f, indent=0, sort_keys=True)
   counts = collections.Counter(r[0] for r in results.values())
   print(f"{'native' if args.native else 'simulated'}: {dict(counts)}")
+  if os.path.exists(checks):
+    summarize_checks(checks)
+
+
+def summarize_checks(path, tolerance=0.02):
+  """ps.estimate against the full simulation, over the launches of a run
+  with --check-estimate: how many agree exactly, within the tolerance, not;
+  which raised."""
+  lines = [json.loads(x) for x in open(path)]
+  raised = [x for x in lines if "raised" in x]
+  ran = [x for x in lines if "raised" not in x]
+  exact = [x for x in ran if abs(x["error"]) < 1e-9]
+  off = [x for x in ran if abs(x["error"]) > tolerance]
+  print(f"estimate against simulate: {len(lines)} launches; {len(exact)} equal, "
+        f"{len(ran) - len(exact) - len(off)} within {tolerance:.0%} (not equal), "
+        f"{len(off)} off by more, {len(raised)} raised")
+  for x in sorted(off, key=lambda x: -abs(x["error"]))[:20]:
+    print(f"  {x['error']:+.1%} {x['kernel']} ({x['test']}): simulated "
+          f"{x['simulated_s'] * 1e6:.2f} us, estimated {x['estimated_s'] * 1e6:.2f}")
+  kinds = collections.Counter(reason(x["raised"]) for x in raised)
+  for k, n in kinds.most_common():
+    print(f"  raised x{n}: {k}")
 
 
 def parse_log(path):
@@ -199,12 +224,18 @@ def main():
   r.add_argument("-n", type=int, default=0)
   r.add_argument("-k", default=None)
   r.add_argument("--timeout", type=int, default=120, help="seconds per test")
+  r.add_argument("--check-estimate", action="store_true",
+                 help="estimate every simulated launch again and compare "
+                      "(backends/sim/estimate_check.py; out/estimate.jsonl)")
   r.add_argument("--out", required=True)
   c = sub.add_parser("compare")
   c.add_argument("native_json")
   c.add_argument("sim_json")
+  k = sub.add_parser("checks", help="sum up a --check-estimate run's estimate.jsonl")
+  k.add_argument("jsonl")
   args = ap.parse_args()
-  {"extract": extract, "run": run, "compare": compare}[args.cmd](args)
+  {"extract": extract, "run": run, "compare": compare,
+   "checks": lambda a: summarize_checks(a.jsonl)}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -413,3 +413,14 @@ def test_debug_check_stops_the_kernel_with_its_message_when_checks_are_on():
       ps.run(make(), -x, backend="sim")
   # Off (the default), the check is not compiled in: nothing happens.
   np.testing.assert_array_equal(ps.run(make(), -x, backend="sim"), -x)
+
+
+def test_the_estimate_check_prints_nothing_twice(capsys, monkeypatch, tmp_path):
+  """With PALLAS_SIM_CHECK_ESTIMATE (backends/sim/estimate_check.py) each
+  launch runs again as an estimate: its debug_print lines are not shown
+  again."""
+  from pallas_sim.backends.sim import estimate_check
+  log = tmp_path / "checks.jsonl"
+  monkeypatch.setenv(estimate_check.ENV, str(log))
+  test_an_array_prints_one_line_per_element(capsys)
+  assert len(log.read_text().splitlines()) == 1

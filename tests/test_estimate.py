@@ -2,6 +2,7 @@
 blocks that do the same work (backends/sim/block_classes.py); equal to the
 full simulation's wherever both run."""
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -425,3 +426,48 @@ def test_float_math_that_decides_is_computed():
   est = ps.estimate(k, S(x.shape, F32))
   assert _times(est) == _times(_full(k, x))
   assert est.kernels[0].block_cycles_max > est.kernels[0].block_cycles_min
+
+
+def test_the_estimate_check_compares_every_simulated_launch(tmp_path, monkeypatch):
+  """PALLAS_SIM_CHECK_ESTIMATE (backends/sim/estimate_check.py, which
+  benchmarks/jax_suite.py --check-estimate turns on for JAX's suite): each
+  simulated launch is estimated again; a line per launch says both times,
+  or what the estimate raised, which does not disturb the simulation."""
+  from pallas_sim.backends.sim import estimate_check
+  from pallas_sim.backends.sim.executor import Executor
+  log = tmp_path / "checks.jsonl"
+  monkeypatch.setenv(estimate_check.ENV, str(log))
+  rng = np.random.default_rng(1)
+  a = jnp.asarray(rng.standard_normal((4 * 128, 128)), F16)
+  b = jnp.asarray(rng.standard_normal((128, 2 * 128)), F16)
+  full = _full(_wide_matmul, a, b)
+  [line] = [json.loads(x) for x in log.read_text().splitlines()]
+  assert line["simulated_s"] == full.kernels[0].time_s == line["estimated_s"]
+  assert line["error"] == 0.0 and "control flow is the same" in line["classes"]
+  assert "test_quickstart.py:" in line["where"]
+
+  real = Executor._execute
+
+  def broken(self, launch, arrays, copy_inputs=False):
+    if self.checking_estimate:
+      raise RuntimeError("the estimate broke")
+    return real(self, launch, arrays, copy_inputs)
+  monkeypatch.setattr(Executor, "_execute", broken)
+  again = _full(_wide_matmul, a, b)
+  assert _times(again) == _times(full)
+  last = json.loads(log.read_text().splitlines()[-1])
+  assert last["raised"] == "RuntimeError: the estimate broke"
+  assert "estimated_s" not in last
+
+  class SuiteTimeout(Exception):  # (a test's time limit, raised by a signal)
+    pass
+
+  def timed_out(self, launch, arrays, copy_inputs=False):
+    if self.checking_estimate:
+      raise SuiteTimeout("past the time limit")
+    return real(self, launch, arrays, copy_inputs)
+  monkeypatch.setattr(Executor, "_execute", timed_out)
+  lines = len(log.read_text().splitlines())
+  with pytest.raises(SuiteTimeout):  # (passes through: not the estimate's failure)
+    _full(_wide_matmul, a, b)
+  assert len(log.read_text().splitlines()) == lines

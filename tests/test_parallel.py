@@ -5,6 +5,8 @@ trace, and the same errors, as one process running them in block order."""
 import dataclasses
 import inspect
 import multiprocessing.pool
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -346,3 +348,35 @@ def test_workers_are_taken_once_the_groups_so_far_show_the_rest_is_long():
   assert ex._go_parallel(2, 64, now - 0.012)           # 12 ms x 62 to come
   assert not ex._go_parallel(2, 10, now - 0.012)       # 96 ms to come
   assert not ex._go_parallel(2, 10**5, now - 0.0005)   # groups of 0.5 ms
+
+
+class SuiteTimeout(Exception):
+  """What a test suite's time limit raises from its SIGALRM handler."""
+
+
+def test_an_interrupted_run_stops_its_workers_and_does_not_wait_on_them(monkeypatch, fresh):
+  """A Ctrl-C or a test's time limit (raised by a signal in the parent while
+  it waits for results) ends the run at once: the workers are killed, and
+  the pool's shutdown, which CPython can leave waiting forever on a worker
+  killed mid-message (seen in JAX's suite), is not waited on."""
+  pools = []
+
+  def restore(*args):
+    pools.extend(multiprocessing.active_children())
+    raise SuiteTimeout("the test's time limit")
+  monkeypatch.setattr(parallel, "restore", restore)
+  hung = threading.Event()
+  real_terminate = multiprocessing.pool.Pool.terminate
+
+  def terminate(self):
+    if threading.current_thread() is threading.main_thread():
+      hung.wait(60)  # (as a shutdown stuck on a torn message would)
+    return real_terminate(self)
+  monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", terminate)
+  ex = Executor(workers=2)
+  ex.parallel_after_s = 0.0
+  t0 = time.monotonic()
+  run_on(ex, atomic_rows(F32), _x())  # (errors are kept for the API to raise)
+  assert time.monotonic() - t0 < 30
+  assert [type(e) for e in ex.errors] == [SuiteTimeout]  # (not run again here)
+  assert pools and not any(p.is_alive() for p in pools)

@@ -86,3 +86,12 @@ def test_the_profile_buffer_counts_against_shared_memory(tmp_path):
   # the kernel's own 1024 bytes (its SMEM scratch, rounded) and barrier,
   # plus 4 bytes per entry
   assert e.value.smem_bytes == 1024 + 8 + 100_000 * 4 * 4
+
+
+def test_the_estimate_check_writes_no_second_trace(tmp_path, monkeypatch):
+  """With PALLAS_SIM_CHECK_ESTIMATE (backends/sim/estimate_check.py) each
+  launch runs again as an estimate, which writes no profile of its own."""
+  from pallas_sim.backends.sim import estimate_check
+  monkeypatch.setenv(estimate_check.ENV, str(tmp_path / "checks.jsonl"))
+  ps.run(scoped_kernel(tmp_path / "p"), _x(), backend="sim")
+  assert len(os.listdir(tmp_path / "p")) == 1 and _trace(tmp_path / "p")

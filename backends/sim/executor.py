@@ -16,8 +16,8 @@ import warnings
 import numpy as np
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim import (block_classes, capture, parallel, profiler,
-                                    ray_engine, resources)
+from pallas_sim.backends.sim import (block_classes, capture, estimate_check, parallel,
+                                    profiler, ray_engine, resources)
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import (bound, initcheck, memory, occupancy,
@@ -43,6 +43,15 @@ class _Rerun(Exception):
   """A group failed in a worker process: run the launch again, serially."""
 
 
+def _from_the_pool(exc):
+  """Whether an exception that ended a run over workers is the pool's own
+  failure (a fork, a pipe, a pickle: Python's or ours), which a serial run
+  gets past, rather than one a signal handler raised in this process (a
+  test's time limit), which must pass: no user code runs here meanwhile."""
+  top = type(exc).__module__.split(".")[0]
+  return top in sys.stdlib_module_names or top == "pallas_sim"
+
+
 class Executor:
   """Receives launches from capture; accumulates a Report.
 
@@ -55,6 +64,7 @@ class Executor:
   # 0: always, after the first group (tests).
   parallel_after_s = 0.25
   group_s = None  # what a group of the launch took here (_go_parallel)
+  checking_estimate = False  # (estimate_check.py's own Executor)
 
   def __init__(self, options=None, trace_blocks=2, detached_groups=False, **named):
     self.options = opts = take(named, options)
@@ -171,7 +181,10 @@ class Executor:
     if self.interrupted is None:
       try:
         with np.errstate(all="ignore"):
-          return self._execute(launch, arrays)
+          out = self._execute(launch, arrays)
+          if estimate_check.path() and not self.checking_estimate:
+            estimate_check.check(self, launch, arrays)
+          return out
       except KeyboardInterrupt as e:
         self.interrupted = self._where_interrupted(e)
         sys.stderr.write(self.interrupted + "\n")
@@ -331,6 +344,8 @@ class Executor:
     except (_Rerun, KeyboardInterrupt, SystemExit):
       raise
     except BaseException as e:  # (the pool itself failed: not the kernel's doing)
+      if not _from_the_pool(e):
+        raise  # (a signal handler's: a test's time limit, say)
       warnings.warn(f"pallas-sim: the worker processes failed ({type(e).__name__}: "
                     f"{e}); kernel {runner.launch.name} runs again in this process",
                     RuntimeWarning, stacklevel=2)
@@ -388,7 +403,8 @@ class Executor:
     totals = BlockStats()  # (summed over the launch's blocks)
     trace = []
     init_log = initcheck.InitLog()
-    recorder = profiler.Recorder(launch.profile) if launch.profile else None
+    recorder = (profiler.Recorder(launch.profile)
+                if launch.profile and not self.checking_estimate else None)
     t1 = time.perf_counter()  # (the first groups' times decide on workers)
     runner.profile = recorder
     loads = {}  # block number -> its TMA loads, where the L2 model follows them

@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -211,11 +212,29 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None, group_s=Non
       warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
     try:
       yield from in_order(pool.imap(_run_task, todo), runner, first)
-    finally:
+    except BaseException:  # (a Ctrl-C, a test's time limit, a failed group)
+      abandon(pool)
+      raise
+    else:
       pool.terminate()
       pool.join()
+    finally:
       gc.unfreeze()
       _JOB = None
+
+
+def abandon(pool):
+  """Stops the pool of a run that ended early, never waiting on it for long:
+  its workers are killed, and the rest of its shutdown, which can wait
+  forever on a worker killed while it wrote a result (CPython's
+  Pool.terminate joins a result thread that a torn message leaves blocked:
+  seen when a test's time limit struck JAX's suite), is left to a daemon
+  thread given a few seconds."""
+  for proc in list(getattr(pool, "_pool", ())):
+    proc.kill()
+  stop = threading.Thread(target=pool.terminate, daemon=True, name="pallas-sim pool stop")
+  stop.start()
+  stop.join(timeout=5)
 
 
 class Visibility:

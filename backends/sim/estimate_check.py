@@ -1,0 +1,71 @@
+"""A developer's check of ps.estimate against the full simulation, on every
+launch a program simulates: with PALLAS_SIM_CHECK_ESTIMATE=<path>, each launch
+that ps.simulate (or the pytest plugin) runs is estimated again, as
+ps.estimate would (no tensor-core sums, no checks, one block per class), on the
+same inputs, and a JSON line is appended to <path>: the kernel, the user's
+file:line, pytest's current test, both predicted times, and the estimate's
+error if it raised. Each report's summary and Perfetto trace are made too
+(what a user asks of it), and an error there is recorded the same way. Issue 9 asks that the two agree within 2% wherever both
+run; `benchmarks/jax_suite.py run --check-estimate` runs JAX's own test suite
+so, over every kernel in it, and sums the lines up."""
+import contextlib
+import dataclasses
+import json
+import os
+import tempfile
+import traceback
+
+ENV = "PALLAS_SIM_CHECK_ESTIMATE"
+# Where an exception the estimate raises may come from (anything else, say a
+# test's time limit raised by a signal, passes through)
+OURS = ("pallas_sim", "jax", "jaxlib", "numpy", "builtins")
+
+
+def path():
+  return os.environ.get(ENV) or None
+
+
+def check(executor, launch, arrays):
+  """Estimates `launch` (which `executor` has just simulated, its report last
+  in executor.report.kernels) and appends the comparison to path()."""
+  from pallas_sim.backends.sim.executor import Executor
+  sim = executor.report.kernels[-1]
+  line = dict(test=os.environ.get("PYTEST_CURRENT_TEST", "").split(" (")[0],
+              kernel=launch.name, where=str(launch.where), grid=list(sim.grid),
+              simulated_s=sim.time_s, bound=sim.bound)
+  opts = dataclasses.replace(executor.options, numerics=False, block_classes=True,
+                             check_races=False, check_uninitialized=False,
+                             check_lowering=False, workers=1)
+  est = Executor(options=opts)
+  # (no check of the check; and nothing the user sees twice: no profile
+  # written, no debug_print's lines printed again)
+  est.checking_estimate = True
+  try:
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
+        contextlib.redirect_stderr(null):
+      est._execute(launch, arrays)
+    if est.errors:
+      raise est.errors[0]
+    rep = est.report.kernels[-1]
+    for r in (executor.report, est.report):
+      _use(r)
+    line.update(estimated_s=rep.time_s, classes=rep.classes,
+                simulated_blocks=rep.simulated_blocks,
+                error=rep.time_s / sim.time_s - 1 if sim.time_s else 0.0)
+  except Exception as e:  # (what the check is for: record it, go on)
+    if type(e).__module__.split(".")[0] not in OURS:
+      raise  # (not the estimate's failure: e.g. a test's time limit, by signal)
+    line.update(raised=f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+                at=traceback.format_exc(limit=-3)[-1500:])
+  with open(path(), "a") as f:
+    f.write(json.dumps(line) + "\n")
+
+
+def _use(report):
+  """What a user does with a report: its summary, its trace (valid JSON)."""
+  from pallas_sim.backends.sim.report import Report
+  one = Report(report.gpu, kernels=report.kernels[-1:], clock_mhz=report.clock_mhz)
+  assert one.summary()
+  with tempfile.TemporaryDirectory() as d:
+    with open(one.save_trace(os.path.join(d, "trace.json"))) as f:
+      assert json.load(f)["traceEvents"] is not None
