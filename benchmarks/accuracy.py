@@ -3,7 +3,7 @@ beside measured (benchmarks/measure_gpu.py on the GPU machine, committed as
 benchmarks/h200_measured.json), for every kernel of benchmarks/timing_suite.py.
 
     ./dev python benchmarks/accuracy.py [--measured FILE] [--filter S] [--small]
-        [--no-clock]
+        [--no-clock] [--diagnostic]
 
 Prints one row per kernel (measured, predicted, error, the bound the model
 names, estimate's wall time), then per family the Spearman rank correlation
@@ -25,7 +25,11 @@ The model does not predict that clock. Where the power study measured a
 kernel's (power_study_suite in the measured file: its median SM clock over 1.5
 s of a sustained run), the kernel is predicted again at it (ps.Options
 clock_mhz): that column is the model's error were the clock known, and it
-says how much of the error is the clock's (--no-clock: skip it)."""
+says how much of the error is the clock's (--no-clock: skip it).
+
+--diagnostic: timing_suite.DIAGNOSTIC_CASES instead (the quickstart's pipeline
+taken apart: its loads alone, its wgmmas on one tile), against their sustained
+times and clocks ("pipeline_study" in the measured file)."""
 import argparse
 import contextlib
 import json
@@ -115,10 +119,19 @@ def main(argv=None):
                   help="which measurement the figures count (both are printed)")
   ap.add_argument("--clock", action=argparse.BooleanOptionalAction, default=True,
                   help="also predict each kernel at its measured clock")
+  ap.add_argument("--diagnostic", action="store_true",
+                  help="the pipeline's diagnostics (timing_suite.DIAGNOSTIC_CASES)")
   ns = ap.parse_args(argv)
   data = json.load(open(ns.measured))
   clocks = {r["name"]: r["clock"]["sm_mhz"] for r in
             data.get("power_study_suite", {}).get("rows", []) if r.get("clock")} if ns.clock else {}
+  cases = timing_suite.CASES
+  if ns.diagnostic:  # (measured sustained, each with its clock)
+    cases = timing_suite.DIAGNOSTIC_CASES
+    study = data.get("pipeline_study", {}).get("cases", [])
+    data = dict(cases=[], sustained=dict(cases=study))
+    clocks = {r["name"]: r["clock"]["sm_mhz"] for r in study
+              if r.get("clock") and ns.clock}
   # (small rows: the per-kernel time of two chained in one program, which
   # hides host dispatch; others: the median time per call)
   seconds = lambda cases: {r["name"]: r.get("k2_per_kernel_s") or r["median_s"]
@@ -133,7 +146,7 @@ def main(argv=None):
         "time | bound (model) | estimate (s) | measured clock (MHz) | predicted there (us) "
         "| error |")
   print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
-  for case in timing_suite.CASES:
+  for case in cases:
     if ns.filter not in case.name or case.name not in measured:
       continue
     try:

@@ -810,6 +810,13 @@ def _micros():
                      work=1, unit="iteration", cpu_n=(2, 4),
                      note=f"one warpgroup a block, a loop of {4 * rounds} dependent "
                           "scalar int32 equations (mul, add, shift, xor)"))
+  # (i'') the same chain, 2 and 4 blocks to an SM: do co-resident warpgroups
+  # share an equation's cycles (as vector ops share the ALUs) or overlap them?
+  for bps in (2, 4):
+    out.append(Micro(f"scalar_chain_32_ops_{bps}_per_sm", "op_overhead_cycles (shared?)",
+                     _build_scalar, dict(rounds=8, blocks=bps * NUM_SMS), 2000, 10000,
+                     work=1, unit="iteration", cpu_n=(2, 4),
+                     note=f"scalar_chain_32_ops with {bps} blocks to an SM"))
   out.append(Micro("barrier_pingpong", "barrier_latency", _build_pingpong, {},
                    2000, 10000, work=1, unit="round trip",
                    note="two warpgroups, arrive/wait over two Barriers: one round trip "

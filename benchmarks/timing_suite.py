@@ -439,11 +439,131 @@ def all_cases():
           + _hopper_cases() + _attention_cases())
 
 
+# ---------------------------------------------------------------------------
+# Diagnostics (not in CASES, not in accuracy's figures): the quickstart's
+# pipeline taken apart, to see which half of a matmul the model gets wrong.
+# "loads only": the same TMA loads, barriers and output, no wgmma (the
+# L2/HBM side alone, at the clock a kernel without tensor work holds);
+# "one tile": every load of every block reads A's first tile and B's first
+# (the L2 serves what all SMs read at once far faster than it streams:
+# benchmarks/calibrate.py l2_same_tile), so the tensor cores and the
+# pipeline's own steps set the time.
+# ---------------------------------------------------------------------------
+
+# A "delay" step: this many cycles of dependent scalar work (the rounds of
+# benchmarks/calibrate.py scalar_loop, 4.29 cycles an equation on the H200)
+# per tile FLOP / DELAY_FLOP_PER_CYCLE: as long as its wgmma would take.
+DELAY_FLOP_PER_CYCLE = 3400
+
+
+def delay_rounds(tile_n, tile_k, tile_m=128):
+  return max(1, round(2 * tile_m * tile_n * tile_k / DELAY_FLOP_PER_CYCLE / (4 * 4.29)))
+
+
+def matmul_pipeline(a, b, *, tile_n, tile_k, mcs, mode, tile_m=128):
+  """The quickstart matmul (tests/test_quickstart.py matmul_mcs) with
+  mode="loads" (no wgmma: the output is zeros), "one_tile" (every step
+  of every block loads A[:tile_m, :tile_k] and B[:tile_k, :tile_n]) or
+  "delay" (the loads, and in place of each wgmma as many cycles of scalar
+  work, delay_rounds: the pipeline's overlap of loads and work, at the
+  clock a kernel without tensor work holds; the output is zeros unless the
+  scalar ends at one value, so that it must be computed), or
+  "delay_one_tile" (that work on one tile's loads: the delay's own time)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a.shape
+  n = b.shape[1]
+  one = mode in ("one_tile", "delay_one_tile")
+  delay = mode in ("delay", "delay_one_tile")
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
+                scratch_types=dict(o_smem=plgpu.SMEM((tile_m, tile_n), jnp.float16),
+                                   acc=plgpu.ACC((tile_m, tile_n), jnp.float32)),
+                grid=(m // tile_m, n // tile_n), grid_names=("m", "n"))
+  def kernel(a_gmem, b_gmem, o_gmem, o_smem, acc):
+    pid_m = jax.lax.axis_index("m")
+    pid_n = jax.lax.axis_index("n")
+
+    def body(_, a_smem, b_smem, *carry):
+      if delay:
+        def spin(i, c):
+          c = c * 1664525 + i
+          return c ^ jax.lax.shift_right_logical(c, 13)
+        return jax.lax.fori_loop(0, delay_rounds(tile_n, tile_k, tile_m), spin,
+                                 carry[0])
+      if mode != "loads":
+        plgpu.wgmma(acc, a_smem, b_smem)
+        plgpu.wgmma_wait(1)
+
+    spun = plgpu.emit_pipeline(
+        body, grid=(k // tile_k,),
+        in_specs=[plgpu.BlockSpec((tile_m, tile_k),
+                                  lambda ki: (0, 0) if one else (pid_m, ki),
+                                  delay_release=1),
+                  plgpu.BlockSpec((tile_k, tile_n),
+                                  lambda ki: (0, 0) if one else (ki, pid_n),
+                                  delay_release=1)],
+        max_concurrent_steps=mcs,
+        init_carry=pid_m + pid_n if delay else None)(a_gmem, b_gmem)
+    out = acc[...]
+    if delay:  # (0 unless the scalar hits one value: it must be computed)
+      out = out + (spun == 0x7FFF1234).astype(jnp.float32)
+    o_smem[...] = out.astype(jnp.float16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m), pl.ds(pid_n * tile_n, tile_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+  return kernel(a, b)
+
+
+def _pipeline_ref(a, b, *, tile_n, tile_k, mode, tile_m=128):
+  import jax.numpy as jnp
+  m, k = a.shape
+  n = b.shape[1]
+  if mode in ("loads", "delay", "delay_one_tile"):
+    return jnp.zeros((m, n), jnp.float16)
+  t = _matmul_ref(a[:tile_m, :tile_k], b[:tile_k, :tile_n]).astype(jnp.float32)
+  return jnp.tile(t * (k // tile_k), (m // tile_m, n // tile_n)).astype(jnp.float16)
+
+
+def _make_pipeline(size, tile_n, tile_k, mcs, mode, seed=0):
+  import jax.numpy as jnp
+  a = _rand(seed, (size, size), jnp.float16)
+  b = _rand(seed + 100, (size, size), jnp.float16)
+  fn = functools.partial(matmul_pipeline, tile_n=tile_n, tile_k=tile_k, mcs=mcs,
+                         mode=mode)
+  ref = functools.partial(_pipeline_ref, tile_n=tile_n, tile_k=tile_k, mode=mode)
+  return Built(fn, (a, b), ref, tol=5e-3)
+
+
+def _diagnostic_cases():
+  out = []
+  for mode, label in (("loads", "loads only"), ("one_tile", "one tile"),
+                      ("delay", "loads and delay"),
+                      ("delay_one_tile", "one tile and delay")):
+    for size in (4096, 8192):
+      for tn, tk, mcs in QUICKSTART_CONFIGS:
+        if tn == 256:  # (the spilling tiles: their own study, spill_study)
+          continue
+        out.append(Case(
+            name=f"quickstart {label} {size} 128x{tn}x{tk} mcs={mcs}",
+            family=f"quickstart {label} {size}",
+            params=dict(size=size, tile_n=tn, tile_k=tk, mcs=mcs, mode=mode),
+            flops=2.0 * size ** 3 if mode == "one_tile" else 0.0,
+            bytes=2.0 * size ** 3 * (128 + tn) / (128 * tn),  # (what the loads move)
+            make=_make_pipeline))
+  return out
+
+
 CASES = all_cases()   # plain data: nothing is built or traced here
+DIAGNOSTIC_CASES = _diagnostic_cases()
 
 
 def by_name(name):
-  for c in CASES:
+  for c in CASES + DIAGNOSTIC_CASES:
     if c.name == name:
       return c
   raise KeyError(name)
@@ -454,7 +574,7 @@ def by_name(name):
 def sim_params(case):
   p = dict(case.params)
   fam = case.family
-  if fam.startswith("quickstart"):
+  if fam.startswith("quickstart"):  # (and its diagnostics)
     p["size"] = 256 if p["tile_n"] < 256 else 512
   elif fam.startswith("elementwise regs"):
     p.update(rows=4 * p["rows_per_block"], cols=256)

@@ -1,0 +1,49 @@
+"""The quickstart's pipeline taken apart (benchmarks/timing_suite.py
+DIAGNOSTIC_CASES, measured on the H200 as "pipeline_study"): each variant
+simulates without findings and gives its reference's values, as the GPU's
+run checks it there."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import pallas_sim as ps
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import timing_suite  # noqa: E402
+
+MODES = ("loads", "one_tile", "delay", "delay_one_tile")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("tile_n,tile_k,mcs", [(128, 64, 2), (64, 128, 4)])
+def test_each_diagnostic_variant_runs_clean_and_right(mode, tile_n, tile_k, mcs):
+  built = timing_suite._make_pipeline(256, tile_n, tile_k, mcs, mode)
+  sim = ps.simulate(built.fn, *built.args, workers=1)  # (races, uninitialized: raise)
+  out = np.asarray(sim.outputs, np.float32)
+  ref = np.asarray(built.reference(*built.args), np.float32)
+  np.testing.assert_allclose(out, ref, rtol=5e-3, atol=1e-2)
+  [k] = sim.report.kernels
+  assert (k.wgmma_flops > 0) == (mode == "one_tile")
+  steps = (256 // 128) * (256 // tile_n) * (256 // tile_k)  # (block steps)
+  assert k.tma_load_bytes == steps * 2 * (128 * tile_k + tile_k * tile_n)
+
+
+def test_the_delay_is_the_scalar_work_it_stands_for():
+  """A delay step's scalar rounds take about as long as its wgmma (on the
+  GPU's measured 4.29 cycles an equation): the one-tile-and-delay kernel's
+  blocks take about as long as the one-tile kernel's."""
+  def cycles(mode):
+    built = timing_suite._make_pipeline(256, 128, 64, 3, mode)
+    return ps.estimate(built.fn, *built.args, gpu="h200").kernels[0].block_cycles_max
+  assert cycles("delay_one_tile") == pytest.approx(cycles("one_tile"), rel=0.25)
+  assert cycles("delay_one_tile") > 1.5 * cycles("loads")
+
+
+def test_diagnostics_are_apart_from_the_suite():
+  names = {c.name for c in timing_suite.CASES}
+  assert not names & {c.name for c in timing_suite.DIAGNOSTIC_CASES}
+  assert {c.params["mode"] for c in timing_suite.DIAGNOSTIC_CASES} == set(MODES)
+  assert timing_suite.by_name("quickstart one tile 4096 128x128x64 mcs=2").params[
+      "mode"] == "one_tile"
