@@ -90,6 +90,10 @@ class GPU:
   # 0.85 of its one vector (H200, scalar_chain_4_ops / _32_ops: 12.2 and
   # 132.2 cycles an iteration). Dependent: independent ones could issue
   # faster. A convert that only drops a weak type emits nothing (free).
+  # The overhead is each warpgroup's own (latency), the vectors' cycles the
+  # SM's ALUs' (shared): the 32-equation chain took 133.2, 132.1 and 169.2
+  # cycles an iteration at 1, 2 and 4 blocks to an SM (H200,
+  # micros_2026_12_02_tenth; timing.Timing.issue_split).
   op_overhead_cycles: float = 3.44
   # A lane's registers beyond its arrays (addresses, indices, loop counters),
   # for the register estimate (machine/occupancy.py): the spill cliff lies

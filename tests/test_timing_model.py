@@ -273,3 +273,27 @@ def test_a_scalar_equation_costs_what_the_h200_measured():
   op = g.op_overhead_cycles + g.alu_cycles_per_vector
   assert per[8] - per[1] == pytest.approx(28 * op)  # (the converts: free)
   assert (per[8] - per[1]) / 28 == pytest.approx(4.29, rel=0.02)
+
+
+def test_warpgroups_beside_each_other_overlap_an_equations_latency():
+  """The same scalar chain (32 dependent equations an iteration) with 2 and
+  4 blocks to an SM: on the H200 133.2, 132.1 and 169.2 cycles an iteration
+  at 1, 2 and 4 (micros_2026_12_02_tenth): an equation's issue latency is
+  each warpgroup's own; only its vector work shares the SM's ALUs (and
+  v + 1 on a 128x128 tile, all vector work, takes twice as long at 2)."""
+  import sys, os
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  import calibrate
+  g = gpus.H200
+
+  def per_iteration(bps):
+    cyc = []
+    for n in (20, 120):
+      b = calibrate._build_scalar(n, rounds=8, blocks=bps * g.num_sms)
+      k = ps.estimate(b.fn, *b.args, gpu="h200").kernels[0]
+      assert k.blocks_per_sm >= bps
+      cyc.append(k.block_cycles_max)
+    return (cyc[1] - cyc[0]) / 100
+  one, two, four = per_iteration(1), per_iteration(2), per_iteration(4)
+  assert two == pytest.approx(one, rel=0.1)      # (H200: -1%)
+  assert 1.1 * one < four < 1.5 * one            # (H200: +27%)

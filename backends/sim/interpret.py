@@ -39,7 +39,10 @@ class Gen:
 
 
 class Step:
-  __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "cost", "where")
+  # cost: cycles of the SM's ALUs (shared with the warpgroups beside it:
+  # alu_stretch); lat: cycles of the equation's own issue latency, which a
+  # warpgroup spends alone (others issue meanwhile: machine/timing.py).
+  __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "cost", "lat", "where")
 
 
 class Program:
@@ -172,7 +175,7 @@ class Compiler:
       st.outs = tuple(slot(v) for v in eqn.outvars)
       st.multi = eqn.primitive.multiple_results
       # (a product used only by the adds it is fused into costs nothing apart)
-      st.cost = 0.0 if id(eqn) in folded else self.timing.issue_cycles(
+      st.lat, st.cost = (0.0, 0.0) if id(eqn) in folded else self.timing.issue_split(
           eqn, getattr(self.launch, "approx_math", False))
       if self.profile:
         names = [sc.name for sc in eqn.source_info.name_stack.stack]
@@ -182,7 +185,7 @@ class Compiler:
     if self.profile and scopes:  # (what is open closes at the jaxpr's end)
       end = Step()
       end.eqn, end.where, end.gen, end.fn = None, self._where[-1], False, lambda wg: None
-      end.ins, end.outs, end.multi, end.cost = (), (), False, 0
+      end.ins, end.outs, end.multi, end.cost, end.lat = (), (), False, 0, 0
       _profiled(end, len(scopes), [], scopes)
       prog.steps.append(end)
     prog.outvars = [read(v) for v in jaxpr.outvars]
@@ -355,7 +358,7 @@ def run_plain(prog, args, wg):
     for st in prog.steps:
       out = st.fn(wg, *[env[i] for i in st.ins])
       wg.alu += st.cost
-      wg.time += st.cost * stretch
+      wg.time += st.lat + st.cost * stretch
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v
@@ -386,7 +389,7 @@ def run_gen(prog, args, wg):
       else:
         out = st.fn(wg, *[env[i] for i in st.ins])
       wg.alu += st.cost
-      wg.time += st.cost * stretch
+      wg.time += st.lat + st.cost * stretch
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v

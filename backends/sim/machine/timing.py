@@ -139,6 +139,16 @@ class Timing:
       per = g.transcendental_cycles_per_vector
     return g.op_overhead_cycles + per * (-(-size // 128))
 
+  def issue_split(self, eqn, approx_math=False):
+    """issue_cycles as (latency, ALU work): a warpgroup waits out an
+    equation's overhead alone (a dependent chain of scalar equations on
+    two blocks of an SM ran as fast as on one: the one-tile-and-delay rows
+    of pipeline_study, H200), while its vectors' cycles are the SM's
+    ALUs', which the warpgroups beside it share (alu_stretch)."""
+    c = self.issue_cycles(eqn, approx_math)
+    lat = min(c, self.gpu.op_overhead_cycles)
+    return lat, c - lat
+
   def tma(self, engines, t, nbytes, site=None):
     """A transfer issued at t (a load from `site`, whose latency the L2 model
     set: LaunchTiming.set_loads): (start, end of the transfer, completion)."""
