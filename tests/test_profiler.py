@@ -92,6 +92,9 @@ def test_the_estimate_check_writes_no_second_trace(tmp_path, monkeypatch):
   """With PALLAS_SIM_CHECK_ESTIMATE (backends/sim/estimate_check.py) each
   launch runs again as an estimate, which writes no profile of its own."""
   from pallas_sim.backends.sim import estimate_check
-  monkeypatch.setenv(estimate_check.ENV, str(tmp_path / "checks.jsonl"))
+  log = tmp_path / "checks.jsonl"
+  monkeypatch.setenv(estimate_check.ENV, str(log))
   ps.run(scoped_kernel(tmp_path / "p"), _x(), backend="sim")
   assert len(os.listdir(tmp_path / "p")) == 1 and _trace(tmp_path / "p")
+  [line] = [json.loads(x) for x in log.read_text().splitlines()]
+  assert line["error"] == 0.0, line  # (the estimate ran: its scopes too)

@@ -403,8 +403,7 @@ class Executor:
     totals = BlockStats()  # (summed over the launch's blocks)
     trace = []
     init_log = initcheck.InitLog()
-    recorder = (profiler.Recorder(launch.profile)
-                if launch.profile and not self.checking_estimate else None)
+    recorder = profiler.Recorder(launch.profile) if launch.profile else None
     t1 = time.perf_counter()  # (the first groups' times decide on workers)
     runner.profile = recorder
     loads = {}  # block number -> its TMA loads, where the L2 model follows them
@@ -444,7 +443,7 @@ class Executor:
         if classes:
           reps[g] = result
     self._running = None
-    if recorder is not None:
+    if recorder is not None and not self.checking_estimate:  # (its one file: the run's)
       recorder.dump(launch, self.gpu.clock_hz, self.gpu.num_sms)
     wall = time.perf_counter() - t0
 

@@ -707,4 +707,27 @@ MUTANTS = [
            "    self.gpu = gpus.get(opts.gpu, opts.clock_mhz)\n",
            "    self.gpu = gpus.get(opts.gpu)\n",
            ("tests/test_clock.py",)),
+    Mutant("issue-latency-shared", "backends/sim/machine/timing.py",
+           "an equation's issue overhead is its warpgroup's own; the mutant shares "
+           "it with the warpgroups beside it, as vector work is",
+           "    lat = min(c, self.gpu.op_overhead_cycles)\n",
+           "    lat = 0.0\n",
+           ("tests/test_timing_model.py",)),
+    Mutant("pool-waited-on-when-interrupted", "backends/sim/parallel.py",
+           "a run over workers that an exception interrupts kills them and does not "
+           "wait on the pool",
+           "      abandon(pool)\n",
+           "      pool.terminate()\n      pool.join()\n",
+           ("tests/test_parallel.py",)),
+    Mutant("signal-taken-for-pool-failure", "backends/sim/executor.py",
+           "an exception from outside Python and pallas-sim (a signal handler's) "
+           "ends a parallel run; the mutant runs the launch again instead",
+           "  return top in sys.stdlib_module_names or top == \"pallas_sim\"\n",
+           "  return True\n",
+           ("tests/test_parallel.py",)),
+    Mutant("estimate-check-swallows-signals", "backends/sim/estimate_check.py",
+           "the estimate check records only the estimate's own failures",
+           "    if type(e).__module__.split(\".\")[0] not in OURS:\n",
+           "    if False:\n",
+           ("tests/test_estimate.py",)),
 ]
