@@ -447,7 +447,10 @@ def all_cases():
 # "one tile": every load of every block reads A's first tile and B's first
 # (the L2 serves what all SMs read at once far faster than it streams:
 # benchmarks/calibrate.py l2_same_tile), so the tensor cores and the
-# pipeline's own steps set the time.
+# pipeline's own steps set the time; "and delay": each with scalar work in
+# place of the wgmma, as long as it, at the clock such work holds.
+# Measured: "pipeline_study" and "power_study_diagnostic" in
+# h200_measured.json (benchmarks/RESULTS.md, tenth session).
 # ---------------------------------------------------------------------------
 
 # A "delay" step: this many cycles of dependent scalar work (the rounds of

@@ -141,10 +141,10 @@ class Timing:
 
   def issue_split(self, eqn, approx_math=False):
     """issue_cycles as (latency, ALU work): a warpgroup waits out an
-    equation's overhead alone (a dependent chain of scalar equations on
-    two blocks of an SM ran as fast as on one: the one-tile-and-delay rows
-    of pipeline_study, H200), while its vectors' cycles are the SM's
-    ALUs', which the warpgroups beside it share (alu_stretch)."""
+    equation's overhead alone (a dependent chain of scalar equations ran as
+    fast at two blocks to an SM as at one: scalar_chain_32_ops_2_per_sm,
+    H200), while its vectors' cycles are the SM's ALUs', which the
+    warpgroups beside it share (alu_stretch)."""
     c = self.issue_cycles(eqn, approx_math)
     lat = min(c, self.gpu.op_overhead_cycles)
     return lat, c - lat
