@@ -434,6 +434,95 @@ def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, pad_kib=0,
 
 
 # ---------------------------------------------------------------------------
+# (e') SMEM under a wgmma: one warpgroup's wgmma loop on SMEM-resident
+# operands beside another's TMA loads into SMEM, of one tile every block
+# reads (the L2's fast shared path): does either slow the other?
+# ---------------------------------------------------------------------------
+
+# 16 KiB loads per wgmma: 2 take about a 128x128x64 wgmma's time at the ~50
+# B/clk that 4 in flight get (H200); the micro-benchmarks run both 2 and 6.
+SMEM_LOADS_PER_WGMMA = (2, 6)
+
+
+def wgmma_beside_loads(a, b, x, *, n, blocks, mode, per, slots=4):
+  """Thread 0: A, B into SMEM once, then n x (wgmma 128x128x64 + wgmma_wait(1))
+  unless mode == "loads"; thread 1: n * per TMA loads of
+  x's first 16 KiB tile into a ring of `slots` (each awaited before its slot
+  is refilled) unless mode == "wgmma". Output per block: n * A @ B (or
+  zeros) above the ring's last tile (or zeros)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a.shape
+  nn = b.shape[1]
+  rows, cols = x.shape
+  loads = n * per
+  T = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+
+  def body(a_ref, b_ref, x_ref, o_ref, a_s, b_s, ring, bar, bars):
+    blk = lax.axis_index("b")
+    t = lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      def compute(acc):
+        if mode != "loads":
+          plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+          plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+          plgpu.barrier_wait(bar)
+
+          def step(i, c):
+            plgpu.wgmma(acc, a_s, b_s)
+            plgpu.wgmma_wait(1)
+            return c
+          lax.fori_loop(0, n, step, None)
+          plgpu.wgmma_wait(0)
+        o_ref[blk, pl.ds(0, m)] = acc[...]
+      pl.run_scoped(compute, plgpu.ACC((m, nn), jnp.float32))
+
+    @pl.when(t == 1)
+    def _():
+      if mode != "wgmma":
+        def issue(i, slot):
+          plgpu.copy_gmem_to_smem(x_ref, ring.at[slot], bars.at[slot])
+        _load_ring(loads, slots, issue, bars)
+        o_ref[blk, pl.ds(m, rows)] = ring[(loads - 1) % slots]
+      else:
+        o_ref[blk, pl.ds(m, rows)] = jnp.zeros((rows, cols), x.dtype)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((blocks, m + rows, nn), jnp.float32),
+      scratch_types=[plgpu.SMEM(a.shape, a.dtype, **T), plgpu.SMEM(b.shape, b.dtype, **T),
+                     plgpu.SMEM((slots, rows, cols), x.dtype),
+                     plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_barriers=slots)],
+      grid=(blocks,), grid_names=("b",), num_threads=2, thread_name="t")(a, b, x)
+
+
+def _build_smem(n, *, mode, per, blocks=None, cpu=False):
+  import jax
+  import jax.numpy as jnp
+  blocks = blocks or NUM_SMS
+  if cpu:
+    blocks = min(blocks, 2)
+  a = _array((128, 64), "float16", seed=40, kind="normal")
+  b = _array((64, 128), "float16", seed=41, kind="normal")
+  x = _array((32, 128), "float32", seed=42)  # (16 KiB, rows of 512 bytes)
+
+  def ref(a, b, x):
+    p = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
+                precision=jax.lax.Precision.HIGHEST) * n
+    z = jnp.zeros((blocks, 128, 128), jnp.float32)
+    return jnp.concatenate([z if mode == "loads" else z + p,
+                            jnp.zeros((blocks, 32, 128), jnp.float32)
+                            + (0 if mode == "wgmma" else x)], axis=1)
+  return Built(functools.partial(wgmma_beside_loads, n=n, blocks=blocks, mode=mode,
+                                 per=per),
+               (a, b, x), ref, tol=1e-3)
+
+
+# ---------------------------------------------------------------------------
 # (f) Barrier round trip between two Pallas threads.
 # ---------------------------------------------------------------------------
 
@@ -817,6 +906,16 @@ def _micros():
                      _build_scalar, dict(rounds=8, blocks=bps * NUM_SMS), 2000, 10000,
                      work=1, unit="iteration", cpu_n=(2, 4),
                      note=f"scalar_chain_32_ops with {bps} blocks to an SM"))
+  # (e') SMEM under a wgmma: each alone, then both.
+  for per in SMEM_LOADS_PER_WGMMA:
+    for mode in ("wgmma", "loads", "both") if per == 2 else ("loads", "both"):
+      out.append(Micro(f"smem_{mode}" + ("_alone" if mode != "both" else "")
+                       + ("" if mode == "wgmma" else f"_{per}_loads"),
+                       "SMEM shared by wgmma reads and TMA writes?", _build_smem,
+                       dict(mode=mode, per=per), 400, 2000, work=1, unit="iteration",
+                       cpu_n=(4, 6),
+                       note="per iteration: a 128x128x64 f16 wgmma and/or "
+                            f"{per} TMA loads of one 16 KiB tile, 132 blocks"))
   out.append(Micro("barrier_pingpong", "barrier_latency", _build_pingpong, {},
                    2000, 10000, work=1, unit="round trip",
                    note="two warpgroups, arrive/wait over two Barriers: one round trip "

@@ -47,3 +47,16 @@ def test_diagnostics_are_apart_from_the_suite():
   assert {c.params["mode"] for c in timing_suite.DIAGNOSTIC_CASES} == set(MODES)
   assert timing_suite.by_name("quickstart one tile 4096 128x128x64 mcs=2").params[
       "mode"] == "one_tile"
+
+
+@pytest.mark.parametrize("mode", ("wgmma", "loads", "both"))
+def test_the_smem_micro_benchmark_runs_clean_and_right(mode):
+  """benchmarks/calibrate.py's smem_* micro-benchmarks (a wgmma loop beside
+  TMA loads, in two warpgroups): no finding, the reference's values."""
+  import calibrate
+  built = calibrate._build_smem(6, mode=mode, per=2, cpu=True)
+  out = np.asarray(ps.simulate(built.fn, *built.args, workers=1).outputs, np.float64)
+  ref = np.asarray(built.reference(*built.args), np.float64)
+  # (the tensor cores' sums against an f32 dot: the micro's own check, by norm)
+  assert np.linalg.norm(out - ref) <= built.tol * np.linalg.norm(ref)
+  assert (mode == "wgmma") == (not out[:, 128:].any())  # (the ring's tile)
