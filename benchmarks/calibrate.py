@@ -349,6 +349,25 @@ WGMMA_TYPES = {
 }
 
 
+def wgmma_steps(a_ref, b_ref, a_s, b_s, bar, acc, n, wait=1, b_transposed=False):
+  """A and B into SMEM (one TMA load each, on `bar`), then n times
+  `wgmma(acc, A, B)` + `wgmma_wait(wait)`, then all awaited: the loop the
+  wgmma micro-benchmarks (and tests/test_timing_model.py) time."""
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+  plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+  plgpu.barrier_wait(bar)
+  b_op = b_s.T if b_transposed else b_s
+
+  def step(i, c):
+    plgpu.wgmma(acc, a_s, b_op)
+    plgpu.wgmma_wait(wait)
+    return c
+  lax.fori_loop(0, n, step, None)
+  plgpu.wgmma_wait(0)
+
+
 def wgmma_loop(a, b, *, n, blocks, wait, b_transposed, pad_kib=0):
   """Each block: A (M, K) and B SMEM-resident (one TMA load each), then n
   times `wgmma(acc, A, B)` on one (M, N) f32 accumulator followed by
@@ -370,19 +389,8 @@ def wgmma_loop(a, b, *, n, blocks, wait, b_transposed, pad_kib=0):
                                  plgpu.SwizzleTransform(swz)))
 
   def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar, *pad):
-    blk = lax.axis_index("b")
-    plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
-    plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
-    plgpu.barrier_wait(bar)
-    b_op = b_s.T if b_transposed else b_s
-
-    def step(i, c):
-      plgpu.wgmma(acc, a_s, b_op)
-      plgpu.wgmma_wait(wait)
-      return c
-    lax.fori_loop(0, n, step, None)
-    plgpu.wgmma_wait(0)
-    o_ref[blk] = acc[...]
+    wgmma_steps(a_ref, b_ref, a_s, b_s, bar, acc, n, wait, b_transposed)
+    o_ref[lax.axis_index("b")] = acc[...]
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((blocks, m, nn), jnp.float32),
@@ -469,16 +477,7 @@ def wgmma_beside_loads(a, b, x, *, n, blocks, mode, per, slots=4):
     def _():
       def compute(acc):
         if mode != "loads":
-          plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
-          plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
-          plgpu.barrier_wait(bar)
-
-          def step(i, c):
-            plgpu.wgmma(acc, a_s, b_s)
-            plgpu.wgmma_wait(1)
-            return c
-          lax.fori_loop(0, n, step, None)
-          plgpu.wgmma_wait(0)
+          wgmma_steps(a_ref, b_ref, a_s, b_s, bar, acc, n)
         o_ref[blk, pl.ds(0, m)] = acc[...]
       pl.run_scoped(compute, plgpu.ACC((m, nn), jnp.float32))
 

@@ -1,5 +1,8 @@
 """The timing model's verdicts: registers and occupancy, the bound in words,
 register spills, and the per-unit tallies behind report.summary."""
+import os
+import sys
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -13,6 +16,9 @@ from pallas_sim.backends.sim.machine import bound, occupancy
 from pallas_sim.backends.sim.machine.state import BlockStats
 from pallas_sim.backends.sim.machine.timing import KernelTime
 from test_quickstart import matmul_mcs
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import calibrate  # noqa: E402
 
 F16, F32 = jnp.float16, jnp.float32
 S = jax.ShapeDtypeStruct
@@ -82,16 +88,7 @@ def wgmma_loop(n, steps, pad_kib=0, **opts):
   pad_kib of SMEM beside its operands, unused: its report (ps.estimate on
   the H200 model, with opts)."""
   def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar, *pad):
-    plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
-    plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
-    plgpu.barrier_wait(bar)
-
-    def step(i, c):
-      plgpu.wgmma(acc, a_s, b_s)
-      plgpu.wgmma_wait(1)
-      return c
-    lax.fori_loop(0, steps, step, None)
-    plgpu.wgmma_wait(0)
+    calibrate.wgmma_steps(a_ref, b_ref, a_s, b_s, bar, acc, steps)
     o_ref[...] = acc[...]
   T = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
   k = plgpu.kernel(body, out_type=S((128, n), F32), scratch_types=[
@@ -258,9 +255,6 @@ def test_a_scalar_equation_costs_what_the_h200_measured():
   32 dependent scalar int32 equations (each round a mul, an add of the loop
   index, a shift, an xor; the index's weak-type convert emits nothing). On
   the H200: 12.2 and 132.2 cycles an iteration, 4.29 a real equation."""
-  import sys, os
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-  import calibrate
   per = {}
   for rounds in (1, 8):
     times = []
@@ -281,9 +275,6 @@ def test_warpgroups_beside_each_other_overlap_an_equations_latency():
   at 1, 2 and 4 (micros_2026_12_02_tenth): an equation's issue latency is
   each warpgroup's own; only its vector work shares the SM's ALUs (and
   v + 1 on a 128x128 tile, all vector work, takes twice as long at 2)."""
-  import sys, os
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-  import calibrate
   g = gpus.H200
 
   def per_iteration(bps):
