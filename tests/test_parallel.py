@@ -337,17 +337,19 @@ def test_workers_are_taken_once_the_groups_so_far_show_the_rest_is_long():
   or more and the rest would take twice parallel_after_s (once, when it is
   long itself); later, groups of a millisecond or more whose rest would
   take parallel_after_s here."""
-  import time
   ex = Executor()
   after = ex.parallel_after_s
-  now = time.perf_counter()
-  assert ex._go_parallel(1, 64, now - 0.016)           # 16 ms x 63 to come
-  assert not ex._go_parallel(1, 20, now - 0.016)       # 304 ms: not twice
-  assert not ex._go_parallel(1, 10**4, now - 0.003)    # warm-up may be all of it
-  assert ex._go_parallel(1, 6, now - after / 4)        # long: once is enough
-  assert ex._go_parallel(2, 64, now - 0.012)           # 12 ms x 62 to come
-  assert not ex._go_parallel(2, 10, now - 0.012)       # 96 ms to come
-  assert not ex._go_parallel(2, 10**5, now - 0.0005)   # groups of 0.5 ms
+  assert ex._go_parallel(1, 64, 0.016)           # 16 ms x 63 to come
+  assert not ex._go_parallel(1, 20, 0.016)       # 304 ms: not twice
+  assert not ex._go_parallel(1, 10**4, 0.003)    # warm-up may be all of it
+  assert ex._go_parallel(1, 6, after / 4)        # long: once is enough
+  assert ex._go_parallel(2, 64, 0.012)           # 12 ms x 62 to come
+  assert not ex._go_parallel(2, 10, 0.012)       # 96 ms to come
+  assert not ex._go_parallel(2, 10**5, 0.0005)   # groups of 0.5 ms
+  # (what the groups so far took: the first alone, then those after it)
+  import time
+  assert 0.012 <= ex._group_seconds(1, time.perf_counter() - 0.012) < 0.1
+  assert 0.006 <= ex._group_seconds(3, time.perf_counter() - 0.012) < 0.05
 
 
 class SuiteTimeout(Exception):
@@ -359,12 +361,18 @@ def test_an_interrupted_run_stops_its_workers_and_does_not_wait_on_them(monkeypa
   it waits for results) ends the run at once: the workers are killed, and
   the pool's shutdown, which CPython can leave waiting forever on a worker
   killed mid-message (seen in JAX's suite), is not waited on."""
-  pools = []
+  workers = []  # (this run's pool's, as abandon found them and as it left them)
+  real_abandon = parallel.abandon
+
+  def abandon(pool):
+    workers.extend(pool._pool)
+    real_abandon(pool)
+    workers.extend(pool._pool)
 
   def restore(*args):
-    pools.extend(multiprocessing.active_children())
     raise SuiteTimeout("the test's time limit")
   monkeypatch.setattr(parallel, "restore", restore)
+  monkeypatch.setattr(parallel, "abandon", abandon)
   hung = threading.Event()
   real_terminate = multiprocessing.pool.Pool.terminate
 
@@ -379,4 +387,4 @@ def test_an_interrupted_run_stops_its_workers_and_does_not_wait_on_them(monkeypa
   run_on(ex, atomic_rows(F32), _x())  # (errors are kept for the API to raise)
   assert time.monotonic() - t0 < 30
   assert [type(e) for e in ex.errors] == [SuiteTimeout]  # (not run again here)
-  assert pools and not any(p.is_alive() for p in pools)
+  assert workers and not any(p.is_alive() for p in workers)

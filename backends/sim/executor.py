@@ -63,7 +63,6 @@ class Executor:
   # would take at least this long here (a fork and its pool cost ~20 ms);
   # 0: always, after the first group (tests).
   parallel_after_s = 0.25
-  group_s = None  # what a group of the launch took here (_go_parallel)
   checking_estimate = False  # (estimate_check.py's own Executor)
 
   def __init__(self, options=None, trace_blocks=2, detached_groups=False, **named):
@@ -303,24 +302,30 @@ class Executor:
                                       r.task)
     return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
 
-  def _go_parallel(self, g, n, t1):
-    """After g groups ran here (t1: the end of the setup or, from g = 2, of
-    the first group, which pays for warm-up): whether to run the rest over
-    workers. A group must take a millisecond or more (the merge of one
-    costs a fraction of that), and the rest parallel_after_s or more; judged
-    from the groups after the first, or from the first alone when its
-    warm-up cannot mislead much: 4 ms or more, and the rest worth twice
-    parallel_after_s (once, for a first group of parallel_after_s / 5)."""
-    now = time.perf_counter()
+  @staticmethod
+  def _group_seconds(g, t1):
+    """What a group took here, after g groups ran (t1: the end of the setup
+    or, from g = 2, of the first group, which pays for warm-up): the first
+    alone, then the mean of those after it."""
+    return (time.perf_counter() - t1) / max(1, g - 1)
+
+  def _go_parallel(self, g, n, per):
+    """After g groups ran here, a group taking `per` seconds
+    (_group_seconds): whether to run the rest over workers. A group must
+    take a millisecond or more (the merge of one costs a fraction of that),
+    and the rest parallel_after_s or more; judged from the groups after the
+    first, or from the first alone when its warm-up cannot mislead much: 4
+    ms or more, and the rest worth twice parallel_after_s (once, for a first
+    group of parallel_after_s / 5)."""
+    if not self.parallel_after_s:
+      return True
     if g < 2:
-      first = self.group_s = now - t1
-      need = self.parallel_after_s * (1 if first >= self.parallel_after_s / 5 else 2)
-      return not self.parallel_after_s or (first >= 4e-3 and first * (n - 1) >= need)
-    per = self.group_s = (now - t1) / (g - 1)
-    return not self.parallel_after_s or (per >= 1e-3 and per * (n - g) >= self.parallel_after_s)
+      need = self.parallel_after_s * (1 if per >= self.parallel_after_s / 5 else 2)
+      return per >= 4e-3 and per * (n - 1) >= need
+    return per >= 1e-3 and per * (n - g) >= self.parallel_after_s
 
   def _run_parallel(self, runner, groups, first, trace, merge, workers, progress,
-                    on_ray=False):
+                    on_ray=False, group_s=None):
     """Groups first.. over forked workers (backends/sim/parallel.py), merged
     in block order as they arrive; a group that raised there makes the whole
     launch re-run here, serially (_Rerun)."""
@@ -331,7 +336,7 @@ class Executor:
         results = ray_engine.run(self, runner, groups, self.trace_blocks, workers)
       else:
         results = parallel.run(runner, groups, first, self.trace_blocks, workers,
-                               group_s=self.group_s)
+                               group_s=group_s)
       for g, result, group_trace in results:
         if not seen.check(g, result):
           raise _Rerun  # (it read what another block wrote: see parallel.py)
@@ -424,8 +429,10 @@ class Executor:
       for g, members in enumerate(groups):
         number, idx, _ = members[0]
         progress.done = number
-        if workers > 1 and (on_ray or (g and self._go_parallel(g, len(groups), t1))):
-          self._run_parallel(runner, groups, g, trace, merge, workers, progress, on_ray)
+        per = self._group_seconds(g, t1) if g and workers > 1 else None
+        if workers > 1 and (on_ray or (g and self._go_parallel(g, len(groups), per))):
+          self._run_parallel(runner, groups, g, trace, merge, workers, progress, on_ray,
+                             group_s=per)
           used = workers
           simulated = len(blocks)
           break

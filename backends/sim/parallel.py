@@ -230,11 +230,19 @@ def abandon(pool):
   Pool.terminate joins a result thread that a torn message leaves blocked:
   seen when a test's time limit struck JAX's suite), is left to a daemon
   thread given a few seconds."""
-  for proc in list(getattr(pool, "_pool", ())):
-    proc.kill()
+  def kill_workers():
+    procs = list(getattr(pool, "_pool", ()))
+    for proc in procs:
+      proc.kill()
+    for proc in procs:  # (reaped: no zombie left behind)
+      proc.join(timeout=1)
+  kill_workers()
   stop = threading.Thread(target=pool.terminate, daemon=True, name="pallas-sim pool stop")
   stop.start()
   stop.join(timeout=5)
+  # (the pool starts new workers for killed ones until its shutdown begins:
+  # a pool of a worker per task does at once)
+  kill_workers()
 
 
 class Visibility:

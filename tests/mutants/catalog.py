@@ -168,8 +168,8 @@ MUTANTS = [
     Mutant("workers-from-any-first-group", "backends/sim/executor.py",
            "the first group alone decides on workers only when its warm-up cannot "
            "mislead (4 ms or more); the mutant trusts any first group",
-           "(first >= 4e-3 and first * (n - 1) >= need)\n",
-           "(first * (n - 1) >= need)\n",
+           "      return per >= 4e-3 and per * (n - 1) >= need\n",
+           "      return per * (n - 1) >= need\n",
            ("tests/test_parallel.py",)),
     Mutant("workers-never-fresh", "backends/sim/parallel.py",
            "long tasks of a launch with large outputs get a worker each (its "
