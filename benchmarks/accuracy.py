@@ -28,8 +28,9 @@ clock_mhz): that column is the model's error were the clock known, and it
 says how much of the error is the clock's (--no-clock: skip it).
 
 --diagnostic: timing_suite.DIAGNOSTIC_CASES instead (the quickstart's pipeline
-taken apart: its loads alone, its wgmmas on one tile), against their sustained
-times and clocks ("pipeline_study" in the measured file)."""
+taken apart: its loads alone, its wgmmas on one tile, each with scalar work in
+the wgmma's place), against their sustained times and clocks ("pipeline_study"
+in the measured file)."""
 import argparse
 import contextlib
 import json
@@ -125,9 +126,8 @@ def main(argv=None):
   data = json.load(open(ns.measured))
   clocks = {r["name"]: r["clock"]["sm_mhz"] for r in
             data.get("power_study_suite", {}).get("rows", []) if r.get("clock")} if ns.clock else {}
-  cases = timing_suite.CASES
+  cases = timing_suite.cases(ns.diagnostic)
   if ns.diagnostic:  # (measured sustained, each with its clock)
-    cases = timing_suite.DIAGNOSTIC_CASES
     study = data.get("pipeline_study", {}).get("cases", [])
     data = dict(cases=[], sustained=dict(cases=study))
     clocks = {r["name"]: r["clock"]["sm_mhz"] for r in study

@@ -263,7 +263,7 @@ class Job:
 
 def suite_jobs(pattern="", diagnostic=False):
   jobs = []
-  for c in timing_suite.DIAGNOSTIC_CASES if diagnostic else timing_suite.CASES:
+  for c in timing_suite.cases(diagnostic):
     if pattern and pattern not in c.name:
       continue
     meta = dict(kind="suite", name=c.name, family=c.family, params=c.params,
@@ -489,7 +489,7 @@ def print_tables(jobs, micros):
 def sim_check(pattern="", diagnostic=False):
   import pallas_sim as ps
   ok = True
-  for c in timing_suite.DIAGNOSTIC_CASES if diagnostic else timing_suite.CASES:
+  for c in timing_suite.cases(diagnostic):
     if pattern not in c.name:
       continue
     t0 = time.time()

@@ -565,6 +565,11 @@ CASES = all_cases()   # plain data: nothing is built or traced here
 DIAGNOSTIC_CASES = _diagnostic_cases()
 
 
+def cases(diagnostic=False):
+  """The suite's kernels, or with diagnostic its pipeline taken apart."""
+  return DIAGNOSTIC_CASES if diagnostic else CASES
+
+
 def by_name(name):
   for c in CASES + DIAGNOSTIC_CASES:
     if c.name == name:
