@@ -3,7 +3,7 @@ beside measured (benchmarks/measure_gpu.py on the GPU machine, committed as
 benchmarks/h200_measured.json), for every kernel of benchmarks/timing_suite.py.
 
     ./dev python benchmarks/accuracy.py [--measured FILE] [--filter S] [--small]
-        [--no-clock] [--diagnostic]
+        [--no-clock] [--diagnostic | --holdout] [--predictions FILE]
 
 Prints one row per kernel (measured, predicted, error, the bound the model
 names, estimate's wall time), then per family the Spearman rank correlation
@@ -30,7 +30,13 @@ says how much of the error is the clock's (--no-clock: skip it).
 --diagnostic: timing_suite.DIAGNOSTIC_CASES instead (the quickstart's pipeline
 taken apart: its loads alone, its wgmmas on one tile, each with scalar work in
 the wgmma's place), against their sustained times and clocks ("pipeline_study"
-in the measured file)."""
+in the measured file).
+
+--holdout: timing_suite.HOLDOUT_CASES (kernels, sizes and dtypes never used to
+set a figure), against "holdout_study" in the measured file; with
+--predictions FILE, every one is predicted and written there, measured or
+not (benchmarks/holdout_predictions.json was written so, and committed,
+before the GPU first ran them)."""
 import argparse
 import contextlib
 import json
@@ -120,15 +126,20 @@ def main(argv=None):
                   help="which measurement the figures count (both are printed)")
   ap.add_argument("--clock", action=argparse.BooleanOptionalAction, default=True,
                   help="also predict each kernel at its measured clock")
-  ap.add_argument("--diagnostic", action="store_true",
-                  help="the pipeline's diagnostics (timing_suite.DIAGNOSTIC_CASES)")
+  timing_suite.add_kind_args(ap)
+  ap.add_argument("--predictions", default=None, metavar="FILE",
+                  help="write every case's prediction (at the model's own clock) to "
+                       "FILE as JSON, measured or not: the held-out kernels' "
+                       "predictions are committed before they are measured")
   ns = ap.parse_args(argv)
   data = json.load(open(ns.measured))
   clocks = {r["name"]: r["clock"]["sm_mhz"] for r in
             data.get("power_study_suite", {}).get("rows", []) if r.get("clock")} if ns.clock else {}
-  cases = timing_suite.cases(ns.diagnostic)
-  if ns.diagnostic:  # (measured sustained, each with its clock)
-    study = data.get("pipeline_study", {}).get("cases", [])
+  kind = timing_suite.kind_of(ns)
+  cases = timing_suite.cases(kind)
+  if kind != "suite":  # (measured sustained, each with its clock)
+    study = data.get({"diagnostic": "pipeline_study", "holdout": "holdout_study"}[kind],
+                     {}).get("cases", [])
     data = dict(cases=[], sustained=dict(cases=study))
     clocks = {r["name"]: r["clock"]["sm_mhz"] for r in study
               if r.get("clock") and ns.clock}
@@ -146,20 +157,30 @@ def main(argv=None):
         "time | bound (model) | estimate (s) | measured clock (MHz) | predicted there (us) "
         "| error |")
   print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+  saved = {}
   for case in cases:
-    if ns.filter not in case.name or case.name not in measured:
+    if ns.filter not in case.name or (case.name not in measured and not ns.predictions):
       continue
     try:
       report, wall = predict(case, ns.gpu)
     except Exception as e:  # (a kernel the simulator rejects: say so, go on)
-      print(f"| {case.name} | {measured[case.name] * 1e6:.1f} | "
+      print(f"| {case.name} | {measured.get(case.name, float('nan')) * 1e6:.1f} | "
             f"{type(e).__name__}: {str(e).splitlines()[0][:80]} | | | | |")
       continue
-    t_real = measured[case.name]
     t_pred = report.time_s
+    bounds = ", ".join(sorted({k.bound for k in report.kernels}))
+    if ns.predictions:
+      saved[case.name] = dict(predicted_s=t_pred, bound=bounds, estimate_s=wall)
+      json.dump(dict(command="./dev python benchmarks/accuracy.py " + " ".join(
+          argv if argv is not None else sys.argv[1:]), gpu=ns.gpu,
+          predictions=saved), open(ns.predictions, "w"), indent=1)
+    if case.name not in measured:
+      print(f"| {case.name} | (not measured) | {t_pred * 1e6:.1f} | | | {bounds} | "
+            f"{wall:.2f} | | | |")
+      continue
+    t_real = measured[case.name]
     err = t_pred / t_real - 1
     err2 = f"{t_pred / other[case.name] - 1:+.0%}" if case.name in other else ""
-    bounds = ", ".join(sorted({k.bound for k in report.kernels}))
     rows.append((case, t_real, t_pred, err))
     there = "| | |"
     if case.name in clocks:

@@ -261,9 +261,9 @@ class Job:
     self.built = self.f1 = self.f2 = None
 
 
-def suite_jobs(pattern="", diagnostic=False):
+def suite_jobs(pattern="", kind="suite"):
   jobs = []
-  for c in timing_suite.cases(diagnostic):
+  for c in timing_suite.cases(kind):
     if pattern and pattern not in c.name:
       continue
     meta = dict(kind="suite", name=c.name, family=c.family, params=c.params,
@@ -486,10 +486,10 @@ def print_tables(jobs, micros):
 # The simulator check (CPU).
 # ---------------------------------------------------------------------------
 
-def sim_check(pattern="", diagnostic=False):
+def sim_check(pattern="", kind="suite"):
   import pallas_sim as ps
   ok = True
-  for c in timing_suite.cases(diagnostic):
+  for c in timing_suite.cases(kind):
     if pattern not in c.name:
       continue
     t0 = time.time()
@@ -519,9 +519,7 @@ def main(argv=None):
   ap.add_argument("--filter", default="")
   ap.add_argument("--only-micros", action="store_true")
   ap.add_argument("--only-suite", action="store_true")
-  ap.add_argument("--diagnostic", action="store_true",
-                  help="timing_suite.DIAGNOSTIC_CASES (the quickstart's pipeline "
-                       "taken apart) in place of the suite")
+  timing_suite.add_kind_args(ap)
   ap.add_argument("--threads", type=int, default=8, help="parallel compile + check")
   ap.add_argument("--chunk", type=int, default=16, help="jobs prepared, then timed, at a time")
   ap.add_argument("--resume", default=None, help="an earlier h200_measured.json")
@@ -541,7 +539,7 @@ def main(argv=None):
     ncu_child(ns.ncu_child.split("|"))
     return 0
   if ns.sim_check:
-    return 0 if sim_check(ns.filter, ns.diagnostic) else 1
+    return 0 if sim_check(ns.filter, timing_suite.kind_of(ns)) else 1
 
   start = time.time()
   left = lambda: ns.deadline - (time.time() - start)
@@ -557,7 +555,7 @@ def main(argv=None):
   if not ns.only_suite:
     jobs += micro_jobs(ns.filter)
   if not ns.only_micros:
-    jobs += suite_jobs(ns.filter, ns.diagnostic)
+    jobs += suite_jobs(ns.filter, timing_suite.kind_of(ns))
   ncu = {}
 
   # Earlier results (--resume FILE: that run's h200_measured.json): rows

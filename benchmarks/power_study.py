@@ -9,6 +9,7 @@ size) load one unit at a time: tensor cores, L2, HBM, ALUs; suite kernels
     python3 benchmarks/power_study.py --out $OUT [--seconds 3] [--window 1.5]
         [--whole-suite]   # every kernel of the suite, no micro-benchmarks
         [--diagnostic]    # the quickstart's pipeline taken apart, no micros
+        [--holdout]       # the kernels held out of calibration, no micros
 
 Writes $OUT/power_study.json: per kernel the time per call over the window,
 the median SM clock and power there (and their range), and the idle board.
@@ -101,18 +102,17 @@ def main(argv=None):
   ap.add_argument("--filter", default="")
   ap.add_argument("--whole-suite", action="store_true",
                   help="every kernel of benchmarks/timing_suite.py, and no micros")
-  ap.add_argument("--diagnostic", action="store_true",
-                  help="timing_suite.DIAGNOSTIC_CASES (the quickstart's loads alone, its "
-                       "wgmmas on one tile, ...), and no micros")
+  measure_gpu.timing_suite.add_kind_args(ap)  # (and no micros)
   ns = ap.parse_args(argv)
   sampler = Sampler(20)
   time.sleep(2.5)
   t = time.time()
   rows = [dict(name="idle", kind="idle", clock=sampler.window(t - 1.5, t))]
-  whole = ns.whole_suite or ns.diagnostic
+  kind = measure_gpu.timing_suite.kind_of(ns)
+  whole = ns.whole_suite or kind != "suite"
   jobs = [] if whole else [j for j in measure_gpu.micro_jobs()
                            if j.key.endswith(" n2") and j.meta["name"] in MICROS]
-  jobs += [j for j in measure_gpu.suite_jobs(diagnostic=ns.diagnostic)
+  jobs += [j for j in measure_gpu.suite_jobs(kind=kind)
            if whole or j.meta["name"] in SUITE]
   jobs = [j for j in jobs if ns.filter in j.meta["name"]]
   path = os.path.join(ns.out, "power_study.json")

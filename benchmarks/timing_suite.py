@@ -94,6 +94,9 @@ def _rand(seed, shape, dtype, scale=1.0, shift=0.0):
       x = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)
       if shift:
         x += np.float32(shift)
+      if np.dtype(jnp.dtype(dtype)).kind in "iu":  # (integers: rounded, in range)
+        info = np.iinfo(jnp.dtype(dtype))
+        x = np.clip(np.round(x), info.min, info.max)
       _CACHE[key] = jnp.asarray(x, dtype)
     return _CACHE[key]
 
@@ -143,14 +146,14 @@ def _matmul_mcs():
     return ns["matmul_mcs"]
 
 
-def _make_quickstart(size, tile_n, tile_k, mcs, seed=0):
+def _make_quickstart(size, tile_n, tile_k, mcs, seed=0, dtype="float16"):
   import jax.numpy as jnp
   matmul_mcs = _matmul_mcs()
-  a = _rand(seed, (size, size), jnp.float16)
-  b = _rand(seed + 100, (size, size), jnp.float16)
+  a = _rand(seed, (size, size), jnp.dtype(dtype))
+  b = _rand(seed + 100, (size, size), jnp.dtype(dtype))
   fn = functools.partial(matmul_mcs, tile_n=tile_n, tile_k=tile_k,
-                         max_concurrent_steps=mcs)
-  return Built(fn, (a, b), _matmul_ref, tol=5e-3)
+                         max_concurrent_steps=mcs, out_dtype=jnp.dtype(dtype))
+  return Built(fn, (a, b), _matmul_ref, tol=_rel_tol_for(dtype))
 
 
 def _smem_need(tile_m, tile_n, tile_k, mcs, itemsize=2):
@@ -378,16 +381,23 @@ HOPPER_CONFIGS = {
 }
 
 
-def _make_hopper(size, config, dtype="float16", seed=0):
-  import jax.numpy as jnp
-  from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
-  fields = dict(HOPPER_CONFIGS[config])
+def _hopper_config(module, config):
+  """A TuningConfig of `module` (hopper_matmul_mgpu or its mixed-type
+  sibling) from a HOPPER_CONFIGS-style dict, dimensions by name."""
+  fields = dict(config)
   for k in ("grid_minor_dim", "wg_dimension", "cluster_dimension"):
     if fields.get(k) is not None:
-      fields[k] = hm.MatmulDimension[fields[k]]
-  cfg = hm.TuningConfig(epi_tile_n=64, epi_tile_m=64, **fields)
-  a = _rand(seed, (size, size), jnp.dtype(dtype))
-  b = _rand(seed + 100, (size, size), jnp.dtype(dtype))
+      fields[k] = module.MatmulDimension[fields[k]]
+  return module.TuningConfig(epi_tile_n=64, epi_tile_m=64, **fields)
+
+
+def _make_hopper(size, config, dtype="float16", seed=0, mkn=None):
+  import jax.numpy as jnp
+  from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
+  cfg = _hopper_config(hm, {**HOPPER_CONFIGS, **HOLDOUT_HOPPER_CONFIGS}[config])
+  m, k, n = mkn or (size, size, size)
+  a = _rand(seed, (m, k), jnp.dtype(dtype))
+  b = _rand(seed + 100, (k, n), jnp.dtype(dtype))
   return Built(lambda a, b: hm.matmul(a, b, None, cfg), (a, b), _matmul_ref,
                tol=_rel_tol_for(dtype))
 
@@ -561,17 +571,199 @@ def _diagnostic_cases():
   return out
 
 
+# ---------------------------------------------------------------------------
+# Held out (not in CASES, never used to set a figure of pallas_sim/gpus.py):
+# kernels, sizes and dtypes the model was not calibrated on, predicted
+# before they were first measured (benchmarks/holdout_predictions.json,
+# committed before the GPU run; RESULTS.md, eleventh session). They say how
+# the model does on kernels it has not seen, which is what a user has.
+# ---------------------------------------------------------------------------
+
+HOLDOUT_HOPPER_CONFIGS = {
+    "128x128x64 mcs=2 wgM minorM w1": dict(
+        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
+        grid_minor_dim="M", grid_tile_width=1, wg_dimension="M"),
+    "128x64x64 mcs=4 wgN minorM w8": dict(
+        tile_m=128, tile_n=64, tile_k=64, max_concurrent_steps=4,
+        grid_minor_dim="M", grid_tile_width=8, wg_dimension="N"),
+    "128x128x64 mcs=3 wgN minorM w16": dict(
+        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=3,
+        grid_minor_dim="M", grid_tile_width=16, wg_dimension="N"),
+}
+
+
+def elementwise_gelu(x, y, *, rows_per_block=8, row_tile=None):
+  """out = gelu(x) * y (the tanh form) with plain GMEM loads into registers:
+  elementwise_regs' blocks with a transcendental and a few FMAs an element."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  row_tile = row_tile or rows_per_block
+  steps = rows_per_block // row_tile
+
+  def body(x_ref, y_ref, o_ref):
+    base = lax.axis_index("b") * rows_per_block
+
+    def step(s, carry):
+      sl = pl.ds(base + s * row_tile, row_tile)
+      v = x_ref[sl, :]
+      g = 0.5 * v * (1.0 + jnp.tanh(0.7978846 * (v + 0.044715 * v * v * v)))
+      o_ref[sl, :] = g * y_ref[sl, :]
+      return carry
+
+    if steps == 1:
+      step(0, None)
+    else:
+      lax.fori_loop(0, steps, step, None)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(rows // rows_per_block,), grid_names=("b",))(x, y)
+
+
+def _gelu_ref(x, y):
+  import jax.numpy as jnp
+  return 0.5 * x * (1.0 + jnp.tanh(0.7978846 * (x + 0.044715 * x * x * x))) * y
+
+
+def _make_gelu(rows=EW_ROWS, cols=EW_COLS, seed=3, **kw):
+  import jax.numpy as jnp
+  x = _rand(seed, (rows, cols), jnp.float32)
+  y = _rand(seed + 100, (rows, cols), jnp.float32)
+  return Built(functools.partial(elementwise_gelu, **kw), (x, y), _gelu_ref, tol=1e-5)
+
+
+def _ragged_sizes(m, groups, block_m, seed):
+  """Group sizes summing to m, uneven and not multiples of block_m (seeded)."""
+  rng = np.random.default_rng(seed)
+  cuts = np.sort(rng.choice(np.arange(1, m), groups - 1, replace=False))
+  return np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int32)
+
+
+def _make_ragged(m, k, n, groups, block_m, block_n, block_k, mcs, grid_block_n, seed=7):
+  import jax.numpy as jnp
+  from jax.experimental.pallas.ops.gpu import ragged_dot_mgpu as rd
+  sizes = _ragged_sizes(m, groups, block_m, seed)
+  lhs = _rand(seed, (m, k), jnp.float16)
+  rhs = _rand(seed + 100, (groups, k, n), jnp.float16)
+  gs = jnp.asarray(sizes)  # (data, never a shape: what the kernel's control flow reads)
+
+  def fn(lhs, rhs):
+    return rd.ragged_dot(lhs, rhs, group_sizes=gs, block_m=block_m, block_n=block_n,
+                         block_k=block_k, max_concurrent_steps=mcs,
+                         grid_block_n=grid_block_n)
+
+  def ref(lhs, rhs):
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    outs = [_matmul_ref(lhs[s:s + z], rhs[g]) for g, (s, z) in enumerate(zip(starts, sizes))]
+    return jnp.concatenate(outs, axis=0)
+
+  return Built(fn, (lhs, rhs), ref, tol=5e-3)
+
+
+def _make_mixed(m, k, n, config, seed=11):
+  import jax.numpy as jnp
+  from jax.experimental.pallas.ops.gpu import hopper_mixed_type_matmul_mgpu as mm
+  cfg = _hopper_config(mm, HOLDOUT_HOPPER_CONFIGS.get(config) or HOPPER_CONFIGS[config])
+  # int8 weights (a normal times 40, rounded), bf16 activations.
+  a = _rand(seed, (m, k), jnp.int8, scale=40.0)
+  b = _rand(seed + 100, (k, n), jnp.bfloat16)
+  return Built(lambda a, b: mm.mixed_matmul_kernel(a, b, out_dtype=jnp.bfloat16, config=cfg),
+               (a, b), lambda a, b: _matmul_ref(a.astype(jnp.float32), b), tol=2e-2)
+
+
+def _holdout_cases():
+  out = []
+  # The quickstart in bf16 at 6144 (48 x 48 blocks of 128x128: 17.5 waves).
+  for tn, tk, mcs in ((128, 64, 2), (128, 64, 4), (128, 32, 3), (64, 128, 3),
+                      (128, 128, 3), (256, 64, 2)):
+    out.append(Case(
+        name=f"quickstart bf16 6144 128x{tn}x{tk} mcs={mcs}",
+        family="quickstart matmul bf16 6144 (held out)",
+        params=dict(size=6144, tile_n=tn, tile_k=tk, mcs=mcs, dtype="bfloat16"),
+        flops=2.0 * 6144 ** 3, bytes=3.0 * 6144 ** 2 * 2, make=_make_quickstart))
+  # JAX's matmul, bf16, 8192 x 2048 @ 2048 x 8192.
+  for c in ("128x128x64 mcs=4 wgN minorN w4", *HOLDOUT_HOPPER_CONFIGS):
+    out.append(Case(
+        name=f"hopper_matmul 8192x2048x8192 bf16 {c}",
+        family="hopper_matmul_mgpu bf16 8192x2048x8192 (held out)",
+        params=dict(size=0, config=c, dtype="bfloat16", mkn=(8192, 2048, 8192)),
+        flops=2.0 * 8192 * 2048 * 8192, bytes=2.0 * (2 * 8192 * 2048 + 8192 * 8192),
+        make=_make_hopper))
+  # JAX's attention at shapes and blocks the suite lacks.
+  for batch, seq, heads, d, bq, bkv, causal, mcs in (
+      (2, 2048, 32, 128, 64, 128, False, 2), (2, 2048, 32, 128, 64, 64, False, 3),
+      (2, 2048, 32, 128, 64, 64, False, 4), (1, 4096, 32, 64, 64, 128, True, 2)):
+    flops = 4.0 * batch * seq * seq * heads * d / (2 if causal else 1)
+    out.append(Case(
+        name=f"attention fwd b{batch} s{seq} h{heads} d{d} bq{bq} bkv{bkv} mcs={mcs}"
+             + (" causal" if causal else ""),
+        family=f"attention_mgpu fwd s{seq} h{heads} d{d}" + (" causal" if causal else "")
+               + " (held out)",
+        params=dict(batch=batch, seq=seq, heads=heads, head_dim=d, block_q=bq,
+                    block_kv=bkv, causal=causal, mcs=mcs),
+        flops=flops, bytes=4.0 * batch * seq * heads * d * 2, make=_make_attention))
+  # JAX's ragged (grouped) matmul: 8 groups of uneven sizes over 8192 rows.
+  for bm, bn, bk, mcs, gbn in ((128, 128, 64, 4, 4), (64, 128, 64, 4, 8)):
+    out.append(Case(
+        name=f"ragged_dot 8192x2048 8x2048x4096 f16 {bm}x{bn}x{bk} mcs={mcs} gbn={gbn}",
+        family="ragged_dot_mgpu f16 (held out)",
+        params=dict(m=8192, k=2048, n=4096, groups=8, block_m=bm, block_n=bn,
+                    block_k=bk, mcs=mcs, grid_block_n=gbn),
+        flops=2.0 * 8192 * 2048 * 4096, bytes=2.0 * (8192 * 2048 + 8 * 2048 * 4096
+                                                     + 8192 * 4096),
+        make=_make_ragged))
+  # JAX's mixed-type matmul: int8 @ bf16.
+  for c in ("128x128x64 mcs=4 wgN minorN w4", "128x128x64 mcs=2 wgM minorM w1"):
+    out.append(Case(
+        name=f"mixed_matmul 4096x4096x8192 int8xbf16 {c}",
+        family="hopper_mixed_type_matmul_mgpu 4096x4096x8192 (held out)",
+        params=dict(m=4096, k=4096, n=8192, config=c),
+        flops=2.0 * 4096 * 4096 * 8192, bytes=4096 * 4096 + 2.0 * (4096 * 8192 * 2),
+        make=_make_mixed))
+  # An activation: gelu(x) * y over 64M f32, through registers.
+  n = EW_ROWS * EW_COLS
+  for rpb, rt in ((8, None), (32, 4)):
+    out.append(Case(
+        name=f"gelu regs 64M f32 {rpb} rows/block" + (f" ({rt} at a time)" if rt else ""),
+        family="elementwise gelu 64M f32 (held out)",
+        params=dict(rows_per_block=rpb, row_tile=rt), flops=float(n), bytes=3.0 * n * 4,
+        make=_make_gelu))
+  return out
+
+
 CASES = all_cases()   # plain data: nothing is built or traced here
 DIAGNOSTIC_CASES = _diagnostic_cases()
+HOLDOUT_CASES = _holdout_cases()
+KINDS = {"suite": CASES, "diagnostic": DIAGNOSTIC_CASES, "holdout": HOLDOUT_CASES}
 
 
-def cases(diagnostic=False):
-  """The suite's kernels, or with diagnostic its pipeline taken apart."""
-  return DIAGNOSTIC_CASES if diagnostic else CASES
+def cases(kind="suite"):
+  """The suite's kernels ("suite"), its quickstart's pipeline taken apart
+  ("diagnostic"), or the kernels held out of calibration ("holdout")."""
+  return KINDS[kind]
+
+
+def add_kind_args(ap):
+  """--diagnostic / --holdout on a benchmark script's parser (kind_of reads them)."""
+  g = ap.add_mutually_exclusive_group()
+  g.add_argument("--diagnostic", action="store_true",
+                 help="timing_suite.DIAGNOSTIC_CASES (the quickstart's pipeline taken "
+                      "apart) in place of the suite")
+  g.add_argument("--holdout", action="store_true",
+                 help="timing_suite.HOLDOUT_CASES (kernels held out of calibration) in "
+                      "place of the suite")
+
+
+def kind_of(ns):
+  return "diagnostic" if ns.diagnostic else "holdout" if ns.holdout else "suite"
 
 
 def by_name(name):
-  for c in CASES + DIAGNOSTIC_CASES:
+  for c in CASES + DIAGNOSTIC_CASES + HOLDOUT_CASES:
     if c.name == name:
       return c
   raise KeyError(name)
@@ -584,7 +776,7 @@ def sim_params(case):
   fam = case.family
   if fam.startswith("quickstart"):  # (and its diagnostics)
     p["size"] = 256 if p["tile_n"] < 256 else 512
-  elif fam.startswith("elementwise regs"):
+  elif fam.startswith("elementwise regs") or fam.startswith("elementwise gelu"):
     p.update(rows=4 * p["rows_per_block"], cols=256)
   elif fam.startswith("elementwise pipeline"):
     p.update(blocks=2, rows=2 * p["tile_m"] * 2, cols=2 * p["tile_n"])
@@ -592,8 +784,14 @@ def sim_params(case):
     p.update(rows=2 * p["block_m"], cols=2 * p["tile_k"])
   elif fam.startswith("warp-specialized"):
     p["size"] = 256
+  elif fam.startswith("hopper_matmul_mgpu bf16"):
+    p["mkn"] = (512, 256, 512)
   elif fam.startswith("hopper_matmul"):
     p["size"] = 512
+  elif fam.startswith("ragged_dot"):
+    p.update(m=1024, k=256, n=1024)
+  elif fam.startswith("hopper_mixed_type"):
+    p.update(m=512, k=256, n=512)
   elif fam.startswith("attention"):
     p.update(seq=256, heads=2)
   return p

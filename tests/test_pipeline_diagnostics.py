@@ -2,6 +2,7 @@
 DIAGNOSTIC_CASES, measured on the H200 as "pipeline_study"): each variant
 simulates without findings and gives its reference's values, as the GPU's
 run checks it there."""
+import json
 import os
 import sys
 
@@ -41,9 +42,16 @@ def test_the_delay_is_the_scalar_work_it_stands_for():
   assert cycles("delay_one_tile") > 1.5 * cycles("loads")
 
 
-def test_diagnostics_are_apart_from_the_suite():
+def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
   names = {c.name for c in timing_suite.CASES}
   assert not names & {c.name for c in timing_suite.DIAGNOSTIC_CASES}
+  held = {c.name for c in timing_suite.HOLDOUT_CASES}
+  assert held and not held & names
+  assert not {c.family for c in timing_suite.HOLDOUT_CASES} & {c.family for c in timing_suite.CASES}
+  # (their predictions were committed before they were measured)
+  saved = json.load(open(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+                                      "holdout_predictions.json")))["predictions"]
+  assert set(saved) == held
   assert {c.params["mode"] for c in timing_suite.DIAGNOSTIC_CASES} == set(MODES)
   assert timing_suite.by_name("quickstart one tile 4096 128x128x64 mcs=2").params[
       "mode"] == "one_tile"
