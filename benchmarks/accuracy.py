@@ -131,7 +131,15 @@ def main(argv=None):
                   help="write every case's prediction (at the model's own clock) to "
                        "FILE as JSON, measured or not: the held-out kernels' "
                        "predictions are committed before they are measured")
+  ap.add_argument("--from-predictions", default=None, metavar="FILE",
+                  help="take each kernel's prediction from FILE (written by "
+                       "--predictions) instead of estimating it again: the held-out "
+                       "kernels' blind predictions against their measurements")
   ns = ap.parse_args(argv)
+  saved_before = (json.load(open(ns.from_predictions))["predictions"]
+                  if ns.from_predictions else None)
+  if saved_before is not None:
+    ns.clock = False
   data = json.load(open(ns.measured))
   clocks = {r["name"]: r["clock"]["sm_mhz"] for r in
             data.get("power_study_suite", {}).get("rows", []) if r.get("clock")} if ns.clock else {}
@@ -160,6 +168,15 @@ def main(argv=None):
   saved = {}
   for case in cases:
     if ns.filter not in case.name or (case.name not in measured and not ns.predictions):
+      continue
+    if saved_before is not None:
+      if case.name not in saved_before or case.name not in measured:
+        continue
+      p = saved_before[case.name]
+      t_real = measured[case.name]
+      rows.append((case, t_real, p["predicted_s"], p["predicted_s"] / t_real - 1))
+      print(f"| {case.name} | {t_real * 1e6:.1f} | {p['predicted_s'] * 1e6:.1f} | "
+            f"{rows[-1][3]:+.0%} | | {p['bound']} | {p['estimate_s']:.2f} | | | |")
       continue
     try:
       report, wall = predict(case, ns.gpu)

@@ -452,6 +452,18 @@ def _build_wgmma(n, *, dtype, N, M=128, bps=1, wait=1, blocks=None, pad_kib=0,
 SMEM_LOADS_PER_WGMMA = (2, 6)
 
 
+def _mma_transforms(shape, dtype, swizzle=None):
+  """SMEM transforms for a wgmma operand of this shape: `swizzle` bytes, or
+  the widest its rows allow (128; 64 for a K=32 f16 A), as Mosaic's
+  find_swizzle."""
+  import jax.numpy as jnp
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  bits = jnp.dtype(dtype).itemsize * 8
+  swz = swizzle or plgpu.find_swizzle(shape[1] * bits, "micro-benchmark operand")
+  return dict(transforms=(plgpu.TilingTransform((8, swz * 8 // bits)),
+                          plgpu.SwizzleTransform(swz)))
+
+
 def wgmma_beside_loads(a, b, x, *, n, blocks, mode, per, slots=4):
   """Thread 0: A, B into SMEM once, then n x (wgmma 128x128x64 + wgmma_wait(1))
   unless mode == "loads"; thread 1: n * per TMA loads of
@@ -467,7 +479,7 @@ def wgmma_beside_loads(a, b, x, *, n, blocks, mode, per, slots=4):
   nn = b.shape[1]
   rows, cols = x.shape
   loads = n * per
-  T = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+  swz = min(128, k * a.dtype.itemsize)
 
   def body(a_ref, b_ref, x_ref, o_ref, a_s, b_s, ring, bar, bars):
     blk = lax.axis_index("b")
@@ -493,20 +505,22 @@ def wgmma_beside_loads(a, b, x, *, n, blocks, mode, per, slots=4):
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((blocks, m + rows, nn), jnp.float32),
-      scratch_types=[plgpu.SMEM(a.shape, a.dtype, **T), plgpu.SMEM(b.shape, b.dtype, **T),
+      # (one swizzle for both, K's bytes up to 128: a K=32 f16 B takes A's 64)
+      scratch_types=[plgpu.SMEM(a.shape, a.dtype, **_mma_transforms(a.shape, a.dtype, swz)),
+                     plgpu.SMEM(b.shape, b.dtype, **_mma_transforms(b.shape, b.dtype, swz)),
                      plgpu.SMEM((slots, rows, cols), x.dtype),
                      plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_barriers=slots)],
       grid=(blocks,), grid_names=("b",), num_threads=2, thread_name="t")(a, b, x)
 
 
-def _build_smem(n, *, mode, per, blocks=None, cpu=False):
+def _build_smem(n, *, mode, per, k=64, blocks=None, cpu=False):
   import jax
   import jax.numpy as jnp
   blocks = blocks or NUM_SMS
   if cpu:
     blocks = min(blocks, 2)
-  a = _array((128, 64), "float16", seed=40, kind="normal")
-  b = _array((64, 128), "float16", seed=41, kind="normal")
+  a = _array((128, k), "float16", seed=40, kind="normal")
+  b = _array((k, 128), "float16", seed=41, kind="normal")
   x = _array((32, 128), "float32", seed=42)  # (16 KiB, rows of 512 bytes)
 
   def ref(a, b, x):
@@ -519,6 +533,211 @@ def _build_smem(n, *, mode, per, blocks=None, cpu=False):
   return Built(functools.partial(wgmma_beside_loads, n=n, blocks=blocks, mode=mode,
                                  per=per),
                (a, b, x), ref, tol=1e-3)
+
+
+# ---------------------------------------------------------------------------
+# (e'') A wgmma whose A comes from registers, as a mixed-type matmul feeds it
+# (JAX's hopper_mixed_type_matmul_mgpu: an int8 tile loaded from SMEM,
+# converted to bf16 in registers, wgmma, wgmma_wait(0)), in 1 or 2 warpgroups
+# a block: what the load, the conversion and the register operand cost.
+# ---------------------------------------------------------------------------
+
+REGA_MODES = {
+    "int8": "A int8 SMEM -> registers, to bf16, wgmma, wgmma_wait(0)",
+    "bf16": "A bf16 SMEM -> registers, wgmma, wgmma_wait(0)",
+    "smem": "A bf16 from SMEM (no registers), wgmma, wgmma_wait(0)",
+    "int8_convert": "A int8 SMEM -> registers, to bf16, no wgmma (a running max in registers)",
+    "bf16_load": "A bf16 SMEM -> registers, no wgmma (a running max in registers)",
+}
+
+
+def wgmma_register_a(a, b, *, n, blocks, mode, wgs):
+  """Each of `wgs` warpgroups of a block: n x (A from SMEM into registers
+  (int8 converted to bf16), wgmma(acc, A, B) with B in SMEM, wgmma_wait(0));
+  or the wgmma from SMEM alone ("smem"), or the load (and conversion) alone,
+  a running maximum of its values kept in registers so that it is not
+  dropped. Output per block and warpgroup: the accumulator (n * A @ B), or
+  the maximum (A) in the first 64 columns."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a.shape
+  nn = b.shape[1]
+  bf16 = jnp.bfloat16
+
+  # A is in SMEM twice and iteration i reads copy i % 2: a load whose
+  # address changes is not hoisted out of the loop.
+  def a_tile(a_s, i):
+    return a_s.at[pl.ds(lax.rem(i, 2) * m, m)]
+
+  def body(a_ref, b_ref, o_ref, a_s, b_s, bar):
+    blk = lax.axis_index("b")
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      plgpu.copy_gmem_to_smem(a_ref, a_s.at[pl.ds(0, m)], bar)
+      plgpu.copy_gmem_to_smem(a_ref, a_s.at[pl.ds(m, m)], bar)
+      plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+    plgpu.barrier_wait(bar)
+
+    if mode in ("int8_convert", "bf16_load"):
+      def step(i, c):  # (a max: one ALU op an element, exact in bf16)
+        return jnp.maximum(c, a_tile(a_s, i)[...].astype(bf16))
+      tot = lax.fori_loop(0, n, step, jnp.full((m, k), -1e30, bf16))
+      o_ref[blk, wg, :, pl.ds(0, k)] = tot.astype(jnp.float32)
+      o_ref[blk, wg, :, pl.ds(k, nn - k)] = jnp.zeros((m, nn - k), jnp.float32)
+      return
+
+    def compute(acc):
+      def step(i, c):
+        lhs = a_tile(a_s, i) if mode == "smem" else a_tile(a_s, i)[...].astype(bf16)
+        plgpu.wgmma(acc, lhs, b_s)
+        plgpu.wgmma_wait(0)
+        return c
+      lax.fori_loop(0, n, step, None)
+      o_ref[blk, wg] = acc[...]
+    pl.run_scoped(compute, plgpu.ACC((m, nn), jnp.float32))
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((blocks, wgs, m, nn), jnp.float32),
+      scratch_types=[plgpu.SMEM((2 * m, k), a.dtype, **_mma_transforms(a.shape, a.dtype)),
+                     plgpu.SMEM(b.shape, b.dtype, **_mma_transforms(b.shape, b.dtype)),
+                     plgpu.Barrier(num_arrivals=3)],
+      grid=(blocks,), grid_names=("b",), num_threads=wgs, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup))(a, b)
+
+
+def _build_rega(n, *, mode, wgs, blocks=None, cpu=False):
+  import jax
+  import jax.numpy as jnp
+  blocks = blocks or NUM_SMS
+  if cpu:
+    blocks = min(blocks, 2)
+  a_dtype = "int8" if mode.startswith("int8") else "bfloat16"
+  a = _array((128, 64), a_dtype, seed=50, kind="int")
+  b = _array((64, 128), "bfloat16", seed=51, kind="int")
+
+  def ref(a, b):
+    af = a.astype(jnp.float32)
+    if mode in ("int8_convert", "bf16_load"):
+      out = jnp.concatenate([af, jnp.zeros((128, 64), jnp.float32)], axis=1)
+    else:
+      out = jnp.dot(af, b.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST) * n
+    return jnp.broadcast_to(out, (blocks, wgs, 128, 128))
+  return Built(functools.partial(wgmma_register_a, n=n, blocks=blocks, mode=mode,
+                                 wgs=wgs), (a, b), ref, tol=1e-6)
+
+
+# ALU work in one warpgroup beside another's wgmma loop (its A from SMEM, or
+# from registers): does it slow down? WG1 runs `reps` iterations of its work
+# for each of WG0's wgmma iterations.
+BESIDE_WORK = {
+    "convert": "a running max of an int8 128x64 tile converted to bf16",
+    "fma": "v * 0.999 + 0.001 on 128x64 f32 in registers",
+    "exp": "v = exp(-v) on 128x64 f32 in registers",
+}
+# (each more than a wgmma's time alone, so that a slowdown shows)
+BESIDE_REPS = {"convert": 3, "fma": 16, "exp": 2}
+
+
+def alu_beside_wgmma(a8, a16, b, *, n, blocks, wgmma, work):
+  """WG0: n x (wgmma(acc, A, B) + wgmma_wait(0)), A bf16 from SMEM
+  (wgmma="smem") or loaded into registers ("bf16"), or nothing ("none");
+  WG1: reps * n iterations of `work` (BESIDE_WORK). Output per block: WG0's
+  accumulator, then WG1's result in the first 64 columns."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a16.shape
+  nn = b.shape[1]
+  reps = BESIDE_REPS[work]
+  tile = lambda ref, i: ref.at[pl.ds(lax.rem(i, 2) * m, m)]  # (not hoisted)
+
+  def body(a8_ref, a16_ref, b_ref, o_ref, a8_s, a16_s, b_s, bar):
+    blk = lax.axis_index("b")
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      for half in (0, 1):
+        plgpu.copy_gmem_to_smem(a8_ref, a8_s.at[pl.ds(half * m, m)], bar)
+        plgpu.copy_gmem_to_smem(a16_ref, a16_s.at[pl.ds(half * m, m)], bar)
+      plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
+    plgpu.barrier_wait(bar)
+
+    @pl.when(wg == 0)
+    def _():
+      def compute(acc):
+        def step(i, c):
+          lhs = tile(a16_s, i) if wgmma == "smem" else tile(a16_s, i)[...]
+          plgpu.wgmma(acc, lhs, b_s)
+          plgpu.wgmma_wait(0)
+          return c
+        if wgmma != "none":
+          lax.fori_loop(0, n, step, None)
+        o_ref[blk, 0] = acc[...]
+      pl.run_scoped(compute, plgpu.ACC((m, nn), jnp.float32))
+
+    @pl.when(wg == 1)
+    def _():
+      if work == "convert":
+        def step(i, c):
+          return jnp.maximum(c, tile(a8_s, i)[...].astype(jnp.bfloat16))
+        init = jnp.full((m, k), -1e30, jnp.bfloat16)
+      else:  # (from A's values: a constant would be one register a lane, a splat)
+        init = tile(a16_s, 0)[...].astype(jnp.float32)
+        if work == "fma":
+          def step(i, c):
+            return c * 0.999 + 0.001
+        else:
+          def step(i, c):
+            return jnp.exp(-c)
+      r = lax.fori_loop(0, reps * n, step, init)
+      o_ref[blk, 1, :, pl.ds(0, k)] = r.astype(jnp.float32)
+      o_ref[blk, 1, :, pl.ds(k, nn - k)] = jnp.zeros((m, nn - k), jnp.float32)
+
+  T = lambda x: _mma_transforms(x.shape, x.dtype)
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((blocks, 2, m, nn), jnp.float32),
+      scratch_types=[plgpu.SMEM((2 * m, k), a8.dtype, **T(a8)),
+                     plgpu.SMEM((2 * m, k), a16.dtype, **T(a16)),
+                     plgpu.SMEM(b.shape, b.dtype, **T(b)),
+                     plgpu.Barrier(num_arrivals=5)],
+      grid=(blocks,), grid_names=("b",), num_threads=2, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup))(a8, a16, b)
+
+
+def _build_beside(n, *, wgmma, work, blocks=None, cpu=False):
+  import jax
+  import jax.numpy as jnp
+  blocks = blocks or NUM_SMS
+  if cpu:
+    blocks = min(blocks, 2)
+  a8 = _array((128, 64), "int8", seed=52, kind="int")
+  a16 = _array((128, 64), "bfloat16", seed=53, kind="int")
+  b = _array((64, 128), "bfloat16", seed=54, kind="int")
+  reps = BESIDE_REPS[work]
+
+  def ref(a8, a16, b):
+    acc = (jnp.zeros((128, 128), jnp.float32) if wgmma == "none" else
+           jnp.dot(a16.astype(jnp.float32), b.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST) * n)
+    if work == "convert":
+      r = a8.astype(jnp.float32)
+    else:  # (the same f32 recurrence, in f32)
+      f = (lambda i, c: c * 0.999 + 0.001) if work == "fma" else (lambda i, c: jnp.exp(-c))
+      r = jax.lax.fori_loop(0, reps * n, f, a16.astype(jnp.float32))
+    r = jnp.concatenate([r, jnp.zeros((128, 64), jnp.float32)], axis=1)
+    return jnp.broadcast_to(jnp.stack([acc, r]), (blocks, 2, 128, 128))
+  return Built(functools.partial(alu_beside_wgmma, n=n, blocks=blocks, wgmma=wgmma,
+                                 work=work), (a8, a16, b), ref, tol=1e-4)
 
 
 # ---------------------------------------------------------------------------
@@ -915,6 +1134,32 @@ def _micros():
                        cpu_n=(4, 6),
                        note="per iteration: a 128x128x64 f16 wgmma and/or "
                             f"{per} TMA loads of one 16 KiB tile, 132 blocks"))
+  # (e') again with a K=32 wgmma (A's rows 64 bytes, the 64-byte swizzle: the
+  # quickstart's tile_k=32), half the work, so one load an iteration balances.
+  for mode in ("wgmma", "loads", "both"):
+    out.append(Micro(f"smem_k32_{mode}" + ("_alone" if mode != "both" else "")
+                     + ("" if mode == "wgmma" else "_1_loads"),
+                     "SMEM shared by wgmma reads and TMA writes, K=32?", _build_smem,
+                     dict(mode=mode, per=1, k=32), 400, 2000, work=1, unit="iteration",
+                     cpu_n=(4, 6),
+                     note="per iteration: a 128x128x32 f16 wgmma and/or one TMA "
+                          "load of one 16 KiB tile, 132 blocks"))
+  # (e'') a wgmma's A from registers (a mixed-type matmul's steps).
+  for mode in REGA_MODES:
+    for wgs in (1, 2):
+      out.append(Micro(f"rega_{mode}_{wgs}_wg", "register-A wgmma, SMEM loads, converts",
+                       _build_rega, dict(mode=mode, wgs=wgs), 200, 1000, work=1,
+                       unit="iteration", cpu_n=(2, 4),
+                       note=f"per iteration, in each of {wgs} warpgroup(s) of 132 "
+                            f"blocks: {REGA_MODES[mode]}; 128x128x64"))
+  for work in BESIDE_WORK:
+    for wgmma in ("none", "smem", "bf16"):
+      out.append(Micro(f"beside_{wgmma}_{work}", "ALU work beside a wgmma",
+                       _build_beside, dict(wgmma=wgmma, work=work), 200, 1000, work=1,
+                       unit="iteration", cpu_n=(2, 4),
+                       note=f"per iteration: WG0 a 128x128x64 bf16 wgmma ({wgmma}: A "
+                            f"from SMEM, or registers, or none), WG1 "
+                            f"{BESIDE_REPS[work]} x {BESIDE_WORK[work]}; 132 blocks"))
   out.append(Micro("barrier_pingpong", "barrier_latency", _build_pingpong, {},
                    2000, 10000, work=1, unit="round trip",
                    note="two warpgroups, arrive/wait over two Barriers: one round trip "

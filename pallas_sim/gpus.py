@@ -95,6 +95,26 @@ class GPU:
   # cycles an iteration at 1, 2 and 4 blocks to an SM (H200,
   # micros_2026_12_02_tenth; timing.Timing.issue_split).
   op_overhead_cycles: float = 3.44
+  # Converting 8-bit integers to floats (int8 -> bf16, as a mixed-type
+  # matmul dequantizes its weights: Mosaic emits prmt, two ands and a
+  # sub.bf16x2 a pair), per 128 elements: an int8 128x64 tile loaded from
+  # SMEM, converted and max-reduced took 383 cycles in one warpgroup against
+  # 94 for a bf16 tile loaded and max-reduced (rega_int8_convert_1_wg,
+  # rega_bf16_load_1_wg: (383 - 94) / 64 = 4.5), 721 and 247 with two
+  # warpgroups a block ((721 - 247) / 128 = 3.7: the SM's ALUs, shared);
+  # 4.1 between them (H200, micros_2026_12_02_eleventh).
+  convert8_cycles_per_vector: float = 4.1
+  # ALU work beside a wgmma in flight on its SM goes slower: a warpgroup's
+  # loop of it took this much longer for the cycles it overlapped another
+  # warpgroup's wgmma loop (A from SMEM, or from registers): float
+  # adds/multiplies (a v * 0.999 + 0.001 stream) all but stop, 10.8 and 12
+  # times; transcendental functions (exp) 1.9 and 2.1; conversions and the
+  # rest (int8 -> bf16 and a max) 1.8 and 2.0 (H200, beside_* micro-
+  # benchmarks; machine/timing.py tensor_overlap). The mechanism is not
+  # measured (the register file's ports, which the tensor cores' operands
+  # and accumulators share, is a lead).
+  beside_tensor_fma: float = 11.0
+  beside_tensor_other: float = 2.0
   # A lane's registers beyond its arrays (addresses, indices, loop counters),
   # for the register estimate (machine/occupancy.py): the spill cliff lies
   # between 128x224 f32 accumulators (224 registers: no cliff) and 128x256

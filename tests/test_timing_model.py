@@ -288,3 +288,45 @@ def test_warpgroups_beside_each_other_overlap_an_equations_latency():
   one, two, four = per_iteration(1), per_iteration(2), per_iteration(4)
   assert two == pytest.approx(one, rel=0.1)      # (H200: -1%)
   assert 1.1 * one < four < 1.5 * one            # (H200: +27%)
+
+
+def _rega_cycles(mode, wgs):
+  """calibrate.py's rega_* micro-benchmark (a wgmma whose A is loaded from
+  SMEM into registers, int8 converted to bf16, as a mixed-type matmul does)
+  estimated: cycles an iteration."""
+  cyc = []
+  for n in (4, 12):
+    b = calibrate._build_rega(n, mode=mode, wgs=wgs)
+    cyc.append(ps.estimate(b.fn, *b.args, gpu="h200").kernels[0].block_cycles_max)
+  return (cyc[1] - cyc[0]) / 8
+
+
+def test_int8_to_bf16_conversion_costs_what_the_h200_measured():
+  """An int8 128x64 tile loaded, converted to bf16 and max-reduced: 383
+  cycles an iteration in one warpgroup on the H200, 94 for a bf16 tile
+  loaded and max-reduced (micros_2026_12_02_eleventh); the conversion is
+  ~4.5x an ALU op a vector, not one."""
+  conv, load = _rega_cycles("int8_convert", 1), _rega_cycles("bf16_load", 1)
+  assert conv == pytest.approx(383, rel=0.1)
+  assert conv - load > 3 * 64 * gpus.H200.alu_cycles_per_vector
+
+
+def test_alu_work_beside_another_warpgroups_wgmma_is_slower():
+  """Two warpgroups, each loading and converting its int8 A, then a wgmma
+  from registers and wgmma_wait(0): on the H200 1509 cycles an iteration,
+  where two wgmmas from SMEM take 1270 and one warpgroup 1019 (its
+  conversion is not hidden behind the other's wgmma: it goes ~2x slower
+  beside it). With A in bf16 (a load, no conversion) it is hidden: 1247."""
+  int8_2, bf16_2, smem_2 = (_rega_cycles(m, 2) for m in ("int8", "bf16", "smem"))
+  int8_1 = _rega_cycles("int8", 1)
+  assert int8_2 == pytest.approx(1509, rel=0.08)
+  assert int8_1 == pytest.approx(1019, rel=0.08)
+  assert int8_2 > 1.05 * smem_2              # (H200: +19%)
+  assert bf16_2 == pytest.approx(smem_2, rel=0.03)
+
+
+def test_tensor_overlap_slows_what_runs_beside_busy_tensor_cores():
+  from pallas_sim.backends.sim.machine.timing import tensor_overlap
+  assert tensor_overlap(100, 0, 2.0) == 100          # (idle tensor cores)
+  assert tensor_overlap(100, 500, 2.0) == 200        # (busy throughout)
+  assert tensor_overlap(100, 50, 2.0) == 50 + 75     # (busy for 50 cycles)

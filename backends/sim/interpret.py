@@ -16,7 +16,7 @@ from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveEr
 from pallas_sim.options import MAX_CYCLES
 from pallas_sim.backends.sim import capture, profiler
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.machine.timing import alu_stretch
+from pallas_sim.backends.sim.machine.timing import alu_stretch, tensor_overlap
 
 RULES = {}
 
@@ -42,7 +42,10 @@ class Step:
   # cost: cycles of the SM's ALUs (shared with the warpgroups beside it:
   # alu_stretch); lat: cycles of the equation's own issue latency, which a
   # warpgroup spends alone (others issue meanwhile: machine/timing.py).
-  __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "cost", "lat", "where")
+  # beside: how much slower its ALU work goes while a wgmma is in flight on
+  # the SM (Timing.beside_tensor).
+  __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "cost", "lat", "where",
+               "beside")
 
 
 class Program:
@@ -177,6 +180,7 @@ class Compiler:
       # (a product used only by the adds it is fused into costs nothing apart)
       st.lat, st.cost = (0.0, 0.0) if id(eqn) in folded else self.timing.issue_split(
           eqn, getattr(self.launch, "approx_math", False))
+      st.beside = self.timing.beside_tensor(eqn)
       if self.profile:
         names = [sc.name for sc in eqn.source_info.name_stack.stack]
         _profiled(st, *profiler.scope_changes(scopes, names), scopes)
@@ -185,7 +189,7 @@ class Compiler:
     if self.profile and scopes:  # (what is open closes at the jaxpr's end)
       end = Step()
       end.eqn, end.where, end.gen, end.fn = None, self._where[-1], False, lambda wg: None
-      end.ins, end.outs, end.multi, end.cost, end.lat = (), (), False, 0, 0
+      end.ins, end.outs, end.multi, end.cost, end.lat, end.beside = (), (), False, 0, 0, 1
       _profiled(end, len(scopes), [], scopes)
       prog.steps.append(end)
     prog.outvars = [read(v) for v in jaxpr.outvars]
@@ -353,12 +357,14 @@ def run_plain(prog, args, wg):
     env[i] = a
   wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
   stretch = alu_stretch(wg)  # (the SM's ALUs, shared: machine/timing.py)
+  eng = wg.block.engines  # (its tensor cores: ALU work beside them is slower)
   st = None
   try:
     for st in prog.steps:
       out = st.fn(wg, *[env[i] for i in st.ins])
       wg.alu += st.cost
-      wg.time += st.lat + st.cost * stretch
+      t = wg.time + st.lat
+      wg.time = t + tensor_overlap(st.cost * stretch, eng.tc_free - t, st.beside)
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v
@@ -380,6 +386,7 @@ def run_gen(prog, args, wg):
     env[i] = a
   wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
   stretch = alu_stretch(wg)
+  eng = wg.block.engines
   st = None
   try:
     for st in prog.steps:
@@ -389,7 +396,8 @@ def run_gen(prog, args, wg):
       else:
         out = st.fn(wg, *[env[i] for i in st.ins])
       wg.alu += st.cost
-      wg.time += st.lat + st.cost * stretch
+      t = wg.time + st.lat
+      wg.time = t + tensor_overlap(st.cost * stretch, eng.tc_free - t, st.beside)
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v

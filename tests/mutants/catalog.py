@@ -713,6 +713,18 @@ MUTANTS = [
            "    lat = min(c, self.gpu.op_overhead_cycles)\n",
            "    lat = 0.0\n",
            ("tests/test_timing_model.py",)),
+    Mutant("int8-convert-as-one-alu-op", "backends/sim/machine/timing.py",
+           "converting int8 to a float costs convert8_cycles_per_vector a vector "
+           "(H200); the mutant charges one ALU op",
+           "      per = g.convert8_cycles_per_vector\n",
+           "      per = g.alu_cycles_per_vector\n",
+           ("tests/test_timing_model.py",)),
+    Mutant("alu-beside-tensor-cores-at-full-speed", "backends/sim/machine/timing.py",
+           "ALU work while a wgmma is in flight on the SM goes slower (H200); the "
+           "mutant runs it at full speed",
+           "  if busy <= 0 or work <= 0:\n",
+           "  if True:\n",
+           ("tests/test_timing_model.py",)),
     Mutant("pool-waited-on-when-interrupted", "backends/sim/parallel.py",
            "a run over workers that an exception interrupts kills them and does not "
            "wait on the pool",

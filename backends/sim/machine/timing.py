@@ -71,6 +71,34 @@ TRANSCENDENTAL = frozenset((
     "asinh", "acosh", "atanh", "cbrt"))
 
 
+# Float arithmetic that runs on the FMA pipes (what the beside_fma
+# micro-benchmark's v * a + b stream measured).
+FMA_CLASS = frozenset(("add", "sub", "mul", "neg"))
+
+
+def _int8_to_float(eqn):
+  src = getattr(eqn.invars[0].aval, "dtype", None) if eqn.invars else None
+  dst = eqn.params.get("new_dtype")
+  return (src is not None and dst is not None and np.dtype(src).kind in "iu"
+          and np.dtype(src).itemsize == 1 and _is_float(dst))
+
+
+def _is_float(dtype):
+  dtype = np.dtype(dtype)  # (bfloat16 and the float8s are kind "V" to numpy)
+  return dtype.kind == "f" or dtype.name.startswith(("bfloat", "float"))
+
+
+def tensor_overlap(work, busy, slower):
+  """Cycles that `work` cycles of ALU work take when the SM's tensor cores
+  stay busy for `busy` more cycles: `slower` times as long while they are
+  (the beside_* micro-benchmarks, H200), at full speed after."""
+  if busy <= 0 or work <= 0:
+    return work
+  if work * slower <= busy:
+    return work * slower
+  return busy + work - busy / slower
+
+
 def alu_stretch(wg):
   """How much longer a warpgroup's ALU work takes beside the others on its
   SM: the other warpgroups of its block, each as busy as it has been by
@@ -131,7 +159,9 @@ class Timing:
       return 0.0  # (a weak type made strong: no instruction at all)
     if name in SHAPE_ONLY:  # (no vector work: which registers hold what)
       return g.op_overhead_cycles
-    if name not in TRANSCENDENTAL:
+    if name == "convert_element_type" and _int8_to_float(eqn):
+      per = g.convert8_cycles_per_vector
+    elif name not in TRANSCENDENTAL:
       per = g.alu_cycles_per_vector
     elif approx_math:
       per = g.sfu_cycles_per_vector
@@ -148,6 +178,17 @@ class Timing:
     c = self.issue_cycles(eqn, approx_math)
     lat = min(c, self.gpu.op_overhead_cycles)
     return lat, c - lat
+
+  def beside_tensor(self, eqn):
+    """How much slower this equation's ALU work goes while a wgmma is in
+    flight on its SM (tensor_overlap): float32 adds and multiplies most,
+    the rest about twice (gpus.GPU.beside_tensor_*)."""
+    g = self.gpu
+    if eqn.primitive.name in FMA_CLASS and all(
+        getattr(v.aval, "dtype", None) is not None and _is_float(v.aval.dtype)
+        and v.aval.dtype.itemsize >= 4 for v in eqn.outvars):
+      return g.beside_tensor_fma
+    return g.beside_tensor_other
 
   def tma(self, engines, t, nbytes, site=None):
     """A transfer issued at t (a load from `site`, whose latency the L2 model

@@ -1,0 +1,65 @@
+"""Nsight Compute's view of suite kernels (issue 9: why a kernel is slower
+than the timing model says). On the GPU machine:
+
+    python3 benchmarks/ncu_sections.py --out $OUT "quickstart one tile 4096 128x128x32 mcs=4" ...
+        [--sections SpeedOfLight WarpStateStats SchedulerStats MemoryWorkloadAnalysis_Tables]
+
+Each named case (benchmarks/timing_suite.py, any kind) runs in its own
+process under `ncu --clock-control none`: its kernel's second launch is
+profiled (the first compiles and warms), and the sections' text report is
+written to $OUT/ncu_<n>.txt (n: the case's position on the command line).
+"""
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats",
+            "MemoryWorkloadAnalysis_Tables", "InstructionStats")
+
+
+def child(name):
+  import jax
+  import timing_suite
+  b = timing_suite.by_name(name).build()
+  f = jax.jit(b.fn)
+  for _ in range(2):
+    jax.block_until_ready(f(*b.args))
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("names", nargs="*")
+  ap.add_argument("--out", default=os.environ.get("OUT", "."))
+  ap.add_argument("--sections", nargs="+", default=list(SECTIONS))
+  ap.add_argument("--timeout", type=float, default=120.0)
+  ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+  ns = ap.parse_args(argv)
+  if ns.child:
+    child(ns.child)
+    return 0
+  import measure_gpu
+  os.makedirs(ns.out, exist_ok=True)
+  env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  for i, name in enumerate(ns.names):
+    cmd = [measure_gpu._ncu_path(), "--clock-control", "none", "--cache-control", "none",
+           "--launch-skip", "1", "--launch-count", "1"]
+    for s in ns.sections:
+      cmd += ["--section", s]
+    cmd += [sys.executable, os.path.abspath(__file__), "--child", name]
+    try:
+      p = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout, env=env)
+      text = p.stdout + ("\n[stderr]\n" + p.stderr[-4000:] if p.returncode else "")
+    except subprocess.TimeoutExpired:
+      text = f"timed out after {ns.timeout} s"
+    with open(os.path.join(ns.out, f"ncu_{i}.txt"), "w") as f:
+      f.write(f"# {name}\n# {' '.join(cmd)}\n{text}")
+    print(f"{name}: {len(text)} characters", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
