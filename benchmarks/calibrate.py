@@ -229,7 +229,7 @@ def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
   return Built(fn, (x,), ref, tol=0.0)
 
 
-def tma_panel(x, *, n, blocks, tile_rows, box_cols, slots):
+def tma_panel(x, *, n, blocks, tile_rows, box_cols, slots, swizzle=None):
   """Block b walks its own panel of x (rows b * tile_rows on) along the
   columns, one (tile_rows, box_cols) box a load, `slots` in flight: how a
   matmul reads its A tiles, each box row box_cols elements of a long row.
@@ -258,13 +258,17 @@ def tma_panel(x, *, n, blocks, tile_rows, box_cols, slots):
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((blocks, tile_rows, box_cols), x.dtype),
-      scratch_types=[plgpu.SMEM((slots, tile_rows, box_cols), x.dtype),
+      # (swizzle: SMEM tiled and swizzled as a matmul's operand tiles are, each
+      # box row `swizzle` bytes)
+      scratch_types=[plgpu.SMEM((slots, tile_rows, box_cols), x.dtype,
+                                **(_mma_transforms((tile_rows, box_cols), x.dtype, swizzle)
+                                   if swizzle else {})),
                      plgpu.Barrier(num_barriers=slots)],
       grid=(blocks,), grid_names=("b",))(x)
 
 
 def _build_panel(n, *, blocks, box_cols, cols, slots, dtype="float16", tile_rows=128,
-                 cpu=False):
+                 swizzle=None, cpu=False):
   import jax.numpy as jnp
   if cpu:
     blocks, cols = 2, 16 * box_cols
@@ -273,7 +277,8 @@ def _build_panel(n, *, blocks, box_cols, cols, slots, dtype="float16", tile_rows
   ref = lambda x: jnp.stack([x[b * tile_rows:(b + 1) * tile_rows,
                                c * box_cols:(c + 1) * box_cols] for b in range(blocks)])
   return Built(functools.partial(tma_panel, n=n, blocks=blocks, tile_rows=tile_rows,
-                                 box_cols=box_cols, slots=slots), (x,), ref, tol=0.0)
+                                 box_cols=box_cols, slots=slots, swizzle=swizzle),
+               (x,), ref, tol=0.0)
 
 
 def tma_copy(x, *, n, blocks, tile_rows, slots):
@@ -464,7 +469,7 @@ def _mma_transforms(shape, dtype, swizzle=None):
                           plgpu.SwizzleTransform(swz)))
 
 
-def wgmma_beside_loads(a, b, x, *, n, blocks, mode, per, slots=4):
+def wgmma_beside_loads(a, b, x, *, n, blocks, mode, per, slots=4, x_swizzle=None):
   """Thread 0: A, B into SMEM once, then n x (wgmma 128x128x64 + wgmma_wait(1))
   unless mode == "loads"; thread 1: n * per TMA loads of
   x's first 16 KiB tile into a ring of `slots` (each awaited before its slot
@@ -499,39 +504,45 @@ def wgmma_beside_loads(a, b, x, *, n, blocks, mode, per, slots=4):
         def issue(i, slot):
           plgpu.copy_gmem_to_smem(x_ref, ring.at[slot], bars.at[slot])
         _load_ring(loads, slots, issue, bars)
-        o_ref[blk, pl.ds(m, rows)] = ring[(loads - 1) % slots]
+        o_ref[blk, pl.ds(m, rows)] = ring[(loads - 1) % slots].astype(jnp.float32)
       else:
-        o_ref[blk, pl.ds(m, rows)] = jnp.zeros((rows, cols), x.dtype)
+        o_ref[blk, pl.ds(m, rows)] = jnp.zeros((rows, cols), jnp.float32)
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((blocks, m + rows, nn), jnp.float32),
       # (one swizzle for both, K's bytes up to 128: a K=32 f16 B takes A's 64)
       scratch_types=[plgpu.SMEM(a.shape, a.dtype, **_mma_transforms(a.shape, a.dtype, swz)),
                      plgpu.SMEM(b.shape, b.dtype, **_mma_transforms(b.shape, b.dtype, swz)),
-                     plgpu.SMEM((slots, rows, cols), x.dtype),
+                     # (x_swizzle: the ring's rows as TMA boxes of that many
+                     # bytes, as a swizzled matmul tile is loaded)
+                     plgpu.SMEM((slots, rows, cols), x.dtype,
+                                **(_mma_transforms(x.shape, x.dtype, x_swizzle)
+                                   if x_swizzle else {})),
                      plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_barriers=slots)],
       grid=(blocks,), grid_names=("b",), num_threads=2, thread_name="t")(a, b, x)
 
 
-def _build_smem(n, *, mode, per, k=64, blocks=None, cpu=False):
+def _build_smem(n, *, mode, per, k=64, x_swizzle=None, bps=1, blocks=None, cpu=False):
   import jax
   import jax.numpy as jnp
-  blocks = blocks or NUM_SMS
+  blocks = blocks or bps * NUM_SMS
   if cpu:
     blocks = min(blocks, 2)
   a = _array((128, k), "float16", seed=40, kind="normal")
   b = _array((k, 128), "float16", seed=41, kind="normal")
-  x = _array((32, 128), "float32", seed=42)  # (16 KiB, rows of 512 bytes)
+  # 16 KiB: f32 rows of 512 bytes, or f16 rows loaded as x_swizzle-byte boxes
+  x = (_array((64, 128), "float16", seed=42) if x_swizzle
+       else _array((32, 128), "float32", seed=42))
 
   def ref(a, b, x):
     p = jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32),
                 precision=jax.lax.Precision.HIGHEST) * n
     z = jnp.zeros((blocks, 128, 128), jnp.float32)
     return jnp.concatenate([z if mode == "loads" else z + p,
-                            jnp.zeros((blocks, 32, 128), jnp.float32)
-                            + (0 if mode == "wgmma" else x)], axis=1)
+                            jnp.zeros((blocks,) + x.shape, jnp.float32)
+                            + (0 if mode == "wgmma" else x.astype(jnp.float32))], axis=1)
   return Built(functools.partial(wgmma_beside_loads, n=n, blocks=blocks, mode=mode,
-                                 per=per),
+                                 per=per, x_swizzle=x_swizzle),
                (a, b, x), ref, tol=1e-3)
 
 
@@ -1048,6 +1059,17 @@ def _micros():
         400, 2000, work=bps * NUM_SMS * 128 * row_bytes, unit="bytes", cpu_n=(4, 6),
         note=f"{bps * NUM_SMS} blocks, boxes of 128 rows x {row_bytes} B, 4 in flight, "
              "from an L2-resident panel of 1 KiB rows"))
+  # (c5) The same with SMEM swizzled as a matmul's tiles: a box of 64-byte
+  # rows (a tile_k=32 f16 A tile: the 64-byte swizzle) and of 128-byte rows,
+  # swizzled 128 or split into two 64-byte swizzled boxes.
+  for row_bytes, swz in ((64, 64), (128, 128), (128, 64)):
+    out.append(Micro(
+        f"l2_panel_{row_bytes}b_rows_swz{swz}_2_per_sm",
+        "L2 bandwidth by the TMA box's row bytes, swizzled",
+        _build_panel, dict(blocks=2 * NUM_SMS, box_cols=row_bytes // 2, cols=512, slots=4,
+                           swizzle=swz),
+        400, 2000, work=2 * NUM_SMS * 128 * row_bytes, unit="bytes", cpu_n=(4, 6),
+        note=f"l2_panel_{row_bytes}b_rows_2_per_sm into SMEM swizzled {swz} bytes"))
   # (d) wgmma throughput, (h) the spill cliff.
   for dt in ("f16", "bf16", "fp8", "tf32"):
     for N in (64, 128, 256):
@@ -1144,6 +1166,17 @@ def _micros():
                      cpu_n=(4, 6),
                      note="per iteration: a 128x128x32 f16 wgmma and/or one TMA "
                           "load of one 16 KiB tile, 132 blocks"))
+  # (e') with a K=32 wgmma beside loads whose rows are 64- or 128-byte TMA
+  # boxes (the quickstart's tile_k=32 B tile: 64), one and two blocks to an SM.
+  for swz in (64, 128):
+    for mode, bps in (("loads", 1), ("both", 1), ("loads", 2), ("both", 2)):
+      out.append(Micro(f"smem_k32_{mode}_swz{swz}_{bps}_per_sm",
+                       "SMEM shared by wgmma reads and swizzled TMA writes, K=32?",
+                       _build_smem, dict(mode=mode, per=1, k=32, x_swizzle=swz, bps=bps),
+                       400, 2000, work=1, unit="iteration", cpu_n=(4, 6),
+                       note=f"per iteration: {'a 128x128x32 f16 wgmma and ' if mode == 'both' else ''}"
+                            f"one TMA load of one 16 KiB f16 tile in {swz}-byte boxes, "
+                            f"{bps} block(s) per SM"))
   # (e'') a wgmma's A from registers (a mixed-type matmul's steps).
   for mode in REGA_MODES:
     for wgs in (1, 2):
