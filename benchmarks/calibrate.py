@@ -167,11 +167,15 @@ def _load_ring(n, slots, issue, bars):
   lax.fori_loop(0, n, step, None)
 
 
-def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False):
+def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
+               readers=1, swizzle=None):
   """Block b loads tiles t = (i * blocks + b) [mod region_tiles] of x, i < n,
-  (`same`: t = i mod region_tiles, every block the same tile at once)
-  into a ring of `slots` SMEM buffers (slots loads in flight), awaiting each
-  before refilling its slot. Writes the last tile each block loaded."""
+  (`same`: t = i mod region_tiles, every block the same tile at once;
+  `readers`: groups of that many blocks (b // readers) each read one tile at
+  once, t = i * (blocks // readers) + b // readers) into a ring of `slots`
+  SMEM buffers (slots loads in flight; `swizzle`: tiled and swizzled that
+  many bytes, as a matmul's operands), awaiting each before refilling its
+  slot. Writes the last tile each block loaded."""
   import jax
   from jax import lax
   from jax.experimental import pallas as pl
@@ -185,32 +189,40 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False)
     b = lax.axis_index("b")
 
     def issue(i, slot):
-      t = lax.rem(i if same else i * blocks + b, R)
+      t = lax.rem(i if same else i * (blocks // readers) + b // readers, R)
       plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)],
                               smem.at[slot], bars.at[slot])
 
     _load_ring(n, slots, issue, bars)
-    o_ref[b] = smem[(n - 1) % slots]
+    if swizzle:  # (a swizzled tile goes out as it came in: TMA)
+      plgpu.copy_smem_to_gmem(smem.at[(n - 1) % slots], o_ref.at[b])
+      plgpu.wait_smem_to_gmem(0)
+    else:
+      o_ref[b] = smem[(n - 1) % slots]
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((blocks, tile_rows, cols), x.dtype),
-      scratch_types=[plgpu.SMEM((slots, tile_rows, cols), x.dtype),
+      scratch_types=[plgpu.SMEM((slots, tile_rows, cols), x.dtype,
+                                **(_mma_transforms((tile_rows, cols), x.dtype, swizzle)
+                                   if swizzle else {})),
                      plgpu.Barrier(num_barriers=slots)],
       grid=(blocks,), grid_names=("b",))(x)
 
 
-def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None, same=False):
+def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None, same=False, readers=1):
   import jax.numpy as jnp
   rows, cols = x.shape
   R = region_tiles or rows // tile_rows
-  ts = [((n - 1) if same else ((n - 1) * blocks + b)) % R for b in range(blocks)]
+  ts = [((n - 1) if same else ((n - 1) * (blocks // readers) + b // readers)) % R
+        for b in range(blocks)]
   return jnp.stack([x[t * tile_rows:(t + 1) * tile_rows] for t in ts])
 
 
 def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
-                  flush=False, same=False, cpu=False):
+                  flush=False, same=False, readers=1, swizzle=None, cpu=False):
   if cpu:
     blocks, n_max = min(blocks, 2), 8
+    readers = min(readers, blocks)
     assert n <= n_max
     region_tiles = 3 if region_mib else None
   else:
@@ -219,8 +231,8 @@ def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
   rows = (region_tiles or blocks * n_max) * tile_rows
   x = _array((rows, cols), seed=12)
   kw = dict(n=n, blocks=blocks, tile_rows=tile_rows, region_tiles=region_tiles,
-            same=same)
-  fn = functools.partial(tma_stream, slots=slots, **kw)
+            same=same, readers=readers)
+  fn = functools.partial(tma_stream, slots=slots, swizzle=swizzle, **kw)
   ref = functools.partial(_stream_ref, **kw)
   if flush and not cpu:
     junk = _array((64 << 20,), seed=11)
@@ -1026,6 +1038,18 @@ def _micros():
                      80, 400, work=blocks * rows_ * cols_ * F32, unit="bytes",
                      note=f"{blocks} blocks loading the same {rows_}x{cols_} f32 tile at "
                           "once, 4 in flight"))
+  # (c6) groups of `readers` blocks each reading one tile at once (a matmul's
+  # blocks that share a row of A), 16 KiB f32 tiles into SMEM swizzled 64 or
+  # 128 bytes (TMA boxes of 64- or 128-byte rows), 4 in flight, over 8 MiB.
+  for readers in (1, 4, 12, 33, 132):
+    for swz in (64, 128):
+      out.append(Micro(f"l2_shared_{readers}_readers_swz{swz}", "L2 bandwidth (shared tiles)",
+                       _build_stream, dict(blocks=NUM_SMS, slots=4, n_max=240, region_mib=8,
+                                           readers=readers, swizzle=swz, tile_rows=32,
+                                           cols=128),
+                       400, 2000, work=NUM_SMS * 32 * 128 * F32, unit="bytes",
+                       note=f"groups of {readers} blocks each loading one 32x128 f32 tile "
+                            f"at once, SMEM swizzled {swz} B, 4 in flight, 8 MiB region"))
   for name, blocks, slots, mib in (("l2_stream_2_per_sm", 2 * NUM_SMS, 3, 8),
                                    ("l2_stream_6slots", NUM_SMS, 6, 8),
                                    ("l2_stream_32mib", NUM_SMS, 4, 32),
