@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import os
 import sys
 import threading
@@ -200,10 +201,10 @@ def _quickstart_cases():
 EW_ROWS, EW_COLS = 65536, 1024      # 64M f32 = 256 MiB per array
 
 
-def elementwise_regs(x, y, *, rows_per_block=8, row_tile=None):
-  """out = x + y with plain GMEM loads into registers and plain stores back
-  (no TMA, no SMEM): a grid of blocks, each adds `rows_per_block` full rows
-  (`row_tile` rows at a time, in a loop)."""
+def elementwise_regs(x, y, *, rows_per_block=8, row_tile=None, op=None):
+  """out = x + y (or op(x, y)) with plain GMEM loads into registers and plain
+  stores back (no TMA, no SMEM): a grid of blocks, each adds `rows_per_block`
+  full rows (`row_tile` rows at a time, in a loop)."""
   import jax
   from jax import lax
   from jax.experimental import pallas as pl
@@ -218,7 +219,7 @@ def elementwise_regs(x, y, *, rows_per_block=8, row_tile=None):
 
     def step(s, carry):
       sl = pl.ds(base + s * row_tile, row_tile)
-      o_ref[sl, :] = x_ref[sl, :] + y_ref[sl, :]
+      o_ref[sl, :] = (op or operator.add)(x_ref[sl, :], y_ref[sl, :])
       return carry
 
     if steps == 1:
@@ -366,18 +367,18 @@ def _ws_cases():
 # 5. JAX's hopper_matmul_mgpu and attention_mgpu (the installed jax's).
 # ---------------------------------------------------------------------------
 
+def _hopper_fields(mcs, wg, minor, width, tile_n=128, cluster=None):
+  """TuningConfig fields of hopper_matmul_mgpu (MatmulDimension by name),
+  128xtile_nx64 tiles."""
+  return dict(tile_m=128, tile_n=tile_n, tile_k=64, max_concurrent_steps=mcs,
+              grid_minor_dim=minor, grid_tile_width=width, wg_dimension=wg,
+              **({"cluster_dimension": cluster} if cluster else {}))
+
+
 HOPPER_CONFIGS = {
-    # name: TuningConfig fields (MatmulDimension by name)
-    "128x128x64 mcs=4 wgN minorN w4": dict(
-        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
-        grid_minor_dim="N", grid_tile_width=4, wg_dimension="N"),
-    "128x128x64 mcs=4 wgM minorM w8": dict(
-        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
-        grid_minor_dim="M", grid_tile_width=8, wg_dimension="M"),
-    "128x128x64 mcs=4 wgN minorN w4 clusterM": dict(
-        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4,
-        grid_minor_dim="N", grid_tile_width=4, wg_dimension="N",
-        cluster_dimension="M"),
+    "128x128x64 mcs=4 wgN minorN w4": _hopper_fields(4, "N", "N", 4),
+    "128x128x64 mcs=4 wgM minorM w8": _hopper_fields(4, "M", "M", 8),
+    "128x128x64 mcs=4 wgN minorN w4 clusterM": _hopper_fields(4, "N", "N", 4, cluster="M"),
 }
 
 
@@ -580,51 +581,15 @@ def _diagnostic_cases():
 # ---------------------------------------------------------------------------
 
 HOLDOUT_HOPPER_CONFIGS = {
-    "128x128x64 mcs=2 wgM minorM w1": dict(
-        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
-        grid_minor_dim="M", grid_tile_width=1, wg_dimension="M"),
-    "128x64x64 mcs=4 wgN minorM w8": dict(
-        tile_m=128, tile_n=64, tile_k=64, max_concurrent_steps=4,
-        grid_minor_dim="M", grid_tile_width=8, wg_dimension="N"),
-    "128x128x64 mcs=3 wgN minorM w16": dict(
-        tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=3,
-        grid_minor_dim="M", grid_tile_width=16, wg_dimension="N"),
+    "128x128x64 mcs=2 wgM minorM w1": _hopper_fields(2, "M", "M", 1),
+    "128x64x64 mcs=4 wgN minorM w8": _hopper_fields(4, "N", "M", 8, tile_n=64),
+    "128x128x64 mcs=3 wgN minorM w16": _hopper_fields(3, "N", "M", 16),
 }
 
 
-def elementwise_gelu(x, y, *, rows_per_block=8, row_tile=None):
-  """out = gelu(x) * y (the tanh form) with plain GMEM loads into registers:
-  elementwise_regs' blocks with a transcendental and a few FMAs an element."""
-  import jax
-  import jax.numpy as jnp
-  from jax import lax
-  from jax.experimental import pallas as pl
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-  rows, cols = x.shape
-  row_tile = row_tile or rows_per_block
-  steps = rows_per_block // row_tile
-
-  def body(x_ref, y_ref, o_ref):
-    base = lax.axis_index("b") * rows_per_block
-
-    def step(s, carry):
-      sl = pl.ds(base + s * row_tile, row_tile)
-      v = x_ref[sl, :]
-      g = 0.5 * v * (1.0 + jnp.tanh(0.7978846 * (v + 0.044715 * v * v * v)))
-      o_ref[sl, :] = g * y_ref[sl, :]
-      return carry
-
-    if steps == 1:
-      step(0, None)
-    else:
-      lax.fori_loop(0, steps, step, None)
-
-  return plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-      grid=(rows // rows_per_block,), grid_names=("b",))(x, y)
-
-
-def _gelu_ref(x, y):
+def gelu_times(x, y):
+  """gelu(x) * y, the tanh form: a transcendental and a few FMAs an element
+  (in a kernel, on registers; and as the jnp reference)."""
   import jax.numpy as jnp
   return 0.5 * x * (1.0 + jnp.tanh(0.7978846 * (x + 0.044715 * x * x * x))) * y
 
@@ -633,7 +598,8 @@ def _make_gelu(rows=EW_ROWS, cols=EW_COLS, seed=3, **kw):
   import jax.numpy as jnp
   x = _rand(seed, (rows, cols), jnp.float32)
   y = _rand(seed + 100, (rows, cols), jnp.float32)
-  return Built(functools.partial(elementwise_gelu, **kw), (x, y), _gelu_ref, tol=1e-5)
+  return Built(functools.partial(elementwise_regs, op=gelu_times, **kw), (x, y), gelu_times,
+               tol=1e-5)
 
 
 def _ragged_sizes(m, groups, block_m, seed):

@@ -101,3 +101,29 @@ def test_a_matmul_at_the_power_limits_clock_is_slower_and_says_so():
   assert k.clock_hz == 1000e6 and slow.clock_mhz == 1000
   assert "at 1000 MHz" in slow.summary() and "SMs at 1000 MHz" in k.summary()
   assert "pass clock_mhz=" in default.kernels[0].clock_note
+
+
+def test_the_power_model_study_recovers_a_known_power_law():
+  """benchmarks/power_model.py (a study of the clock the power limit sets):
+  rows drawn from a known power law give it back, and the clock it predicts
+  for a kernel is where that law reaches 700 W."""
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+  import power_model as pm
+  beta, coef = 0.5, np.array([300.0, 400.0, 30.0, 200.0])
+  rng = np.random.default_rng(0)
+  rows = []
+  for i in range(12):
+    r = dict(mhz=float(rng.uniform(1100, 1980)), seconds=1e-3,
+             flops=float(rng.uniform(0, 9e11)), l2_bytes=float(rng.uniform(0, 1e10)),
+             hbm_bytes=float(rng.uniform(0, 4e9)))
+    r["watts"] = float((pm._design([r], beta) @ coef)[0])
+    rows.append(r)
+  assert np.allclose(pm._fit(rows, beta), coef)
+  # A compute-bound kernel: its time goes as 1/f.
+  k = dict(flops=1e12, l2_bytes=1e10, hbm_bytes=1e9,
+           model_s={str(c): 1e-3 * 1980 / c for c in pm.CLOCKS})
+  mhz, t = pm._predict_clock(k, coef, beta)
+  p = lambda f: float((pm._design([k], beta, np.array([f]),
+                                  np.array([pm._model_time(k, f)])) @ coef)[0])
+  assert p(mhz) <= pm.LIMIT_W < p(mhz + 15)
+  assert t == pytest.approx(1e-3 * 1980 / mhz)

@@ -364,7 +364,9 @@ def run_plain(prog, args, wg):
       out = st.fn(wg, *[env[i] for i in st.ins])
       wg.alu += st.cost
       t = wg.time + st.lat
-      wg.time = t + tensor_overlap(st.cost * stretch, eng.tc_free - t, st.beside)
+      d = st.cost * stretch
+      wg.time = t + (d if d <= 0 or eng.tc_free <= t else
+                     tensor_overlap(d, eng.tc_free - t, st.beside))
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v
@@ -397,7 +399,9 @@ def run_gen(prog, args, wg):
         out = st.fn(wg, *[env[i] for i in st.ins])
       wg.alu += st.cost
       t = wg.time + st.lat
-      wg.time = t + tensor_overlap(st.cost * stretch, eng.tc_free - t, st.beside)
+      d = st.cost * stretch
+      wg.time = t + (d if d <= 0 or eng.tc_free <= t else
+                     tensor_overlap(d, eng.tc_free - t, st.beside))
       if st.multi:
         for o, v in zip(st.outs, out):
           env[o] = v
