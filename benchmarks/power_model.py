@@ -3,6 +3,8 @@ not part of the model.)
 
     ./dev python benchmarks/power_model.py dump [--out build/power_features.json]
     ./dev python benchmarks/power_model.py fit [--features build/power_features.json]
+    ./dev python benchmarks/power_model.py dump --diagnostic --out build/power_diagnostic.json
+    ./dev python benchmarks/power_model.py check   # that fit on the diagnostic kernels
 
 `dump` estimates every suite and held-out kernel whose sustained clock and power
 were measured (power_study_suite, power_study_holdout in h200_measured.json)
@@ -35,10 +37,13 @@ CLOCKS = (1980, 1200)
 LIMIT_W = 700.0
 
 
-def _measured():
+STUDIES = ("power_study_suite", "power_study_holdout")
+
+
+def _measured(studies=STUDIES):
   d = json.load(open(os.path.join(HERE, "h200_measured.json")))
   rows = {}
-  for key in ("power_study_suite", "power_study_holdout"):
+  for key in studies:
     for r in d.get(key, {}).get("rows", []):
       if r.get("kind") == "suite" and r.get("clock") and r.get("per_call_s"):
         rows[r["name"]] = dict(mhz=r["clock"]["sm_mhz"], watts=r["clock"]["power_w"],
@@ -46,10 +51,10 @@ def _measured():
   return rows
 
 
-def dump(out):
+def dump(out, studies=STUDIES):
   import accuracy
   import timing_suite
-  rows = _measured()
+  rows = _measured(studies)
   res = {}
   for name, m in rows.items():
     case = timing_suite.by_name(name)
@@ -104,24 +109,45 @@ def _predict_clock(r, coef, beta):
   return 800.0, _model_time(r, 800.0)
 
 
-def fit(features):
-  data = json.load(open(features))
-  rows = [dict(r, name=n) for n, r in data.items()]
+def check(features, others):
+  """The fit on `features` (every kernel), predicting the kernels of `others`."""
+  rows = [dict(r, name=n) for n, r in json.load(open(features)).items()]
+  test = [dict(r, name=n) for n, r in json.load(open(others)).items()]
+  _, beta = _best_beta(rows)
+  coef = _fit(rows, beta)
+  print("| kernel | measured MHz | W | predicted MHz | power the fit gives at the measured "
+        "clock and time (W) |")
+  print("|---|---:|---:|---:|---:|")
+  cerr = []
+  for r in test:
+    mhz, _ = _predict_clock(r, coef, beta)
+    p = float((_design([r], beta) @ coef)[0])
+    cerr.append(abs(mhz / r["mhz"] - 1))
+    print(f"| {r['name']} | {r['mhz']:.0f} | {r['watts']:.0f} | {mhz:.0f} | {p:.0f} |")
+  print(f"\n{len(test)} kernels: clock error {np.mean(cerr):.1%} (largest {max(cerr):.0%})")
+
+
+def _best_beta(rows):
+  """(the clock error, beta) of the beta on a grid whose fits, each family
+  left out of the one that predicts it, predict the clocks best."""
   fams = sorted({r["family"] for r in rows})
   best = None
   for beta in np.arange(0.0, 0.95, 0.05):
     err = []
-    for fam in fams:  # (each family predicted by a fit without it)
-      train = [r for r in rows if r["family"] != fam]
-      coef = _fit(train, beta)
-      for r in rows:
-        if r["family"] == fam:
-          mhz, _ = _predict_clock(r, coef, beta)
-          err.append(abs(mhz / r["mhz"] - 1))
-    score = float(np.mean(err))
-    if best is None or score < best[0]:
-      best = (score, beta)
-  score, beta = best
+    for fam in fams:
+      coef = _fit([r for r in rows if r["family"] != fam], beta)
+      err += [abs(_predict_clock(r, coef, beta)[0] / r["mhz"] - 1)
+              for r in rows if r["family"] == fam]
+    if best is None or np.mean(err) < best[0]:
+      best = (float(np.mean(err)), beta)
+  return best
+
+
+def fit(features):
+  data = json.load(open(features))
+  rows = [dict(r, name=n) for n, r in data.items()]
+  fams = sorted({r["family"] for r in rows})
+  score, beta = _best_beta(rows)
   coef = _fit(rows, beta)
   print(f"beta {beta:.2f}: P = {coef[0]:.0f} W + s(f) * ({coef[1]:.0f} W per PFLOP/s + "
         f"{coef[2]:.1f} W per 10 TB/s of L2) + {coef[3]:.1f} W per 10 TB/s of HBM; "
@@ -157,12 +183,19 @@ def fit(features):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("what", choices=("dump", "fit"))
+  ap.add_argument("what", choices=("dump", "fit", "check"))
   ap.add_argument("--out", default=os.path.join("build", "power_features.json"))
   ap.add_argument("--features", default=os.path.join("build", "power_features.json"))
+  ap.add_argument("--diagnostic", action="store_true",
+                  help="dump: the quickstart's pipeline taken apart "
+                       "(power_study_diagnostic) instead")
+  ap.add_argument("--others", default=os.path.join("build", "power_diagnostic.json"),
+                  help="check: the kernels to predict with the fit on --features")
   ns = ap.parse_args(argv)
   if ns.what == "dump":
-    dump(ns.out)
+    dump(ns.out, ("power_study_diagnostic",) if ns.diagnostic else STUDIES)
+  elif ns.what == "check":
+    check(ns.features, ns.others)
   else:
     fit(ns.features)
 
