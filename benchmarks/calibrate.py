@@ -402,8 +402,7 @@ def wgmma_loop(a, b, *, n, blocks, wait, b_transposed, pad_kib=0):
   # (the swizzle of K's bytes, up to 128, for both operands: a K=32 f16 A
   # has 64-byte rows, as the quickstart's tile_k=32 A tiles do)
   swz = min(128, k * isz)
-  T = lambda x: dict(transforms=(plgpu.TilingTransform((8, swz // isz)),
-                                 plgpu.SwizzleTransform(swz)))
+  T = lambda x: _mma_transforms(x.shape, x.dtype, swz)
 
   def body(a_ref, b_ref, o_ref, a_s, b_s, acc, bar, *pad):
     wgmma_steps(a_ref, b_ref, a_s, b_s, bar, acc, n, wait, b_transposed)

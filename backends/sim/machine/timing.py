@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from pallas_sim.backends.sim.machine import occupancy
+from pallas_sim.backends.sim.machine import memory, occupancy
 
 CUDA_RESERVED_SMEM_PER_BLOCK = 1024
 
@@ -80,12 +80,7 @@ def _int8_to_float(eqn):
   src = getattr(eqn.invars[0].aval, "dtype", None) if eqn.invars else None
   dst = eqn.params.get("new_dtype")
   return (src is not None and dst is not None and np.dtype(src).kind in "iu"
-          and np.dtype(src).itemsize == 1 and _is_float(dst))
-
-
-def _is_float(dtype):
-  dtype = np.dtype(dtype)  # (bfloat16 and the float8s are kind "V" to numpy)
-  return dtype.kind == "f" or dtype.name.startswith(("bfloat", "float"))
+          and np.dtype(src).itemsize == 1 and memory.is_float(dst))
 
 
 def tensor_overlap(work, busy, slower):
@@ -185,7 +180,7 @@ class Timing:
     the rest about twice (gpus.GPU.beside_tensor_*)."""
     g = self.gpu
     if eqn.primitive.name in FMA_CLASS and all(
-        getattr(v.aval, "dtype", None) is not None and _is_float(v.aval.dtype)
+        getattr(v.aval, "dtype", None) is not None and memory.is_float(v.aval.dtype)
         and v.aval.dtype.itemsize >= 4 for v in eqn.outvars):
       return g.beside_tensor_fma
     return g.beside_tensor_other
