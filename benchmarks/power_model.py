@@ -38,6 +38,10 @@ LIMIT_W = 700.0
 
 
 STUDIES = ("power_study_suite", "power_study_holdout")
+# Tensor-core loops on random normal operands (power_study_random): kernels of
+# the tensor cores alone, at the power limit (688-698 W).
+MICROS = ("wgmma_f16_m128n128_1per_sm_normal", "wgmma_f16_m128n128_2per_sm_normal",
+          "wgmma_bf16_m128n128_1per_sm_normal", "wgmma_fp8_m128n128_1per_sm_normal")
 
 
 def _measured(studies=STUDIES):
@@ -51,21 +55,44 @@ def _measured(studies=STUDIES):
   return rows
 
 
-def dump(out, studies=STUDIES):
+def _micro_rows():
+  d = json.load(open(os.path.join(HERE, "h200_measured.json")))
+  return {r["name"]: dict(mhz=r["clock"]["sm_mhz"], watts=r["clock"]["power_w"],
+                          seconds=r["per_call_s"])
+          for r in d["power_study_random"]["rows"] if r["name"] in MICROS}
+
+
+def _estimate_micro(name, mhz=None):
+  """A micro-benchmark at the n its power was measured at (power_study.py:
+  n2), estimated."""
+  import calibrate
+  import pallas_sim as ps
+  m = calibrate.by_name(name)
+  b = m.build(m.n2)
+  return ps.estimate(b.fn, *b.args, gpu="h200", clock_mhz=mhz)
+
+
+def dump(out, studies=STUDIES, micros=False):
   import accuracy
   import timing_suite
-  rows = _measured(studies)
+  rows = _micro_rows() if micros else _measured(studies)
   res = {}
   for name, m in rows.items():
-    case = timing_suite.by_name(name)
-    if name.startswith("hopper_matmul 8192 f16"):  # (a minute an estimate: left out)
-      continue
-    times = {"default": accuracy.predict(case, "h200")[0].time_s}
+    if micros:
+      est = lambda mhz=None: _estimate_micro(name, mhz)
+      family = "tensor-core loops"
+    else:
+      case = timing_suite.by_name(name)
+      if name.startswith("hopper_matmul 8192 f16"):  # (a minute an estimate: left out)
+        continue
+      est = lambda mhz=None: accuracy.predict(case, "h200", mhz)[0]
+      family = case.family
+    times = {"default": est().time_s}
     for mhz in CLOCKS:
-      report, _ = accuracy.predict(case, "h200", mhz)
+      report = est(mhz)
       times[mhz] = report.time_s
     ks = report.kernels
-    res[name] = dict(m, family=case.family, model_s=times,
+    res[name] = dict(m, family=family, model_s=times,
                      flops=sum(k.wgmma_flops for k in ks),
                      l2_bytes=sum(max(k.tma_load_bytes + k.tma_store_bytes, k.hbm_bytes)
                                   for k in ks),
@@ -156,7 +183,8 @@ def fit(features):
         "model at predicted clock (us) | error | model's default (us) | error |")
   print("|---|---:|---:|---:|---:|---:|---:|---:|")
   import timing_suite
-  small = {r["name"]: timing_suite.by_name(r["name"]).small for r in rows}
+  small = {r["name"]: r["name"] not in MICROS and timing_suite.by_name(r["name"]).small
+           for r in rows}
   terr, derr, cerr, big = [], [], [], []
   for fam in fams:
     train = [r for r in rows if r["family"] != fam]
@@ -189,11 +217,13 @@ def main(argv=None):
   ap.add_argument("--diagnostic", action="store_true",
                   help="dump: the quickstart's pipeline taken apart "
                        "(power_study_diagnostic) instead")
+  ap.add_argument("--micros", action="store_true",
+                  help="dump: the tensor-core loops on random data (power_study_random)")
   ap.add_argument("--others", default=os.path.join("build", "power_diagnostic.json"),
                   help="check: the kernels to predict with the fit on --features")
   ns = ap.parse_args(argv)
   if ns.what == "dump":
-    dump(ns.out, ("power_study_diagnostic",) if ns.diagnostic else STUDIES)
+    dump(ns.out, ("power_study_diagnostic",) if ns.diagnostic else STUDIES, ns.micros)
   elif ns.what == "check":
     check(ns.features, ns.others)
   else:

@@ -6,8 +6,11 @@ the timing model's kernel time.
 A group is the unit of sequential simulated time: a block, or (later) the
 blocks of a cluster. Groups are unordered on hardware; here they run one
 after the other, in block order, deterministically."""
+import contextlib
+import dataclasses
 import itertools
 import math
+import os
 import sys
 import time
 import types
@@ -21,7 +24,7 @@ from pallas_sim.backends.sim import (block_classes, capture, estimate_check, par
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import (bound, initcheck, memory, occupancy,
-                                            races, timing)
+                                            power, races, timing)
 from pallas_sim.backends.sim.machine.cross_block import CrossBlock
 from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP, BlockStats
 from pallas_sim.backends.sim.group import GroupRunner
@@ -64,14 +67,19 @@ class Executor:
   # 0: always, after the first group (tests).
   parallel_after_s = 0.25
   checking_estimate = False  # (estimate_check.py's own Executor)
+  # Clocks tried after the first below the boost clock (_clock).
+  clock_rounds = 2
 
   def __init__(self, options=None, trace_blocks=2, detached_groups=False, **named):
     self.options = opts = take(named, options)
     if named:
       raise TypeError(f"Executor: unknown option(s) {sorted(named)}")
-    self.gpu = gpus.get(opts.gpu, opts.clock_mhz)
+    # Without a clock asked for, each launch runs at the one its power
+    # allows (machine/power.py): first at the boost clock.
+    g = gpus.get(opts.gpu)
+    self.gpu = gpus.at_clock(g, opts.clock_mhz or g.boost_mhz)
     self.timing = Timing(self.gpu)
-    self.report = Report(self.gpu.name, clock_mhz=self.gpu.sm_clock_mhz)
+    self.report = Report(self.gpu.name, clock_mhz=opts.clock_mhz)
     self.trace_blocks = trace_blocks
     self.check_races = opts.check_races
     self.on_race = opts.on_race
@@ -181,6 +189,7 @@ class Executor:
       try:
         with np.errstate(all="ignore"):
           out = self._execute(launch, arrays)
+          self._clock(launch, arrays)
           if estimate_check.path() and not self.checking_estimate:
             estimate_check.check(self, launch, arrays)
           return out
@@ -189,6 +198,50 @@ class Executor:
         sys.stderr.write(self.interrupted + "\n")
         sys.stderr.flush()
     return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
+
+  def _clock(self, launch, arrays):
+    """The launch's clock and power (machine/power.py): where the clock was
+    not asked for and the power at the boost clock passes the limit, the
+    launch is timed again at lower clocks (as ps.estimate times it: one
+    block per class, no checks) and takes the times of the last."""
+    k = self.report.kernels[-1]
+    g = self.gpu
+    w = power.work(k, g)
+    k.power_w = power.watts(g, k.sm_mhz, k.time_s, *w)
+    k.clock_note = bound.clock_note(g, self.options.clock_mhz, k.power_w)
+    if self.options.clock_mhz is not None or k.power_w <= g.power_limit_w:
+      return
+    samples = [(k.sm_mhz, k.time_s)]
+    mhz = power.first_guess(g, k.time_s, w)
+    r = self._timed_at(launch, arrays, mhz)
+    for _ in range(self.clock_rounds):
+      samples.append((mhz, r.time_s))
+      nxt = power.next_guess(g, samples, power.work(r, g))
+      if abs(nxt - mhz) < g.clock_step_mhz:
+        break
+      mhz = nxt
+      r = self._timed_at(launch, arrays, mhz)
+    r.power_w = power.watts(g, r.sm_mhz, r.time_s, *power.work(r, g))
+    r.clock_note = bound.clock_note(gpus.at_clock(g, r.sm_mhz), None, r.power_w, k.power_w)
+    r.wall_s += k.wall_s
+    r.workers, r.simulated_blocks, r.classes = k.workers, k.simulated_blocks, k.classes
+    self.report.kernels[-1] = r
+
+  def _timed_at(self, launch, arrays, mhz):
+    """The launch's kernel report at `mhz`, timed as ps.estimate times it."""
+    opts = dataclasses.replace(self.options, clock_mhz=mhz, numerics=False,
+                               block_classes=True, check_races=False,
+                               check_uninitialized=False, check_lowering=False)
+    ex = Executor(options=opts)
+    ex.shapes_only = self.shapes_only
+    # (nothing the user sees twice: no profile written, no debug_print lines)
+    ex.checking_estimate = True
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
+        contextlib.redirect_stderr(null):
+      ex._execute(launch, arrays)
+    if ex.errors:
+      raise ex.errors[0]
+    return ex.report.kernels[-1]
 
   def _where_interrupted(self, exc):
     """Where every thread of the block running at a Ctrl-C was."""
@@ -535,8 +588,8 @@ class Executor:
         block_cycles_max=float(cycles.max()) if len(cycles) else 0.0,
         time_s=kt.seconds, wall_s=wall, clock_hz=self.gpu.clock_hz, trace=trace,
         tma_load_bytes=totals.tma_load_bytes, tma_store_bytes=totals.tma_store_bytes,
-        wgmma_flops=totals.wgmma_flops, workers=workers, hbm_bytes=int(hbm),
+        wgmma_flops=totals.wgmma_flops, tensor_f16_flops=totals.tensor_f16_flops,
+        workers=workers, hbm_bytes=int(hbm),
         registers=prep.regs.per_thread, register_limit=prep.regs.limit,
         timing=kt, utilisation=util, stalls=bound.stall_shares(totals),
-        bound=words, bound_reason=why, num_sms=self.gpu.num_sms,
-        clock_note=bound.clock_note(util, self.gpu))
+        bound=words, bound_reason=why, num_sms=self.gpu.num_sms)

@@ -31,13 +31,20 @@ class KernelReport:
   register_limit: int = 255
   timing: object = None       # machine/timing.KernelTime: the parts of time_s
   utilisation: dict = dataclasses.field(default_factory=dict)  # unit -> busy share
-  clock_note: str = ""  # what the model leaves out of the clock (bound.clock_note)
+  clock_note: str = ""  # where the SMs' clock came from (bound.clock_note)
+  tensor_f16_flops: float = 0.0  # tensor work as f16 FLOP (machine/power.py)
+  power_w: float = 0.0  # the board's predicted power at its clock (machine/power.py)
   stalls: dict = dataclasses.field(default_factory=dict)  # wait kind -> share of thread time
   bound: str = ""             # what limits it, in words (machine/bound.py)
   bound_reason: str = ""
   num_sms: int = 132
   simulated_blocks: int = 0   # blocks simulated (fewer than num_blocks: estimate)
   classes: str = ""           # how an estimate chose them (backends/sim/block_classes.py)
+
+  @property
+  def sm_mhz(self):
+    """The SMs' clock the prediction is at (MHz)."""
+    return self.clock_hz / 1e6
 
   @property
   def tflops(self):
@@ -100,7 +107,8 @@ class Report:
   # machine/initcheck.Uninitialized findings: reads of elements nothing
   # wrote, outputs no block wrote in full
   uninitialized: list = dataclasses.field(default_factory=list)
-  clock_mhz: float | None = None  # the SM clock asked for (Options.clock_mhz)
+  clock_mhz: float | None = None  # the SM clock asked for (Options.clock_mhz; None:
+  # each kernel at the clock its power allows, KernelReport.sm_mhz)
 
   @property
   def time_s(self):

@@ -22,21 +22,19 @@ def utilisation(kt, totals, gpu, hbm):
           "HBM": hbm / (kt.seconds * gpu.hbm_bytes_per_s)}
 
 
-def clock_note(util, gpu):
-  """For a kernel that keeps the tensor cores busy: the clock the model
-  does not predict (the board's power limit), or ""."""
-  if gpu.sm_clock_mhz is not None:
-    return f"SMs at {gpu.sm_clock_mhz:g} MHz throughout (clock_mhz)"
-  busy = util.get("tensor core", 0.0)
-  if busy < 0.6 or not gpu.power_limited_mhz:
-    return ""
-  lo, hi = gpu.power_limited_mhz
-  return (f"tensor cores busy {busy:.0%}: the prediction takes their sustained rate (a "
-          f"wgmma loop alone holds {gpu.tensor_clock_mhz} MHz); kernels that also keep "
-          f"the L2 busy meet the {gpu.power_limit_w} W limit at {lo}-{hi} MHz, where "
-          f"tensor-core work runs {gpu.tensor_clock_mhz / hi - 1:.0%}-"
-          f"{gpu.tensor_clock_mhz / lo - 1:.0%} slower (not predicted: pass clock_mhz=, "
-          f"the clock nvidia-smi shows while it runs, to predict at it)")
+def clock_note(gpu, asked, watts, boost_watts=None):
+  """Where the SMs' clock came from: asked for (Options.clock_mhz), or the
+  power limit's (machine/power.py): the boost clock when the kernel's power
+  stays within the limit there, else the clock that brings it down to it."""
+  mhz = gpu.sm_clock_mhz
+  if asked is not None:
+    return f"SMs at {mhz:g} MHz throughout (clock_mhz)"
+  if boost_watts is None:
+    return (f"SMs at the {mhz:g} MHz boost clock: ~{watts:.0f} W, within the "
+            f"{gpu.power_limit_w} W limit")
+  return (f"SMs at {mhz:g} MHz, the {gpu.power_limit_w} W limit's clock (~{boost_watts:.0f} W "
+          f"at the {gpu.boost_mhz:g} MHz boost clock; predicted, machine/power.py: pass "
+          f"clock_mhz=, the clock nvidia-smi shows while it runs, to predict at that)")
 
 
 def stall_shares(totals):

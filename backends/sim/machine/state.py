@@ -17,13 +17,14 @@ class BlockStats:
   (`thread_cycles`, every warpgroup's clock at its end, summed) and stalled,
   by what they waited for (`stalls`, cycles summed over warpgroups); the
   cycles its SM's units worked for it (`tma_cycles`, `tensor_cycles`)."""
-  __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "thread_cycles",
-               "stalls", "tma_cycles", "tensor_cycles", "load_sites", "loads")
+  __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
+               "thread_cycles", "stalls", "tma_cycles", "tensor_cycles", "load_sites", "loads")
 
   def __init__(self):
     self.tma_load_bytes = 0
     self.tma_store_bytes = 0
     self.wgmma_flops = 0
+    self.tensor_f16_flops = 0.0  # (as many f16 FLOP as take the tensor cores as long)
     self.thread_cycles = 0.0
     self.stalls = dict.fromkeys(STALLS, 0.0)
     self.tma_cycles = 0.0
@@ -33,8 +34,8 @@ class BlockStats:
 
   def add(self, other, times=1):
     """Adds another block's tallies (`times` blocks like it)."""
-    for name in ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "thread_cycles",
-                 "tma_cycles", "tensor_cycles"):
+    for name in ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
+                 "thread_cycles", "tma_cycles", "tensor_cycles"):
       setattr(self, name, getattr(self, name) + times * getattr(other, name))
     for k, v in other.stalls.items():
       self.stalls[k] += times * v

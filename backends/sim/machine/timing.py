@@ -138,6 +138,7 @@ class Timing:
   def __init__(self, gpu):
     self.gpu = gpu
     self.barrier_latency = gpu.barrier_latency
+    self._f16 = {}  # dtype -> f16_equivalent
 
   def issue_cycles(self, eqn, approx_math=False):
     """Cycles one warpgroup, alone on its SM, spends issuing this equation:
@@ -195,6 +196,15 @@ class Timing:
     engines.tma_work += work
     engines.tma_free = end
     return start, end, end + engines.latency.get(site, g.tma_latency)
+
+  def f16_equivalent(self, dtype):
+    """An f16 FLOP's worth of tensor-core time per FLOP of operands of this
+    dtype (an fp8 FLOP: half)."""
+    r = self._f16.get(dtype)
+    if r is None:
+      g = self.gpu
+      r = self._f16[dtype] = g.tensor_rate("f16") / g.tensor_rate(operand_kind(dtype))
+    return r
 
   def wgmma(self, engines, t, m, n, k, dtype):
     """A wgmma group issued at t on these tensor cores: (start, completion)."""

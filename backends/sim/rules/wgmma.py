@@ -157,6 +157,7 @@ def _wgmma_ref(eqn, cx):
     n = b_r.view.shape[1]
     blk = wg.block
     blk.stats.wgmma_flops += 2 * m * n * k
+    blk.stats.tensor_f16_flops += 2 * m * n * k * timing.f16_equivalent(b_r.view.dtype)
     if blk.engines.spill:  # (machine/occupancy.py, timing.py)
       # The accumulator goes out and back once the tensor cores are done
       # with it: after the wgmma before, then this one starts.
