@@ -162,9 +162,10 @@ def main(argv=None):
   rows, at_clock = [], []
   print(f"| kernel | measured, {ns.truth} (us) | predicted (us) | error | "
         f"error against the {'short-batch' if ns.truth == 'sustained' else 'sustained'} "
-        "time | bound (model) | estimate (s) | measured clock (MHz) | predicted there (us) "
-        "| error |")
-  print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+        "time | bound (model) | model's clock (MHz) | estimate (s) | measured clock (MHz) | "
+        "predicted there (us) | error |")
+  print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+  clock_err = []
   saved = {}
   for case in cases:
     if ns.filter not in case.name or (case.name not in measured and not ns.predictions):
@@ -176,7 +177,7 @@ def main(argv=None):
       t_real = measured[case.name]
       rows.append((case, t_real, p["predicted_s"], p["predicted_s"] / t_real - 1))
       print(f"| {case.name} | {t_real * 1e6:.1f} | {p['predicted_s'] * 1e6:.1f} | "
-            f"{rows[-1][3]:+.0%} | | {p['bound']} | {p['estimate_s']:.2f} | | | |")
+            f"{rows[-1][3]:+.0%} | | {p['bound']} | | {p['estimate_s']:.2f} | | | |")
       continue
     try:
       report, wall = predict(case, ns.gpu)
@@ -186,14 +187,16 @@ def main(argv=None):
       continue
     t_pred = report.time_s
     bounds = ", ".join(sorted({k.bound for k in report.kernels}))
+    mhz_model = min(k.sm_mhz for k in report.kernels) if report.kernels else float("nan")
     if ns.predictions:
-      saved[case.name] = dict(predicted_s=t_pred, bound=bounds, estimate_s=wall)
+      saved[case.name] = dict(predicted_s=t_pred, bound=bounds, estimate_s=wall,
+                              sm_mhz=mhz_model)
       json.dump(dict(command="./dev python benchmarks/accuracy.py " + " ".join(
           argv if argv is not None else sys.argv[1:]), gpu=ns.gpu,
           predictions=saved), open(ns.predictions, "w"), indent=1)
     if case.name not in measured:
       print(f"| {case.name} | (not measured) | {t_pred * 1e6:.1f} | | | {bounds} | "
-            f"{wall:.2f} | | | |")
+            f"{mhz_model:.0f} | {wall:.2f} | | | |")
       continue
     t_real = measured[case.name]
     err = t_pred / t_real - 1
@@ -202,12 +205,19 @@ def main(argv=None):
     there = "| | |"
     if case.name in clocks:
       mhz = clocks[case.name]
+      if not case.small:
+        clock_err.append(abs(mhz_model / mhz - 1))
       t_clk = predict(case, ns.gpu, mhz)[0].time_s
       at_clock.append((case, t_real, t_clk, t_clk / t_real - 1))
       there = f"{mhz:.0f} | {t_clk * 1e6:.1f} | {at_clock[-1][3]:+.0%}"
     print(f"| {case.name}{' (small)' if case.small else ''} | {t_real * 1e6:.1f} | "
-          f"{t_pred * 1e6:.1f} | {err:+.0%} | {err2} | {bounds} | {wall:.2f} | {there} |")
+          f"{t_pred * 1e6:.1f} | {err:+.0%} | {err2} | {bounds} | {mhz_model:.0f} | "
+          f"{wall:.2f} | {there} |")
   summarize(rows, "Predicted (the model's own clocks) against measured:", ns.small)
+  if clock_err:
+    print(f"\nthe model's clock against the measured one, over {len(clock_err)} rows (not "
+          f"small): mean absolute error {np.mean(clock_err):.1%}, largest "
+          f"{max(clock_err):.0%}")
   if at_clock:
     summarize(at_clock, "Predicted at each kernel's measured clock against measured:",
               ns.small)

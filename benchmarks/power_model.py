@@ -1,14 +1,18 @@
-"""Can the SM clock that the 700 W limit sets be predicted? (issue 9: a study,
-not part of the model.)
+"""The SM clock that the 700 W limit sets (issue 9): the fit whose figures
+gpus.GPU.power_* hold (backends/sim/machine/power.py predicts the clock with
+them), and its checks.
 
     ./dev python benchmarks/power_model.py dump [--out build/power_features.json]
     ./dev python benchmarks/power_model.py fit [--features build/power_features.json]
     ./dev python benchmarks/power_model.py dump --diagnostic --out build/power_diagnostic.json
     ./dev python benchmarks/power_model.py check   # that fit on the diagnostic kernels
+    ./dev python benchmarks/power_model.py dump --micros --out build/power_micros.json
+    ./dev python benchmarks/power_model.py check --others build/power_micros.json
 
 `dump` estimates every suite and held-out kernel whose sustained clock and power
 were measured (power_study_suite, power_study_holdout in h200_measured.json)
-at two SM clocks (ps.Options clock_mhz) and its default: its work (tensor FLOP, bytes through
+at two SM clocks (ps.Options clock_mhz) and its default (the model's own
+predicted clock, since that became the default): its work (tensor FLOP, bytes through
 the L2 and to HBM: the same at every clock) and its predicted time at each.
 
 `fit` fits, on the measured rows, a power model of the usual form

@@ -195,9 +195,8 @@ def get(gpu, clock_mhz=None):
 def at_clock(gpu, mhz):
   """The model with its SMs at `mhz` for the whole kernel: the clock an
   H100/H200 holds at the board's power limit (1035-1905 MHz for the large
-  matmuls of benchmarks/timing_suite.py on an H200, where the model's
-  default counts their tensor cores at their loop's 1665 MHz and everything
-  else at 1980: benchmarks/RESULTS.md), or any clock to ask "what if".
+  matmuls of benchmarks/timing_suite.py on an H200, which the executor
+  predicts: backends/sim/machine/power.py), or any clock to ask "what if".
 
   What the SM does, per cycle of its clock, stays: issue, ALU, barrier and
   wgmma latencies, its TMA engine's and L1's bytes a cycle, and the tensor

@@ -46,11 +46,12 @@ class Options:
     meaningful; times are the same, as no time depends on a value the
     tensor cores compute unless control flow reads it: ps.estimate).
   clock_mhz: the SM clock the kernel runs at, for the whole launch (None:
-    each unit at the clock its figures were measured at: the tensor cores
-    at a wgmma loop's sustained 1665 MHz, the rest at the 1980 MHz boost).
-    A kernel that keeps the tensor cores and the L2 busy runs at the board's
-    power limit, 1035-1905 MHz on an H200 (what nvidia-smi shows while it
-    runs); the model does not predict that clock (gpus.at_clock).
+    the clock its power allows: the 1980 MHz boost clock unless the model's
+    power there passes the board's 700 W limit, else the highest clock on
+    the 15 MHz steps within it, 1035-1905 MHz for the large matmuls of
+    benchmarks/timing_suite.py on an H200: backends/sim/machine/power.py;
+    report.kernels[i].sm_mhz and .power_w). Given, what nvidia-smi shows
+    while the kernel runs, the launch is predicted at it (gpus.at_clock).
   block_classes: simulate one block per class of blocks that do the same
     work, and give the others its times (backends/sim/block_classes.py;
     kernels whose control flow depends on the block's index or on data run
