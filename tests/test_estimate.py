@@ -471,3 +471,19 @@ def test_the_estimate_check_compares_every_simulated_launch(tmp_path, monkeypatc
   with pytest.raises(SuiteTimeout):  # (passes through: not the estimate's failure)
     _full(_wide_matmul, a, b)
   assert len(log.read_text().splitlines()) == lines
+
+
+def test_the_estimate_check_times_at_the_clock_the_simulation_took(tmp_path, monkeypatch):
+  """A launch over the power limit at the boost clock is timed at the clock
+  its power allows (machine/power.py); the estimate check's estimate goes the
+  same way, as ps.estimate does: the two times are equal."""
+  from pallas_sim.backends.sim import estimate_check
+  log = tmp_path / "checks.jsonl"
+  monkeypatch.setenv(estimate_check.ENV, str(log))
+  a = jnp.asarray(np.random.default_rng(2).standard_normal((2048, 2048)), F16)
+  sim = ps.simulate(lambda a, b: matmul_mcs(a, b, tile_n=128, max_concurrent_steps=4),
+                    a, a, gpu="h200", numerics=False, check_races=False,
+                    check_uninitialized=False).report.kernels[0]
+  assert sim.sm_mhz < 1980
+  [line] = [json.loads(x) for x in log.read_text().splitlines()]
+  assert line["estimated_s"] == line["simulated_s"] == sim.time_s

@@ -9,8 +9,6 @@ error if it raised. Each report's summary and Perfetto trace are made too
 Issue 9 asks that the two agree within 2% wherever both run;
 `benchmarks/jax_suite.py run --check-estimate` runs JAX's own test suite so,
 over every kernel in it, and sums the lines up."""
-import contextlib
-import dataclasses
 import json
 import os
 import tempfile
@@ -29,22 +27,12 @@ def path():
 def check(executor, launch, arrays):
   """Estimates `launch` (which `executor` has just simulated, its report last
   in executor.report.kernels) and appends the comparison to path()."""
-  from pallas_sim.backends.sim.executor import Executor
   sim = executor.report.kernels[-1]
   line = dict(test=os.environ.get("PYTEST_CURRENT_TEST", "").split(" (")[0],
               kernel=launch.name, where=str(launch.where), grid=list(sim.grid),
               simulated_s=sim.time_s, bound=sim.bound)
-  opts = dataclasses.replace(executor.options, numerics=False, block_classes=True,
-                             check_races=False, check_uninitialized=False,
-                             check_lowering=False, workers=1)
-  est = Executor(options=opts)
-  # (no check of the check; and nothing the user sees twice: no profile
-  # written, no debug_print's lines printed again)
-  est.checking_estimate = True
   try:
-    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
-        contextlib.redirect_stderr(null):
-      est._execute(launch, arrays)
+    est = executor.estimated(launch, arrays, workers=1)
     if est.errors:
       raise est.errors[0]
     rep = est.report.kernels[-1]

@@ -229,19 +229,27 @@ class Executor:
 
   def _timed_at(self, launch, arrays, mhz):
     """The launch's kernel report at `mhz`, timed as ps.estimate times it."""
-    opts = dataclasses.replace(self.options, clock_mhz=mhz, numerics=False,
-                               block_classes=True, check_races=False,
-                               check_uninitialized=False, check_lowering=False)
+    ex = self.estimated(launch, arrays, clock_mhz=mhz)
+    if ex.errors:
+      raise ex.errors[0]
+    return ex.report.kernels[-1]
+
+  def estimated(self, launch, arrays, **changes):
+    """The launch run again as ps.estimate runs it (no tensor-core sums, no
+    checks, one block per class), with these options changed: the Executor
+    that ran it. Nothing the user sees twice: no profile written, no
+    debug_print lines."""
+    opts = dataclasses.replace(self.options, numerics=False, block_classes=True,
+                               check_races=False, check_uninitialized=False,
+                               check_lowering=False, **changes)
     ex = Executor(options=opts)
     ex.shapes_only = self.shapes_only
-    # (nothing the user sees twice: no profile written, no debug_print lines)
     ex.checking_estimate = True
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
         contextlib.redirect_stderr(null):
       ex._execute(launch, arrays)
-    if ex.errors:
-      raise ex.errors[0]
-    return ex.report.kernels[-1]
+      ex._clock(launch, arrays)  # (as execute: at the clock its power allows)
+    return ex
 
   def _where_interrupted(self, exc):
     """Where every thread of the block running at a Ctrl-C was."""
