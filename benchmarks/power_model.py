@@ -28,11 +28,15 @@ within 700 W, and prints predicted against measured clocks and the time
 predicted there against the measured time.
 """
 import argparse
+import dataclasses
 import json
 import os
 import sys
 
 import numpy as np
+
+from pallas_sim import gpus
+from pallas_sim.backends.sim.machine import power
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -95,12 +99,9 @@ def dump(out, studies=STUDIES, micros=False):
     for mhz in CLOCKS:
       report = est(mhz)
       times[mhz] = report.time_s
-    ks = report.kernels
-    res[name] = dict(m, family=family, model_s=times,
-                     flops=sum(k.wgmma_flops for k in ks),
-                     l2_bytes=sum(max(k.tma_load_bytes + k.tma_store_bytes, k.hbm_bytes)
-                                  for k in ks),
-                     hbm_bytes=sum(k.hbm_bytes for k in ks))
+    flops, l2, hbm = (sum(x) for x in zip(*(power.work(k) for k in report.kernels)))
+    res[name] = dict(m, family=family, model_s=times, flops=flops, l2_bytes=l2,
+                     hbm_bytes=hbm)
     print(f"{name}: {times}", flush=True)
     json.dump(res, open(out, "w"), indent=1)
 
@@ -126,18 +127,22 @@ def _fit(rows, beta):
 def _model_time(r, mhz):
   """The model's time at mhz: a + b / f through the two dumped clocks (the SMs'
   work scales as 1/f, the memory system's not)."""
-  (f1, t1), (f2, t2) = [(c, r["model_s"][str(c)]) for c in CLOCKS]
-  b = (t1 - t2) / (1.0 / f1 - 1.0 / f2)
-  return t1 + b * (1.0 / mhz - 1.0 / f1)
+  return power.time_through([(c, r["model_s"][str(c)]) for c in CLOCKS])(mhz)
+
+
+def _gpu(coef, beta):
+  """The H200 model with this fit's power law."""
+  return dataclasses.replace(gpus.H200, power_base_w=coef[0], power_w_per_pflops=coef[1],
+                             power_l2_w_per_10tbs=coef[2], power_hbm_w_per_10tbs=coef[3],
+                             power_voltage_beta=beta, power_limit_w=LIMIT_W)
 
 
 def _predict_clock(r, coef, beta):
-  for mhz in np.arange(1980.0, 800.0, -15.0):
-    t = _model_time(r, mhz)
-    p = float((_design([r], beta, np.array([mhz]), np.array([t])) @ coef)[0])
-    if p <= LIMIT_W:
-      return mhz, t
-  return 800.0, _model_time(r, 800.0)
+  """The clock the model would predict with this fit (machine/power.py's
+  search), and the model's time there."""
+  mhz = power.next_guess(_gpu(coef, beta), [(c, r["model_s"][str(c)]) for c in CLOCKS],
+                         (r["flops"], r["l2_bytes"], r["hbm_bytes"]))
+  return mhz, _model_time(r, mhz)
 
 
 def check(features, others):

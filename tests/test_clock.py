@@ -151,7 +151,7 @@ def test_by_default_a_matmul_runs_at_the_clock_its_power_allows():
   up = ps.estimate(lambda a, b: matmul_mcs(a, b, tile_n=128, max_concurrent_steps=4),
                    S((4096, 4096), F16), S((4096, 4096), F16), gpu="h200",
                    clock_mhz=k.sm_mhz + 30).kernels[0]
-  assert power.watts(H, up.sm_mhz, up.time_s, *power.work(up, H)) > H.power_limit_w
+  assert power.watts(H, up.sm_mhz, up.time_s, *power.work(up)) > H.power_limit_w
   # One that spills keeps the tensor cores idle most of the time: the
   # boost clock (measured: 1980 MHz, 504-514 W).
   k = _quickstart(4096, tile_n=256, max_concurrent_steps=2)

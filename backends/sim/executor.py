@@ -206,9 +206,9 @@ class Executor:
     block per class, no checks) and takes the times of the last."""
     k = self.report.kernels[-1]
     g = self.gpu
-    w = power.work(k, g)
+    w = power.work(k)
     k.power_w = power.watts(g, k.sm_mhz, k.time_s, *w)
-    k.clock_note = bound.clock_note(g, self.options.clock_mhz, k.power_w)
+    k.clock_note = bound.clock_note(g, k.sm_mhz, self.options.clock_mhz, k.power_w)
     if self.options.clock_mhz is not None or k.power_w <= g.power_limit_w:
       return
     samples = [(k.sm_mhz, k.time_s)]
@@ -216,13 +216,13 @@ class Executor:
     r = self._timed_at(launch, arrays, mhz)
     for _ in range(self.clock_rounds):
       samples.append((mhz, r.time_s))
-      nxt = power.next_guess(g, samples, power.work(r, g))
+      nxt = power.next_guess(g, samples, power.work(r))
       if abs(nxt - mhz) < g.clock_step_mhz:
         break
       mhz = nxt
       r = self._timed_at(launch, arrays, mhz)
-    r.power_w = power.watts(g, r.sm_mhz, r.time_s, *power.work(r, g))
-    r.clock_note = bound.clock_note(gpus.at_clock(g, r.sm_mhz), None, r.power_w, k.power_w)
+    r.power_w = power.watts(g, r.sm_mhz, r.time_s, *power.work(r))
+    r.clock_note = bound.clock_note(g, r.sm_mhz, None, r.power_w, k.power_w)
     r.wall_s += k.wall_s
     r.workers, r.simulated_blocks, r.classes = k.workers, k.simulated_blocks, k.classes
     self.report.kernels[-1] = r

@@ -22,11 +22,11 @@ def utilisation(kt, totals, gpu, hbm):
           "HBM": hbm / (kt.seconds * gpu.hbm_bytes_per_s)}
 
 
-def clock_note(gpu, asked, watts, boost_watts=None):
-  """Where the SMs' clock came from: asked for (Options.clock_mhz), or the
-  power limit's (machine/power.py): the boost clock when the kernel's power
-  stays within the limit there, else the clock that brings it down to it."""
-  mhz = gpu.sm_clock_mhz
+def clock_note(gpu, mhz, asked, watts, boost_watts=None):
+  """Where the SMs' clock, `mhz`, came from: asked for (Options.clock_mhz),
+  or the power limit's (machine/power.py): the boost clock when the kernel's
+  power stays within the limit there, else the clock that brings it down to
+  it."""
   if asked is not None:
     return f"SMs at {mhz:g} MHz throughout (clock_mhz)"
   if boost_watts is None:

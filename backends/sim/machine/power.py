@@ -24,7 +24,7 @@ import numpy as np
 FLOOR_MHZ = 600.0
 
 
-def work(kernel, gpu):
+def work(kernel):
   """What draws power, from a kernel report: (tensor FLOP, f16-equivalent:
   an fp8 or int8 FLOP counts half, as the tensor cores do twice as many for
   the same power; bytes through the L2; bytes to and from HBM)."""
@@ -62,11 +62,17 @@ def first_guess(gpu, seconds, w):
   return _highest(gpu, lambda f: watts(gpu, f, seconds, *w) <= gpu.power_limit_w)
 
 
-def next_guess(gpu, samples, w):
-  """The clock at which the time through two simulated (mhz, seconds)
-  samples, a + b / f, brings the power to the limit."""
+def time_through(samples):
+  """The time at any clock f, a + b / f through the last two simulated (mhz,
+  seconds) samples (the SMs' work scales as 1/f, the memory system's not)."""
   (f1, t1), (f2, t2) = samples[-2:]
   b = (t1 - t2) / (1 / f1 - 1 / f2) if f1 != f2 else 0.0
   a = t1 - b / f1
-  t = lambda f: max(a + b / f, 1e-12)
-  return _highest(gpu, lambda f: watts(gpu, f, t(f), *w) <= gpu.power_limit_w)
+  return lambda f: a + b / f
+
+
+def next_guess(gpu, samples, w):
+  """The clock at which the time through two simulated samples
+  (time_through) brings the power to the limit."""
+  t = time_through(samples)
+  return _highest(gpu, lambda f: watts(gpu, f, max(t(f), 1e-12), *w) <= gpu.power_limit_w)
