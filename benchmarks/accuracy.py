@@ -3,7 +3,7 @@ beside measured (benchmarks/measure_gpu.py on the GPU machine, committed as
 benchmarks/h200_measured.json), for every kernel of benchmarks/timing_suite.py.
 
     ./dev python benchmarks/accuracy.py [--measured FILE] [--filter S] [--small]
-        [--no-clock] [--diagnostic | --holdout] [--predictions FILE]
+        [--no-clock] [--diagnostic | --holdout | --blind] [--predictions FILE]
 
 Prints one row per kernel (measured, predicted, error, the bound the model
 names, estimate's wall time), then per family the Spearman rank correlation
@@ -36,7 +36,10 @@ in the measured file).
 set a figure), against "holdout_study" in the measured file; with
 --predictions FILE, every one is predicted and written there, measured or
 not (benchmarks/holdout_predictions.json was written so, and committed,
-before the GPU first ran them)."""
+before the GPU first ran them).
+
+--blind: timing_suite.BLIND_CASES, against "blind_study" (predicted into
+benchmarks/blind_predictions.json, committed, before they were measured)."""
 import argparse
 import contextlib
 import json
@@ -146,7 +149,8 @@ def main(argv=None):
   kind = timing_suite.kind_of(ns)
   cases = timing_suite.cases(kind)
   if kind != "suite":  # (measured sustained, each with its clock)
-    study = data.get({"diagnostic": "pipeline_study", "holdout": "holdout_study"}[kind],
+    study = data.get({"diagnostic": "pipeline_study", "holdout": "holdout_study",
+                      "blind": "blind_study"}[kind],
                      {}).get("cases", [])
     data = dict(cases=[], sustained=dict(cases=study))
     clocks = {r["name"]: r["clock"]["sm_mhz"] for r in study

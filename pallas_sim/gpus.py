@@ -51,6 +51,16 @@ class GPU:
   l2_bytes: int = 50 * 2 ** 20
   # L2 to SMs when every SM re-reads one 8 MiB region: 9.36 TB/s (H200).
   l2_bytes_per_s: float = 9.36e12
+  # What the L2 serves a tile that several SMs read at once: 132 blocks in
+  # groups of 4-132 readers, each loading one 16 KiB tile, 4 in flight:
+  # 18.5-21.6 TB/s in boxes of 128-byte rows; in 64-byte boxes the
+  # streaming rate (l2_shared_* in benchmarks/h200_measured.json, H200).
+  l2_shared_bytes_per_s: float = 19.5e12
+  l2_shared_min_row_bytes: int = 128
+  # A loaded L2's latency, lat / (1 - busy): the busy share at most this
+  # (a bound on the queue model, timing.Timing.tma, not a calibrated
+  # figure: 0.8 to 0.95 move the quickstart's mean error by under 0.3 points).
+  l2_queue_cap: float = 0.9
   # What one SM's TMA engine moves: every SM loading the same 16 KiB tile
   # of 128-byte rows at once, 4 in flight, got 160 B/clk each (41.9 TB/s in
   # all: the L2 serves a tile many SMs read together at far more than its

@@ -25,6 +25,7 @@ SM_CYCLES = ("wgmma_issue_cycles", "wgmma_latency", "barrier_latency", "tma_byte
              "alu_cycles_per_vector", "transcendental_cycles_per_vector",
              "sfu_cycles_per_vector", "op_overhead_cycles", "local_bytes_per_clk")
 PER_SECOND = ("hbm_bytes_per_s", "hbm_write_bytes_per_s", "l2_bytes_per_s",
+              "l2_shared_bytes_per_s",
               "launch_overhead_s")
 
 

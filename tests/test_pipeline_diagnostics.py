@@ -57,6 +57,16 @@ def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
                                       "holdout_predictions.json")))["predictions"]
   assert set(saved) == held
   assert {c.params["mode"] for c in timing_suite.DIAGNOSTIC_CASES} == set(MODES)
+  # the blind kernels: new configurations, each predicted before it was measured
+  blind = {c.name for c in timing_suite.BLIND_CASES}
+  assert blind and not blind & (names | held)
+  assert not {(c.params["size"], c.params["tile_n"], c.params["tile_k"], c.params["mcs"])
+              for c in timing_suite.BLIND_CASES} & {
+      (c.params["size"], c.params["tile_n"], c.params["tile_k"], c.params["mcs"])
+      for c in timing_suite.CASES if c.family.startswith("quickstart")}
+  saved = json.load(open(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+                                      "blind_predictions.json")))["predictions"]
+  assert set(saved) == blind
   assert timing_suite.by_name("quickstart one tile 4096 128x128x64 mcs=2").params[
       "mode"] == "one_tile"
 

@@ -742,6 +742,24 @@ MUTANTS = [
            "      r = self._f16[dtype] = g.tensor_rate(\"f16\") / g.tensor_rate(operand_kind(dtype))\n",
            "      r = self._f16[dtype] = 1.0\n",
            ("tests/test_clock.py",)),
+    Mutant("l2-sharing-uncredited", "backends/sim/machine/timing.py",
+           "what several blocks of a wave read at one load site the L2 serves again "
+           "at its shared rate; the mutant streams every byte",
+           "      if first < 1:\n",
+           "      if False:\n",
+           ("tests/test_l2_model.py",)),
+    Mutant("l2-64-byte-boxes-credited", "backends/sim/machine/timing.py",
+           "only boxes of rows of 128 bytes and more get the L2's shared rate; the "
+           "mutant credits 64-byte ones too",
+           "      if row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:\n",
+           "      if row_bytes is None:\n",
+           ("tests/test_l2_model.py",)),
+    Mutant("l2-latency-unloaded", "backends/sim/machine/timing.py",
+           "a loaded L2's latency grows with how busy the SM keeps its share; the "
+           "mutant keeps the unloaded latency",
+           "        lat /= 1 - min(g.l2_queue_cap, engines.share * engines.l2_work / start)\n",
+           "        pass\n",
+           ("tests/test_l2_model.py",)),
     Mutant("pool-waited-on-when-interrupted", "backends/sim/parallel.py",
            "a run over workers that an exception interrupts kills them and does not "
            "wait on the pool",

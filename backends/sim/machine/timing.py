@@ -45,13 +45,18 @@ class Engines:
   next free for it (cycles), how many blocks share them, and the work it
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
-               "tma_rate", "latency", "loads")
+               "l2_rate", "latency", "loads", "byte_cycles", "l2_work")
 
-  def __init__(self, share=1, spill=0.0, tma_rate=None, latency=None, loads=False):
+  def __init__(self, share=1, spill=0.0, l2_rate=None, latency=None, loads=False,
+               byte_cycles=None):
     self.share = share
     self.spill = spill  # cycles a warpgroup spends on spilled registers per wgmma
-    self.tma_rate = tma_rate  # bytes per cycle of its SM's TMA engine (None: alone)
+    self.l2_rate = l2_rate  # bytes per cycle of its SM's share of the L2 (None: alone)
     self.latency = latency or {}  # TMA load site -> its latency (cycles)
+    # TMA load site -> cycles a byte of it takes of the SM's share of the
+    # L2, at a site whose sources the wave's blocks share (set_loads)
+    self.byte_cycles = byte_cycles or {}
+    self.l2_work = 0.0  # cycles of that share its transfers took
     self.loads = [] if loads else None  # (LaunchTiming.hbm_reads_traced)
     self.tma_free = 0.0
     self.tc_free = 0.0
@@ -186,16 +191,34 @@ class Timing:
       return g.beside_tensor_fma
     return g.beside_tensor_other
 
-  def tma(self, engines, t, nbytes, site=None):
-    """A transfer issued at t (a load from `site`, whose latency the L2 model
-    set: LaunchTiming.set_loads): (start, end of the transfer, completion)."""
+  def tma(self, engines, t, nbytes, site=None, row_bytes=None):
+    """A transfer issued at t (a load from `site`, whose latency and L2 share
+    the L2 model set: LaunchTiming.set_loads; its box's rows `row_bytes`
+    long): (start, end of the transfer, completion).
+
+    At a site whose sources several blocks of the wave read, the L2 serves
+    the re-reads faster than it streams, in boxes of rows of 128 bytes and
+    more (byte_cycles); and its latency grows as the SM's share of the L2
+    fills: lat / (1 - busy), the share busy so far (taken alike for the
+    blocks beside it), a queue's wait (l2_queue_cap bounds it)."""
     g = self.gpu
     start = max(t, engines.tma_free)
-    work = nbytes / (engines.tma_rate or g.tma_bytes_per_clk)
+    lat = engines.latency.get(site, g.tma_latency)
+    stream = 1 / engines.l2_rate if engines.l2_rate else 0.0
+    per = engines.byte_cycles.get(site)
+    if per is not None:
+      if row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:
+        per = stream
+      if start > 0:
+        lat /= 1 - min(g.l2_queue_cap, engines.share * engines.l2_work / start)
+    else:
+      per = stream
+    work = nbytes * max(per, 1 / g.tma_bytes_per_clk)
     end = start + work * _stretch(engines.share, engines.tma_work, start)
     engines.tma_work += work
+    engines.l2_work += nbytes * per
     engines.tma_free = end
-    return start, end, end + engines.latency.get(site, g.tma_latency)
+    return start, end, end + lat
 
   def f16_equivalent(self, dtype):
     """An f16 FLOP's worth of tensor-core time per FLOP of operands of this
@@ -239,11 +262,13 @@ class LaunchTiming:
                       if self.regs.spilled else 0)  # (a warpgroup's, spilled)
     self.spilled_bytes = self.acc_bytes * num_threads
     self.l1 = occupancy.l1_bytes(g, self.per_sm * (smem + CUDA_RESERVED_SMEM_PER_BLOCK))
-    # Each busy SM's share of the L2's bandwidth, up to what one TMA engine
-    # moves alone.
-    active = max(1, min(num_blocks, g.num_sms))
-    self.tma_rate = min(g.tma_bytes_per_clk, g.l2_bytes_per_s / g.clock_hz / active)
+    # Each busy SM's share of the L2's bandwidth (bytes a cycle; a transfer
+    # goes at most at what its TMA engine moves; at sites the wave's blocks
+    # share, the L2 gives more: set_loads).
+    self.active = active = max(1, min(num_blocks, g.num_sms))
+    self.l2_rate = g.l2_bytes_per_s / g.clock_hz / active
     self.latency = {}
+    self.byte_cycles = {}
     self.distinct = {}  # TMA load site -> distinct sources per wave (set_loads)
     # Follow each TMA load (hbm_reads_traced): set for kernels whose blocks
     # take different paths, whose addresses the per-site model cannot group.
@@ -281,14 +306,15 @@ class LaunchTiming:
   def engines(self, block_index):
     """The block's share of its SM's units (a fresh Engines)."""
     share = self.share(block_index)
-    return Engines(share, self.spill_cycles(share), self.tma_rate, self.latency,
-                   self.trace_loads)
+    return Engines(share, self.spill_cycles(share), self.l2_rate, self.latency,
+                   self.trace_loads, self.byte_cycles)
 
   def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the
     share of its loads that miss: the first of the blocks of a wave that
     read one source (block_classes.analyse), or every block where the
-    address comes from data."""
+    address comes from data; and where that is not every block, the L2's
+    cost a byte (byte_cycles)."""
     g = self.timing.gpu
     n = len(grid_index)
     waves = [grid_index[w * self.slots:(w + 1) * self.slots] for w in range(self.waves)]
@@ -296,6 +322,17 @@ class LaunchTiming:
       self.distinct[site] = [self._distinct(wave, axes) for wave in waves]
       misses = sum(self.distinct[site])
       self.latency[site] = g.tma_latency + g.hbm_latency_extra * (misses / n if n else 1)
+      # Where the wave's blocks share sources (a matmul's A and B tiles), the
+      # L2 streams the first read of each (misses / n of the bytes) and
+      # serves the rest at its shared rate; each busy SM gets its share, up
+      # to what its TMA engine moves. (Where the analysis sees no sharing,
+      # blocks reading apart or a persistent kernel's loop whose addresses
+      # it cannot group, the streaming rate: measured under load, it holds
+      # the loaded latency's cost.)
+      first = misses / n if n else 1.0
+      if first < 1:
+        per_s = first / g.l2_bytes_per_s + (1 - first) / g.l2_shared_bytes_per_s
+        self.byte_cycles[site] = per_s * g.clock_hz * self.active
 
   def hbm_reads_traced(self, loads):
     """Bytes read from HBM, following every TMA load: the loads of a wave's

@@ -146,7 +146,9 @@ def _copy_gmem_to_smem(eqn, cx):
       targets = [(d, slot) if peer is blk else
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
-    start, _, done = timing.tma(blk.engines, wg.time, tx, site)
+    box = _box(d)
+    start, _, done = timing.tma(blk.engines, wg.time, tx, site,
+                                (box[-1] if box else 1) * d.view.dtype.itemsize)
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
       base = s.buf.data.__array_interface__["data"][0]
       blk.engines.loads.append((start, (s.buf.name, s.view.__array_interface__["data"][0]
