@@ -325,10 +325,11 @@ class LaunchTiming:
       # Where the wave's blocks share sources (a matmul's A and B tiles), the
       # L2 streams the first read of each (misses / n of the bytes) and
       # serves the rest at its shared rate; each busy SM gets its share, up
-      # to what its TMA engine moves. (Where the analysis sees no sharing,
-      # blocks reading apart or a persistent kernel's loop whose addresses
-      # it cannot group, the streaming rate: measured under load, it holds
-      # the loaded latency's cost.)
+      # to what its TMA engine moves. Where the analysis sees no sharing
+      # (blocks reading apart, or a persistent kernel's loop whose addresses
+      # it cannot group), the streaming rate and the unloaded latency: the
+      # queue without the credit slowed JAX's persistent matmul 13% where
+      # the GPU shows no such loss (benchmarks/RESULTS.md, thirteenth).
       first = misses / n if n else 1.0
       if first < 1:
         per_s = first / g.l2_bytes_per_s + (1 - first) / g.l2_shared_bytes_per_s
