@@ -61,7 +61,7 @@ def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
   blind = {c.name for c in timing_suite.BLIND_CASES}
   assert blind and not blind & (names | held)
   assert not {(c.params["size"], c.params["tile_n"], c.params["tile_k"], c.params["mcs"])
-              for c in timing_suite.BLIND_CASES} & {
+              for c in timing_suite.BLIND_CASES if "size" in c.params} & {
       (c.params["size"], c.params["tile_n"], c.params["tile_k"], c.params["mcs"])
       for c in timing_suite.CASES if c.family.startswith("quickstart")}
   saved = json.load(open(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
