@@ -62,6 +62,38 @@ def test_set_max_registers_sets_the_limit():
   assert r.limit == 168 and r.per_thread == 32
 
 
+def _raising_kernel(raise_to, blocks=264):
+  """Two warpgroups with little to hold: one raises its registers to
+  `raise_to` (None: neither asks), the other lowers its to 40."""
+  @plgpu.kernel(out_type=S((blocks, 128), F32), num_threads=2, thread_name="t",
+                grid=(blocks,), grid_names=("b",))
+  def k(o_ref):
+    t = lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      if raise_to:
+        plgpu.set_max_registers(raise_to, action="increase")
+      o_ref[lax.axis_index("b")] = jnp.zeros((128,), F32)
+
+    @pl.when(t == 1)
+    def _():
+      if raise_to:
+        plgpu.set_max_registers(40, action="decrease")
+  return ps.estimate(k).kernels[0]
+
+
+def test_a_block_that_raises_its_registers_holds_them_from_launch():
+  """setmaxnreg.inc draws on the block's own registers, allocated at launch:
+  a block of two warpgroups raised to 232 holds 59 K of the SM's 64 K, one
+  block an SM, where its few registers alone would let 8 share it
+  (attention_mgpu's d64 kernel: 31% slower with 64-column KV blocks than
+  with 128 on the H200, where more blocks an SM would have made it faster)."""
+  assert _raising_kernel(None).blocks_per_sm == 8
+  assert _raising_kernel(232).blocks_per_sm == 1
+  assert _raising_kernel(104).blocks_per_sm == 2
+
+
 def test_a_spilling_accumulator_costs_more_per_flop():
   """The 128x256 f32 accumulator does not fit a lane's 255 registers: each
   wgmma moves the spilled registers out and back, which no tile that fits

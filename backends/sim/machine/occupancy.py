@@ -28,6 +28,7 @@ class Registers:
   per_thread: int     # estimated need of a lane
   limit: int          # what a lane may have
   accumulators: int   # of the need: wgmma accumulators
+  raised: int = 0     # what set_max_registers(action="increase") raises a lane to
 
   @property
   def spilled(self):
@@ -73,16 +74,17 @@ def _need(jaxpr):
   return acc, values
 
 
-def _max_registers(jaxpr):
-  """The largest count plgpu.set_max_registers asks for, or None."""
+def _max_registers(jaxpr, action=None):
+  """The largest count plgpu.set_max_registers asks for (with that action,
+  if given), or None."""
   found = None
   for eqn in jaxpr.eqns:
     if eqn.primitive.name in ("set_max_registers", "set_max_registers_p"):
       n = eqn.params.get("n")
-      if n is not None:
+      if n is not None and action in (None, eqn.params.get("action")):
         found = max(found or 0, int(n))
     for sub in _params_jaxprs(eqn.params):
-      inner = _max_registers(sub)
+      inner = _max_registers(sub, action)
       if inner is not None:
         found = max(found or 0, inner)
   return found
@@ -98,7 +100,8 @@ def registers(jaxpr, num_threads, base):
   else:
     share = REGISTER_FILE // (LANES * num_threads)
     limit = min(MAX_PER_THREAD, share // ALLOCATION_UNIT * ALLOCATION_UNIT)
-  return Registers(base + max(acc, values), limit, acc)
+  return Registers(base + max(acc, values), limit, acc,
+                   _max_registers(jaxpr, "increase") or 0)
 
 
 def l1_bytes(gpu, smem_per_sm):
@@ -110,9 +113,16 @@ def l1_bytes(gpu, smem_per_sm):
 
 
 def blocks_per_sm(gpu, smem, num_threads, regs, reserved_smem):
-  """Blocks one SM holds at once: by SMEM, threads and registers."""
+  """Blocks one SM holds at once: by SMEM, threads and registers. A block
+  whose warpgroups raise their registers (setmaxnreg.inc) draws the raise
+  from its own allocation, made at launch: its lanes are counted at the
+  raised count (attention_mgpu's compute warpgroups at 232 and its memory
+  one at 40 need 64.5 K of the SM's 64 K at once: one block an SM; the
+  H200 ran its d64 kernel 31% slower with 64-column KV blocks than with
+  128, where three blocks an SM would have made it faster)."""
   by_smem = gpu.smem_per_sm // (smem + reserved_smem)
   by_threads = gpu.max_threads_per_sm // (LANES * num_threads)
-  lane = -(-min(regs.per_thread, regs.limit) // ALLOCATION_UNIT) * ALLOCATION_UNIT
+  lane = max(min(regs.per_thread, regs.limit), regs.raised)
+  lane = -(-lane // ALLOCATION_UNIT) * ALLOCATION_UNIT
   by_regs = REGISTER_FILE // (lane * LANES * num_threads)
   return max(1, min(by_smem, by_threads, by_regs, 32))
