@@ -52,21 +52,25 @@ class GPU:
   # L2 to SMs when every SM re-reads one 8 MiB region: 9.36 TB/s (H200).
   l2_bytes_per_s: float = 9.36e12
   # What the L2 serves a tile that several SMs read at once: 132 blocks in
-  # groups of 4-132 readers, each loading one 16 KiB tile, 4 in flight:
-  # 18.5-21.6 TB/s in boxes of 128-byte rows; in 64-byte boxes the
-  # streaming rate (l2_shared_* in benchmarks/h200_measured.json, H200).
+  # groups of 4, 12, 33 and 132 readers, each group loading a new 16 KiB tile
+  # of an 8 MiB region, 4 in flight: 21.6, 18.5, 19.4 and 18.5 TB/s (their
+  # mean; the 4-reader run was the noisiest, its calls launch-bound) in
+  # boxes of 128-byte rows; in 64-byte boxes the streaming rate (l2_shared_*
+  # in benchmarks/h200_measured.json, H200).
   l2_shared_bytes_per_s: float = 19.5e12
   l2_shared_min_row_bytes: int = 128
   # A loaded L2's latency, lat / (1 - busy): the busy share at most this
-  # (a bound on the queue model, timing.Timing.tma, not a calibrated
-  # figure: 0.8 to 0.95 move the quickstart's mean error by under 0.3 points).
+  # (timing.Timing.tma). Not calibrated: 0.8 to 0.95 move the quickstart's
+  # mean error by under 0.3 points. Where loads keep the SM's share busy
+  # throughout it sets the latency (10x: ~4200 cycles, where the loads-only
+  # diagnostics imply 1700-2100: they come out ~13% slow).
   l2_queue_cap: float = 0.9
-  # What one SM's TMA engine moves: every SM loading the same 16 KiB tile
-  # of 128-byte rows at once, 4 in flight, got 160 B/clk each (41.9 TB/s in
-  # all: the L2 serves a tile many SMs read together at far more than its
-  # streaming rate, which the model does not credit). One SM alone from HBM
+  # What one SM's TMA engine moves: every SM loading one and the same 16 KiB
+  # tile of 128-byte rows, again and again, 4 in flight, got 160 B/clk each
+  # (41.9 TB/s in all; a tile that stays the same is served faster again
+  # than the changing tiles of l2_shared_bytes_per_s). One SM alone from HBM
   # got 87-104 B/clk: latency-bound. With many SMs busy each gets its share
-  # of the L2's bandwidth (H200).
+  # of the L2's bandwidth, and never more than this (H200).
   tma_bytes_per_clk: float = 160.0
   # A TMA load's latency, issue to barrier completion, of a 4 KiB tile:
   # 440 cycles from L2, 968 from HBM (H200); what it moves beyond that is

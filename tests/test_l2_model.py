@@ -104,3 +104,19 @@ def test_a_deeper_pipeline_hides_the_loaded_l2s_latency(deeper, shallower):
   ~2000 cycles on a loaded L2, which three stages in flight hide better than
   two (benchmarks/RESULTS.md, thirteenth session)."""
   assert _estimate(shallower) > 1.02 * _estimate(deeper)
+
+
+def test_a_multicast_part_and_an_smem_to_smem_copy_are_not_shared_l2_reads():
+  """A multicast's blocks each load their own part (the site's analysis sees
+  the cluster's blocks as one reader): streamed, no queue. A copy between
+  SMs' SMEM does not load the L2."""
+  lt = _matmul_launch()
+  t = Timing(H)
+  e = lt.engines(0)
+  t.tma(e, 0.0, 1 << 20, "a", row_bytes=128)
+  s, end, done = t.tma(e, 0.0, 65536, "a", row_bytes=128, shared=False)
+  assert end - s == pytest.approx(65536 / lt.l2_rate)
+  assert done - end == pytest.approx(lt.latency["a"])
+  before = e.l2_work
+  t.tma(e, end, 65536, via_l2=False)
+  assert e.l2_work == before

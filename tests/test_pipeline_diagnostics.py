@@ -60,10 +60,12 @@ def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
   # the blind kernels: new configurations, each predicted before it was measured
   blind = {c.name for c in timing_suite.BLIND_CASES}
   assert blind and not blind & (names | held)
-  assert not {(c.params["size"], c.params["tile_n"], c.params["tile_k"], c.params["mcs"])
-              for c in timing_suite.BLIND_CASES if "size" in c.params} & {
-      (c.params["size"], c.params["tile_n"], c.params["tile_k"], c.params["mcs"])
-      for c in timing_suite.CASES if c.family.startswith("quickstart")}
+  # (not a configuration measured before under another name or dtype)
+  key = lambda c: (c.make.__name__, tuple(sorted(
+      (k, v) for k, v in c.params.items() if k not in ("dtype",))))
+  seen = {key(c) for c in timing_suite.CASES + timing_suite.HOLDOUT_CASES
+          + timing_suite.DIAGNOSTIC_CASES}
+  assert not {key(c) for c in timing_suite.BLIND_CASES} & seen
   saved = json.load(open(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
                                       "blind_predictions.json")))["predictions"]
   assert set(saved) == blind

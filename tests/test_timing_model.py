@@ -84,11 +84,12 @@ def _raising_kernel(raise_to, blocks=264):
 
 
 def test_a_block_that_raises_its_registers_holds_them_from_launch():
-  """setmaxnreg.inc draws on the block's own registers, allocated at launch:
-  a block of two warpgroups raised to 232 holds 59 K of the SM's 64 K, one
-  block an SM, where its few registers alone would let 8 share it
-  (attention_mgpu's d64 kernel: 31% slower with 64-column KV blocks than
-  with 128 on the H200, where more blocks an SM would have made it faster)."""
+  """setmaxnreg.inc draws on the block's own registers, allocated at launch,
+  and its lanes count at the raised count (a bound: which warpgroup raises
+  is not read off the kernel): raised to 232, one block an SM, where its few
+  registers alone would let 8 share it (attention_mgpu's d64 kernel: 31%
+  slower with 64-column KV blocks than with 128 on the H200, where more
+  blocks an SM would have made it faster)."""
   assert _raising_kernel(None).blocks_per_sm == 8
   assert _raising_kernel(232).blocks_per_sm == 1
   assert _raising_kernel(104).blocks_per_sm == 2

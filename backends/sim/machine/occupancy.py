@@ -115,11 +115,13 @@ def l1_bytes(gpu, smem_per_sm):
 def blocks_per_sm(gpu, smem, num_threads, regs, reserved_smem):
   """Blocks one SM holds at once: by SMEM, threads and registers. A block
   whose warpgroups raise their registers (setmaxnreg.inc) draws the raise
-  from its own allocation, made at launch: its lanes are counted at the
-  raised count (attention_mgpu's compute warpgroups at 232 and its memory
-  one at 40 need 64.5 K of the SM's 64 K at once: one block an SM; the
-  H200 ran its d64 kernel 31% slower with 64-column KV blocks than with
-  128, where three blocks an SM would have made it faster)."""
+  from its own allocation, made at launch. Which warpgroups raise and which
+  lower is not read off the kernel: every lane counts at the raised count,
+  a bound on what the block holds (attention_mgpu: two warpgroups at 232
+  and one at 40 hold 64.5 K registers, too many for two blocks in the SM's
+  64 K, one block an SM either way; the H200 ran its d64 kernel 31% slower
+  with 64-column KV blocks than with 128, where the three blocks an SM that
+  its ~56 estimated registers allow would have made it faster)."""
   by_smem = gpu.smem_per_sm // (smem + reserved_smem)
   by_threads = gpu.max_threads_per_sm // (LANES * num_threads)
   lane = max(min(regs.per_thread, regs.limit), regs.raised)

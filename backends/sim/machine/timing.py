@@ -191,21 +191,27 @@ class Timing:
       return g.beside_tensor_fma
     return g.beside_tensor_other
 
-  def tma(self, engines, t, nbytes, site=None, row_bytes=None):
+  def tma(self, engines, t, nbytes, site=None, row_bytes=None, shared=True, via_l2=True):
     """A transfer issued at t (a load from `site`, whose latency and L2 share
     the L2 model set: LaunchTiming.set_loads; its box's rows `row_bytes`
-    long): (start, end of the transfer, completion).
+    long): (start, end of the transfer, completion). `shared`: False for a
+    load whose bytes the wave's blocks do not re-read (a multicast's part:
+    the site's analysis sees the cluster's blocks as one); `via_l2`: False
+    for a transfer between SMs' SMEM, which does not load the L2.
 
     At a site whose sources several blocks of the wave read, the L2 serves
     the re-reads faster than it streams, in boxes of rows of 128 bytes and
     more (byte_cycles); and its latency grows as the SM's share of the L2
     fills: lat / (1 - busy), the share busy so far (taken alike for the
-    blocks beside it), a queue's wait (l2_queue_cap bounds it)."""
+    blocks beside it), a queue's wait (l2_queue_cap bounds it, and sets it
+    where the transfers keep the share busy throughout: 10x). The factor
+    takes the whole latency, HBM's extra for misses too: a simplification.
+    Boxes of rows under 128 bytes stream, and wait in the queue as well."""
     g = self.gpu
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
     stream = 1 / engines.l2_rate if engines.l2_rate else 0.0
-    per = engines.byte_cycles.get(site)
+    per = engines.byte_cycles.get(site) if shared else None
     if per is not None:
       if row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:
         per = stream
@@ -216,7 +222,8 @@ class Timing:
     work = nbytes * max(per, 1 / g.tma_bytes_per_clk)
     end = start + work * _stretch(engines.share, engines.tma_work, start)
     engines.tma_work += work
-    engines.l2_work += nbytes * per
+    if via_l2:
+      engines.l2_work += nbytes * per
     engines.tma_free = end
     return start, end, end + lat
 

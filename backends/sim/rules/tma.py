@@ -148,7 +148,8 @@ def _copy_gmem_to_smem(eqn, cx):
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
     box = _box(d)
     start, _, done = timing.tma(blk.engines, wg.time, tx, site,
-                                (box[-1] if box else 1) * d.view.dtype.itemsize)
+                                (box[-1] if box else 1) * d.view.dtype.itemsize,
+                                shared=not collective)
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
       base = s.buf.data.__array_interface__["data"][0]
       blk.engines.loads.append((start, (s.buf.name, s.view.__array_interface__["data"][0]
@@ -219,7 +220,7 @@ def _async_store_smem(eqn, cx):
     nbytes = d.view.nbytes
     barriers.arrive(slot, expect_tx=nbytes, at=wg.time)
     blk.hb.arrive(wg, slot)
-    start, _, done = timing.tma(blk.engines, wg.time, nbytes)
+    start, _, done = timing.tma(blk.engines, wg.time, nbytes, via_l2=False)
     _land_at(done, wg, None, d, slot, nbytes, where, what,
              value=np.array(src, copy=True), combine=combine)
     blk.event(f"{wg.name} TMA", f"async store ->{d.buf.name}", start, done)
