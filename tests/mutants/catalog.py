@@ -757,14 +757,14 @@ MUTANTS = [
     Mutant("l2-64-byte-boxes-credited", "backends/sim/machine/timing.py",
            "only boxes of rows of 128 bytes and more get the L2's shared rate; the "
            "mutant credits 64-byte ones too",
-           "      if row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:\n",
-           "      if row_bytes is None:\n",
+           "    if per is None or row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:\n",
+           "    if per is None or row_bytes is None:\n",
            ("tests/test_l2_model.py",)),
     Mutant("l2-latency-unloaded", "backends/sim/machine/timing.py",
            "a loaded L2's latency grows with how busy the SM keeps its share; the "
            "mutant keeps the unloaded latency",
-           "        lat /= 1 - min(g.l2_queue_cap, engines.share * engines.l2_work / start)\n",
-           "        pass\n",
+           "      lat /= 1 - min(g.l2_queue_cap, engines.share * engines.l2_work / start)\n",
+           "      pass\n",
            ("tests/test_l2_model.py",)),
     Mutant("pool-waited-on-when-interrupted", "backends/sim/parallel.py",
            "a run over workers that an exception interrupts kills them and does not "

@@ -74,19 +74,18 @@ def _need(jaxpr):
   return acc, values
 
 
-def _max_registers(jaxpr, action=None):
-  """The largest count plgpu.set_max_registers asks for (with that action,
-  if given), or None."""
-  found = None
+def _asked_registers(jaxpr, found=None):
+  """The largest count plgpu.set_max_registers asks for, by action
+  ("increase", "decrease")."""
+  found = {} if found is None else found
   for eqn in jaxpr.eqns:
     if eqn.primitive.name in ("set_max_registers", "set_max_registers_p"):
       n = eqn.params.get("n")
-      if n is not None and action in (None, eqn.params.get("action")):
-        found = max(found or 0, int(n))
+      if n is not None:
+        a = eqn.params.get("action")
+        found[a] = max(found.get(a, 0), int(n))
     for sub in _params_jaxprs(eqn.params):
-      inner = _max_registers(sub, action)
-      if inner is not None:
-        found = max(found or 0, inner)
+      _asked_registers(sub, found)
   return found
 
 
@@ -94,14 +93,13 @@ def registers(jaxpr, num_threads, base):
   """A lane's register need and budget in a kernel of `num_threads`
   warpgroups (`base`: registers beyond its arrays, gpus.GPU)."""
   acc, values = _need(jaxpr)
-  asked = _max_registers(jaxpr)
-  if asked is not None:
-    limit = min(asked, MAX_PER_THREAD)
+  asked = _asked_registers(jaxpr)
+  if asked:
+    limit = min(max(asked.values()), MAX_PER_THREAD)
   else:
     share = REGISTER_FILE // (LANES * num_threads)
     limit = min(MAX_PER_THREAD, share // ALLOCATION_UNIT * ALLOCATION_UNIT)
-  return Registers(base + max(acc, values), limit, acc,
-                   _max_registers(jaxpr, "increase") or 0)
+  return Registers(base + max(acc, values), limit, acc, asked.get("increase", 0))
 
 
 def l1_bytes(gpu, smem_per_sm):

@@ -210,15 +210,11 @@ class Timing:
     g = self.gpu
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
-    stream = 1 / engines.l2_rate if engines.l2_rate else 0.0
     per = engines.byte_cycles.get(site) if shared else None
-    if per is not None:
-      if row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:
-        per = stream
-      if start > 0:
-        lat /= 1 - min(g.l2_queue_cap, engines.share * engines.l2_work / start)
-    else:
-      per = stream
+    if per is not None and start > 0:  # (a site whose sources are shared: queued)
+      lat /= 1 - min(g.l2_queue_cap, engines.share * engines.l2_work / start)
+    if per is None or row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:
+      per = 1 / engines.l2_rate if engines.l2_rate else 0.0  # (streamed)
     work = nbytes * max(per, 1 / g.tma_bytes_per_clk)
     end = start + work * _stretch(engines.share, engines.tma_work, start)
     engines.tma_work += work
@@ -327,17 +323,16 @@ class LaunchTiming:
     waves = [grid_index[w * self.slots:(w + 1) * self.slots] for w in range(self.waves)]
     for site, axes in load_axes.items():
       self.distinct[site] = [self._distinct(wave, axes) for wave in waves]
-      misses = sum(self.distinct[site])
-      self.latency[site] = g.tma_latency + g.hbm_latency_extra * (misses / n if n else 1)
+      first = sum(self.distinct[site]) / n if n else 1.0  # (the share that misses)
+      self.latency[site] = g.tma_latency + g.hbm_latency_extra * first
       # Where the wave's blocks share sources (a matmul's A and B tiles), the
-      # L2 streams the first read of each (misses / n of the bytes) and
+      # L2 streams the first read of each (`first` of the bytes) and
       # serves the rest at its shared rate; each busy SM gets its share, up
       # to what its TMA engine moves. Where the analysis sees no sharing
       # (blocks reading apart, or a persistent kernel's loop whose addresses
       # it cannot group), the streaming rate and the unloaded latency: the
       # queue without the credit slowed JAX's persistent matmul 13% where
       # the GPU shows no such loss (benchmarks/RESULTS.md, thirteenth).
-      first = misses / n if n else 1.0
       if first < 1:
         per_s = first / g.l2_bytes_per_s + (1 - first) / g.l2_shared_bytes_per_s
         self.byte_cycles[site] = per_s * g.clock_hz * self.active
