@@ -20,7 +20,7 @@ import numpy as np
 
 from pallas_sim import gpus
 from pallas_sim.backends.sim import (block_classes, capture, estimate_check, parallel,
-                                    profiler, ray_engine, resources)
+                                    paths, profiler, ray_engine, resources)
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import (bound, initcheck, memory, occupancy,
@@ -31,7 +31,7 @@ from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.progress import Progress, backtrace
 from pallas_sim.backends.sim.report import KernelReport, Report
-from pallas_sim.errors import (RaceError, RaceWarning, UninitializedError,
+from pallas_sim.errors import (RaceError, RaceWarning, SimError, UninitializedError,
                                UnsupportedPrimitiveError)
 from pallas_sim.options import take
 
@@ -39,7 +39,7 @@ from pallas_sim.options import take
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
   __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together",
-               "serial_only", "regs", "variation", "load_axes")
+               "serial_only", "regs", "variation", "load_axes", "sites")
 
 
 class _Rerun(Exception):
@@ -93,6 +93,9 @@ class Executor:
     self.replay = None       # in a Ray task: ray_engine.Replay
     self._prepared = {}
     self._lowered = {}
+    # id(kernel jaxpr) -> (jaxpr, paths.Paths or the SliceError's words): the
+    # blocks' paths, found once (the clock's timings of a launch share them)
+    self._paths = {}
     self.shapes_only = False  # ps.estimate was given shapes, not arrays
 
   def record_error(self, e):
@@ -142,6 +145,7 @@ class Executor:
         p.variation is None or p.variation[0] != block_classes.DATA)
     p.program = cx.compile(jaxpr)
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
+    p.sites = dict(cx.sites)
     p.barriers = resources.barrier_count(jaxpr)
     p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)
     names = resources.primitive_names(jaxpr)
@@ -244,6 +248,7 @@ class Executor:
                                check_lowering=False, **changes)
     ex = Executor(options=opts)
     ex.shapes_only = self.shapes_only
+    ex._paths = self._paths
     ex.checking_estimate = True
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
         contextlib.redirect_stderr(null):
@@ -476,7 +481,7 @@ class Executor:
     merge = lambda result: self._merge(result, cycles, totals, log, init_log, cross,
                                        loads)
     on_ray = False
-    classes, note = self._classes(prep, launch, groups, placement)
+    classes, note, found = self._classes(prep, launch, s)
     workers = 1 if serial or classes else self._workers(prep, launch, groups)
     if workers > 1:
       on_ray = self._on_ray()
@@ -502,7 +507,7 @@ class Executor:
         if g and time.perf_counter() - t0 > self.parallel_after_s:
           workers = 1  # (decided: this process)
         if classes and classes[g] != g:  # (its class ran: its times are those)
-          self._same_as(groups[g], reps[classes[g]], cycles, totals)
+          self._same_as(groups[g], reps[classes[g]], cycles, totals, found, loads)
           continue
         self._running = (launch, number, idx, runner)
         result = runner.run(members, trace if number < self.trace_blocks else None)
@@ -543,34 +548,79 @@ class Executor:
     self.report.kernels.append(rep)
     return [b.data for b in out_bufs]
 
-  def _classes(self, prep, launch, groups, placement):
+  def _classes(self, prep, launch, s):
     """With block_classes: ({group: the first group of its class}, a note
-    for the report), or (None, note) when every group must run. A class:
-    groups whose blocks share their SMs alike (machine/timing.py), in a
-    kernel whose control flow is the same in every block."""
+    for the report, the blocks' paths.Paths or None), or (None, note, None)
+    when every group must run. A class: groups whose blocks share their SMs
+    alike (machine/timing.py) and take the same path (every block's, in a
+    kernel whose control flow is the same in every block; where it depends
+    on the grid index, each block's decisions: backends/sim/paths.py)."""
     if not self.options.block_classes:
-      return None, ""
+      return None, "", None
+    groups, placement = s.groups, s.placement
     n = sum(map(len, groups))
+    found = None
     if prep.variation is not None:
       why, where = prep.variation
-      note = f"control flow depends on {why} ({where}): all {n} blocks simulated"
-      if why == block_classes.DATA and self.shapes_only:
-        note += ", on zeros for the inputs given as shapes"
-      return None, note
+      note = f"control flow depends on {why} ({where})"
+      if why == block_classes.GRID:
+        found = self._block_paths(prep, launch, s)
+      if isinstance(found, str):
+        note += f"; its paths were not followed ({found})"
+      if not isinstance(found, paths.Paths):
+        note += f": all {n} blocks simulated"
+        if why == block_classes.DATA and self.shapes_only:
+          note += ", on zeros for the inputs given as shapes"
+        return None, note, None
+      by = "by the path each block takes and blocks per SM"
+    else:
+      note, by = "control flow is the same in every block", "by blocks per SM"
     first, out = {}, {}
     for g, members in enumerate(groups):
-      key = tuple(placement.share(number) for number, _, _ in members)
+      key = tuple((placement.share(number), found and found.key(number))
+                  for number, _, _ in members)
       out[g] = first.setdefault(key, g)
     sims = sum(len(groups[g]) for g in set(first.values()))
-    return out, (f"control flow is the same in every block: {len(first)} class(es) by "
-                 f"blocks per SM, {sims} of {n} blocks simulated")
+    return out, (f"{note}: {len(first)} class(es) {by}, {sims} of {n} blocks "
+                 "simulated"), found
+
+  def _block_paths(self, prep, launch, s):
+    """Every block's path (backends/sim/paths.py): a paths.Paths, or why
+    there is none (words). Once per kernel jaxpr."""
+    hit = self._paths.get(id(prep.jaxpr))
+    if hit is not None and hit[0] is prep.jaxpr:
+      return hit[1]
+    try:
+      keep = paths.kernel_slice(prep.jaxpr)
+      cx = Compiler(self.timing, launch, self.options.max_cycles, numerics=False)
+      cx.keep, cx.overrides, cx.sites = keep, paths.OVERRIDES, dict(prep.sites)
+      sliced = Prepared()
+      for name in Prepared.__slots__:
+        setattr(sliced, name, getattr(prep, name))
+      sliced.program = cx.compile(prep.jaxpr)
+      runner = GroupRunner(sliced, s.in_bufs + s.out_bufs, launch, self.timing,
+                           paths.Recording(), races.RaceLog(launch.name), False,
+                           max(map(len, s.groups)))
+      decisions, loads = {}, {}
+      for members in s.groups:
+        result = runner.run(members)
+        for number, st in zip(result.numbers, result.stats):
+          decisions[number], loads[number] = tuple(st.path), st.loads
+      found = paths.Paths(decisions, loads)
+    except (paths.SliceError, SimError) as e:  # (then every block runs, as before)
+      found = str(e).splitlines()[0]
+    self._paths[id(prep.jaxpr)] = (prep.jaxpr, found)
+    return found
 
   @staticmethod
-  def _same_as(members, result, cycles, totals):
-    """Group `members` took the times of `result`, its class's group."""
+  def _same_as(members, result, cycles, totals, found=None, loads=None):
+    """Group `members` took the times of `result`, its class's group (and,
+    with the blocks' paths `found`, its loads' issue cycles)."""
     for (number, _, _), c, st in zip(members, result.cycles, result.stats):
       cycles[number] = c
       totals.add(st)
+      if found is not None and st.loads is not None:
+        loads[number] = found.joined(number, st.loads)
 
   def _kernel_report(self, launch, arrays, prep, grid, placement, cycles, totals, wall,
                      trace, workers, loads):

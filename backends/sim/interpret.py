@@ -77,6 +77,10 @@ class Compiler:
     self.smem_base = 0
     # Named scopes open and close regions of the kernel's profile (profiler.py)
     self.profile = launch is not None and getattr(launch, "profile", None) is not None
+    # A slice of the kernel (backends/sim/paths.py): only these equations
+    # (ids), with these rules in place of the simulator's where given.
+    self.keep = None
+    self.overrides = {}
 
   def site(self, eqn):
     """A number for `eqn`, in the order rules ask (the same in every process
@@ -142,8 +146,10 @@ class Compiler:
     folded = _folded_products(jaxpr, fused)
     scopes = []  # (the profile's open regions, as the lowering tracks them)
     for eqn in jaxpr.eqns:
+      if self.keep is not None and id(eqn) not in self.keep:
+        continue
       where = self.where(eqn)
-      builder = RULES.get(eqn.primitive.name)
+      builder = self.overrides.get(eqn.primitive.name) or RULES.get(eqn.primitive.name)
       if id(eqn) in fused:
         builder = RULES["fma"]
       if builder is None:

@@ -18,7 +18,8 @@ class BlockStats:
   by what they waited for (`stalls`, cycles summed over warpgroups); the
   cycles its SM's units worked for it (`tma_cycles`, `tensor_cycles`)."""
   __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
-               "thread_cycles", "stalls", "tma_cycles", "tensor_cycles", "load_sites", "loads")
+               "thread_cycles", "stalls", "tma_cycles", "tensor_cycles", "load_sites", "loads",
+               "path")
 
   def __init__(self):
     self.tma_load_bytes = 0
@@ -30,7 +31,8 @@ class BlockStats:
     self.tma_cycles = 0.0
     self.tensor_cycles = 0.0
     self.load_sites = {}  # TMA load site (Compiler.site) -> [bytes, loads] there
-    self.loads = None     # [(issue cycle, source key, bytes)] where the L2 model follows them
+    self.loads = None     # [(issue cycle, source key, bytes, thread, site)] where the L2 model follows them
+    self.path = None      # its control decisions, where backends/sim/paths.py follows them
 
   def add(self, other, times=1):
     """Adds another block's tallies (`times` blocks like it)."""
@@ -91,6 +93,7 @@ class Block:
     st.tma_cycles = self.engines.tma_work
     st.tensor_cycles = self.engines.tc_work
     st.loads = self.engines.loads
+    st.path = self.engines.path
     return self.cycles()
 
 

@@ -45,7 +45,7 @@ class Engines:
   next free for it (cycles), how many blocks share them, and the work it
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
-               "l2_rate", "latency", "loads", "byte_cycles", "l2_work")
+               "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path")
 
   def __init__(self, share=1, spill=0.0, l2_rate=None, latency=None, loads=False,
                byte_cycles=None):
@@ -58,6 +58,7 @@ class Engines:
     self.byte_cycles = byte_cycles or {}
     self.l2_work = 0.0  # cycles of that share its transfers took
     self.loads = [] if loads else None  # (LaunchTiming.hbm_reads_traced)
+    self.path = None  # the control decisions it took, where paths.py follows them
     self.tma_free = 0.0
     self.tc_free = 0.0
     self.tma_work = 0.0
@@ -341,7 +342,8 @@ class LaunchTiming:
     """Bytes read from HBM, following every TMA load: the loads of a wave's
     blocks (which start together) in the order of their issue cycles,
     through an L2 of the GPU's size kept least-recently-used by source
-    (buffer, offset, box); a load from a source not in it misses."""
+    (buffer, offset, box); a load from a source not in it misses. `loads`:
+    block number -> its (issue cycle, source, bytes, thread, site)."""
     l2 = self.timing.gpu.l2_bytes
     cache, used, reads = collections.OrderedDict(), 0, 0
     n = self.num_blocks
@@ -349,7 +351,7 @@ class LaunchTiming:
       wave = [ev for b in range(w * self.slots, min(n, (w + 1) * self.slots))
               for ev in loads.get(b, ())]
       wave.sort(key=lambda ev: ev[0])
-      for _, key, nbytes in wave:
+      for _, key, nbytes, *_ in wave:
         if key in cache:
           cache.move_to_end(key)
           continue

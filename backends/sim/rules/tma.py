@@ -142,7 +142,7 @@ def _copy_gmem_to_smem(eqn, cx):
       # partitions it) into every one of them, completing each one's
       # barrier by that part's bytes; each expects the whole box.
       peers = blk.group.peers(blk, collective)
-      s, d = _partition(s, d, peers.index(blk), len(peers))
+      s, d = partition(s, d, peers.index(blk), len(peers))
       targets = [(d, slot) if peer is blk else
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
@@ -151,9 +151,7 @@ def _copy_gmem_to_smem(eqn, cx):
                                 (box[-1] if box else 1) * d.view.dtype.itemsize,
                                 shared=not collective)
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
-      base = s.buf.data.__array_interface__["data"][0]
-      blk.engines.loads.append((start, (s.buf.name, s.view.__array_interface__["data"][0]
-                                        - base, s.view.shape), s.view.nbytes))
+      blk.engines.loads.append((start, source_key(s), s.view.nbytes, wg.index, site))
     blk.stats.tma_load_bytes += s.view.nbytes
     tally = blk.stats.load_sites.get(site)
     if tally is None:
@@ -229,7 +227,13 @@ def _async_store_smem(eqn, cx):
 
 
 
-def _partition(s, d, k, n):
+def source_key(s):
+  """What a TMA load reads, for the L2 model: (buffer, byte offset, box)."""
+  base = s.buf.data.__array_interface__["data"][0]
+  return (s.buf.name, s.view.__array_interface__["data"][0] - base, s.view.shape)
+
+
+def partition(s, d, k, n):
   """The k-th of n parts of a copy from s to d, split along the first axis
   of the box that n divides."""
   for ax, size in enumerate(d.view.shape):
