@@ -31,7 +31,7 @@ from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.progress import Progress, backtrace
 from pallas_sim.backends.sim.report import KernelReport, Report
-from pallas_sim.errors import (RaceError, RaceWarning, SimError, UninitializedError,
+from pallas_sim.errors import (RaceError, RaceWarning, UninitializedError,
                                UnsupportedPrimitiveError)
 from pallas_sim.options import take
 
@@ -607,8 +607,11 @@ class Executor:
         for number, st in zip(result.numbers, result.stats):
           decisions[number], loads[number] = tuple(st.path), st.loads
       found = paths.Paths(decisions, loads)
-    except (paths.SliceError, SimError) as e:  # (then every block runs, as before)
-      found = str(e).splitlines()[0]
+    except Exception as e:  # (then every block runs, as before; the note says why)
+      if isinstance(e, KeyboardInterrupt):
+        raise
+      found = (f"{type(e).__name__}: " if not isinstance(e, paths.SliceError) else ""
+               ) + (str(e).splitlines() or [""])[0]
     self._paths[id(prep.jaxpr)] = (prep.jaxpr, found)
     return found
 

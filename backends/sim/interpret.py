@@ -78,7 +78,8 @@ class Compiler:
     # Named scopes open and close regions of the kernel's profile (profiler.py)
     self.profile = launch is not None and getattr(launch, "profile", None) is not None
     # A slice of the kernel (backends/sim/paths.py): only these equations
-    # (ids), with these rules in place of the simulator's where given.
+    # ({id: which operands it needs}; zeros stand for the values it does
+    # not), with these rules in place of the simulator's where given.
     self.keep = None
     self.overrides = {}
 
@@ -179,6 +180,10 @@ class Compiler:
         st.ins = tuple(read(v) for v in (*mul.invars, c)) + (
             len(template), len(template) + 1)
         template.extend([sp, sc])
+      elif self.keep is not None:
+        st.ins = tuple(read(v) if n or hasattr(v.aval, "inner_aval") else
+                       _constant(template, np.zeros(v.aval.shape, v.aval.dtype))
+                       for v, n in zip(eqn.invars, self.keep[id(eqn)]))
       else:
         st.ins = tuple(read(v) for v in eqn.invars)
       st.outs = tuple(slot(v) for v in eqn.outvars)
@@ -202,6 +207,11 @@ class Compiler:
     prog.template = template
     prog.blocking = blocking
     return prog
+
+
+def _constant(template, value):
+  template.append(value)
+  return len(template) - 1
 
 
 def _float_math(eqn, builder):

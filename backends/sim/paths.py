@@ -42,10 +42,11 @@ def _is_ref(v):
 
 
 def kernel_slice(jaxpr):
-  """ids of the equations of `jaxpr` (nested ones included) that the
-  kernel's control decisions and TMA load addresses depend on. Raises
-  SliceError where one depends on something a slice cannot compute."""
-  keep = set()
+  """{id(equation): which of its operands the slice needs} for the
+  equations of `jaxpr` (nested ones included) that the kernel's control
+  decisions and TMA load addresses depend on. Raises SliceError where one
+  depends on something a slice cannot compute."""
+  keep = {}
   _need(jaxpr, [False] * len(jaxpr.outvars), keep)
   return keep
 
@@ -63,7 +64,8 @@ def _need(jaxpr, out_need, keep):
     ins = _eqn(eqn, outs, keep)
     if ins is None:
       continue
-    keep.add(id(eqn))
+    prev = keep.get(id(eqn))  # (a loop's body is sliced again as its needs grow)
+    keep[id(eqn)] = ins if prev is None else _any(prev, ins)
     kept = True
     for v, n in zip(eqn.invars, ins):
       if n and not isinstance(v, jax_extend_core.Literal):
@@ -280,6 +282,9 @@ def _load(eqn, cx):
   collective = tuple(p.get("collective_axes") or ())
   has_pred = p.get("has_user_predicate", False)
   site = cx.site(eqn)
+  # (source, its indices) -> (key, bytes): blocks load the same tiles over
+  # and over (a matmul's), and a box's view costs ~20 us to build
+  seen = {}
 
   def load(wg, src, dst, bar, *leaves):
     pred = bool(leaves[ns + nd + nb]) if has_pred else True
@@ -287,13 +292,21 @@ def _load(eqn, cx):
       _decided(wg, pred)
     if not pred:
       return []
-    s, _, _ = src_at(src, leaves[:ns])
     blk = wg.block
     if collective:
+      s, _, _ = src_at(src, leaves[:ns])
       d = dst_at(dst, leaves[ns:ns + nd])
       peers = blk.group.peers(blk, collective)
       s, _ = tma.partition(s, d, peers.index(blk), len(peers))
-    blk.engines.loads.append((wg.index, site, tma.source_key(s), s.view.nbytes))
+      got = tma.source_key(s), s.view.nbytes
+    else:
+      at = (id(src.view), tuple(int(i) for i in leaves[:ns]))
+      hit = seen.get(at)
+      if hit is None or hit[0] is not src.view:  # (it holds the view: ids stay apart)
+        s, _, _ = src_at(src, leaves[:ns])
+        hit = seen[at] = (src.view, tma.source_key(s), s.view.nbytes)
+      got = hit[1:]
+    blk.engines.loads.append((wg.index, site) + got)
     return []
   return load
 
