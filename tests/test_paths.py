@@ -1,0 +1,128 @@
+"""ps.estimate on kernels whose control flow depends on the grid index: each
+block's path is followed (backends/sim/paths.py), one block per path is
+simulated, and the report is the full simulation's."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from pallas_sim.backends.sim import paths
+from test_estimate import _full, _times
+
+F32 = jnp.float32
+S = jax.ShapeDtypeStruct
+
+
+def _persistent(nblocks, tiles):
+  """Block b handles tiles b, b + nblocks, ...: some blocks one more than
+  the others; each tile loaded by TMA, summed, the sum stored."""
+  def fn(x):
+    @plgpu.kernel(out_type=S((nblocks, 64, 128), F32), grid=(nblocks,),
+                  grid_names=("b",),
+                  scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.SMEM((64, 128), F32),
+                                 plgpu.Barrier()])
+    def k(x_ref, o_ref, tile, acc, bar):
+      b = lax.axis_index("b")
+      acc[...] = jnp.zeros((64, 128), F32)
+
+      def step(i, c):
+        t = b + i * nblocks
+        plgpu.copy_gmem_to_smem(x_ref.at[t], tile, bar)
+        plgpu.barrier_wait(bar)
+        acc[...] = acc[...] + tile[...]
+        return c
+      lax.fori_loop(0, (tiles - b + nblocks - 1) // nblocks, step, None)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(acc, o_ref.at[b])
+      plgpu.wait_smem_to_gmem(0)
+    return k(x)
+  return fn
+
+
+def test_a_persistent_kernel_simulates_one_block_per_trip_count():
+  fn = _persistent(nblocks=6, tiles=15)   # 3 blocks take 3 tiles, 3 take 2
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((15, 64, 128)), F32)
+  est = ps.estimate(fn, S(x.shape, F32))
+  [k] = est.kernels
+  assert k.simulated_blocks == 2
+  assert "2 class(es) by the path each block takes" in k.classes
+  full = _full(fn, x)
+  assert _times(est) == _times(full)
+  # every tile read once from HBM, each block's loads at its own sources
+  assert k.hbm_bytes == full.kernels[0].hbm_bytes == 15 * 64 * 128 * 4 + 6 * 64 * 128 * 4
+  assert k.block_cycles_max > k.block_cycles_min
+
+
+def _branchy(x):
+  """Equal trip counts, but inside the loop a branch (ALU work, no load)
+  taken on (block + step) odd: the path, not the loads, tells the blocks
+  apart; a loop that starts where the block says (as causal attention's)."""
+  @plgpu.kernel(out_type=S((8, 128), F32), grid=(8,), grid_names=("b",))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+    row = x_ref[b]
+
+    def step(i, v):
+      return lax.cond((b // 2 + i) % 3 == 0, lambda u: jnp.sin(u) * 2.0 + u,
+                      lambda u: u, v)
+    o_ref[b] = lax.fori_loop(b // 4, b // 4 + 3, step, row)
+  return k(x)
+
+
+def test_a_branch_without_loads_inside_a_loop_is_part_of_the_path():
+  x = jnp.ones((8, 128), F32)
+  est = ps.estimate(_branchy, S(x.shape, F32))
+  [k] = est.kernels
+  assert _times(est) == _times(_full(_branchy, x))
+  assert k.block_cycles_max > k.block_cycles_min
+  assert 1 < k.simulated_blocks < 8
+
+
+def _warps_decide(x):
+  """Warp 0 of block 1 alone loads a tile (a decision inside a warp_map,
+  which the slice does not follow)."""
+  @plgpu.kernel(out_type=S((4, 32, 32), F32), grid=(4,), grid_names=("b",),
+                scratch_types=[plgpu.SMEM((32, 32), F32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    b = lax.axis_index("b")
+
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when((warp == 0) & (b == 1))
+      def _():
+        plgpu.copy_gmem_to_smem(x_ref.at[b], smem, bar)
+        plgpu.barrier_wait(bar)
+        plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
+        plgpu.wait_smem_to_gmem(0)
+  return k(x)
+
+
+def test_a_kernel_the_slice_cannot_follow_runs_every_block_and_says_why():
+  x = jnp.ones((4, 32, 32), F32)
+  est = ps.estimate(_warps_decide, S(x.shape, F32))
+  [k] = est.kernels
+  assert k.simulated_blocks == 4
+  assert "its paths were not followed (a decision or a TMA load inside" in k.classes
+  assert _times(est) == _times(_full(_warps_decide, x))
+
+
+def test_the_slice_leaves_out_the_math_no_decision_or_address_needs():
+  def k(x, i):
+    b = lax.axis_index("b")
+    y = jnp.sin(x) * 3.0              # (values only: not in the slice)
+    n = b * 2 + i                     # (a trip count: in it)
+    return lax.fori_loop(0, n, lambda j, v: v + 1.0, y)
+  jaxpr = jax.make_jaxpr(k, axis_env=[("b", 4)])(S((8,), F32), S((), jnp.int32)).jaxpr
+  keep = paths.kernel_slice(jaxpr)
+  names = {e.primitive.name for e in jaxpr.eqns if id(e) in keep}
+  assert {"axis_index", "mul", "add", "while"} <= names
+  assert "sin" not in names
+  [loop] = [e for e in jaxpr.eqns if e.primitive.name == "while"]
+  body = loop.params["body_jaxpr"].jaxpr
+  # the body's counter is in the slice, its float add is not
+  kept_body = {e.primitive.name for e in body.eqns if id(e) in keep}
+  assert kept_body == {"add"} and [str(e.outvars[0].aval.dtype) for e in body.eqns
+                                   if id(e) in keep] == ["int32"]
