@@ -126,3 +126,56 @@ def test_the_slice_leaves_out_the_math_no_decision_or_address_needs():
   kept_body = {e.primitive.name for e in body.eqns if id(e) in keep}
   assert kept_body == {"add"} and [str(e.outvars[0].aval.dtype) for e in body.eqns
                                    if id(e) in keep] == ["int32"]
+
+
+def _cut_tiles(x):
+  """Blocks of equal trip counts, one of whose tiles reaches past the
+  array's end: TMA cuts its box (fewer bytes), so its path differs."""
+  nblocks, rows = 3, x.shape[0]
+  tiles = -(-rows // 64)
+
+  @plgpu.kernel(out_type=S((nblocks, 64, 128), F32), grid=(nblocks,), grid_names=("b",),
+                scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier()])
+  def k(x_ref, o_ref, tile, bar):
+    b = lax.axis_index("b")
+
+    def step(i, c):
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds((b + i * nblocks) * 64, 64)], tile, bar)
+      plgpu.barrier_wait(bar)
+      return c
+    lax.fori_loop(0, (tiles - b + nblocks - 1) // nblocks, step, None)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(tile, o_ref.at[b])
+    plgpu.wait_smem_to_gmem(0)
+  return k(x)
+
+
+def test_a_box_cut_at_the_arrays_end_is_part_of_the_path():
+  x = jnp.ones((6 * 64 - 40, 128), F32)   # 6 tiles, two per block, the last cut
+  est = ps.estimate(_cut_tiles, S(x.shape, F32))
+  [k] = est.kernels
+  assert k.simulated_blocks == 2 and k.tma_load_bytes == x.size * 4
+  assert _times(est) == _times(_full(_cut_tiles, x))
+
+
+def _store_when(x):
+  @plgpu.kernel(out_type=S((4, 64, 128), F32), grid=(4,), grid_names=("b",),
+                scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier()])
+  def k(x_ref, o_ref, tile, bar):
+    b = lax.axis_index("b")
+    plgpu.copy_gmem_to_smem(x_ref.at[b], tile, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(tile, o_ref.at[b], predicate=b == 2)
+    plgpu.wait_smem_to_gmem(0)
+  return k(x)
+
+
+def test_a_stores_predicate_on_the_grid_index_is_a_decision():
+  x = jnp.ones((4, 64, 128), F32)
+  est = ps.estimate(_store_when, S(x.shape, F32))
+  [k] = est.kernels
+  assert "grid index" in k.classes and k.simulated_blocks == 2
+  assert k.tma_store_bytes == 64 * 128 * 4
+  full = _full(_store_when, x)
+  assert _times(est) == _times(full)
+  assert k.block_cycles_max > k.block_cycles_min

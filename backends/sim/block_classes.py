@@ -191,6 +191,8 @@ def _eqn(eqn, ins, grid):
       i = 3 + ns + sum(refview.num_leaves(p[f"{k}_transforms_treedef"])
                        for k in ("dst", "barrier"))
       _decide(ins[i], eqn, grid)
+  if name == "copy_smem_to_gmem" and p.get("has_user_predicate", False):
+    _decide(ins[-1], eqn, grid)
   if name == "delay":
     _decide(ins[0], eqn, grid)
   if name == "run_state":

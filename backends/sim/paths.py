@@ -108,6 +108,8 @@ def _eqn(eqn, outs, keep):
     nb = refview.num_leaves(p["barrier_transforms_treedef"])
     ins = [True, True, False] + [True] * (ns + nd) + [False] * nb
     return ins + [True] * (n - len(ins))  # (the predicate, if any)
+  if name == "copy_smem_to_gmem":  # (its destination: a box past the ends is cut)
+    return [False, True] + [True] * (n - 2)
   if name == "delay":
     return [True] * n
   if name == "run_state":
@@ -303,12 +305,32 @@ def _load(eqn, cx):
       at = (id(src.view), tuple(int(i) for i in leaves[:ns]))
       hit = seen.get(at)
       if hit is None or hit[0] is not src.view:  # (it holds the view: ids stay apart)
-        s, _, _ = src_at(src, leaves[:ns])
-        hit = seen[at] = (src.view, tma.source_key(s), s.view.nbytes)
-      got = hit[1:]
+        s, _, inb = src_at(src, leaves[:ns])
+        hit = seen[at] = (src.view, tma.source_key(s), s.view.nbytes, inb is not None)
+      got = hit[1:3]
+      if hit[3]:  # (a box cut at the array's ends moves fewer bytes)
+        _decided(wg, ("cut", site, got[1]))
     blk.engines.loads.append((wg.index, site) + got)
     return []
   return load
+
+
+@_override("copy_smem_to_gmem")
+def _store(eqn, cx):
+  p = eqn.params
+  dst_at = refview.compile_clipped(p["dst_transforms_treedef"])
+  ns = refview.num_leaves(p["src_transforms_treedef"])
+  nd = refview.num_leaves(p["dst_transforms_treedef"])
+  has_pred = p.get("has_user_predicate", False)
+
+  def store(wg, src, dst, *leaves):
+    if has_pred:
+      _decided(wg, bool(leaves[ns + nd]))
+    d, _, inb = dst_at(dst, leaves[ns:ns + nd])
+    if inb is not None:
+      _decided(wg, ("cut", d.view.shape))
+    return []
+  return store
 
 
 class Paths:

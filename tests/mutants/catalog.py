@@ -783,6 +783,18 @@ MUTANTS = [
            "    return out\n",
            "    return list(rep_events)\n",
            ("tests/test_paths.py",)),
+    Mutant("paths-cut-boxes-unseen", "backends/sim/paths.py",
+           "a TMA box cut at the array's ends moves fewer bytes: part of the path; "
+           "the mutant ignores the cut",
+           "      if hit[3]:  # (a box cut at the array's ends moves fewer bytes)\n",
+           "      if False:\n",
+           ("tests/test_paths.py",)),
+    Mutant("store-predicate-no-decision", "backends/sim/block_classes.py",
+           "a TMA store's predicate decides whether the block stores; the mutant "
+           "does not count it as a decision",
+           "  if name == \"copy_smem_to_gmem\" and p.get(\"has_user_predicate\", False):\n",
+           "  if False:\n",
+           ("tests/test_paths.py",)),
     Mutant("pool-waited-on-when-interrupted", "backends/sim/parallel.py",
            "a run over workers that an exception interrupts kills them and does not "
            "wait on the pool",
