@@ -95,6 +95,29 @@ def test_control_flow_on_the_block_index_is_followed_block_by_block():
   assert k.block_cycles_max > k.block_cycles_min
 
 
+def _first_carry_decides(x):
+  """The carry is 2 before the first step and the block index after: the
+  first comparison is true only in block 2."""
+  @plgpu.kernel(out_type=S((4, 128), F32), grid=(4,), grid_names=("b",))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+
+    def step(i, c):
+      last, v = c
+      v = lax.cond(last == b, lambda u: u * 2.0 + 1.0, lambda u: u, v)
+      return b, v
+    o_ref[b] = lax.fori_loop(0, 3, step, (jnp.int32(2), x_ref[b]))[1]
+  return k(x)
+
+
+def test_a_carry_linear_only_after_its_first_step_still_decides():
+  x = jnp.ones((4, 128), F32)
+  est = ps.estimate(_first_carry_decides, S(x.shape, F32))
+  assert "grid index" in est.kernels[0].classes
+  assert _times(est) == _times(_full(_first_carry_decides, x))
+  assert est.kernels[0].block_cycles_max > est.kernels[0].block_cycles_min
+
+
 def test_control_flow_on_data_runs_every_block_on_its_data():
   x = (jnp.arange(8, dtype=F32)[:, None] * 3 + jnp.zeros((8, 128), F32))
   est = ps.estimate(_data_loop, x)

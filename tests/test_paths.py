@@ -2,6 +2,7 @@
 block's path is followed (backends/sim/paths.py), one block per path is
 simulated, and the report is the full simulation's."""
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -179,3 +180,46 @@ def test_a_stores_predicate_on_the_grid_index_is_a_decision():
   full = _full(_store_when, x)
   assert _times(est) == _times(full)
   assert k.block_cycles_max > k.block_cycles_min
+
+
+def _block_by_block(monkeypatch):
+  def refuse(*a):
+    raise paths.NotLanes("test")
+  monkeypatch.setattr(paths, "_as_lanes", refuse)
+
+
+@pytest.mark.parametrize("fn, shape", [
+    (_persistent(nblocks=64, tiles=150), (150, 64, 128)),  # (64 lanes: a shape's size)
+    (_branchy, (8, 128)), (_cut_tiles, (344, 128)), (_store_when, (4, 64, 128))])
+def test_blocks_as_lanes_take_the_paths_they_take_one_by_one(fn, shape, monkeypatch):
+  """The slice runs every block at once, as lanes of its values, splitting
+  where they decide apart: the same paths, loads and times as block by
+  block, and as the full simulation."""
+  runs = []
+  lanes = paths._as_lanes
+  monkeypatch.setattr(paths, "_as_lanes", lambda *a: runs.append(1) or lanes(*a))
+  est = ps.estimate(fn, S(shape, F32))
+  assert runs  # (as lanes)
+  _block_by_block(monkeypatch)
+  assert _times(est) == _times(ps.estimate(fn, S(shape, F32)))
+  assert _times(est) == _times(_full(fn, jnp.ones(shape, F32)))
+
+
+def _arange_decides(x):
+  """A decision on an array of 128 computed from the block index, in a
+  127-block launch: 127 lanes and a padding one would pass for the array's
+  own axis."""
+  @plgpu.kernel(out_type=S((127, 128), F32), grid=(127,), grid_names=("b",))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+    iota = plgpu.broadcasted_iota(jnp.int32, (128,), 0, layout=plgpu.Layout.WG_STRIDED((128,), 1))
+    n = (iota * b).max() // 1000
+    o_ref[b] = lax.fori_loop(0, n, lambda i, v: v * 2.0, x_ref[b])
+  return k(x)
+
+
+def test_lanes_never_pass_for_an_arrays_own_axis():
+  x = jnp.ones((127, 128), F32)
+  est = ps.estimate(_arange_decides, S(x.shape, F32))
+  assert est.kernels[0].simulated_blocks == 17   # (trip counts 0..16)
+  assert _times(est) == _times(_full(_arange_decides, x))

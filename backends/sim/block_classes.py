@@ -38,13 +38,17 @@ class _Walk:
   """One walk over a kernel: `grid` maps grid axis names to dimensions;
   `loads` collects each TMA load's source-address taint (id(eqn) -> taint);
   `found` is the first control decision that varies, or the first that
-  depends on data where one does: (taint, equation)."""
+  depends on data where one does: (taint, the user's file:line)."""
 
   def __init__(self, grid_names):
     self.grid = {n: d for d, n in enumerate(grid_names)}
     self.loads = {}
     self.found = None
     self.float_matters = False  # a decision or an address depends on float math
+    # The user's file:line of the equations being walked, innermost last (an
+    # equation JAX traced for the user, inside emit_pipeline, takes the
+    # line of the user's call that holds it)
+    self.where = ["<unknown location>"]
     # run_state's refs box values, not memory: a ref's taint is a marker
     # ("ref", k) and contents[k] what was put in it (reads give that)
     self.contents = {}
@@ -65,9 +69,8 @@ def analyse(jaxpr, grid_names, data_inputs=()):
   _walk(jaxpr, taint, w)
   varies = None
   if w.found is not None:
-    why, eqn = w.found
-    varies = (DATA if DATA in why else GRID,
-              capture.eqn_location(eqn) or "<unknown location>")
+    why, where = w.found
+    varies = (DATA if DATA in why else GRID, where)
   return Analysis(varies, {k: None if DATA in t else tuple(sorted(d for _, d in t))
                            for k, t in w.loads.items()}, w.float_matters)
 
@@ -104,7 +107,11 @@ def _walk(jaxpr, in_taint, grid):
 
   for eqn in jaxpr.eqns:
     ins = [get(v) for v in eqn.invars]
-    outs = _eqn(eqn, ins, grid)
+    grid.where.append(capture.eqn_location(eqn) or grid.where[-1])
+    try:
+      outs = _eqn(eqn, ins, grid)
+    finally:
+      grid.where.pop()
     for v, t in zip(eqn.outvars, outs):
       env[v] = t | {FLOAT} if _value_of(v, jnp.floating) else t
   return [get(v) for v in jaxpr.outvars]
@@ -144,7 +151,7 @@ def _decide(taint, eqn, grid):
   # (a decision on data outranks one on the grid: it decides whether an
   # estimate computes values, executor.prepare)
   if taint and (grid.found is None or DATA in taint and DATA not in grid.found[0]):
-    grid.found = (taint, eqn)
+    grid.found = (taint, grid.where[-1])
 
 
 def _union(ts):

@@ -598,15 +598,12 @@ class Executor:
       for name in Prepared.__slots__:
         setattr(sliced, name, getattr(prep, name))
       sliced.program = cx.compile(prep.jaxpr)
-      runner = GroupRunner(sliced, s.in_bufs + s.out_bufs, launch, self.timing,
-                           paths.Recording(), races.RaceLog(launch.name), False,
-                           max(map(len, s.groups)))
-      decisions, loads = {}, {}
-      for members in s.groups:
-        result = runner.run(members)
-        for number, st in zip(result.numbers, result.stats):
-          decisions[number], loads[number] = tuple(st.path), st.loads
-      found = paths.Paths(decisions, loads)
+      found = paths.follow(
+          lambda placement: GroupRunner(sliced, s.in_bufs + s.out_bufs, launch,
+                                        self.timing, placement,
+                                        races.RaceLog(launch.name), False,
+                                        max(map(len, s.groups))),
+          s.groups, launch, prep.jaxpr)
     except Exception as e:  # (then every block runs, as before; the note says why)
       if isinstance(e, KeyboardInterrupt):
         raise

@@ -18,9 +18,11 @@ not know to be pure, there is no slice (`SliceError`) and every block is
 simulated, as before."""
 import collections
 
+import numpy as np
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim.machine.timing import Engines
 from pallas_sim.backends.sim.resources import inner, sub_jaxprs
 from pallas_sim.errors import SimError
 
@@ -201,10 +203,20 @@ def _scan(eqn, outs, keep):
 
 
 # --- running the slice --------------------------------------------------
+#
+# The slice runs for many blocks at once: each grid index is a vector over
+# the blocks (lanes), and so is every value computed from it; the
+# simulator's integer rules are numpy's, elementwise. Where the lanes decide
+# alike, the run goes on as one; where they do not, the run stops and starts
+# again for each set of lanes that decided alike (`Diverged`), so one run
+# per path in all. A lane count that no shape in the kernel has keeps a
+# vector of lanes from passing for an array of the kernel's own (numpy
+# would broadcast it silently); anything the vectors cannot do (`NotLanes`)
+# sends the launch to one run per block.
 
 # The slice's own rules for what it records (the others are the
-# simulator's): decisions go to the block's path, loads to its loads, as
-# (thread, site, source key, bytes), in each thread's program order.
+# simulator's): decisions go to the path, loads to the loads: (thread,
+# site, source key, bytes), or for lanes (thread, site, [per lane]).
 OVERRIDES = {}
 
 
@@ -224,6 +236,39 @@ class TooLong(SimError):
   pass
 
 
+class NotLanes(SimError):
+  """The slice cannot run its blocks as lanes: run it block by block."""
+
+
+class Diverged(SimError):
+  """The lanes decided apart: the sets of lanes (positions) that agree."""
+
+  def __init__(self, parts):
+    super().__init__(f"{len(parts)} ways")
+    self.parts = parts
+
+
+class _Lanes:
+  __slots__ = ("n", "total")
+
+  def __init__(self, n, total):
+    self.n, self.total = n, total   # real lanes, and with the padding
+
+
+def _one(wg, x):
+  """x, a decision's value, as the one value every lane takes."""
+  a = np.asarray(x)
+  if a.ndim == 0:
+    return a[()]
+  lanes = wg.block.engines.lanes
+  if lanes is None or a.shape != (lanes.total,):
+    raise NotLanes(f"a decision of shape {a.shape}")
+  real = a[:lanes.n]
+  if (real == real[0]).all():
+    return real[0]
+  raise Diverged([np.flatnonzero(real == v) for v in np.unique(real)])
+
+
 def _decided(wg, value):
   path = wg.block.engines.path
   path.append(value)
@@ -238,7 +283,7 @@ def _cond(eqn, cx):
   last = len(branches) - 1
 
   def cond(wg, i, *args):
-    i = min(max(int(i), 0), last)
+    i = min(max(int(_one(wg, i)), 0), last)
     _decided(wg, i)
     return run_plain(branches[i], list(args), wg)
   return cond
@@ -254,7 +299,7 @@ def _while_rule(eqn, cx):
   def loop(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
     trips = 0
-    while run_plain(cond, cc + carry, wg)[0]:
+    while _one(wg, run_plain(cond, cc + carry, wg)[0]):
       carry = run_plain(body, bc + carry, wg)
       trips += 1
       if trips > MAX_DECISIONS:
@@ -267,50 +312,118 @@ def _while_rule(eqn, cx):
 @_override("delay")
 def _delay(eqn, cx):
   def delay(wg, nanos):
-    _decided(wg, ("delay", float(nanos)))
+    _decided(wg, ("delay", float(_one(wg, nanos))))
     return []
   return delay
+
+
+def _lane(x, k):
+  return x[k] if np.ndim(x) else x
+
+
+def _boxes(wg, at, ref, leaves, plans, site):
+  """The boxes of a TMA copy through `ref` for every lane: [(source key,
+  bytes)] per lane, or one (key, bytes) where the indices are the same in
+  every lane; a box cut at the array's ends is a decision (its shape)."""
+  lanes = wg.block.engines.lanes
+  if lanes is None or all(np.ndim(x) == 0 for x in leaves):
+    got = at(ref, leaves)
+    if got[2]:
+      _decided(wg, ("cut", site, got[0][2]))
+    return got[:2]
+  if plans is None:
+    raise NotLanes("a TMA box whose transforms are not plain indexers")
+  # Plain indexers over the ref's view: the box's offset, lane by lane; its
+  # cut, if any (a lane whose box reaches past the ends), a decision.
+  view = ref.view
+  base = view.__array_interface__["data"][0] - ref.buf.data.__array_interface__["data"][0]
+  offset = np.full(lanes.total, base, np.int64)
+  box = [(n, 0, n) for n in view.shape]   # per axis: size, in-bounds [lo, hi)
+  strides = list(view.strides)
+  for plan in plans:
+    out, kept_strides = [], []
+    for (i, static, size, stride), (n, lo, hi), st in zip(plan, box, strides):
+      v = np.asarray(static if i is None else leaves[i], np.int64)
+      if size is None:  # (an integer index: the axis goes)
+        if not ((lo <= v) & (v < hi)).all():
+          raise NotLanes("an integer index off the array in a TMA box")
+        offset = offset + (v - lo) * st
+        continue
+      if stride != 1:
+        raise NotLanes("a strided TMA box")
+      new_lo = np.clip(lo - v, 0, size)
+      new_hi = np.maximum(np.clip(hi - v, 0, size), new_lo)
+      offset = offset + (v + new_lo - lo) * st
+      out.append((size, new_lo, new_hi))
+      kept_strides.append(st)
+    box = out + box[len(plan):]
+    strides = kept_strides + strides[len(plan):]
+  shape = np.stack([np.broadcast_to(hi - lo, (lanes.total,)) for _, lo, hi in box])
+  kinds, which = np.unique(shape[:, :lanes.n], axis=1, return_inverse=True)
+  if kinds.shape[1] > 1:  # (boxes cut apart: each shape a path of its own)
+    raise Diverged([np.flatnonzero(which.ravel() == c) for c in range(kinds.shape[1])])
+  dims = tuple(int(d) for d in shape[:, 0])
+  if dims != tuple(n for n, _, _ in box):
+    _decided(wg, ("cut", site, dims))
+  nbytes = int(np.prod(dims)) * view.itemsize
+  name = ref.buf.name
+  return [((name, int(offset[k]), dims), nbytes) for k in range(lanes.n)]
+
+
+def _clipped_key(src_at):
+  """(ref, leaves) -> (source key, bytes, cut) of a TMA box, one block's."""
+  from pallas_sim.backends.sim.rules import tma
+
+  def at(ref, leaves):
+    s, _, inb = src_at(ref, leaves)
+    return tma.source_key(s), s.view.nbytes, inb is not None
+  return at
 
 
 @_override("copy_gmem_to_smem")
 def _load(eqn, cx):
   from pallas_sim.backends.sim.rules import tma
   p = eqn.params
-  src_at = refview.compile_clipped(p["src_transforms_treedef"])
+  src_tree = p["src_transforms_treedef"]
+  src_at = refview.compile_clipped(src_tree)
   dst_at = refview.compile_transforms(p["dst_transforms_treedef"])
-  ns = refview.num_leaves(p["src_transforms_treedef"])
+  ns = refview.num_leaves(src_tree)
   nd = refview.num_leaves(p["dst_transforms_treedef"])
   nb = refview.num_leaves(p["barrier_transforms_treedef"])
   collective = tuple(p.get("collective_axes") or ())
   has_pred = p.get("has_user_predicate", False)
   site = cx.site(eqn)
-  # (source, its indices) -> (key, bytes): blocks load the same tiles over
-  # and over (a matmul's), and a box's view costs ~20 us to build
+  plans = _plans(src_tree)
+  key_of = _clipped_key(src_at)
+  # (source, its indices) -> (key, bytes, cut): blocks load the same tiles
+  # over and over (a matmul's), and a box's view costs ~20 us to build
   seen = {}
 
+  def memo(ref, leaves):
+    at = (id(ref.view), tuple(int(i) for i in leaves))
+    hit = seen.get(at)
+    if hit is None or hit[0] is not ref.view:  # (it holds the view: ids stay apart)
+      hit = seen[at] = (ref.view,) + key_of(ref, leaves)
+    return hit[1:]
+
   def load(wg, src, dst, bar, *leaves):
-    pred = bool(leaves[ns + nd + nb]) if has_pred else True
+    pred = bool(_one(wg, leaves[ns + nd + nb])) if has_pred else True
     if has_pred:
       _decided(wg, pred)
     if not pred:
       return []
     blk = wg.block
     if collective:
+      if blk.engines.lanes is not None:
+        raise NotLanes("a multicast")
       s, _, _ = src_at(src, leaves[:ns])
       d = dst_at(dst, leaves[ns:ns + nd])
       peers = blk.group.peers(blk, collective)
       s, _ = tma.partition(s, d, peers.index(blk), len(peers))
       got = tma.source_key(s), s.view.nbytes
     else:
-      at = (id(src.view), tuple(int(i) for i in leaves[:ns]))
-      hit = seen.get(at)
-      if hit is None or hit[0] is not src.view:  # (it holds the view: ids stay apart)
-        s, _, inb = src_at(src, leaves[:ns])
-        hit = seen[at] = (src.view, tma.source_key(s), s.view.nbytes, inb is not None)
-      got = hit[1:3]
-      if hit[3]:  # (a box cut at the array's ends moves fewer bytes)
-        _decided(wg, ("cut", site, got[1]))
-    blk.engines.loads.append((wg.index, site) + got)
+      got = _boxes(wg, memo, src, leaves[:ns], plans, site)
+    blk.engines.loads.append((wg.index, site, got))
     return []
   return load
 
@@ -318,23 +431,32 @@ def _load(eqn, cx):
 @_override("copy_smem_to_gmem")
 def _store(eqn, cx):
   p = eqn.params
-  dst_at = refview.compile_clipped(p["dst_transforms_treedef"])
+  dst_tree = p["dst_transforms_treedef"]
+  key_of = _clipped_key(refview.compile_clipped(dst_tree))
+  plans = _plans(dst_tree)
   ns = refview.num_leaves(p["src_transforms_treedef"])
-  nd = refview.num_leaves(p["dst_transforms_treedef"])
+  nd = refview.num_leaves(dst_tree)
   has_pred = p.get("has_user_predicate", False)
+  site = ("store", id(eqn))
 
   def store(wg, src, dst, *leaves):
     if has_pred:
-      _decided(wg, bool(leaves[ns + nd]))
-    d, _, inb = dst_at(dst, leaves[ns:ns + nd])
-    if inb is not None:
-      _decided(wg, ("cut", d.view.shape))
+      _decided(wg, bool(_one(wg, leaves[ns + nd])))
+    _boxes(wg, key_of, dst, leaves[ns:ns + nd], plans, site)  # (its cut, if any)
     return []
   return store
 
 
+def _plans(treedef):
+  """A transform chain's plain indexers (refview's plans), or None."""
+  if treedef is None or treedef.num_leaves == 0:
+    return None
+  fill = refview._template(treedef)
+  return None if fill is None else fill.plans
+
+
 class Paths:
-  """Every block's path and loads (`run`), and from them the classes."""
+  """Every block's path and loads, and from them the classes."""
 
   def __init__(self, decisions, loads):
     self.decisions = decisions  # block number -> tuple of its decisions
@@ -362,12 +484,89 @@ class Paths:
     return out
 
 
-class Recording:
-  """A launch placement for the slice's run: engines that record the
-  block's path and loads (its timing is not used)."""
+class _Recorder:
+  """A launch placement for the slice's run: engines that record the path
+  and the loads (their timing is not used); `lanes`, when the blocks run
+  as lanes."""
+
+  def __init__(self, lanes=None):
+    self.lanes = lanes
 
   def engines(self, number):
-    from pallas_sim.backends.sim.machine.timing import Engines
-    e = Engines(loads=True)
+    e = _Recording(loads=True)
     e.path = []
+    e.lanes = self.lanes
     return e
+
+
+class _Recording(Engines):
+  """Engines with the lanes they run for (None: one block)."""
+
+
+def follow(make_runner, groups, launch, jaxpr):
+  """Every block's path and loads: a Paths. `make_runner(placement)`: a
+  GroupRunner of the sliced program over that placement."""
+  members = [m for g in groups for m in g]
+  if len(groups) == len(members) > 1:  # (no clusters: blocks as lanes)
+    try:
+      return _as_lanes(make_runner, members, _shapes(jaxpr))
+    except TooLong:
+      raise
+    except SimError:  # (NotLanes, or a rule that cannot take lanes: block by block)
+      pass
+  runner = make_runner(_Recorder())
+  decisions, loads = {}, {}
+  for group in groups:
+    result = runner.run(group)
+    for number, st in zip(result.numbers, result.stats):
+      decisions[number] = tuple(st.path)
+      loads[number] = [(t, site) + got for t, site, got in st.loads]
+  return Paths(decisions, loads)
+
+
+def _as_lanes(make_runner, members, dims):
+  decisions, loads = {}, {}
+  todo = [np.arange(len(members))]
+  while todo:
+    part = todo.pop()
+    total = len(part) + 1
+    while total in dims:  # (a lane count no array of the kernel has)
+      total += 1
+    lanes = _Lanes(len(part), total)
+    pad = np.concatenate([part, np.full(total - len(part), part[0])])
+    idx = tuple(np.array([members[k][1][d] for k in pad], np.int32)
+                for d in range(len(members[0][1])))
+    runner = make_runner(_Recorder(lanes))
+    try:
+      result = runner.run([(members[part[0]][0], idx, ())])
+    except Diverged as e:
+      todo.extend(part[p] for p in e.parts)
+      continue
+    [st] = result.stats
+    path = tuple(st.path)
+    per = [[] for _ in part]
+    for thread, site, got in st.loads:
+      if isinstance(got, list):
+        for k, g in enumerate(got):
+          per[k].append((thread, site) + g)
+      else:
+        for lst in per:
+          lst.append((thread, site) + got)
+    for k, j in enumerate(part):
+      number = members[j][0]
+      decisions[number], loads[number] = path, per[k]
+  return Paths(decisions, loads)
+
+
+def _shapes(jaxpr):
+  """Every dimension of every array shape in the kernel (nested too)."""
+  dims, stack = {1}, [jaxpr]
+  while stack:
+    j = stack.pop()
+    for v in list(j.invars) + list(j.constvars) + [v for e in j.eqns for v in e.outvars]:
+      aval = getattr(v.aval, "inner_aval", v.aval)
+      dims.update(getattr(aval, "shape", ()))
+    for e in j.eqns:
+      for val in e.params.values():
+        stack.extend(sub_jaxprs(val))
+  return dims

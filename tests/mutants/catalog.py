@@ -786,14 +786,27 @@ MUTANTS = [
     Mutant("paths-cut-boxes-unseen", "backends/sim/paths.py",
            "a TMA box cut at the array's ends moves fewer bytes: part of the path; "
            "the mutant ignores the cut",
-           "      if hit[3]:  # (a box cut at the array's ends moves fewer bytes)\n",
-           "      if False:\n",
+           "  if dims != tuple(n for n, _, _ in box):\n",
+           "  if False:\n",
            ("tests/test_paths.py",)),
     Mutant("store-predicate-no-decision", "backends/sim/block_classes.py",
            "a TMA store's predicate decides whether the block stores; the mutant "
            "does not count it as a decision",
            "  if name == \"copy_smem_to_gmem\" and p.get(\"has_user_predicate\", False):\n",
            "  if False:\n",
+           ("tests/test_paths.py",)),
+    Mutant("lanes-count-collides", "backends/sim/paths.py",
+           "blocks run as lanes in a count no array of the kernel has, so numpy "
+           "cannot broadcast a vector of lanes against an array's own axis; the "
+           "mutant keeps the count",
+           "    while total in dims:  # (a lane count no array of the kernel has)\n",
+           "    while False:\n",
+           ("tests/test_paths.py",)),
+    Mutant("lanes-apart-taken-as-one", "backends/sim/paths.py",
+           "lanes that decide apart split into runs of their own; the mutant takes "
+           "the first lane's decision for all",
+           "  if (real == real[0]).all():\n",
+           "  if True:\n",
            ("tests/test_paths.py",)),
     Mutant("pool-waited-on-when-interrupted", "backends/sim/parallel.py",
            "a run over workers that an exception interrupts kills them and does not "
