@@ -3,6 +3,7 @@ block's path is followed (backends/sim/paths.py), one block per path is
 simulated, and the report is the full simulation's."""
 import jax
 import pytest
+from hypothesis import given, settings, strategies as st
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
@@ -223,3 +224,46 @@ def test_lanes_never_pass_for_an_arrays_own_axis():
   est = ps.estimate(_arange_decides, S(x.shape, F32))
   assert est.kernels[0].simulated_blocks == 17   # (trip counts 0..16)
   assert _times(est) == _times(_full(_arange_decides, x))
+
+
+def _grid_paths(nblocks, rows, mod, store_every):
+  """Block b takes tiles b, b + nblocks, ... of `rows` rows (the last cut
+  when rows is not a multiple of 64); on tiles t with t % mod == 0 it does
+  extra work; it stores its sum when b % store_every == 0."""
+  tiles = -(-rows // 64)
+
+  def fn(x):
+    @plgpu.kernel(out_type=S((nblocks, 64, 128), F32), grid=(nblocks,),
+                  grid_names=("b",),
+                  scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.SMEM((64, 128), F32),
+                                 plgpu.Barrier()])
+    def k(x_ref, o_ref, tile, acc, bar):
+      b = lax.axis_index("b")
+      acc[...] = jnp.zeros((64, 128), F32)
+
+      def step(i, c):
+        t = b + i * nblocks
+        plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * 64, 64)], tile, bar)
+        plgpu.barrier_wait(bar)
+        v = lax.cond(t % mod == 0, lambda u: jnp.exp(u) * 0.5 + u, lambda u: u,
+                     tile[...])
+        acc[...] = acc[...] + v
+        return c
+      lax.fori_loop(0, (tiles - b + nblocks - 1) // nblocks, step, None)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(acc, o_ref.at[b], predicate=b % store_every == 0)
+      plgpu.wait_smem_to_gmem(0)
+    return k(x)
+  return fn
+
+
+@settings(max_examples=25, deadline=None)
+@given(nblocks=st.integers(1, 9), rows=st.integers(1, 20 * 64),
+       mod=st.integers(1, 4), store_every=st.integers(1, 3))
+def test_estimate_equals_the_simulation_on_any_grid_dependent_paths(nblocks, rows, mod,
+                                                                     store_every):
+  fn = _grid_paths(nblocks, rows, mod, store_every)
+  x = jnp.ones((rows, 128), F32)
+  est = ps.estimate(fn, S(x.shape, F32))
+  assert _times(est) == _times(_full(fn, x))
+  assert est.kernels[0].hbm_bytes == _full(fn, x).kernels[0].hbm_bytes
