@@ -18,9 +18,22 @@ F32 = jnp.float32
 S = jax.ShapeDtypeStruct
 
 
-def _persistent(nblocks, tiles):
-  """Block b handles tiles b, b + nblocks, ...: some blocks one more than
-  the others; each tile loaded by TMA, summed, the sum stored."""
+def _estimated(fn, x):
+  """fn's estimate from x's shape, its one kernel's report; asserted equal
+  to the full simulation's on x (times, tallies, HBM bytes)."""
+  est, full = ps.estimate(fn, S(x.shape, x.dtype)), _full(fn, x)
+  assert _times(est) == _times(full)
+  assert est.kernels[0].hbm_bytes == full.kernels[0].hbm_bytes
+  return est.kernels[0]
+
+
+def _grid_paths(nblocks, rows, mod=None, store_every=None):
+  """Block b takes tiles b, b + nblocks, ... of 64 of `rows` rows (the last
+  cut when rows is not a multiple of 64), loaded by TMA and summed; with
+  `mod`, tiles t with t % mod == 0 take extra work; with `store_every`, it
+  stores its sum only when b % store_every == 0."""
+  tiles = -(-rows // 64)
+
   def fn(x):
     @plgpu.kernel(out_type=S((nblocks, 64, 128), F32), grid=(nblocks,),
                   grid_names=("b",),
@@ -32,21 +45,31 @@ def _persistent(nblocks, tiles):
 
       def step(i, c):
         t = b + i * nblocks
-        plgpu.copy_gmem_to_smem(x_ref.at[t], tile, bar)
+        plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * 64, 64)], tile, bar)
         plgpu.barrier_wait(bar)
-        acc[...] = acc[...] + tile[...]
+        v = tile[...]
+        if mod is not None:
+          v = lax.cond(t % mod == 0, lambda u: jnp.exp(u) * 0.5 + u, lambda u: u, v)
+        acc[...] = acc[...] + v
         return c
       lax.fori_loop(0, (tiles - b + nblocks - 1) // nblocks, step, None)
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(acc, o_ref.at[b])
+      plgpu.copy_smem_to_gmem(acc, o_ref.at[b], predicate=None if store_every is None
+                              else b % store_every == 0)
       plgpu.wait_smem_to_gmem(0)
     return k(x)
   return fn
 
 
+def _persistent(nblocks, tiles):
+  """Block b handles tiles b, b + nblocks, ... of a (64 * tiles, 128) array:
+  some blocks one more than the others."""
+  return _grid_paths(nblocks, 64 * tiles)
+
+
 def test_a_persistent_kernel_simulates_one_block_per_trip_count():
   fn = _persistent(nblocks=6, tiles=15)   # 3 blocks take 3 tiles, 3 take 2
-  x = jnp.asarray(np.random.default_rng(0).standard_normal((15, 64, 128)), F32)
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((15 * 64, 128)), F32)
   est = ps.estimate(fn, S(x.shape, F32))
   [k] = est.kernels
   assert k.simulated_blocks == 2
@@ -75,10 +98,7 @@ def _branchy(x):
 
 
 def test_a_branch_without_loads_inside_a_loop_is_part_of_the_path():
-  x = jnp.ones((8, 128), F32)
-  est = ps.estimate(_branchy, S(x.shape, F32))
-  [k] = est.kernels
-  assert _times(est) == _times(_full(_branchy, x))
+  k = _estimated(_branchy, jnp.ones((8, 128), F32))
   assert k.block_cycles_max > k.block_cycles_min
   assert 1 < k.simulated_blocks < 8
 
@@ -103,12 +123,9 @@ def _warps_decide(x):
 
 
 def test_a_kernel_the_slice_cannot_follow_runs_every_block_and_says_why():
-  x = jnp.ones((4, 32, 32), F32)
-  est = ps.estimate(_warps_decide, S(x.shape, F32))
-  [k] = est.kernels
+  k = _estimated(_warps_decide, jnp.ones((4, 32, 32), F32))
   assert k.simulated_blocks == 4
   assert "its paths were not followed (a decision or a TMA load inside" in k.classes
-  assert _times(est) == _times(_full(_warps_decide, x))
 
 
 def test_the_slice_leaves_out_the_math_no_decision_or_address_needs():
@@ -154,32 +171,27 @@ def _cut_tiles(x):
 
 def test_a_box_cut_at_the_arrays_end_is_part_of_the_path():
   x = jnp.ones((6 * 64 - 40, 128), F32)   # 6 tiles, two per block, the last cut
-  est = ps.estimate(_cut_tiles, S(x.shape, F32))
-  [k] = est.kernels
+  k = _estimated(_cut_tiles, x)
   assert k.simulated_blocks == 2 and k.tma_load_bytes == x.size * 4
-  assert _times(est) == _times(_full(_cut_tiles, x))
 
 
 def _store_when(x):
+  """Only block 2 stores: the one decision on the grid index a store's."""
   @plgpu.kernel(out_type=S((4, 64, 128), F32), grid=(4,), grid_names=("b",),
-                scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.Barrier()])
-  def k(x_ref, o_ref, tile, bar):
+                scratch_types=[plgpu.SMEM((64, 128), F32)])
+  def k(x_ref, o_ref, tile):
     b = lax.axis_index("b")
-    plgpu.copy_gmem_to_smem(x_ref.at[b], tile, bar)
-    plgpu.barrier_wait(bar)
+    tile[...] = jnp.full((64, 128), 1.0, F32)
+    plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(tile, o_ref.at[b], predicate=b == 2)
     plgpu.wait_smem_to_gmem(0)
   return k(x)
 
 
 def test_a_stores_predicate_on_the_grid_index_is_a_decision():
-  x = jnp.ones((4, 64, 128), F32)
-  est = ps.estimate(_store_when, S(x.shape, F32))
-  [k] = est.kernels
+  k = _estimated(_store_when, jnp.ones((4, 64, 128), F32))
   assert "grid index" in k.classes and k.simulated_blocks == 2
   assert k.tma_store_bytes == 64 * 128 * 4
-  full = _full(_store_when, x)
-  assert _times(est) == _times(full)
   assert k.block_cycles_max > k.block_cycles_min
 
 
@@ -190,8 +202,8 @@ def _block_by_block(monkeypatch):
 
 
 @pytest.mark.parametrize("fn, shape", [
-    (_persistent(nblocks=64, tiles=150), (150, 64, 128)),  # (64 lanes: a shape's size)
-    (_branchy, (8, 128)), (_cut_tiles, (344, 128)), (_store_when, (4, 64, 128))])
+    (_persistent(nblocks=64, tiles=150), (150 * 64, 128)),  # (64 lanes: a shape's size)
+    (_branchy, (8, 128)), (_cut_tiles, (344, 128)), (_grid_paths(4, 4 * 64, store_every=3), (4 * 64, 128))])
 def test_blocks_as_lanes_take_the_paths_they_take_one_by_one(fn, shape, monkeypatch):
   """The slice runs every block at once, as lanes of its values, splitting
   where they decide apart: the same paths, loads and times as block by
@@ -220,41 +232,9 @@ def _arange_decides(x):
 
 
 def test_lanes_never_pass_for_an_arrays_own_axis():
-  x = jnp.ones((127, 128), F32)
-  est = ps.estimate(_arange_decides, S(x.shape, F32))
-  assert est.kernels[0].simulated_blocks == 17   # (trip counts 0..16)
-  assert _times(est) == _times(_full(_arange_decides, x))
+  k = _estimated(_arange_decides, jnp.ones((127, 128), F32))
+  assert k.simulated_blocks == 17   # (trip counts 0..16)
 
-
-def _grid_paths(nblocks, rows, mod, store_every):
-  """Block b takes tiles b, b + nblocks, ... of `rows` rows (the last cut
-  when rows is not a multiple of 64); on tiles t with t % mod == 0 it does
-  extra work; it stores its sum when b % store_every == 0."""
-  tiles = -(-rows // 64)
-
-  def fn(x):
-    @plgpu.kernel(out_type=S((nblocks, 64, 128), F32), grid=(nblocks,),
-                  grid_names=("b",),
-                  scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.SMEM((64, 128), F32),
-                                 plgpu.Barrier()])
-    def k(x_ref, o_ref, tile, acc, bar):
-      b = lax.axis_index("b")
-      acc[...] = jnp.zeros((64, 128), F32)
-
-      def step(i, c):
-        t = b + i * nblocks
-        plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * 64, 64)], tile, bar)
-        plgpu.barrier_wait(bar)
-        v = lax.cond(t % mod == 0, lambda u: jnp.exp(u) * 0.5 + u, lambda u: u,
-                     tile[...])
-        acc[...] = acc[...] + v
-        return c
-      lax.fori_loop(0, (tiles - b + nblocks - 1) // nblocks, step, None)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(acc, o_ref.at[b], predicate=b % store_every == 0)
-      plgpu.wait_smem_to_gmem(0)
-    return k(x)
-  return fn
 
 
 @settings(max_examples=25, deadline=None)
@@ -264,6 +244,4 @@ def test_estimate_equals_the_simulation_on_any_grid_dependent_paths(nblocks, row
                                                                      store_every):
   fn = _grid_paths(nblocks, rows, mod, store_every)
   x = jnp.ones((rows, 128), F32)
-  est = ps.estimate(fn, S(x.shape, F32))
-  assert _times(est) == _times(_full(fn, x))
-  assert est.kernels[0].hbm_bytes == _full(fn, x).kernels[0].hbm_bytes
+  _estimated(fn, x)
