@@ -245,3 +245,97 @@ def test_estimate_equals_the_simulation_on_any_grid_dependent_paths(nblocks, row
   fn = _grid_paths(nblocks, rows, mod, store_every)
   x = jnp.ones((rows, 128), F32)
   _estimated(fn, x)
+
+
+def _lane_through_a_size_one_axis(x):
+  """A decision through an array of size 1 picked by the block index:
+  numpy would broadcast the lanes into that axis (found by a review)."""
+  @plgpu.kernel(out_type=S((4, 128), F32), grid=(4,), grid_names=("b",),
+                compiler_params=plgpu.CompilerParams(
+                    lowering_semantics=plgpu.LoweringSemantics.Lane))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+    v = lax.select_n(b % 2 == 0, jnp.zeros((1,), jnp.int32), jnp.full((1,), 3, jnp.int32))
+    n = lax.squeeze(lax.slice(v, (0,), (1,)), (0,))
+    o_ref[b] = lax.fori_loop(0, n, lambda i, u: jnp.exp(u) * 0.5 + u, x_ref[b])
+  return k(x)
+
+
+def test_lanes_never_pass_for_an_axis_of_size_one():
+  k = _estimated(_lane_through_a_size_one_axis, jnp.ones((4, 128), F32))
+  assert k.simulated_blocks == 2 and k.block_cycles_max > k.block_cycles_min
+
+
+def _barrier_by_block(with_branch):
+  """Which barrier a block waits on first comes from its index: a small
+  load completes one, a large one the other (found by a review)."""
+  def fn(x):
+    @plgpu.kernel(out_type=S((4, 8, 128), F32), grid=(4,), grid_names=("b",),
+                  scratch_types=[plgpu.SMEM((128, 128), F32), plgpu.SMEM((8, 128), F32),
+                                 plgpu.Barrier(num_barriers=2)])
+    def k(x_ref, o_ref, big, small, bars):
+      b = lax.axis_index("b")
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(0, 8)], small, bars.at[1])
+      plgpu.copy_gmem_to_smem(x_ref, big, bars.at[0])
+      plgpu.barrier_wait(bars.at[b % 2])
+      v = small[...]
+      for _ in range(40):
+        v = jnp.exp(v) * 0.5 + v
+      small[...] = v
+      plgpu.barrier_wait(bars.at[1 - b % 2])
+      if with_branch:
+        @pl.when(b == 0)
+        def _():
+          small[...] = small[...] * 2.0
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(small, o_ref.at[b])
+      plgpu.wait_smem_to_gmem(0)
+    return k(x)
+  return fn
+
+
+def _arrive_when(x):
+  """Thread 1 arrives early in even blocks, late in odd ones (an arrive's
+  predicate on the block index; found by a review)."""
+  @plgpu.kernel(out_type=S((4, 128), F32), grid=(4,), grid_names=("b",),
+                num_threads=2, thread_name="wg",
+                scratch_types=[plgpu.Barrier(num_arrivals=1)])
+  def k(x_ref, o_ref, bar):
+    b = lax.axis_index("b")
+    w = lax.axis_index("wg")
+
+    @pl.when(w == 1)
+    def _():
+      plgpu.barrier_arrive(bar, predicate=b % 2 == 0)
+      v = x_ref[b]
+      for _ in range(40):
+        v = jnp.exp(v) * 0.5 + v
+      plgpu.barrier_arrive(bar, predicate=b % 2 == 1)
+      o_ref[b] = v
+
+    @pl.when(w == 0)
+    def _():
+      plgpu.barrier_wait(bar)
+      o_ref[b] = x_ref[b] * 2.0
+  return k(x)
+
+
+def _cut_store(x):
+  """The last of three 64-row tiles of 150 rows is cut (found by a review)."""
+  @plgpu.kernel(out_type=S((150, 128), F32), grid=(3,), grid_names=("b",),
+                scratch_types=[plgpu.SMEM((64, 128), F32)])
+  def k(x_ref, o_ref, tile):
+    b = lax.axis_index("b")
+    tile[...] = jnp.full((64, 128), 1.0, F32)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(tile, o_ref.at[pl.ds(b * 64, 64)])
+    plgpu.wait_smem_to_gmem(0)
+  return k(x)
+
+
+@pytest.mark.parametrize("fn, shape", [
+    (_barrier_by_block(False), (128, 128)), (_barrier_by_block(True), (128, 128)),
+    (_arrive_when, (4, 128)), (_cut_store, (150, 128))])
+def test_which_barrier_an_arrives_predicate_and_a_cut_box_are_decisions(fn, shape):
+  k = _estimated(fn, jnp.ones(shape, F32))
+  assert "grid index" in k.classes and k.block_cycles_max > k.block_cycles_min

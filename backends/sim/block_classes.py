@@ -192,14 +192,26 @@ def _eqn(eqn, ins, grid):
     return carry
   if name == "copy_gmem_to_smem":
     ns = refview.num_leaves(p["src_transforms_treedef"])
+    nd = refview.num_leaves(p["dst_transforms_treedef"])
+    nb = refview.num_leaves(p["barrier_transforms_treedef"])
     src = _used(_union(ins[:1] + ins[3:3 + ns]), grid)
     grid.loads[id(eqn)] = grid.loads.get(id(eqn), _NONE) | src
     if p.get("has_user_predicate", False):
-      i = 3 + ns + sum(refview.num_leaves(p[f"{k}_transforms_treedef"])
-                       for k in ("dst", "barrier"))
-      _decide(ins[i], eqn, grid)
-  if name == "copy_smem_to_gmem" and p.get("has_user_predicate", False):
-    _decide(ins[-1], eqn, grid)
+      _decide(ins[3 + ns + nd + nb], eqn, grid)
+    # (which barrier it completes; and a box cut at the array's ends moves
+    # fewer bytes: where the grid says, a decision)
+    _decide(_union(ins[3 + ns + nd:3 + ns + nd + nb]), eqn, grid)
+    if _may_cut(eqn.invars[0].aval, p["src_transforms_treedef"]):
+      _decide(_union(ins[3:3 + ns]) - {DATA}, eqn, grid)
+  if name == "copy_smem_to_gmem":
+    if p.get("has_user_predicate", False):
+      _decide(ins[-1], eqn, grid)
+    ns = refview.num_leaves(p["src_transforms_treedef"])
+    nd = refview.num_leaves(p["dst_transforms_treedef"])
+    if _may_cut(eqn.invars[1].aval, p["dst_transforms_treedef"]):
+      _decide(_union(ins[2 + ns:2 + ns + nd]) - {DATA}, eqn, grid)
+  if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
+    _decide(_union(ins[1:]), eqn, grid)
   if name == "delay":
     _decide(ins[0], eqn, grid)
   if name == "run_state":
@@ -220,6 +232,24 @@ def _eqn(eqn, ins, grid):
     for k in boxed:
       grid.contents[k] = grid.contents[k] | taint
   return [taint] * n_out
+
+
+def _may_cut(aval, treedef):
+  """Whether a TMA box through these GMEM transforms can reach past the
+  array's ends (TMA cuts it: fewer bytes, another time): a dynamic start
+  along an axis its size does not divide. (A start off the box's multiples
+  on an axis it divides is not seen: a known gap.)"""
+  if treedef is None or not treedef.num_leaves:
+    return False
+  shape = getattr(getattr(aval, "inner_aval", aval), "shape", ())
+  fill = refview._template(treedef)
+  plans = fill.plans if fill is not None else None
+  if not plans:
+    return True
+  for (i, _, size, _), dim in zip(plans[0], shape):
+    if i is not None and size is not None and dim % size:
+      return True
+  return False
 
 
 def _scan(eqn, ins, grid):

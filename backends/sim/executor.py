@@ -594,6 +594,7 @@ class Executor:
       keep = paths.kernel_slice(prep.jaxpr)
       cx = Compiler(self.timing, launch, self.options.max_cycles, numerics=False)
       cx.keep, cx.overrides, cx.sites = keep, paths.OVERRIDES, dict(prep.sites)
+      cx.wrap = paths.lanes_checked
       sliced = Prepared()
       for name in Prepared.__slots__:
         setattr(sliced, name, getattr(prep, name))

@@ -82,6 +82,7 @@ class Compiler:
     # not), with these rules in place of the simulator's where given.
     self.keep = None
     self.overrides = {}
+    self.wrap = None  # (fn, eqn) -> fn: a check around every plain step (paths.py)
 
   def site(self, eqn):
     """A number for `eqn`, in the order rules ask (the same in every process
@@ -169,6 +170,8 @@ class Compiler:
         self._where.pop()
       if self.skip_float_values and _float_math(eqn, builder):
         fn = _zeros_of(eqn.outvars[0].aval)
+      if self.wrap is not None and not isinstance(fn, Gen):
+        fn = self.wrap(fn, eqn)
       st = Step()
       st.eqn = eqn
       st.where = where

@@ -108,8 +108,9 @@ def _eqn(eqn, outs, keep):
     ns = refview.num_leaves(p["src_transforms_treedef"])
     nd = refview.num_leaves(p["dst_transforms_treedef"])
     nb = refview.num_leaves(p["barrier_transforms_treedef"])
-    ins = [True, True, False] + [True] * (ns + nd) + [False] * nb
-    return ins + [True] * (n - len(ins))  # (the predicate, if any)
+    return [True, True, False] + [True] * (n - 3)  # (indices, barrier's too; predicate)
+  if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
+    return [False] + [True] * (n - 1)
   if name == "copy_smem_to_gmem":  # (its destination: a box past the ends is cut)
     return [False, True] + [True] * (n - 2)
   if name == "delay":
@@ -269,6 +270,27 @@ def _one(wg, x):
   raise Diverged([np.flatnonzero(real == v) for v in np.unique(real)])
 
 
+def lanes_checked(fn, eqn):
+  """fn, checking that with lanes every value it gives has its own shape,
+  or one value per lane where it is a scalar: numpy broadcasts a vector of
+  lanes against an axis of size 1 (or of the lanes' count) silently, and
+  the lanes would pass for the array's elements."""
+  shapes = [None if _is_ref(v) else tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars]
+  multi = eqn.primitive.multiple_results
+
+  def checked(wg, *args):
+    out = fn(wg, *args)
+    lanes = wg.block.engines.lanes
+    if lanes is not None:
+      for v, shape in zip(out if multi else (out,), shapes):
+        got = np.shape(v)
+        if shape is not None and got != shape and not (shape == () and
+                                                         got == (lanes.total,)):
+          raise NotLanes(f"a value of shape {got} where the kernel's is {shape}")
+    return out
+  return checked
+
+
 def _decided(wg, value):
   path = wg.block.engines.path
   path.append(value)
@@ -410,6 +432,8 @@ def _load(eqn, cx):
     pred = bool(_one(wg, leaves[ns + nd + nb])) if has_pred else True
     if has_pred:
       _decided(wg, pred)
+    if nb:
+      _decided(wg, ("barrier",) + tuple(int(_one(wg, x)) for x in leaves[ns + nd:ns + nd + nb]))
     if not pred:
       return []
     blk = wg.block
@@ -426,6 +450,18 @@ def _load(eqn, cx):
     blk.engines.loads.append((wg.index, site, got))
     return []
   return load
+
+
+def _barrier_use(eqn, cx):
+  """barrier_wait / barrier_arrive in the slice: which barrier (and an
+  arrive's predicate) is the decision; nothing waits or arrives."""
+  def use(wg, ref, *leaves):
+    _decided(wg, (eqn.primitive.name,) + tuple(int(_one(wg, x)) for x in leaves))
+    return []
+  return use
+
+
+OVERRIDES["barrier_wait"] = OVERRIDES["barrier_arrive"] = _barrier_use
 
 
 @_override("copy_smem_to_gmem")

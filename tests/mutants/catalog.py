@@ -780,8 +780,8 @@ MUTANTS = [
     Mutant("paths-loads-at-the-class-sources", "backends/sim/paths.py",
            "a block not simulated loads its own sources at its class's cycles; the "
            "mutant gives it the simulated block's sources",
-           "    return out\n",
-           "    return list(rep_events)\n",
+           "                     f\"its class's simulated block {len(rep_events)}\")\n    return out\n",
+           "                     f\"its class's simulated block {len(rep_events)}\")\n    return list(rep_events)\n",
            ("tests/test_paths.py",)),
     Mutant("paths-cut-boxes-unseen", "backends/sim/paths.py",
            "a TMA box cut at the array's ends moves fewer bytes: part of the path; "
@@ -792,8 +792,8 @@ MUTANTS = [
     Mutant("store-predicate-no-decision", "backends/sim/block_classes.py",
            "a TMA store's predicate decides whether the block stores; the mutant "
            "does not count it as a decision",
-           "  if name == \"copy_smem_to_gmem\" and p.get(\"has_user_predicate\", False):\n",
-           "  if False:\n",
+           "    if p.get(\"has_user_predicate\", False):\n      _decide(ins[-1], eqn, grid)\n",
+           "    if False:\n      _decide(ins[-1], eqn, grid)\n",
            ("tests/test_paths.py",)),
     Mutant("lanes-count-collides", "backends/sim/paths.py",
            "blocks run as lanes in a count no array of the kernel has, so numpy "
@@ -807,6 +807,29 @@ MUTANTS = [
            "the first lane's decision for all",
            "  if (real == real[0]).all():\n",
            "  if True:\n",
+           ("tests/test_paths.py",)),
+    Mutant("barrier-index-no-decision", "backends/sim/block_classes.py",
+           "which barrier a wait or an arrive uses, and an arrive's predicate, decide "
+           "when the block goes on; the mutant does not count them",
+           "    _decide(_union(ins[1:]), eqn, grid)\n",
+           "    pass\n",
+           ("tests/test_paths.py",)),
+    Mutant("paths-barrier-unrecorded", "backends/sim/paths.py",
+           "a block's path holds which barriers it waits on and arrives at",
+           "    _decided(wg, (eqn.primitive.name,) + tuple(int(_one(wg, x)) for x in leaves))\n",
+           "    pass\n",
+           ("tests/test_paths.py",)),
+    Mutant("lanes-shapes-unchecked", "backends/sim/paths.py",
+           "with lanes, a value whose shape is not its own (lanes broadcast into an "
+           "axis of size 1) sends the slice block by block; the mutant goes on",
+           "          raise NotLanes(f\"a value of shape {got} where the kernel's is {shape}\")\n",
+           "          pass\n",
+           ("tests/test_paths.py",)),
+    Mutant("cut-box-unseen-in-one-class", "backends/sim/block_classes.py",
+           "a box whose dynamic start runs along an axis its size does not divide may "
+           "be cut: its grid index is a decision; the mutant misses it",
+           "    if i is not None and size is not None and dim % size:\n",
+           "    if False:\n",
            ("tests/test_paths.py",)),
     Mutant("pool-waited-on-when-interrupted", "backends/sim/parallel.py",
            "a run over workers that an exception interrupts kills them and does not "
