@@ -1,17 +1,20 @@
 """The path each block takes, for ps.estimate of a kernel whose control flow
 depends on the grid index (a persistent kernel's loop over tiles, causal
-attention's loop bound): blocks that take the same path, sharing their SMs
-alike, take the same time, so one of them is simulated for all.
+attention's loop bound, a predicated copy): blocks that take the same path,
+sharing their SMs alike, take the same time, so one of them is simulated
+for all.
 
 A block's path is read off the kernel, not guessed: the kernel's jaxpr is
-sliced down to what its control decisions (cond branches, while loops,
-pl.delay, a copy's predicate) and its TMA loads' addresses depend on, and
-that slice runs for every block with the simulator's own rules (integer
-index math, no data, no waits): a few equations a block where the full
-simulation runs thousands. It gives each block its decisions (the classes)
-and the source of every TMA load it issues, for the L2 model's trace of the
-launch (machine/timing.py, hbm_reads_traced): a block not simulated takes
-its class's issue cycles, load for load.
+sliced down to what its control decisions (cond branches, while trip
+counts, pl.delay, a copy's or an arrive's predicate, which barrier a wait
+or an arrive uses, a TMA box cut at the array's ends) and its TMA loads'
+addresses depend on, and that slice runs with the simulator's own rules
+(integer index math, no data, no waits), for all the blocks at once where
+it can (see "running the slice"): a few equations a loop step, once per
+path, where the full simulation runs every block. It gives each block its
+decisions (the classes) and the source of every TMA load it issues, for
+the L2 model's trace of the launch (machine/timing.py, hbm_reads_traced): a
+block not simulated takes its class's issue cycles, load for load.
 
 Where the slice would need a value read from memory, or a primitive it does
 not know to be pure, there is no slice (`SliceError`) and every block is
@@ -144,9 +147,8 @@ def _while(eqn, outs, keep):
   cn, bn = p["cond_nconsts"], p["body_nconsts"]
   cond, body = inner(p["cond_jaxpr"]), inner(p["body_jaxpr"])
   carry = list(outs)
-  flags, _ = _sub(body, carry, keep)
+  bflags, _ = _sub(body, carry, keep)
   cflags, _ = _sub(cond, [True], keep)  # (its trip count is a decision)
-  bflags = flags
   while True:
     grown = _any(carry, cflags[cn:], bflags[bn:])
     if grown == carry:
