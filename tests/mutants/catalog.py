@@ -825,6 +825,12 @@ MUTANTS = [
            "          raise NotLanes(f\"a value of shape {got} where the kernel's is {shape}\")\n",
            "          pass\n",
            ("tests/test_paths.py",)),
+    Mutant("lanes-refuse-uncomputed-values", "backends/sim/paths.py",
+           "values the slice does not compute (a loop's array carry) are not checked "
+           "for the lanes' shapes; the mutant checks them and gives the lanes up",
+           "        if v is None or shape is None:  # (a value the slice does not compute; a ref)\n",
+           "        if shape is None:\n",
+           ("tests/test_paths.py",)),
     Mutant("cut-box-unseen-in-one-class", "backends/sim/block_classes.py",
            "a box whose dynamic start runs along an axis its size does not divide may "
            "be cut: its grid index is a decision; the mutant misses it",
