@@ -242,8 +242,7 @@ def _may_cut(aval, treedef):
   if treedef is None or not treedef.num_leaves:
     return False
   shape = getattr(getattr(aval, "inner_aval", aval), "shape", ())
-  fill = refview._template(treedef)
-  plans = fill.plans if fill is not None else None
+  plans = refview.index_plans(treedef)
   if not plans:
     return True
   for (i, _, size, _), dim in zip(plans[0], shape):

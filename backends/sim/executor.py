@@ -7,6 +7,7 @@ A group is the unit of sequential simulated time: a block, or (later) the
 blocks of a cluster. Groups are unordered on hardware; here they run one
 after the other, in block order, deterministically."""
 import contextlib
+import copy
 import dataclasses
 import itertools
 import math
@@ -595,9 +596,7 @@ class Executor:
       cx = Compiler(self.timing, launch, self.options.max_cycles, numerics=False)
       cx.keep, cx.overrides, cx.sites = keep, paths.OVERRIDES, dict(prep.sites)
       cx.wrap = paths.lanes_checked
-      sliced = Prepared()
-      for name in Prepared.__slots__:
-        setattr(sliced, name, getattr(prep, name))
+      sliced = copy.copy(prep)
       sliced.program = cx.compile(prep.jaxpr)
       found = paths.follow(
           lambda placement: GroupRunner(sliced, s.in_bufs + s.out_bufs, launch,

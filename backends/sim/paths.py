@@ -418,7 +418,7 @@ def _load(eqn, cx):
   collective = tuple(p.get("collective_axes") or ())
   has_pred = p.get("has_user_predicate", False)
   site = cx.site(eqn)
-  plans = _plans(src_tree)
+  plans = refview.index_plans(src_tree)
   key_of = _clipped_key(src_at)
   # (source, its indices) -> (key, bytes, cut): blocks load the same tiles
   # over and over (a matmul's), and a box's view costs ~20 us to build
@@ -472,7 +472,7 @@ def _store(eqn, cx):
   p = eqn.params
   dst_tree = p["dst_transforms_treedef"]
   key_of = _clipped_key(refview.compile_clipped(dst_tree))
-  plans = _plans(dst_tree)
+  plans = refview.index_plans(dst_tree)
   ns = refview.num_leaves(p["src_transforms_treedef"])
   nd = refview.num_leaves(dst_tree)
   has_pred = p.get("has_user_predicate", False)
@@ -484,14 +484,6 @@ def _store(eqn, cx):
     _boxes(wg, key_of, dst, leaves[ns:ns + nd], plans, site)  # (its cut, if any)
     return []
   return store
-
-
-def _plans(treedef):
-  """A transform chain's plain indexers (refview's plans), or None."""
-  if treedef is None or treedef.num_leaves == 0:
-    return None
-  fill = refview._template(treedef)
-  return None if fill is None else fill.plans
 
 
 class Paths:

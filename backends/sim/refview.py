@@ -293,6 +293,17 @@ def _template(treedef):
   return fill
 
 
+def index_plans(treedef):
+  """A transform chain with dynamic leaves as plain indexers only: per
+  indexer, per axis (leaf position or None, static index or start, slice
+  size or None for an integer index, stride); None where the chain is
+  anything else (or has no dynamic leaves)."""
+  if treedef is None or not treedef.num_leaves:
+    return None
+  fill = _template(treedef)
+  return None if fill is None else fill.plans
+
+
 def compile_transforms(treedef):
   """Decodes a primitive's transform treedef once: returns f(ref, leaves) -> Ref.
   Static transforms (no dynamic leaves) are unflattened here, not per call;
