@@ -18,7 +18,7 @@ bytes there, which the L2 model of machine/timing.py counts once per wave."""
 import jax.numpy as jnp
 from jax.extend import core as jax_extend_core
 
-from pallas_sim.backends.sim import capture, refview
+from pallas_sim.backends.sim import capture, congruence, refview
 from pallas_sim.backends.sim.resources import inner, sub_jaxprs
 
 GRID = "the block's grid index"
@@ -40,8 +40,9 @@ class _Walk:
   `found` is the first control decision that varies, or the first that
   depends on data where one does: (taint, the user's file:line)."""
 
-  def __init__(self, grid_names):
+  def __init__(self, grid_names, starts=None):
     self.grid = {n: d for d, n in enumerate(grid_names)}
+    self.starts = starts  # (congruence.analyse: what integers are multiples of)
     self.loads = {}
     self.found = None
     self.float_matters = False  # a decision or an address depends on float math
@@ -53,8 +54,13 @@ class _Walk:
     # ("ref", k) and contents[k] what was put in it (reads give that)
     self.contents = {}
 
+  def leaves(self, eqn, first, n):
+    """The congruences of eqn's inputs first..first + n (None: unknown)."""
+    cs = self.starts.of(eqn) if self.starts is not None else None
+    return None if cs is None else cs[first:first + n]
 
-def analyse(jaxpr, grid_names, data_inputs=()):
+
+def analyse(jaxpr, grid_names, data_inputs=(), grid=()):
   """(variation, load axes) of a kernel, in one walk.
 
   variation: None, or (what the first varying control decision depends on,
@@ -62,10 +68,12 @@ def analyse(jaxpr, grid_names, data_inputs=()):
   dimensions its source address depends on, as a sorted tuple, or None
   where it depends on data}. `data_inputs`: positions of inputs that are
   values rather than refs and count as data (a kernel's inputs are refs:
-  what is read from them is)."""
+  what is read from them is). `grid`: the grid's sizes, which bound the
+  grid index (whether a box can reach past the array's end: _may_cut)."""
   taint = [frozenset([DATA]) if i in data_inputs else _NONE
            for i in range(len(jaxpr.invars))]
-  w = _Walk(grid_names)
+  sizes = dict(zip(grid_names, grid)) | dict(enumerate(grid))
+  w = _Walk(grid_names, congruence.analyse(jaxpr, sizes))
   _walk(jaxpr, taint, w)
   varies = None
   if w.found is not None:
@@ -201,14 +209,16 @@ def _eqn(eqn, ins, grid):
     # (which barrier it completes; and a box cut at the array's ends moves
     # fewer bytes: where the grid says, a decision)
     _decide(_union(ins[3 + ns + nd:3 + ns + nd + nb]), eqn, grid)
-    if _may_cut(eqn.invars[0].aval, p["src_transforms_treedef"]):
+    if _may_cut(eqn.invars[0].aval, p["src_transforms_treedef"],
+                grid.leaves(eqn, 3, ns)):
       _decide(_union(ins[3:3 + ns]) - {DATA}, eqn, grid)
   if name == "copy_smem_to_gmem":
     if p.get("has_user_predicate", False):
       _decide(ins[-1], eqn, grid)
     ns = refview.num_leaves(p["src_transforms_treedef"])
     nd = refview.num_leaves(p["dst_transforms_treedef"])
-    if _may_cut(eqn.invars[1].aval, p["dst_transforms_treedef"]):
+    if _may_cut(eqn.invars[1].aval, p["dst_transforms_treedef"],
+                grid.leaves(eqn, 2 + ns, nd)):
       _decide(_union(ins[2 + ns:2 + ns + nd]) - {DATA}, eqn, grid)
   if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
     _decide(_union(ins[1:]), eqn, grid)
@@ -234,21 +244,38 @@ def _eqn(eqn, ins, grid):
   return [taint] * n_out
 
 
-def _may_cut(aval, treedef):
+def _may_cut(aval, treedef, leaves):
   """Whether a TMA box through these GMEM transforms can reach past the
-  array's ends (TMA cuts it: fewer bytes, another time): a dynamic start
-  along an axis its size does not divide. (A start off the box's multiples
-  on an axis it divides is not seen: a known gap.)"""
+  array's ends in some block and not in another (TMA cuts it: fewer bytes,
+  another time): a start that depends on the block along an axis, unless
+  the box's size divides the axis and the start is always a multiple of
+  it (`leaves`: the congruences of the chain's dynamic leaves,
+  congruence.py). (A box wholly past the end, 0 bytes, is not seen: its
+  start would need bounds, not congruences.)"""
   if treedef is None or not treedef.num_leaves:
     return False
   shape = getattr(getattr(aval, "inner_aval", aval), "shape", ())
   plans = refview.index_plans(treedef)
-  if not plans:
+  if not plans or leaves is None:
     return True
-  for (i, _, size, _), dim in zip(plans[0], shape):
-    if i is not None and size is not None and dim % size:
-      return True
-  return False
+  # the view's axes: [axis of the array, the start's congruence, dynamic?]
+  axes = [[d, congruence.exactly(0), False] for d in range(len(shape))]
+  box = list(shape)
+  for plan in plans:
+    kept = []
+    for (i, static, size, stride), ax in zip(plan, axes):
+      c = leaves[i] if i is not None else congruence.exactly(static)
+      ax = [ax[0], congruence.add(ax[1], c), ax[2] or i is not None]
+      if size is None:  # (an integer index: the axis is gone, a box of 1)
+        continue
+      if ax[2] and stride != 1:
+        return True
+      box[ax[0]] = size
+      kept.append(ax)
+    axes = kept + axes[len(plan):]
+  return any(dynamic and (c[3] + box[d] > shape[d] if c[3] is not None else not (
+      shape[d] % box[d] == 0 and congruence.is_multiple(c, box[d])))
+             for d, c, dynamic in axes)
 
 
 def _scan(eqn, ins, grid):

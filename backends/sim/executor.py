@@ -130,7 +130,7 @@ class Executor:
     # Whether blocks' control flow differs (then estimate runs them all, and
     # the L2 model follows their loads: machine/timing.py); per TMA load
     # site, the grid axes its address depends on (L2 reuse).
-    found = block_classes.analyse(jaxpr, launch.grid_names)
+    found = block_classes.analyse(jaxpr, launch.grid_names, grid=launch.grid)
     p.variation, axes = found
     # Control flow that reads data runs on the values the kernel computes:
     # an estimate given arrays computes them for such a kernel (so that it

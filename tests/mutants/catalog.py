@@ -832,11 +832,25 @@ MUTANTS = [
            "        if shape is None:\n",
            ("tests/test_paths.py",)),
     Mutant("cut-box-unseen-in-one-class", "backends/sim/block_classes.py",
-           "a box whose dynamic start runs along an axis its size does not divide may "
-           "be cut: its grid index is a decision; the mutant misses it",
-           "    if i is not None and size is not None and dim % size:\n",
-           "    if False:\n",
-           ("tests/test_paths.py",)),
+           "a box whose start depends on the block may be cut at the array's end: "
+           "the start is a decision; the mutant misses every such box",
+           "  return any(dynamic and (c[3] + box[d] > shape[d]",
+           "  return False and any(dynamic and (c[3] + box[d] > shape[d]",
+           ("tests/test_paths.py", "tests/test_box_cuts.py")),
+    Mutant("cut-box-bounds-ignored", "backends/sim/block_classes.py",
+           "a start bounded by the grid reaches past the end where its highest value "
+           "plus the box does; the mutant looks at congruences alone (a box wholly "
+           "past the end, or one off its multiples on an axis it divides, unseen)",
+           "c[3] + box[d] > shape[d] if c[3] is not None else not (",
+           "False if c[3] is not None else not (",
+           ("tests/test_box_cuts.py",)),
+    Mutant("congruence-products-unknown", "backends/sim/congruence.py",
+           "a product carries its operands' congruences (b * 128 is a multiple of "
+           "128); the mutant knows nothing of it, and every tiled kernel's boxes "
+           "look like they may be cut",
+           "  return _norm(math.gcd(m1 * m2, m1 * r2, m2 * r1), r1 * r2, *bounds)",
+           "  return TOP",
+           ("tests/test_box_cuts.py",)),
     Mutant("pool-waited-on-when-interrupted", "backends/sim/parallel.py",
            "a run over workers that an exception interrupts kills them and does not "
            "wait on the pool",

@@ -1,0 +1,202 @@
+"""Which integers of a kernel are multiples of what, and within which
+bounds, read off its jaxpr: for block_classes, whether a TMA box whose
+start depends on the block can reach past the array's end (TMA cuts it
+there, or moves nothing: fewer bytes, another time).
+
+Each integer value gets (m, r, lo, hi): the value is r modulo m in every
+block and every loop trip (m == 0: it is r exactly; m == 1 says nothing),
+and lies in [lo, hi] (None: unbounded). `pl.ds(b * 128 + 64 * k, 128)`
+starts at a multiple of 64 (m = 64): of 128 only where m is 128 or a
+multiple of it. The grid index is bounded by the grid; sums, differences
+and products carry their operands' congruences and bounds; a loop's
+carries and a cond's outputs take the join of what reaches them (the gcd,
+the hull); anything else says nothing. (int32 arithmetic that wraps would
+break a congruence by anything but a power of two: box starts do not.)"""
+import math
+
+from jax.extend import core as jax_extend_core
+import numpy as np
+
+from pallas_sim.backends.sim.resources import inner, sub_jaxprs
+
+TOP = (1, 0, None, None)
+
+
+def exactly(value):
+  return (0, int(value), int(value), int(value))
+
+
+def _norm(m, r, lo, hi):
+  m = abs(int(m))
+  return (m, int(r) % m if m else int(r), lo, hi)
+
+
+def _hull(x, y, pick):
+  return None if x is None or y is None else pick(x, y)
+
+
+def join(a, b):
+  """What both a and b satisfy."""
+  return _norm(math.gcd(a[0], b[0], a[1] - b[1]), a[1],
+               _hull(a[2], b[2], min), _hull(a[3], b[3], max))
+
+
+def add(a, b, sign=1):
+  lo, hi = (b[2], b[3]) if sign > 0 else (_neg(b[3]), _neg(b[2]))
+  return _norm(math.gcd(a[0], b[0]), a[1] + sign * b[1],
+               _hull(a[2], lo, int.__add__), _hull(a[3], hi, int.__add__))
+
+
+def widen(old, new):
+  """A loop carry's next guess: the join, with any bound that moved given
+  up (a loop counter's would grow a step a round)."""
+  j = join(old, new)
+  return j[:2] + (j[2] if j[2] == old[2] else None, j[3] if j[3] == old[3] else None)
+
+
+def _neg(x):
+  return None if x is None else -x
+
+
+def _mul(a, b):
+  (m1, r1, lo1, hi1), (m2, r2, lo2, hi2) = a, b
+  bounds = (None, None)
+  if None not in (lo1, hi1, lo2, hi2):
+    corners = [x * y for x in (lo1, hi1) for y in (lo2, hi2)]
+    bounds = (min(corners), max(corners))
+  return _norm(math.gcd(m1 * m2, m1 * r2, m2 * r1), r1 * r2, *bounds)
+
+
+def is_multiple(c, size):
+  """Whether a value of c is a multiple of size, always."""
+  return c[1] % size == 0 and c[0] % size == 0
+
+
+class Starts:
+  """The walk's result: for each equation (by id), the join of its inputs'
+  congruences over every time it was walked."""
+
+  def __init__(self):
+    self.ins = {}
+
+  def of(self, eqn):
+    return self.ins.get(id(eqn))
+
+
+def analyse(jaxpr, grid=None):
+  """`grid`: axis name -> its size, which bounds the grid index."""
+  starts = Starts()
+  starts.grid = dict(grid or {})
+  _walk(jaxpr, [TOP] * (len(jaxpr.constvars) + len(jaxpr.invars)), starts)
+  return starts
+
+
+def _literal(v):
+  val = np.asarray(v.val)
+  if val.shape == () and np.issubdtype(val.dtype, np.integer):
+    return exactly(val)
+  return TOP
+
+
+def _walk(jaxpr, ins, starts):
+  env = {}
+  names = list(jaxpr.invars)
+  if len(ins) != len(names):  # (run_scoped: constvars first, as block_classes)
+    names = list(jaxpr.constvars) + names
+  for v, c in zip(names, ins):
+    env[v] = c
+
+  def get(v):
+    if isinstance(v, jax_extend_core.Literal):
+      return _literal(v)
+    return env.get(v, TOP)
+
+  for eqn in jaxpr.eqns:
+    cs = [get(v) for v in eqn.invars]
+    seen = starts.ins.get(id(eqn))
+    starts.ins[id(eqn)] = cs if seen is None else [join(a, b) for a, b in zip(seen, cs)]
+    for v, c in zip(eqn.outvars, _eqn(eqn, cs, starts)):
+      env[v] = c
+  return [get(v) for v in jaxpr.outvars]
+
+
+_ARITH = {"add": lambda a, b: add(a, b), "sub": lambda a, b: add(a, b, -1),
+          "mul": _mul}
+
+
+def _eqn(eqn, cs, starts):
+  name = eqn.primitive.name
+  p = eqn.params
+  n = len(eqn.outvars)
+  if name in _ARITH and len(cs) == 2:
+    return [_ARITH[name](*cs)]
+  if name == "neg":
+    return [add(exactly(0), cs[0], -1)]
+  if name in ("axis_index", "program_id"):
+    axis = p.get("axis_name", p.get("axis"))
+    if isinstance(axis, (tuple, list)):
+      axis = axis[0] if len(axis) == 1 else None
+    size = starts.grid.get(axis)
+    return [(1, 0, 0, size - 1) if size else TOP] * n
+  if name == "convert_element_type" and _integer(eqn.outvars[0]) and _integer(eqn.invars[0]):
+    return [cs[0]]
+  if name == "cond":
+    outs = None
+    for branch in p["branches"]:
+      b = _walk(inner(branch), cs[1:], starts)
+      outs = b if outs is None else [join(x, y) for x, y in zip(outs, b)]
+    return outs
+  if name == "while":
+    cn, bn = p["cond_nconsts"], p["body_nconsts"]
+    bc, carry = cs[cn:cn + bn], list(cs[cn + bn:])
+    body = inner(p["body_jaxpr"])
+    while True:  # (joins only coarsen: a fixpoint in a few rounds)
+      new = [widen(c, t) for c, t in zip(carry, _walk(body, bc + carry, starts))]
+      if new == carry:
+        break
+      carry = new
+    _walk(inner(p["cond_jaxpr"]), cs[:cn] + carry, starts)
+    return carry
+  if name == "scan" and "jaxpr" in p:
+    return _scan(eqn, cs, starts)
+  subs = [sub for v in p.values() for sub in sub_jaxprs(v)]
+  for sub in subs:  # (jit, run_scoped, maps: inputs by position where they agree)
+    if len(cs) == len(sub.invars):
+      sub_in = cs
+    elif len(cs) == len(sub.constvars):
+      sub_in = cs + [TOP] * len(sub.invars)
+    else:
+      sub_in = [TOP] * (len(sub.constvars) + len(sub.invars))
+    res = _walk(sub, sub_in, starts)
+    if len(subs) == 1 and len(res) == n:
+      return res
+  return [TOP] * n
+
+
+def _scan(eqn, cs, starts):
+  """lax.scan: its carries join what the body gives back; the per-trip
+  inputs say nothing (an xs element is any of them)."""
+  p = eqn.params
+  if "num_consts" in p:
+    nc, ncar = p["num_consts"], p["num_carry"]
+  else:  # (jax 0.11: flat trees of the consts, the carry and the xs)
+    ft = p.get("ft_in")
+    groups = ft.unpack() if hasattr(ft, "unpack") else ()
+    if len(groups) != 3 or sum(map(len, groups)) != len(cs):
+      return [TOP] * len(eqn.outvars)
+    nc, ncar = len(groups[0]), len(groups[1])
+  body = inner(p["jaxpr"])
+  consts, carry = cs[:nc], list(cs[nc:nc + ncar])
+  xs = [TOP] * (len(cs) - nc - ncar)
+  while True:
+    res = _walk(body, consts + carry + xs, starts)
+    new = [widen(c, t) for c, t in zip(carry, res[:ncar])]
+    if new == carry:
+      return carry + [TOP] * (len(eqn.outvars) - ncar)
+    carry = new
+
+
+def _integer(v):
+  dtype = getattr(v.aval, "dtype", None)
+  return (not hasattr(v.aval, "inner_aval") and dtype is not None
+          and np.issubdtype(dtype, np.integer))

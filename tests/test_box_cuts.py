@@ -1,0 +1,145 @@
+"""ps.estimate where a TMA box's start depends on the block: a box that
+reaches past the array's end in some blocks (TMA cuts it, or moves nothing)
+makes those blocks differ, and block_classes must see it
+(backends/sim/congruence.py says which starts are multiples of the box,
+and within which bounds)."""
+import jax
+import jax.numpy as jnp
+import pytest
+from hypothesis import given, settings, strategies as st
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from pallas_sim.backends.sim import block_classes, congruence
+from test_estimate import _full, _times
+
+F32 = jnp.float32
+S = jax.ShapeDtypeStruct
+
+
+def _windows(grid, box, stride, offset, chained=0, store=True):
+  """Block (i, j) loads the box `box` at (i * stride[0] + offset[0],
+  j * stride[1] + offset[1]) (through a second indexer `chained` rows into
+  a window twice the box's height, where chained) and stores it as its
+  output (by TMA, or from registers)."""
+  (g0, g1), (b0, b1) = grid, box
+
+  def fn(x):
+    @plgpu.kernel(out_type=S((g0, g1, b0, b1), F32), grid=grid, grid_names=("i", "j"),
+                  scratch_types=[plgpu.SMEM((b0, b1), F32), plgpu.Barrier()])
+    def k(x_ref, o_ref, tile, bar):
+      i, j = lax.axis_index("i"), lax.axis_index("j")
+      r = i * stride[0] + offset[0]
+      c = j * stride[1] + offset[1]
+      if chained:
+        src = x_ref.at[pl.ds(r, 2 * b0), pl.ds(c, b1)].at[pl.ds(chained, b0)]
+      else:
+        src = x_ref.at[pl.ds(r, b0), pl.ds(c, b1)]
+      plgpu.copy_gmem_to_smem(src, tile, bar)
+      plgpu.barrier_wait(bar)
+      if store:
+        plgpu.copy_smem_to_gmem(tile, o_ref.at[i, j])
+        plgpu.wait_smem_to_gmem(0)
+      else:
+        o_ref[i, j] = tile[...]
+    return k(x)
+  return fn
+
+
+def _estimated(fn, shape):
+  x = jnp.ones(shape, F32)
+  est, full = ps.estimate(fn, S(shape, F32)), _full(fn, x)
+  assert _times(est) == _times(full)
+  assert est.kernels[0].hbm_bytes == full.kernels[0].hbm_bytes
+  return est.kernels[0]
+
+
+@pytest.mark.parametrize("grid,box,stride,offset,shape,cut", [
+    ((4, 1), (64, 32), (64, 0), (16, 0), (256, 32), True),   # (off the box's multiples)
+    ((5, 1), (64, 32), (64, 0), (0, 0), (256, 32), True),    # (block 4: wholly past)
+    ((4, 1), (64, 32), (56, 0), (8, 0), (256, 32), False),   # (all within: bounded)
+    ((4, 1), (64, 32), (64, 0), (0, 0), (256, 32), False),   # (the quickstart's tiles)
+    ((1, 3), (8, 32), (0, 40), (0, 0), (8, 128), False),     # (0, 40, 80: within)
+    ((1, 3), (8, 32), (0, 52), (0, 0), (8, 128), True),      # (104 + 32 > 128)
+])
+def test_a_box_that_reaches_past_the_end_in_some_blocks_is_a_decision(
+    grid, box, stride, offset, shape, cut):
+  k = _estimated(_windows(grid, box, stride, offset), shape)
+  assert (k.simulated_blocks > 1) == cut
+
+
+@st.composite
+def _layouts(draw):
+  """Boxes, strides, offsets and array sizes around the cases that matter:
+  strides and array sizes the box divides, offsets off its multiples, grids
+  that reach past the end (minor-axis starts 16-byte aligned, as TMA needs)."""
+  g0, g1 = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+  b0, b1 = draw(st.sampled_from([8, 16, 24])), draw(st.sampled_from([16, 32]))
+  s0 = b0 * draw(st.integers(0, 2)) + draw(st.sampled_from([0, 0, 4, 8]))
+  s1 = b1 * draw(st.integers(0, 2)) + draw(st.sampled_from([0, 0, 4]))
+  o0, o1 = draw(st.sampled_from([0, 0, 4, 8, 16])), draw(st.sampled_from([0, 0, 8]))
+  chained = draw(st.sampled_from([0, 0, 3, 8]))
+  rows = max(b0 * draw(st.integers(1, 8)) + draw(st.sampled_from([0, 0, 4])),
+             b0 + o0 + chained)  # (block 0's box starts inside the array)
+  cols = max(b1 * draw(st.integers(1, 4)) + draw(st.sampled_from([0, 0, 4])), b1 + o1)
+  return (g0, g1), (b0, b1), (s0, s1), (o0, o1), chained, (rows, cols)
+
+
+@settings(max_examples=40, deadline=None)
+@given(layout=_layouts(), store=st.booleans())
+def test_estimate_equals_the_simulation_wherever_boxes_start(layout, store):
+  grid, box, stride, offset, chained, shape = layout
+  _estimated(_windows(grid, box, stride, offset, chained, store), shape)
+
+
+def test_congruences_and_bounds_of_index_math():
+  c = congruence
+  b = (1, 0, 0, 7)  # (a grid index of 8 blocks)
+  assert c.is_multiple(c._mul(b, c.exactly(128)), 128)
+  start = c.add(c._mul(b, c.exactly(128)), c._mul(c.TOP, c.exactly(64)))
+  assert not c.is_multiple(start, 128) and c.is_multiple(start, 64)
+  assert start[3] is None  # (the loop's part is unbounded)
+  assert c._mul(b, c.exactly(128))[2:] == (0, 896)
+  assert c.add(c.exactly(10), b, -1)[2:] == (3, 10)
+  assert c.join(c.exactly(4), c.exactly(10)) == (6, 4, 4, 10)
+  assert c.widen(c.exactly(0), c.exactly(1))[2:] == (0, None)
+
+
+def test_a_loop_counter_s_start_stays_a_multiple_of_its_box():
+  """pl.ds(b * 64 + k * 64, 64) in a loop over k: a multiple of 64, however
+  far k goes; on an axis 64 divides, never cut."""
+  def fn(x):
+    @plgpu.kernel(out_type=S((4, 64, 32), F32), grid=(4,), grid_names=("b",),
+                  scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.Barrier()])
+    def k(x_ref, o_ref, tile, bar):
+      b = lax.axis_index("b")
+
+      def step(t, c):
+        plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(b * 64 + t * 64, 64)], tile, bar)
+        plgpu.barrier_wait(bar)
+        return c
+      lax.fori_loop(0, 3, step, None)
+      o_ref[b] = tile[...]
+    return k(x)
+  jaxpr = jax.make_jaxpr(fn)(S((448, 32), F32))
+  assert block_classes.analyse(_kernel_jaxpr(jaxpr), ("b",), grid=(4,))[0] is None
+  assert _estimated(fn, (448, 32)).simulated_blocks == 1
+
+
+def _kernel_jaxpr(jaxpr):
+  """The kernel body inside a traced plgpu.kernel call."""
+  stack = [jaxpr.jaxpr]
+  while stack:
+    j = stack.pop()
+    for eqn in j.eqns:
+      if eqn.primitive.name == "mpmd_map":
+        return eqn.params["jaxprs"][0]
+      for v in eqn.params.values():
+        for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+          if hasattr(sub, "eqns"):
+            stack.append(sub)
+          elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
+            stack.append(sub.jaxpr)
+  raise AssertionError("no kernel in the jaxpr")
