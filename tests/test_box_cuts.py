@@ -63,6 +63,7 @@ def _estimated(fn, shape):
     ((4, 1), (64, 32), (64, 0), (0, 0), (256, 32), False),   # (the quickstart's tiles)
     ((1, 3), (8, 32), (0, 40), (0, 0), (8, 128), False),     # (0, 40, 80: within)
     ((1, 3), (8, 32), (0, 52), (0, 0), (8, 128), True),      # (104 + 32 > 128)
+    ((4, 1), (64, 32), (64, 0), (-8, 0), (256, 32), True),   # (block 0 from row -8)
 ])
 def test_a_box_that_reaches_past_the_end_in_some_blocks_is_a_decision(
     grid, box, stride, offset, shape, cut):
@@ -94,6 +95,66 @@ def test_estimate_equals_the_simulation_wherever_boxes_start(layout, store):
   _estimated(_windows(grid, box, stride, offset, chained, store), shape)
 
 
+def _in_a_loop(start, trips=3, rows=256, closed=0):
+  """Block b loads 64 rows from start(b, t) on each of `trips` loop trips,
+  inside a run_scoped that closes over `closed` more values and allocates
+  as many as it closes over when closed > 0 (the two counts alike)."""
+  def fn(x):
+    @plgpu.kernel(out_type=S((4, 64, 32), F32), grid=(4,), grid_names=("b",))
+    def k(x_ref, o_ref):
+      b = lax.axis_index("b")
+      extra = [b + i for i in range(closed)]
+
+      def body(tile, bar, *allocs):
+        def step(t, c):
+          plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(start(b, t) + 0 * sum(extra), 64)],
+                                  tile, bar)
+          plgpu.barrier_wait(bar)
+          return c
+        lax.fori_loop(0, trips, step, None)
+        o_ref[b] = tile[...]
+      # (allocations: as many as it closes over, x_ref, o_ref, b and extra)
+      n = 3 + closed if closed else 2
+      pl.run_scoped(body, plgpu.SMEM((64, 32), F32), plgpu.Barrier(),
+                    *[plgpu.SMEM((8,), F32)] * (n - 2))
+    return k(x)
+  return fn
+
+
+@pytest.mark.parametrize("start,cut", [
+    (lambda b, t: (b + t) * 64, True),       # (block 3 goes past the end: the loop's bounds)
+    (lambda b, t: b * 64 - t, True),         # (before row 0 from the second trip)
+    (lambda b, t: b * 32 + t * 32, False),   # (off 64s multiples, but within: the bounds)
+])
+@pytest.mark.parametrize("closed", [0, 2])
+def test_a_loop_counter_bounds_a_start_over_the_loops_length(start, cut, closed):
+  k = _estimated(_in_a_loop(start, closed=closed), (256, 32))
+  assert (k.simulated_blocks > 1) == cut
+
+
+def test_a_decision_inside_a_scope_that_allocates_as_many_as_it_closes_over():
+  """run_scoped's body takes what it closes over first, then its
+  allocations; with as many of each, the grid index once lost its way (one
+  class where there are two)."""
+  def fn(x):
+    @plgpu.kernel(out_type=S((4, 128), F32), grid=(4,), grid_names=("b",))
+    def k(x_ref, o_ref):
+      b = lax.axis_index("b")
+      v = x_ref[b]
+
+      def body(s1, s2, s3):  # (closes over b, v and o_ref: three)
+        s1[...] = lax.cond(b % 2 == 0, lambda u: jnp.exp(u) * 0.5 + u, lambda u: u, v)
+        s2[...] = s1[...]
+        o_ref[b] = s2[...]
+      pl.run_scoped(body, *[plgpu.SMEM((128,), F32)] * 3)
+    return k(x)
+  scopes = [e.params["jaxpr"] for e in _eqns(jax.make_jaxpr(fn)(S((4, 128), F32)).jaxpr)
+            if e.primitive.name == "run_scoped"]
+  assert any(len(j.constvars) == len(j.invars) == 3 for j in scopes)
+  k = _estimated(fn, (4, 128))
+  assert k.simulated_blocks == 2 and k.block_cycles_max > k.block_cycles_min
+
+
 def test_congruences_and_bounds_of_index_math():
   c = congruence
   b = (1, 0, 0, 7)  # (a grid index of 8 blocks)
@@ -108,38 +169,43 @@ def test_congruences_and_bounds_of_index_math():
 
 
 def test_a_loop_counter_s_start_stays_a_multiple_of_its_box():
-  """pl.ds(b * 64 + k * 64, 64) in a loop over k: a multiple of 64, however
-  far k goes; on an axis 64 divides, never cut."""
+  """pl.ds(b * 64 + k * 64, 64) in a while loop over k (no trip count to
+  bound k): a multiple of 64, however far k goes; on an axis 64 divides,
+  never cut."""
   def fn(x):
     @plgpu.kernel(out_type=S((4, 64, 32), F32), grid=(4,), grid_names=("b",),
                   scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.Barrier()])
     def k(x_ref, o_ref, tile, bar):
       b = lax.axis_index("b")
 
-      def step(t, c):
+      def step(t):
         plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(b * 64 + t * 64, 64)], tile, bar)
         plgpu.barrier_wait(bar)
-        return c
-      lax.fori_loop(0, 3, step, None)
+        return t + 1
+      lax.while_loop(lambda t: t < 3, step, 0)
       o_ref[b] = tile[...]
     return k(x)
   jaxpr = jax.make_jaxpr(fn)(S((448, 32), F32))
-  assert block_classes.analyse(_kernel_jaxpr(jaxpr), ("b",), grid=(4,))[0] is None
+  assert block_classes.analyse(_kernel_jaxpr(jaxpr), ("b",), sizes={"b": 4})[0] is None
   assert _estimated(fn, (448, 32)).simulated_blocks == 1
 
 
-def _kernel_jaxpr(jaxpr):
-  """The kernel body inside a traced plgpu.kernel call."""
-  stack = [jaxpr.jaxpr]
+def _eqns(jaxpr):
+  """Every equation of a jaxpr, nested ones included."""
+  stack = [jaxpr]
   while stack:
     j = stack.pop()
     for eqn in j.eqns:
-      if eqn.primitive.name == "mpmd_map":
-        return eqn.params["jaxprs"][0]
+      yield eqn
       for v in eqn.params.values():
         for sub in (v if isinstance(v, (tuple, list)) else (v,)):
           if hasattr(sub, "eqns"):
             stack.append(sub)
           elif hasattr(sub, "jaxpr") and hasattr(sub.jaxpr, "eqns"):
             stack.append(sub.jaxpr)
-  raise AssertionError("no kernel in the jaxpr")
+
+
+def _kernel_jaxpr(jaxpr):
+  """The kernel body inside a traced plgpu.kernel call."""
+  return next(e.params["jaxprs"][0] for e in _eqns(jaxpr.jaxpr)
+              if e.primitive.name == "mpmd_map")

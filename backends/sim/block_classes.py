@@ -60,7 +60,7 @@ class _Walk:
     return None if cs is None else cs[first:first + n]
 
 
-def analyse(jaxpr, grid_names, data_inputs=(), grid=()):
+def analyse(jaxpr, grid_names, data_inputs=(), sizes=None):
   """(variation, load axes) of a kernel, in one walk.
 
   variation: None, or (what the first varying control decision depends on,
@@ -68,11 +68,11 @@ def analyse(jaxpr, grid_names, data_inputs=(), grid=()):
   dimensions its source address depends on, as a sorted tuple, or None
   where it depends on data}. `data_inputs`: positions of inputs that are
   values rather than refs and count as data (a kernel's inputs are refs:
-  what is read from them is). `grid`: the grid's sizes, which bound the
-  grid index (whether a box can reach past the array's end: _may_cut)."""
+  what is read from them is). `sizes`: axis name (and grid dimension) ->
+  its size, which bound the indices (whether a box can reach past the
+  array's end: _cut_leaves)."""
   taint = [frozenset([DATA]) if i in data_inputs else _NONE
            for i in range(len(jaxpr.invars))]
-  sizes = dict(zip(grid_names, grid)) | dict(enumerate(grid))
   w = _Walk(grid_names, congruence.analyse(jaxpr, sizes))
   _walk(jaxpr, taint, w)
   varies = None
@@ -209,17 +209,17 @@ def _eqn(eqn, ins, grid):
     # (which barrier it completes; and a box cut at the array's ends moves
     # fewer bytes: where the grid says, a decision)
     _decide(_union(ins[3 + ns + nd:3 + ns + nd + nb]), eqn, grid)
-    if _may_cut(eqn.invars[0].aval, p["src_transforms_treedef"],
-                grid.leaves(eqn, 3, ns)):
-      _decide(_union(ins[3:3 + ns]) - {DATA}, eqn, grid)
+    cut = _cut_leaves(eqn.invars[0].aval, p["src_transforms_treedef"],
+                      grid.leaves(eqn, 3, ns))
+    _decide(_union(ins[3 + k] for k in cut) - {DATA}, eqn, grid)
   if name == "copy_smem_to_gmem":
     if p.get("has_user_predicate", False):
       _decide(ins[-1], eqn, grid)
     ns = refview.num_leaves(p["src_transforms_treedef"])
     nd = refview.num_leaves(p["dst_transforms_treedef"])
-    if _may_cut(eqn.invars[1].aval, p["dst_transforms_treedef"],
-                grid.leaves(eqn, 2 + ns, nd)):
-      _decide(_union(ins[2 + ns:2 + ns + nd]) - {DATA}, eqn, grid)
+    cut = _cut_leaves(eqn.invars[1].aval, p["dst_transforms_treedef"],
+                      grid.leaves(eqn, 2 + ns, nd))
+    _decide(_union(ins[2 + ns + k] for k in cut) - {DATA}, eqn, grid)
   if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
     _decide(_union(ins[1:]), eqn, grid)
   if name == "delay":
@@ -244,38 +244,45 @@ def _eqn(eqn, ins, grid):
   return [taint] * n_out
 
 
-def _may_cut(aval, treedef, leaves):
-  """Whether a TMA box through these GMEM transforms can reach past the
-  array's ends in some block and not in another (TMA cuts it: fewer bytes,
-  another time): a start that depends on the block along an axis, unless
-  the box's size divides the axis and the start is always a multiple of
-  it (`leaves`: the congruences of the chain's dynamic leaves,
-  congruence.py). (A box wholly past the end, 0 bytes, is not seen: its
-  start would need bounds, not congruences.)"""
+def _cut_leaves(aval, treedef, leaves):
+  """Which of a TMA box's dynamic start leaves (positions in the transform
+  chain's leaves) may take it past its view's ends in some block and not
+  in another (TMA cuts it there, or moves nothing: fewer bytes, another
+  time). Each indexer of the chain is held to the view it indexes, as the
+  simulator cuts (refview); an integer index is a box of one. A start may
+  pass the ends where its bounds do (below 0, or its highest plus the box
+  past the end) or, bounds unknown, unless the box's size divides the axis
+  and the start is always a multiple of it (`leaves`: the leaves'
+  congruences, congruence.py; None: unknown, every leaf). (A start with no
+  bounds that is a multiple of the box, wholly past the end in some block,
+  is not seen.)"""
   if treedef is None or not treedef.num_leaves:
-    return False
-  shape = getattr(getattr(aval, "inner_aval", aval), "shape", ())
+    return ()
   plans = refview.index_plans(treedef)
   if not plans or leaves is None:
-    return True
-  # the view's axes: [axis of the array, the start's congruence, dynamic?]
-  axes = [[d, congruence.exactly(0), False] for d in range(len(shape))]
-  box = list(shape)
+    return range(treedef.num_leaves)
+  dims = list(getattr(getattr(aval, "inner_aval", aval), "shape", ()))
+  cut = []
   for plan in plans:
     kept = []
-    for (i, static, size, stride), ax in zip(plan, axes):
-      c = leaves[i] if i is not None else congruence.exactly(static)
-      ax = [ax[0], congruence.add(ax[1], c), ax[2] or i is not None]
-      if size is None:  # (an integer index: the axis is gone, a box of 1)
-        continue
-      if ax[2] and stride != 1:
-        return True
-      box[ax[0]] = size
-      kept.append(ax)
-    axes = kept + axes[len(plan):]
-  return any(dynamic and (c[3] + box[d] > shape[d] if c[3] is not None else not (
-      shape[d] % box[d] == 0 and congruence.is_multiple(c, box[d])))
-             for d, c, dynamic in axes)
+    for (i, _, size, stride), dim in zip(plan, dims):
+      if size is not None:
+        kept.append(size)
+      if i is not None and (size is not None and stride != 1 or _may_pass(
+          leaves[i], 1 if size is None else size, dim)):
+        cut.append(i)
+    dims = kept + dims[len(plan):]
+  return cut
+
+
+def _may_pass(c, size, dim):
+  """Whether [start, start + size) may leave [0, dim), start of c."""
+  _, _, lo, hi = c
+  if lo is not None and lo < 0 or hi is not None and hi + size > dim:
+    return True
+  if lo is not None and hi is not None:
+    return False
+  return not (dim % size == 0 and congruence.is_multiple(c, size))
 
 
 def _scan(eqn, ins, grid):
@@ -330,10 +337,10 @@ def _calls(eqn, ins, subs, grid):
   n_out = len(eqn.outvars)
   outs = [_NONE] * n_out
   for sub in subs:
-    if len(ins) == len(sub.invars):
+    if eqn.primitive.name == "run_scoped":  # (what it closes over: see _walk)
+      sub_in = list(ins[:len(sub.constvars)]) + [_NONE] * len(sub.invars)
+    elif len(ins) == len(sub.invars):
       sub_in = list(ins)
-    elif len(ins) == len(sub.constvars):  # (run_scoped: see _walk)
-      sub_in = list(ins) + [_NONE] * len(sub.invars)
     else:
       sub_in = [_union(ins)] * (len(sub.constvars) + len(sub.invars))
     while True:

@@ -124,6 +124,17 @@ _ARITH = {"add": lambda a, b: add(a, b), "sub": lambda a, b: add(a, b, -1),
           "mul": _mul}
 
 
+def _max(a, b):
+  """max(a, b): at least either's lowest; at most the larger highest."""
+  lows = [x for x in (a[2], b[2]) if x is not None]
+  return join(a, b)[:2] + (max(lows) if lows else None, _hull(a[3], b[3], max))
+
+
+def _min(a, b):
+  highs = [x for x in (a[3], b[3]) if x is not None]
+  return join(a, b)[:2] + (_hull(a[2], b[2], min), min(highs) if highs else None)
+
+
 def _eqn(eqn, cs, starts):
   name = eqn.primitive.name
   p = eqn.params
@@ -132,13 +143,27 @@ def _eqn(eqn, cs, starts):
     return [_ARITH[name](*cs)]
   if name == "neg":
     return [add(exactly(0), cs[0], -1)]
+  if name == "max":
+    return [_max(*cs)]
+  if name == "min":
+    return [_min(*cs)]
+  if name == "clamp":  # (clamp(lo, x, hi))
+    return [_min(_max(cs[0], cs[1]), cs[2])]
+  if name == "select_n":  # (one of the cases)
+    out = cs[1]
+    for c in cs[2:]:
+      out = join(out, c)
+    return [out]
+  if name == "multiple_of":  # (the user's promise, as the lowering takes it)
+    m = math.lcm(*p["values"]) if p.get("values") else 1
+    return [cs[0] if is_multiple(cs[0], m) else (m, 0) + cs[0][2:]]
   if name in ("axis_index", "program_id"):
     axis = p.get("axis_name", p.get("axis"))
     if isinstance(axis, (tuple, list)):
       axis = axis[0] if len(axis) == 1 else None
     size = starts.grid.get(axis)
     return [(1, 0, 0, size - 1) if size else TOP] * n
-  if name == "convert_element_type" and _integer(eqn.outvars[0]) and _integer(eqn.invars[0]):
+  if name == "convert_element_type" and _widens(eqn.invars[0], eqn.outvars[0]):
     return [cs[0]]
   if name == "cond":
     outs = None
@@ -160,11 +185,11 @@ def _eqn(eqn, cs, starts):
   if name == "scan" and "jaxpr" in p:
     return _scan(eqn, cs, starts)
   subs = [sub for v in p.values() for sub in sub_jaxprs(v)]
-  for sub in subs:  # (jit, run_scoped, maps: inputs by position where they agree)
-    if len(cs) == len(sub.invars):
+  for sub in subs:  # (jit, maps: inputs by position where they agree)
+    if name == "run_scoped":  # (what it closes over, then its allocations)
+      sub_in = cs[:len(sub.constvars)] + [TOP] * len(sub.invars)
+    elif len(cs) == len(sub.invars):
       sub_in = cs
-    elif len(cs) == len(sub.constvars):
-      sub_in = cs + [TOP] * len(sub.invars)
     else:
       sub_in = [TOP] * (len(sub.constvars) + len(sub.invars))
     res = _walk(sub, sub_in, starts)
@@ -175,7 +200,9 @@ def _eqn(eqn, cs, starts):
 
 def _scan(eqn, cs, starts):
   """lax.scan: its carries join what the body gives back; the per-trip
-  inputs say nothing (an xs element is any of them)."""
+  inputs say nothing (an xs element is any of them). A carry whose bounds
+  move by the same step each trip (a loop counter, a wrapping index) keeps
+  them, over the scan's length (_stepped); the others' are given up."""
   p = eqn.params
   if "num_consts" in p:
     nc, ncar = p["num_consts"], p["num_carry"]
@@ -188,15 +215,53 @@ def _scan(eqn, cs, starts):
   body = inner(p["jaxpr"])
   consts, carry = cs[:nc], list(cs[nc:nc + ncar])
   xs = [TOP] * (len(cs) - nc - ncar)
+  run = lambda c: _walk(body, consts + c + xs, starts)[:ncar]
+  pinned, carry = _stepped(run, carry, p.get("length"))
   while True:
-    res = _walk(body, consts + carry + xs, starts)
-    new = [widen(c, t) for c, t in zip(carry, res[:ncar])]
+    res = run(carry)
+    new = [join(c, t)[:2] + c[2:] if j in pinned else widen(c, t)
+           for j, (c, t) in enumerate(zip(carry, res))]
     if new == carry:
-      return carry + [TOP] * (len(eqn.outvars) - ncar)
+      break
     carry = new
+  # (after the last trip: one step further)
+  out = [c[:2] + (_hull(c[2], t[2], min), _hull(c[3], t[3], max)) if j in pinned else c
+         for j, (c, t) in enumerate(zip(carry, res))]
+  return out + [TOP] * (len(eqn.outvars) - ncar)
 
 
-def _integer(v):
-  dtype = getattr(v.aval, "dtype", None)
-  return (not hasattr(v.aval, "inner_aval") and dtype is not None
-          and np.issubdtype(dtype, np.integer))
+def _stepped(run, carry, length):
+  """The carries whose bounds move by a constant step a trip: (their
+  positions, the carries with those bounds spread over `length` trips).
+  The step is what one trip does to the initial bounds, checked again on
+  the spread ones (a counter, i + 1, or an index that wraps to 0, does the
+  same to both)."""
+  if not length or length < 2:
+    return set(), carry
+  first = run(carry)
+  spread = list(carry)
+  steps = {}
+  for j, (c, t) in enumerate(zip(carry, first)):
+    if None in (c[2], c[3], t[2], t[3]):
+      continue
+    lo, hi = t[2] - c[2], t[3] - c[3]
+    n = length - 1
+    steps[j] = (lo, hi)
+    spread[j] = join(c, t)[:2] + (c[2] + min(0, lo * n), c[3] + max(0, hi * n))
+  if not steps:
+    return set(), carry
+  again = run(spread)
+  pinned = {j for j, (lo, hi) in steps.items()
+            if None not in again[j][2:]
+            and (again[j][2] - spread[j][2], again[j][3] - spread[j][3]) == (lo, hi)}
+  return pinned, [s if j in pinned else c for j, (s, c) in enumerate(zip(spread, carry))]
+
+
+def _widens(src, dst):
+  """Whether an integer conversion keeps every value (int8 -> int32 does;
+  int32 -> int8 wraps)."""
+  a, b = (getattr(v.aval, "dtype", None) for v in (src, dst))
+  if hasattr(src.aval, "inner_aval") or a is None or b is None:
+    return False
+  a, b = np.dtype(a), np.dtype(b)
+  return a.kind in "iu" and b.kind in "iu" and np.can_cast(a, b, "safe")

@@ -56,6 +56,15 @@ def _from_the_pool(exc):
   return top in sys.stdlib_module_names or top == "pallas_sim"
 
 
+def _axis_sizes(launch):
+  """Axis name (a grid axis also by its dimension) -> its size: the bounds
+  of the indices a kernel reads (block_classes.analyse)."""
+  sizes = dict(zip(launch.cluster_names, launch.cluster))
+  if launch.thread_name is not None and launch.num_threads:
+    sizes[launch.thread_name] = launch.num_threads
+  return sizes | dict(zip(launch.grid_names, launch.grid)) | dict(enumerate(launch.grid))
+
+
 class Executor:
   """Receives launches from capture; accumulates a Report.
 
@@ -130,7 +139,7 @@ class Executor:
     # Whether blocks' control flow differs (then estimate runs them all, and
     # the L2 model follows their loads: machine/timing.py); per TMA load
     # site, the grid axes its address depends on (L2 reuse).
-    found = block_classes.analyse(jaxpr, launch.grid_names, grid=launch.grid)
+    found = block_classes.analyse(jaxpr, launch.grid_names, sizes=_axis_sizes(launch))
     p.variation, axes = found
     # Control flow that reads data runs on the values the kernel computes:
     # an estimate given arrays computes them for such a kernel (so that it

@@ -834,15 +834,33 @@ MUTANTS = [
     Mutant("cut-box-unseen-in-one-class", "backends/sim/block_classes.py",
            "a box whose start depends on the block may be cut at the array's end: "
            "the start is a decision; the mutant misses every such box",
-           "  return any(dynamic and (c[3] + box[d] > shape[d]",
-           "  return False and any(dynamic and (c[3] + box[d] > shape[d]",
+           "        cut.append(i)\n",
+           "        pass\n",
            ("tests/test_paths.py", "tests/test_box_cuts.py")),
     Mutant("cut-box-bounds-ignored", "backends/sim/block_classes.py",
            "a start bounded by the grid reaches past the end where its highest value "
            "plus the box does; the mutant looks at congruences alone (a box wholly "
            "past the end, or one off its multiples on an axis it divides, unseen)",
-           "c[3] + box[d] > shape[d] if c[3] is not None else not (",
-           "False if c[3] is not None else not (",
+           "hi is not None and hi + size > dim:",
+           "hi is not None and False:",
+           ("tests/test_box_cuts.py",)),
+    Mutant("cut-box-start-below-zero-unseen", "backends/sim/block_classes.py",
+           "a start whose lowest value is below 0 (a halo) cuts the box at the "
+           "array's front; the mutant looks at the end alone",
+           "  if lo is not None and lo < 0 or hi",
+           "  if False or hi",
+           ("tests/test_box_cuts.py",)),
+    Mutant("congruence-loop-bounds-given-up", "backends/sim/congruence.py",
+           "a loop counter is bounded by the scan's length; the mutant gives the "
+           "bounds up, and a box a later trip takes past the end is unseen",
+           "  if not length or length < 2:\n",
+           "  if True:\n",
+           ("tests/test_box_cuts.py",)),
+    Mutant("run-scoped-inputs-misplaced", "backends/sim/block_classes.py",
+           "run_scoped's body takes what it closes over, then its allocations; the "
+           "mutant binds the inputs to the allocations where the counts agree",
+           "    if eqn.primitive.name == \"run_scoped\":  # (what it closes over: see _walk)\n",
+           "    if eqn.primitive.name == \"run_scoped\" and len(ins) != len(sub.invars):\n",
            ("tests/test_box_cuts.py",)),
     Mutant("congruence-products-unknown", "backends/sim/congruence.py",
            "a product carries its operands' congruences (b * 128 is a multiple of "
