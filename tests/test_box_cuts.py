@@ -19,11 +19,12 @@ F32 = jnp.float32
 S = jax.ShapeDtypeStruct
 
 
-def _windows(grid, box, stride, offset, chained=0, store=True):
+def _windows(grid, box, stride, offset, chained=0, store=True, trips=0, step=0):
   """Block (i, j) loads the box `box` at (i * stride[0] + offset[0],
   j * stride[1] + offset[1]) (through a second indexer `chained` rows into
-  a window twice the box's height, where chained) and stores it as its
-  output (by TMA, or from registers)."""
+  a window twice the box's height, where chained; with `trips`, on each
+  trip t of a loop, `step` * t rows further) and stores it as its output
+  (by TMA, or from registers)."""
   (g0, g1), (b0, b1) = grid, box
 
   def fn(x):
@@ -31,14 +32,20 @@ def _windows(grid, box, stride, offset, chained=0, store=True):
                   scratch_types=[plgpu.SMEM((b0, b1), F32), plgpu.Barrier()])
     def k(x_ref, o_ref, tile, bar):
       i, j = lax.axis_index("i"), lax.axis_index("j")
-      r = i * stride[0] + offset[0]
-      c = j * stride[1] + offset[1]
-      if chained:
-        src = x_ref.at[pl.ds(r, 2 * b0), pl.ds(c, b1)].at[pl.ds(chained, b0)]
+
+      def load(t):
+        r = i * stride[0] + offset[0] + t * step
+        c = j * stride[1] + offset[1]
+        if chained:
+          src = x_ref.at[pl.ds(r, 2 * b0), pl.ds(c, b1)].at[pl.ds(chained, b0)]
+        else:
+          src = x_ref.at[pl.ds(r, b0), pl.ds(c, b1)]
+        plgpu.copy_gmem_to_smem(src, tile, bar)
+        plgpu.barrier_wait(bar)
+      if trips:
+        lax.fori_loop(0, trips, lambda t, c: load(t), None)
       else:
-        src = x_ref.at[pl.ds(r, b0), pl.ds(c, b1)]
-      plgpu.copy_gmem_to_smem(src, tile, bar)
-      plgpu.barrier_wait(bar)
+        load(0)
       if store:
         plgpu.copy_smem_to_gmem(tile, o_ref.at[i, j])
         plgpu.wait_smem_to_gmem(0)
@@ -74,25 +81,28 @@ def test_a_box_that_reaches_past_the_end_in_some_blocks_is_a_decision(
 @st.composite
 def _layouts(draw):
   """Boxes, strides, offsets and array sizes around the cases that matter:
-  strides and array sizes the box divides, offsets off its multiples, grids
-  that reach past the end (minor-axis starts 16-byte aligned, as TMA needs)."""
+  strides and array sizes the box divides, offsets off its multiples or
+  below 0, grids and loops that reach past the end (minor-axis starts
+  16-byte aligned, as TMA needs)."""
   g0, g1 = draw(st.integers(1, 5)), draw(st.integers(1, 3))
   b0, b1 = draw(st.sampled_from([8, 16, 24])), draw(st.sampled_from([16, 32]))
   s0 = b0 * draw(st.integers(0, 2)) + draw(st.sampled_from([0, 0, 4, 8]))
   s1 = b1 * draw(st.integers(0, 2)) + draw(st.sampled_from([0, 0, 4]))
-  o0, o1 = draw(st.sampled_from([0, 0, 4, 8, 16])), draw(st.sampled_from([0, 0, 8]))
+  o0, o1 = draw(st.sampled_from([-8, 0, 0, 4, 8, 16])), draw(st.sampled_from([0, 0, 8]))
   chained = draw(st.sampled_from([0, 0, 3, 8]))
+  trips = draw(st.sampled_from([0, 0, 2, 3]))
+  step = draw(st.sampled_from([0, b0, 8])) if trips else 0
   rows = max(b0 * draw(st.integers(1, 8)) + draw(st.sampled_from([0, 0, 4])),
-             b0 + o0 + chained)  # (block 0's box starts inside the array)
+             b0 + max(o0, 0) + chained)  # (block 0's first box starts inside)
   cols = max(b1 * draw(st.integers(1, 4)) + draw(st.sampled_from([0, 0, 4])), b1 + o1)
-  return (g0, g1), (b0, b1), (s0, s1), (o0, o1), chained, (rows, cols)
+  return (g0, g1), (b0, b1), (s0, s1), (o0, o1), chained, trips, step, (rows, cols)
 
 
 @settings(max_examples=40, deadline=None)
 @given(layout=_layouts(), store=st.booleans())
 def test_estimate_equals_the_simulation_wherever_boxes_start(layout, store):
-  grid, box, stride, offset, chained, shape = layout
-  _estimated(_windows(grid, box, stride, offset, chained, store), shape)
+  grid, box, stride, offset, chained, trips, step, shape = layout
+  _estimated(_windows(grid, box, stride, offset, chained, store, trips, step), shape)
 
 
 def _in_a_loop(start, trips=3, rows=256, closed=0):
@@ -153,6 +163,29 @@ def test_a_decision_inside_a_scope_that_allocates_as_many_as_it_closes_over():
   assert any(len(j.constvars) == len(j.invars) == 3 for j in scopes)
   k = _estimated(fn, (4, 128))
   assert k.simulated_blocks == 2 and k.block_cycles_max > k.block_cycles_min
+
+
+def test_a_start_read_from_memory_that_may_cut_runs_every_block_on_its_data():
+  """Each block loads its own offset (a tile of int32 from the GMEM), then
+  64 rows from there: block 3's box is cut at the end. Its start is data,
+  not the grid index: a decision on data (every block runs, on its values)."""
+  def fn(x, starts):
+    @plgpu.kernel(out_type=S((4, 64, 32), F32), grid=(4,), grid_names=("b",),
+                  scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.SMEM((128,), jnp.int32),
+                                 plgpu.Barrier()])
+    def k(x_ref, s_ref, o_ref, tile, idx, bar):
+      b = lax.axis_index("b")
+      plgpu.copy_gmem_to_smem(s_ref.at[b], idx, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(idx[0], 64)], tile, bar)
+      plgpu.barrier_wait(bar)
+      o_ref[b] = tile[...]
+    return k(x, starts)
+  x = jnp.ones((256, 32), F32)
+  starts = jnp.broadcast_to(jnp.array([0, 64, 128, 224], jnp.int32)[:, None], (4, 128))
+  est, full = ps.estimate(fn, x, starts), _full(fn, x, starts)
+  assert _times(est) == _times(full) and est.kernels[0].tma_load_bytes == 3 * 8192 + 4096 + 4 * 512
+  assert "values read from memory" in est.kernels[0].classes
 
 
 def test_congruences_and_bounds_of_index_math():

@@ -207,11 +207,11 @@ def _eqn(eqn, ins, grid):
     if p.get("has_user_predicate", False):
       _decide(ins[3 + ns + nd + nb], eqn, grid)
     # (which barrier it completes; and a box cut at the array's ends moves
-    # fewer bytes: where the grid says, a decision)
+    # fewer bytes: where its start depends on the grid or on data, a decision)
     _decide(_union(ins[3 + ns + nd:3 + ns + nd + nb]), eqn, grid)
     cut = _cut_leaves(eqn.invars[0].aval, p["src_transforms_treedef"],
                       grid.leaves(eqn, 3, ns))
-    _decide(_union(ins[3 + k] for k in cut) - {DATA}, eqn, grid)
+    _decide(_union(ins[3 + k] for k in cut), eqn, grid)
   if name == "copy_smem_to_gmem":
     if p.get("has_user_predicate", False):
       _decide(ins[-1], eqn, grid)
@@ -219,7 +219,7 @@ def _eqn(eqn, ins, grid):
     nd = refview.num_leaves(p["dst_transforms_treedef"])
     cut = _cut_leaves(eqn.invars[1].aval, p["dst_transforms_treedef"],
                       grid.leaves(eqn, 2 + ns, nd))
-    _decide(_union(ins[2 + ns + k] for k in cut) - {DATA}, eqn, grid)
+    _decide(_union(ins[2 + ns + k] for k in cut), eqn, grid)
   if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
     _decide(_union(ins[1:]), eqn, grid)
   if name == "delay":

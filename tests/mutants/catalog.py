@@ -844,6 +844,12 @@ MUTANTS = [
            "hi is not None and hi + size > dim:",
            "hi is not None and False:",
            ("tests/test_box_cuts.py",)),
+    Mutant("data-cut-not-a-decision", "backends/sim/block_classes.py",
+           "a box whose start is read from memory may be cut in some blocks: a "
+           "decision on data; the mutant leaves data out of it",
+           "    _decide(_union(ins[3 + k] for k in cut), eqn, grid)\n",
+           "    _decide(_union(ins[3 + k] for k in cut) - {DATA}, eqn, grid)\n",
+           ("tests/test_box_cuts.py",)),
     Mutant("cut-box-start-below-zero-unseen", "backends/sim/block_classes.py",
            "a start whose lowest value is below 0 (a halo) cuts the box at the "
            "array's front; the mutant looks at the end alone",
