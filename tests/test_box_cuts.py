@@ -76,6 +76,9 @@ def test_a_box_that_reaches_past_the_end_in_some_blocks_is_a_decision(
     grid, box, stride, offset, shape, cut):
   k = _estimated(_windows(grid, box, stride, offset), shape)
   assert (k.simulated_blocks > 1) == cut
+  # (the report names the decision: the user's line, and what it is)
+  assert ("test_box_cuts.py:" in k.classes and "a TMA load's box, which may be cut at "
+          "the array's ends" in k.classes) == cut
 
 
 @st.composite

@@ -154,12 +154,14 @@ def _used(taint, grid):
   return taint
 
 
-def _decide(taint, eqn, grid):
+def _decide(taint, eqn, grid, what):
+  """A decision (`what` it is, in words for the report) that depends on
+  `taint`."""
   taint = _used(taint, grid)
   # (a decision on data outranks one on the grid: it decides whether an
   # estimate computes values, executor.prepare)
   if taint and (grid.found is None or DATA in taint and DATA not in grid.found[0]):
-    grid.found = (taint, grid.where[-1])
+    grid.found = (taint, f"{grid.where[-1]}: {what}")
 
 
 def _union(ts):
@@ -180,7 +182,7 @@ def _eqn(eqn, ins, grid):
     axes = axes if isinstance(axes, (tuple, list)) else (axes,)
     return [frozenset(("grid", grid.grid[a]) for a in axes if a in grid.grid)] * n_out
   if name == "cond":
-    _decide(ins[0], eqn, grid)
+    _decide(ins[0], eqn, grid, "which branch a cond takes")
     outs = [_NONE] * n_out
     for branch in p["branches"]:
       b = _walk(inner(branch), ins[1:], grid)
@@ -196,7 +198,7 @@ def _eqn(eqn, ins, grid):
         break
       carry = new
     [c] = _walk(inner(p["cond_jaxpr"]), cc + carry, grid)
-    _decide(c, eqn, grid)
+    _decide(c, eqn, grid, "a loop's trip count")
     return carry
   if name == "copy_gmem_to_smem":
     ns = refview.num_leaves(p["src_transforms_treedef"])
@@ -205,25 +207,28 @@ def _eqn(eqn, ins, grid):
     src = _used(_union(ins[:1] + ins[3:3 + ns]), grid)
     grid.loads[id(eqn)] = grid.loads.get(id(eqn), _NONE) | src
     if p.get("has_user_predicate", False):
-      _decide(ins[3 + ns + nd + nb], eqn, grid)
+      _decide(ins[3 + ns + nd + nb], eqn, grid, "a TMA load's predicate")
     # (which barrier it completes; and a box cut at the array's ends moves
     # fewer bytes: where its start depends on the grid or on data, a decision)
-    _decide(_union(ins[3 + ns + nd:3 + ns + nd + nb]), eqn, grid)
+    _decide(_union(ins[3 + ns + nd:3 + ns + nd + nb]), eqn, grid,
+            "which barrier a TMA load completes")
     cut = _cut_leaves(eqn.invars[0].aval, p["src_transforms_treedef"],
                       grid.leaves(eqn, 3, ns))
-    _decide(_union(ins[3 + k] for k in cut), eqn, grid)
+    _decide(_union(ins[3 + k] for k in cut), eqn, grid,
+            "a TMA load's box, which may be cut at the array's ends")
   if name == "copy_smem_to_gmem":
     if p.get("has_user_predicate", False):
-      _decide(ins[-1], eqn, grid)
+      _decide(ins[-1], eqn, grid, "a TMA store's predicate")
     ns = refview.num_leaves(p["src_transforms_treedef"])
     nd = refview.num_leaves(p["dst_transforms_treedef"])
     cut = _cut_leaves(eqn.invars[1].aval, p["dst_transforms_treedef"],
                       grid.leaves(eqn, 2 + ns, nd))
-    _decide(_union(ins[2 + ns + k] for k in cut), eqn, grid)
+    _decide(_union(ins[2 + ns + k] for k in cut), eqn, grid,
+            "a TMA store's box, which may be cut at the array's ends")
   if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
-    _decide(_union(ins[1:]), eqn, grid)
+    _decide(_union(ins[1:]), eqn, grid, f"which barrier a {name} uses, or its predicate")
   if name == "delay":
-    _decide(ins[0], eqn, grid)
+    _decide(ins[0], eqn, grid, "pl.delay's cycles")
   if name == "run_state":
     return _run_state(eqn, ins, grid)
   if name == "scan":

@@ -622,7 +622,7 @@ MUTANTS = [
     # --- timing model, estimate (issue 9) ------------------------------------------
     Mutant("classes-ignore-cond-on-grid", "backends/sim/block_classes.py",
            "a cond on the block's grid index makes blocks differ (estimate runs them all)",
-           "  if name == \"cond\":\n    _decide(ins[0], eqn, grid)\n",
+           "  if name == \"cond\":\n    _decide(ins[0], eqn, grid, \"which branch a cond takes\")\n",
            "  if name == \"cond\":\n    pass\n",
            ("tests/test_estimate.py",)),
     Mutant("classes-ignore-share", "backends/sim/executor.py",
@@ -792,8 +792,8 @@ MUTANTS = [
     Mutant("store-predicate-no-decision", "backends/sim/block_classes.py",
            "a TMA store's predicate decides whether the block stores; the mutant "
            "does not count it as a decision",
-           "    if p.get(\"has_user_predicate\", False):\n      _decide(ins[-1], eqn, grid)\n",
-           "    if False:\n      _decide(ins[-1], eqn, grid)\n",
+           "    if p.get(\"has_user_predicate\", False):\n      _decide(ins[-1], eqn, grid, ",
+           "    if False:\n      _decide(ins[-1], eqn, grid, ",
            ("tests/test_paths.py",)),
     Mutant("lanes-count-collides", "backends/sim/paths.py",
            "blocks run as lanes in a count no array of the kernel has, so numpy "
@@ -811,7 +811,7 @@ MUTANTS = [
     Mutant("barrier-index-no-decision", "backends/sim/block_classes.py",
            "which barrier a wait or an arrive uses, and an arrive's predicate, decide "
            "when the block goes on; the mutant does not count them",
-           "    _decide(_union(ins[1:]), eqn, grid)\n",
+           "    _decide(_union(ins[1:]), eqn, grid, f\"which barrier a {name} uses, or its predicate\")\n",
            "    pass\n",
            ("tests/test_paths.py",)),
     Mutant("paths-barrier-unrecorded", "backends/sim/paths.py",
@@ -847,8 +847,8 @@ MUTANTS = [
     Mutant("data-cut-not-a-decision", "backends/sim/block_classes.py",
            "a box whose start is read from memory may be cut in some blocks: a "
            "decision on data; the mutant leaves data out of it",
-           "    _decide(_union(ins[3 + k] for k in cut), eqn, grid)\n",
-           "    _decide(_union(ins[3 + k] for k in cut) - {DATA}, eqn, grid)\n",
+           "    _decide(_union(ins[3 + k] for k in cut), eqn, grid,\n",
+           "    _decide(_union(ins[3 + k] for k in cut) - {DATA}, eqn, grid,\n",
            ("tests/test_box_cuts.py",)),
     Mutant("cut-box-start-below-zero-unseen", "backends/sim/block_classes.py",
            "a start whose lowest value is below 0 (a halo) cuts the box at the "
