@@ -624,7 +624,7 @@ MUTANTS = [
            "a cond on the block's grid index makes blocks differ (estimate runs them all)",
            "  if name == \"cond\":\n    _decide(ins[0], eqn, grid, \"which branch a cond takes\")\n",
            "  if name == \"cond\":\n    pass\n",
-           ("tests/test_estimate.py",)),
+           ("tests/test_estimate.py", "tests/test_estimate_programs.py")),
     Mutant("classes-ignore-share", "backends/sim/executor.py",
            "blocks of one class share their SM alike (estimate's class key)",
            "      key = tuple((placement.share(number), found and found.key(number))\n",
@@ -794,7 +794,7 @@ MUTANTS = [
            "does not count it as a decision",
            "    if p.get(\"has_user_predicate\", False):\n      _decide(ins[-1], eqn, grid, ",
            "    if False:\n      _decide(ins[-1], eqn, grid, ",
-           ("tests/test_paths.py",)),
+           ("tests/test_paths.py", "tests/test_estimate_programs.py")),
     Mutant("lanes-count-collides", "backends/sim/paths.py",
            "blocks run as lanes in a count no array of the kernel has, so numpy "
            "cannot broadcast a vector of lanes against an array's own axis; the "
@@ -836,7 +836,7 @@ MUTANTS = [
            "the start is a decision; the mutant misses every such box",
            "        cut.append(i)\n",
            "        pass\n",
-           ("tests/test_paths.py", "tests/test_box_cuts.py")),
+           ("tests/test_paths.py", "tests/test_box_cuts.py", "tests/test_estimate_programs.py")),
     Mutant("cut-box-bounds-ignored", "backends/sim/block_classes.py",
            "a start bounded by the grid reaches past the end where its highest value "
            "plus the box does; the mutant looks at congruences alone (a box wholly "
@@ -867,7 +867,7 @@ MUTANTS = [
            "mutant binds the inputs to the allocations where the counts agree",
            "    if eqn.primitive.name == \"run_scoped\":  # (what it closes over: see _walk)\n",
            "    if eqn.primitive.name == \"run_scoped\" and len(ins) != len(sub.invars):\n",
-           ("tests/test_box_cuts.py",)),
+           ("tests/test_box_cuts.py", "tests/test_estimate_programs.py")),
     Mutant("congruence-products-unknown", "backends/sim/congruence.py",
            "a product carries its operands' congruences (b * 128 is a multiple of "
            "128); the mutant knows nothing of it, and every tiled kernel's boxes "
