@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim import capture, congruence, refview
-from pallas_sim.backends.sim.resources import inner, sub_jaxprs
+from pallas_sim.backends.sim.resources import inner, scan_counts, sub_jaxprs
 
 GRID = "the block's grid index"
 DATA = "values read from memory"
@@ -294,14 +294,10 @@ def _scan(eqn, ins, grid):
   """lax.scan: each carry's taint grows by what the body gives it back, to a
   fixpoint; the per-iteration inputs keep theirs."""
   p = eqn.params
-  if "num_consts" in p:
-    nc, ncar = p["num_consts"], p["num_carry"]
-  else:  # (jax 0.11: flat trees of the consts, the carry and the xs)
-    ft = p.get("ft_in")
-    groups = ft.unpack() if hasattr(ft, "unpack") else ()
-    if len(groups) != 3 or sum(map(len, groups)) != len(ins):
-      return _calls(eqn, ins, [inner(p["jaxpr"])], grid)
-    nc, ncar = len(groups[0]), len(groups[1])
+  counts = scan_counts(eqn)
+  if counts is None:
+    return _calls(eqn, ins, [inner(p["jaxpr"])], grid)
+  nc, ncar = counts
   body = inner(p["jaxpr"])
   consts, carry, xs = ins[:nc], list(ins[nc:nc + ncar]), ins[nc + ncar:]
   while True:

@@ -17,7 +17,7 @@ import math
 from jax.extend import core as jax_extend_core
 import numpy as np
 
-from pallas_sim.backends.sim.resources import inner, sub_jaxprs
+from pallas_sim.backends.sim.resources import inner, scan_counts, sub_jaxprs
 
 TOP = (1, 0, None, None)
 
@@ -204,14 +204,10 @@ def _scan(eqn, cs, starts):
   move by the same step each trip (a loop counter, a wrapping index) keeps
   them, over the scan's length (_stepped); the others' are given up."""
   p = eqn.params
-  if "num_consts" in p:
-    nc, ncar = p["num_consts"], p["num_carry"]
-  else:  # (jax 0.11: flat trees of the consts, the carry and the xs)
-    ft = p.get("ft_in")
-    groups = ft.unpack() if hasattr(ft, "unpack") else ()
-    if len(groups) != 3 or sum(map(len, groups)) != len(cs):
-      return [TOP] * len(eqn.outvars)
-    nc, ncar = len(groups[0]), len(groups[1])
+  counts = scan_counts(eqn)
+  if counts is None:
+    return [TOP] * len(eqn.outvars)
+  nc, ncar = counts
   body = inner(p["jaxpr"])
   consts, carry = cs[:nc], list(cs[nc:nc + ncar])
   xs = [TOP] * (len(cs) - nc - ncar)

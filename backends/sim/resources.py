@@ -146,6 +146,20 @@ def lowering_error(exc, where=None):
       primitive=m.group(1) if m else None, where=where)
 
 
+def scan_counts(eqn):
+  """(consts, carries) of a lax.scan equation's inputs (the xs follow), or
+  None where its parameters say neither (jax 0.11 packs the three groups
+  in a flat tree, ft_in; older ones count them)."""
+  p = eqn.params
+  if "num_consts" in p:
+    return p["num_consts"], p["num_carry"]
+  ft = p.get("ft_in")
+  groups = ft.unpack() if hasattr(ft, "unpack") else ()
+  if len(groups) != 3 or sum(map(len, groups)) != len(eqn.invars):
+    return None
+  return len(groups[0]), len(groups[1])
+
+
 def sub_jaxprs(value):
   """The jaxprs an equation parameter holds (nested in tuples or lists)."""
   if hasattr(value, "eqns"):
