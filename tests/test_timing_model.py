@@ -15,7 +15,7 @@ import pallas_sim as ps
 from pallas_sim import gpus
 from pallas_sim.backends.sim.machine import bound, occupancy
 from pallas_sim.backends.sim.machine.state import BlockStats
-from pallas_sim.backends.sim.machine.timing import KernelTime
+from pallas_sim.backends.sim.machine.timing import Engines, KernelTime, Timing
 from test_quickstart import matmul_mcs
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -154,6 +154,22 @@ def test_spills_slow_down_when_smem_leaves_the_l1_too_small_for_them():
   to_l2 = 1 - 28 / 128
   assert none == pytest.approx(tensor + round_trip * (
       (1 - to_l2) / g.local_bytes_per_clk + to_l2 / g.local_l2_bytes_per_clk), rel=0.01)
+
+
+def test_a_spills_l2_part_goes_at_what_the_tma_loads_leave_of_the_l2():
+  """The part of a spilled accumulator's round trip the L1 cannot hold goes
+  through the SM's share of the L2, which its block's TMA loads (and the
+  co-resident blocks', alike) keep busy part of the time: that part goes
+  at what they leave, as their latency does (the quickstart's 128x256 rows:
+  -19 / -15% to -12 / -8% at mcs=3, benchmarks/RESULTS.md)."""
+  t = Timing(gpus.H200)
+  alone = Engines(share=1, spill=(100.0, 400.0))
+  assert t.spill(alone, 1000.0) == 500.0  # (nothing else loads the L2: the study's loop)
+  loaded = Engines(share=2, spill=(100.0, 400.0))
+  loaded.l2_work = 250.0  # (two blocks, each keeping the share busy a quarter of the time)
+  assert t.spill(loaded, 1000.0) == pytest.approx(100.0 + 400.0 / 0.5)
+  loaded.l2_work = 5000.0  # (the queue's bound, as a load's latency has)
+  assert t.spill(loaded, 1000.0) == pytest.approx(100.0 + 400.0 / (1 - t.gpu.l2_queue_cap))
 
 
 def _kt(seconds=1.0, compute=1.0, memory=0.1, launch=4e-6, tail=0.0, fill=1.0):

@@ -844,6 +844,12 @@ MUTANTS = [
            "hi is not None and hi + size > dim:",
            "hi is not None and False:",
            ("tests/test_box_cuts.py",)),
+    Mutant("spill-l2-unshared", "backends/sim/machine/timing.py",
+           "a spill's L2 part goes at what the TMA loads leave of the SM's share of "
+           "the L2; the mutant gives it the whole share",
+           "    return l1 + l2 / (1 - min(self.gpu.l2_queue_cap, busy))\n",
+           "    return l1 + l2\n",
+           ("tests/test_timing_model.py",)),
     Mutant("data-cut-not-a-decision", "backends/sim/block_classes.py",
            "a box whose start is read from memory may be cut in some blocks: a "
            "decision on data; the mutant leaves data out of it",

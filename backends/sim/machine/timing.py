@@ -47,10 +47,12 @@ class Engines:
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
                "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path")
 
-  def __init__(self, share=1, spill=0.0, l2_rate=None, latency=None, loads=False,
+  def __init__(self, share=1, spill=(0.0, 0.0), l2_rate=None, latency=None, loads=False,
                byte_cycles=None):
     self.share = share
-    self.spill = spill  # cycles a warpgroup spends on spilled registers per wgmma
+    # cycles a warpgroup spends on spilled registers per wgmma: (from the
+    # L1, from the L2 with nothing else loading it: Timing.spill)
+    self.spill = spill
     self.l2_rate = l2_rate  # bytes per cycle of its SM's share of the L2 (None: alone)
     self.latency = latency or {}  # TMA load site -> its latency (cycles)
     # TMA load site -> cycles a byte of it takes of the SM's share of the
@@ -224,6 +226,15 @@ class Timing:
     engines.tma_free = end
     return start, end, end + lat
 
+  def spill(self, engines, t):
+    """What a spilled accumulator costs a warpgroup at t, before its wgmma
+    (LaunchTiming.spill_cycles): the L2's part goes at what the block's TMA
+    loads (and the co-resident blocks', taken alike) leave of the SM's share
+    of the L2 so far, as their latency does in tma()."""
+    l1, l2 = engines.spill
+    busy = engines.share * engines.l2_work / t if t > 0 else 0.0
+    return l1 + l2 / (1 - min(self.gpu.l2_queue_cap, busy))
+
   def f16_equivalent(self, dtype):
     """An f16 FLOP's worth of tensor-core time per FLOP of operands of this
     dtype (an fp8 FLOP: half)."""
@@ -299,13 +310,13 @@ class LaunchTiming:
     """What a spilled accumulator costs a warpgroup per wgmma, its block
     one of share on the SM: out and back, from the L1 while the L1 holds
     the share's accumulators, the rest from the L2; the SM's local-memory
-    path is shared by the share."""
+    path is shared by the share. (the L1's part, the L2's part)"""
     if not self.spilled_bytes:
-      return 0.0
+      return 0.0, 0.0
     g = self.timing.gpu
     to_l2 = max(0.0, 1.0 - self.l1 / (share * self.spilled_bytes))
-    return share * 2 * self.acc_bytes * ((1 - to_l2) / g.local_bytes_per_clk
-                                         + to_l2 / g.local_l2_bytes_per_clk)
+    trip = share * 2 * self.acc_bytes
+    return trip * (1 - to_l2) / g.local_bytes_per_clk, trip * to_l2 / g.local_l2_bytes_per_clk
 
   def engines(self, block_index):
     """The block's share of its SM's units (a fresh Engines)."""

@@ -158,11 +158,12 @@ def _wgmma_ref(eqn, cx):
     blk = wg.block
     blk.stats.wgmma_flops += 2 * m * n * k
     blk.stats.tensor_f16_flops += 2 * m * n * k * timing.f16_equivalent(b_r.view.dtype)
-    if blk.engines.spill:  # (machine/occupancy.py, timing.py)
+    if blk.engines.spill[0] or blk.engines.spill[1]:  # (machine/occupancy.py, timing.py)
       # The accumulator goes out and back once the tensor cores are done
       # with it: after the wgmma before, then this one starts.
       since = wg.time
-      wg.time = max(wg.time, blk.engines.tc_free) + blk.engines.spill
+      t = max(wg.time, blk.engines.tc_free)
+      wg.time = t + timing.spill(blk.engines, t)
       blk.stats.stalls["spill"] += wg.time - since
     start, done = timing.wgmma(blk.engines, wg.time, m, n, k, b_r.view.dtype)
     if wg.wgmma:
