@@ -202,6 +202,10 @@ def test_congruences_and_bounds_of_index_math():
   assert c.add(c.exactly(10), b, -1)[2:] == (3, 10)
   assert c.join(c.exactly(4), c.exactly(10)) == (6, 4, 4, 10)
   assert c.widen(c.exactly(0), c.exactly(1))[2:] == (0, None)
+  assert c._rem(b, c.exactly(4)) == (1, 0, 0, 3)       # (b % 4, b >= 0)
+  assert c._rem((8, 0, 0, 64), c.exactly(4)) == (4, 0, 0, 3)  # (a multiple of 8: 0)
+  assert c._rem((1, 0, -5, 3), (3, 1, 1, 4))[2:] == (-3, 3)  # (the sign of the dividend)
+  assert c._div((1, 0, -7, 7), c.exactly(2))[2:] == (-3, 3)  # (toward zero)
 
 
 def test_a_loop_counter_s_start_stays_a_multiple_of_its_box():

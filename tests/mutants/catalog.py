@@ -850,6 +850,12 @@ MUTANTS = [
            "    return l1 + l2 / (1 - min(self.gpu.l2_queue_cap, busy))\n",
            "    return l1 + l2\n",
            ("tests/test_timing_model.py",)),
+    Mutant("congruence-remainder-unbounded", "backends/sim/congruence.py",
+           "a remainder by a bounded divisor is bounded by it (b % 4 < 4); the mutant "
+           "knows nothing of it, and a start from it past the end goes unseen",
+           "  if name == \"rem\" and len(cs) == 2:\n    return [_rem(*cs)]\n",
+           "  if False:\n    return [_rem(*cs)]\n",
+           ("tests/test_estimate_programs.py",)),
     Mutant("data-cut-not-a-decision", "backends/sim/block_classes.py",
            "a box whose start is read from memory may be cut in some blocks: a "
            "decision on data; the mutant leaves data out of it",
