@@ -38,7 +38,8 @@ class _Walk:
   """One walk over a kernel: `grid` maps grid axis names to dimensions;
   `loads` collects each TMA load's source-address taint (id(eqn) -> taint);
   `found` is the first control decision that varies, or the first that
-  depends on data where one does: (taint, the user's file:line)."""
+  depends on data where one does: (taint, "the user's file:line: what the
+  decision is")."""
 
   def __init__(self, grid_names, starts=None):
     self.grid = {n: d for d, n in enumerate(grid_names)}
