@@ -206,6 +206,25 @@ def test_congruences_and_bounds_of_index_math():
   assert c._rem((8, 0, 0, 64), c.exactly(4)) == (4, 0, 0, 3)  # (a multiple of 8: 0)
   assert c._rem((1, 0, -5, 3), (3, 1, 1, 4))[2:] == (-3, 3)  # (the sign of the dividend)
   assert c._div((1, 0, -7, 7), c.exactly(2))[2:] == (-3, 3)  # (toward zero)
+  assert c._rem((1, 0, 0, 3), (1, 0, -4, 1))[2:] == (0, 3)  # (a divisor spanning 0: jnp's %)
+  assert c._rem((4, 1, 0, 8), c.exactly(0))[:2] == (1, 0)  # (rem by 0 is 0: no congruence)
+
+
+def test_a_remainder_by_a_negative_divisor_bounds_a_start():
+  """(b % -4 + 3) * 8 starts at 24, 0, 8, 16: block 0's box lies wholly past
+  24 rows. jnp's % guards a zero divisor, which makes -4 one of [-4, 1]: a
+  divisor spanning 0 still bounds the remainder (found by a review)."""
+  def fn(x):
+    @plgpu.kernel(out_type=S((4, 8, 128), F32), grid=(4,), grid_names=("b",),
+                  scratch_types=[plgpu.SMEM((8, 128), F32), plgpu.Barrier()])
+    def k(x_ref, o_ref, tile, bar):
+      b = lax.axis_index("b")
+      tile[...] = jnp.zeros((8, 128), F32)
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds((b % -4 + 3) * 8, 8)], tile, bar)
+      plgpu.barrier_wait(bar)
+      o_ref[b, 0] = tile[0]
+    return k(x)
+  assert _estimated(fn, (24, 128)).simulated_blocks == 2
 
 
 def test_a_loop_counter_s_start_stays_a_multiple_of_its_box():

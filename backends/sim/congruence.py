@@ -9,7 +9,7 @@ and lies in [lo, hi] (None: unbounded). `pl.ds(b * 128 + 64 * k, 128)`
 starts at a multiple of 64 (m = 64): of 128 only where m is 128 or a
 multiple of it. The grid index is bounded by the grid; sums, differences
 and products carry their operands' congruences and bounds, remainders and
-quotients by a bounded divisor theirs (b % 4 lies in [0, 3]); a loop's
+quotients by a bounded divisor theirs (lax.rem(b, 4) lies in [0, 3]); a loop's
 carries and a cond's outputs take the join of what reaches them (the gcd,
 the hull); anything else says nothing. (int32 arithmetic that wraps would
 break a congruence by anything but a power of two: box starts do not.)"""
@@ -138,11 +138,12 @@ def _min(a, b):
 
 def _rem(a, d):
   """rem(a, d), truncating (the sign of a): a's congruence modulo a divisor
-  it shares with d (a - rem is a multiple of d); under d's largest size."""
-  m = math.gcd(a[0], d[1]) if d[0] == 0 else 1
-  if d[2] is None or d[3] is None or d[2] <= 0 <= d[3]:
+  it shares with d (a - rem is a multiple of d); under d's largest size
+  (the simulator's rem by 0 is 0, within that too)."""
+  m = math.gcd(a[0], d[1]) if d[0] == 0 and d[1] != 0 else 1
+  if d[2] is None or d[3] is None:
     return _norm(m, a[1] if m else 0, None, None)
-  top = max(abs(d[2]), abs(d[3])) - 1
+  top = max(0, abs(d[2]) - 1, abs(d[3]) - 1)
   lo = 0 if a[2] is not None and a[2] >= 0 else -top
   hi = 0 if a[3] is not None and a[3] <= 0 else top
   if a[2] is not None and a[3] is not None:  # (|rem| <= |a|)
@@ -154,7 +155,8 @@ def _div(a, d):
   """div(a, d), truncating toward zero, by a constant: a's bounds divided."""
   if d[0] != 0 or d[1] == 0 or a[2] is None or a[3] is None:
     return TOP
-  q = [int(x / d[1]) for x in (a[2], a[3])]
+  c = d[1]
+  q = [(abs(x) // abs(c)) * (1 if (x >= 0) == (c > 0) else -1) for x in (a[2], a[3])]
   return (1, 0, min(q), max(q))
 
 
