@@ -77,8 +77,9 @@ class Starts:
   """The walk's result: for each equation (by id), the join of its inputs'
   congruences over every time it was walked."""
 
-  def __init__(self):
+  def __init__(self, grid=None):
     self.ins = {}
+    self.grid = dict(grid or {})  # (axis -> size: the indices' bounds)
 
   def of(self, eqn):
     return self.ins.get(id(eqn))
@@ -86,8 +87,7 @@ class Starts:
 
 def analyse(jaxpr, grid=None):
   """`grid`: axis name -> its size, which bounds the grid index."""
-  starts = Starts()
-  starts.grid = dict(grid or {})
+  starts = Starts(grid)
   _walk(jaxpr, [TOP] * (len(jaxpr.constvars) + len(jaxpr.invars)), starts)
   return starts
 
@@ -121,8 +121,7 @@ def _walk(jaxpr, ins, starts):
   return [get(v) for v in jaxpr.outvars]
 
 
-_ARITH = {"add": lambda a, b: add(a, b), "sub": lambda a, b: add(a, b, -1),
-          "mul": _mul}
+_ARITH = {"add": add, "sub": lambda a, b: add(a, b, -1), "mul": _mul}
 
 
 def _max(a, b):
@@ -142,13 +141,13 @@ def _rem(a, d):
   (the simulator's rem by 0 is 0, within that too)."""
   m = math.gcd(a[0], d[1]) if d[0] == 0 and d[1] != 0 else 1
   if d[2] is None or d[3] is None:
-    return _norm(m, a[1] if m else 0, None, None)
+    return _norm(m, a[1], None, None)
   top = max(0, abs(d[2]) - 1, abs(d[3]) - 1)
   lo = 0 if a[2] is not None and a[2] >= 0 else -top
   hi = 0 if a[3] is not None and a[3] <= 0 else top
   if a[2] is not None and a[3] is not None:  # (|rem| <= |a|)
     lo, hi = max(lo, min(a[2], 0)), min(hi, max(a[3], 0))
-  return _norm(m, a[1] if m else 0, lo, hi)
+  return _norm(m, a[1], lo, hi)
 
 
 def _div(a, d):

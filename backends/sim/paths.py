@@ -26,7 +26,7 @@ from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim import refview
 from pallas_sim.backends.sim.machine.timing import Engines
-from pallas_sim.backends.sim.resources import inner, sub_jaxprs
+from pallas_sim.backends.sim.resources import inner, scan_counts, sub_jaxprs
 from pallas_sim.errors import SimError
 
 
@@ -189,8 +189,7 @@ def _run_state(eqn, outs, keep):
 def _scan(eqn, outs, keep):
   p = eqn.params
   body = inner(p["jaxpr"])
-  consts_i, carry_i, _ = p["ft_in"].update(list(range(len(eqn.invars)))).unpack()
-  nc, ncar = len(list(consts_i)), len(list(carry_i))
+  nc, ncar = scan_counts(eqn)
   n = len(eqn.invars)
   carry = list(outs[:ncar])
   flags, kept = _sub(body, carry + list(outs[ncar:]), keep)

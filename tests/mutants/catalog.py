@@ -763,7 +763,7 @@ MUTANTS = [
     Mutant("l2-latency-unloaded", "backends/sim/machine/timing.py",
            "a loaded L2's latency grows with how busy the SM keeps its share; the "
            "mutant keeps the unloaded latency",
-           "      lat /= 1 - min(g.l2_queue_cap, engines.share * engines.l2_work / start)\n",
+           "      lat /= self._l2_left(engines, start)\n",
            "      pass\n",
            ("tests/test_l2_model.py",)),
     Mutant("paths-branch-without-loads-unfollowed", "backends/sim/paths.py",
@@ -847,7 +847,7 @@ MUTANTS = [
     Mutant("spill-l2-unshared", "backends/sim/machine/timing.py",
            "a spill's L2 part goes at what the TMA loads leave of the SM's share of "
            "the L2; the mutant gives it the whole share",
-           "    return l1 + l2 / (1 - min(self.gpu.l2_queue_cap, busy))\n",
+           "    return l1 + l2 / self._l2_left(engines, t)\n",
            "    return l1 + l2\n",
            ("tests/test_timing_model.py",)),
     Mutant("congruence-remainder-unbounded", "backends/sim/congruence.py",

@@ -214,8 +214,8 @@ class Timing:
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
     per = engines.byte_cycles.get(site) if shared else None
-    if per is not None and start > 0:  # (a site whose sources are shared: queued)
-      lat /= 1 - min(g.l2_queue_cap, engines.share * engines.l2_work / start)
+    if per is not None:  # (a site whose sources are shared: queued)
+      lat /= self._l2_left(engines, start)
     if per is None or row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:
       per = 1 / engines.l2_rate if engines.l2_rate else 0.0  # (streamed)
     work = nbytes * max(per, 1 / g.tma_bytes_per_clk)
@@ -232,8 +232,16 @@ class Timing:
     loads (and the co-resident blocks', taken alike) leave of the SM's share
     of the L2 so far, as their latency does in tma()."""
     l1, l2 = engines.spill
-    busy = engines.share * engines.l2_work / t if t > 0 else 0.0
-    return l1 + l2 / (1 - min(self.gpu.l2_queue_cap, busy))
+    return l1 + l2 / self._l2_left(engines, t)
+
+  def _l2_left(self, engines, t):
+    """What is left at t of the SM's share of the L2 for what waits on it
+    (a queue's wait is 1 / left as long): 1 - busy, busy the share the
+    block's transfers (and the co-resident blocks', taken alike) kept it
+    busy so far, at most l2_queue_cap."""
+    if t <= 0:
+      return 1.0
+    return 1 - min(self.gpu.l2_queue_cap, engines.share * engines.l2_work / t)
 
   def f16_equivalent(self, dtype):
     """An f16 FLOP's worth of tensor-core time per FLOP of operands of this

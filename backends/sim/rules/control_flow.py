@@ -7,6 +7,7 @@ a plain function, otherwise as a generator that forwards the body's waits.
 import numpy as np
 
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
+from pallas_sim.backends.sim.resources import scan_counts
 from pallas_sim.errors import RunawayKernelError
 
 
@@ -30,9 +31,7 @@ def _scan(eqn, cx):
   p = eqn.params
   body = cx.compile(p["jaxpr"])
   length, reverse = p["length"], p["reverse"]
-  # jax 0.11: ft_in is a FlatTree packing (consts, carry, xs).
-  consts_i, carry_i, _ = p["ft_in"].update(list(range(len(eqn.invars)))).unpack()
-  nc, ncarry = len(list(consts_i)), len(list(carry_i))
+  nc, ncarry = scan_counts(eqn)
   order = range(length - 1, -1, -1) if reverse else range(length)
 
   def split(args):

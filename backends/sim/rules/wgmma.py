@@ -158,7 +158,7 @@ def _wgmma_ref(eqn, cx):
     blk = wg.block
     blk.stats.wgmma_flops += 2 * m * n * k
     blk.stats.tensor_f16_flops += 2 * m * n * k * timing.f16_equivalent(b_r.view.dtype)
-    if blk.engines.spill[0] or blk.engines.spill[1]:  # (machine/occupancy.py, timing.py)
+    if any(blk.engines.spill):  # (machine/occupancy.py, timing.py)
       # The accumulator goes out and back once the tensor cores are done
       # with it: after the wgmma before, then this one starts.
       since = wg.time
