@@ -1,0 +1,193 @@
+"""Where a quickstart matmul's pipeline step goes on the GPU (issue 9).
+
+The quickstart's kernel (examples/quickstart.py) with its wgmma issue and its
+wgmma_wait(1) in named scopes, compiled with Mosaic GPU's profiler
+(CompilerParams profile_space / profile_dir), which stamps each scope's start
+and end with the SM's cycle counter, per warpgroup. Per pipeline step:
+
+* `issue`: the wgmma's issue;
+* `wait`: wgmma_wait(1), until the group before is done (the tensor cores);
+* `rest`: from the wait's end to the next step's issue: the pipeline's TMA
+  issue for a later step and its wait on this step's barrier (the loads);
+* `step`: one issue to the next.
+
+Run on the GPU machine (each case is warmed up unprofiled first, so that the
+clock is the one its sustained run holds):
+
+    python3 benchmarks/pipeline_trace.py --out $OUT [--filter S]
+
+Prints, per case, the median and the 10th/90th percentiles over every block's
+steady steps (past the first mcs + 1 and before the last) of each part in SM
+cycles, and writes OUT/pipeline_trace.json.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+# (size, tile_n, tile_k, max_concurrent_steps): rows of the suite, the held-out
+# and blind sets where the model errs most, and rows it gets right beside them.
+CASES = [(4096, 128, 128, 2), (4096, 128, 64, 2), (4096, 128, 64, 3),
+         (4096, 128, 64, 4), (4096, 128, 32, 4), (4096, 128, 32, 3),
+         (8192, 128, 128, 2), (8192, 128, 64, 4), (8192, 128, 32, 4),
+         (4096, 64, 64, 3), (4096, 64, 128, 4), (4096, 64, 128, 2)]
+
+
+def name_of(size, tile_n, tile_k, mcs):
+  return f"quickstart {size} 128x{tile_n}x{tile_k} mcs={mcs}"
+
+
+def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0, tile_m=128):
+  """The quickstart's matmul, its body's two parts in named scopes."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental import pallas as pl  # noqa: F401
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a.shape
+  _, n = b.shape
+  params = (plgpu.CompilerParams(profile_space=space, profile_dir=profile_dir)
+            if profile_dir else None)
+
+  @plgpu.kernel(
+      out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
+      scratch_types=dict(o_smem=plgpu.SMEM((tile_m, tile_n), jnp.float16),
+                         acc=plgpu.ACC((tile_m, tile_n), jnp.float32)),
+      grid=(m // tile_m, n // tile_n), grid_names=("m", "n"),
+      compiler_params=params)
+  def kernel(a_gmem, b_gmem, o_gmem, o_smem, acc):
+    pid_m = jax.lax.axis_index("m")
+    pid_n = jax.lax.axis_index("n")
+
+    def body(_, a_smem, b_smem):
+      with jax.named_scope("issue"):
+        plgpu.wgmma(acc, a_smem, b_smem)
+      with jax.named_scope("wait"):
+        plgpu.wgmma_wait(1)
+
+    plgpu.emit_pipeline(
+        body, grid=(k // tile_k,),
+        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda ki: (pid_m, ki), delay_release=1),
+                  plgpu.BlockSpec((tile_k, tile_n), lambda ki: (ki, pid_n), delay_release=1)],
+        max_concurrent_steps=mcs)(a_gmem, b_gmem)
+    o_smem[...] = acc[...].astype(jnp.float16)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m),
+                                              pl.ds(pid_n * tile_n, tile_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+  return kernel(a, b)
+
+
+def steps_of(trace, mcs):
+  """Per block (the trace's tid): the steady steps' parts, in cycles (the
+  profiler's timestamps are the block's start in ns plus cycles since)."""
+  by_tid = {}
+  for ev in trace["traceEvents"]:
+    by_tid.setdefault(ev["tid"], []).append(ev)
+  parts = {"issue": [], "wait": [], "rest": [], "step": []}
+  spans, sms, n_steps = [], {}, 0
+  for tid, evs in by_tid.items():
+    evs.sort(key=lambda e: e["ts"])
+    begin = {}
+    issue, wait = [], []
+    for e in evs:
+      t = e["ts"] * 1e3  # (cycles, offset by the block's start)
+      if e["name"] not in ("issue", "wait"):
+        continue  # (the profiler's own "Init")
+      if e["ph"] == "B":
+        begin[e["name"]] = t
+      elif e["name"] in begin:
+        (issue if e["name"] == "issue" else wait).append((begin.pop(e["name"]), t))
+    n = min(len(issue), len(wait))
+    if n < mcs + 4:
+      continue
+    sms[tid] = evs[0]["pid"]
+    n_steps = n
+    spans.append(wait[n - 1][1] - issue[0][0])
+    for j in range(mcs + 1, n - 1):
+      parts["issue"].append(issue[j][1] - issue[j][0])
+      parts["wait"].append(wait[j][1] - wait[j][0])
+      parts["rest"].append(issue[j + 1][0] - wait[j][1])
+      parts["step"].append(issue[j + 1][0] - issue[j][0])
+  out = {}
+  for k, v in parts.items():
+    v = np.asarray(v)
+    out[k] = ({"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
+               "p90": float(np.percentile(v, 90)), "mean": float(v.mean())}
+              if v.size else None)
+  out["blocks"] = len(spans)
+  out["block_cycles_median"] = float(np.median(spans)) if spans else None
+  out["steps"] = n_steps
+  out["sms"] = len(set(sms.values()))
+  return out
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", default=os.environ.get("OUT", "."))
+  ap.add_argument("--filter", default="")
+  ap.add_argument("--warm-s", type=float, default=1.0)
+  ap.add_argument("--keep", action="store_true",
+                  help="keep each case's trace (gzipped JSON) in OUT")
+  a = ap.parse_args(argv)
+  import jax
+  import jax.numpy as jnp
+  rows = []
+  for size, tn, tk, mcs in CASES:
+    name = name_of(size, tn, tk, mcs)
+    if a.filter not in name:
+      continue
+    ka, kb = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(ka, (size, size), jnp.float16)
+    y = jax.random.normal(kb, (size, size), jnp.float16)
+    plain = jax.jit(lambda x, y: traced_matmul(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
+    jax.block_until_ready(plain(x, y))
+    t0, calls = time.time(), 0
+    while time.time() - t0 < a.warm_s:  # (the clock the sustained run holds)
+      out = plain(x, y)
+      calls += 1
+    jax.block_until_ready(out)
+    per_call = (time.time() - t0) / calls
+    d = tempfile.mkdtemp(prefix="trace_")
+    space = 2 * (size // tk) * 2 + 64
+    traced = jax.jit(lambda x, y: traced_matmul(
+        x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space))
+    for _ in range(3):
+      out = plain(x, y)
+    jax.block_until_ready(traced(x, y))
+    jax.effects_barrier()
+    files = sorted(glob.glob(os.path.join(d, "*-trace.json")))
+    if not files:
+      rows.append({"name": name, "error": "no trace written"})
+      print(name, "no trace written", flush=True)
+      continue
+    with open(files[-1]) as fh:
+      trace = json.load(fh)
+    if a.keep:
+      import gzip
+      with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:
+        json.dump(trace, fh)
+    r = {"name": name, "size": size, "tile": [128, tn, tk], "mcs": mcs,
+         "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
+    rows.append(r)
+    print(f"{name}: step {r['step']['median']:.0f} (p10 {r['step']['p10']:.0f}, p90 "
+          f"{r['step']['p90']:.0f}) = issue {r['issue']['median']:.0f} + wait "
+          f"{r['wait']['median']:.0f} (p90 {r['wait']['p90']:.0f}) + rest "
+          f"{r['rest']['median']:.0f} (p90 {r['rest']['p90']:.0f}) cycles; "
+          f"{r['blocks']} blocks on {r['sms']} SMs, a block {r['block_cycles_median']:.0f} "
+          f"({r['block_cycles_median'] / max(1, r['steps'] - 1):.0f} a step); "
+          f"unprofiled {per_call * 1e6:.0f} us a call (dispatch included)", flush=True)
+  with open(os.path.join(a.out, "pipeline_trace.json"), "w") as fh:
+    json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
