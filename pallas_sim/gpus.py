@@ -46,6 +46,17 @@ class GPU:
   tensor_rate_mhz: tuple = (("f16", 1665), ("bf16", 1755), ("tf32", 1980),
                             ("fp8", 1710), ("int8", 1725))
   wgmma_issue_cycles: float = 28.0
+  # A warpgroup issuing a wgmma group stays in its issue until all but
+  # wgmma_queue of its instructions have started on the tensor cores, and
+  # at least wgmma_instr_issue_cycles an instruction: the quickstart's body
+  # traced by Mosaic GPU's profiler (benchmarks/pipeline_trace.py, H200),
+  # the issue's median cycles with the tensor cores idle before it:
+  # 634 for 16 m64n128k16 instructions (128x128x128), 354 for 16 m64n64k16
+  # (128x64x128), 109-151 for 8 m64n128k16, 91 for 8 m64n64k16, 65-76 for 4.
+  # (16 - 6) x 64 = 640 and (16 - 6) x 32 = 320 cycles; 8 and 4 at 17 a
+  # piece: 136 and 68.
+  wgmma_queue: int = 6
+  wgmma_instr_issue_cycles: float = 17.0
   hbm_bytes_per_s: float = 3.35e12        # reads
   hbm_write_bytes_per_s: float = 2.44e12  # writes (H100: the H200's ratio)
   l2_bytes: int = 50 * 2 ** 20

@@ -391,3 +391,73 @@ def test_tensor_overlap_slows_what_runs_beside_busy_tensor_cores():
   assert tensor_overlap(100, 0, 2.0) == 100          # (idle tensor cores)
   assert tensor_overlap(100, 500, 2.0) == 200        # (busy throughout)
   assert tensor_overlap(100, 50, 2.0) == 50 + 75     # (busy for 50 cycles)
+
+
+def _hold(m, n, k, dtype=F16, tc_free=0.0, mhz=1890):
+  """(held, start, took) of a wgmma group issued at 0 on idle (or busy
+  until tc_free) tensor cores, the H200 at mhz."""
+  t = Timing(gpus.at_clock(gpus.H200, mhz))
+  e = Engines()
+  e.tc_free = tc_free
+  start, _, held = t.wgmma(e, 0.0, m, n, k, jnp.dtype(dtype))
+  return held, start, e.tc_free - start
+
+
+def test_a_wgmma_issue_holds_its_warpgroup_until_the_queue_takes_the_rest():
+  """The quickstart's body traced on the H200 (benchmarks/pipeline_trace.py,
+  pipeline_trace_h200.json): issuing 16 m64n128k16 instructions (128x128x128)
+  held the warpgroup 634 cycles, 16 m64n64k16 (128x64x128) 354, 8 m64n128k16
+  109-151, 4 m64n128k16 65-76, the tensor cores idle before: all but six of a
+  group's instructions start before its issue returns."""
+  held, start, took = _hold(128, 128, 128)
+  assert start == 0.0 and held == pytest.approx(took * 10 / 16)
+  assert held == pytest.approx(634, rel=0.12)
+  assert _hold(128, 64, 128, mhz=1425)[0] == pytest.approx(354, rel=0.12)
+  assert 109 <= _hold(128, 128, 64)[0] <= 151
+  assert 65 <= _hold(128, 128, 32)[0] <= 76
+  # Behind a busy tensor core the issue waits for the group to start too.
+  held, start, took = _hold(128, 128, 128, tc_free=1000.0)
+  assert start == 1000.0 and held == pytest.approx(1000.0 + took * 10 / 16)
+  # An instruction takes 32 bytes of K: 2 of them for K=16 of f32 (tf32) and
+  # for K=64 of fp8, neither past the queue.
+  g = gpus.at_clock(gpus.H200, 1890)
+  assert _hold(64, 128, 16, F32)[0] == 2 * g.wgmma_instr_issue_cycles
+  assert _hold(64, 128, 64, jnp.float8_e4m3fn)[0] == 2 * g.wgmma_instr_issue_cycles
+
+
+def _issue_order_kernel(load_first):
+  """One block: a 128x128x128 wgmma from SMEM and a 64 KiB TMA load, the
+  load issued before the wgmma or after it."""
+  @plgpu.kernel(out_type=S((128, 256), F16),
+                scratch_types=dict(a=plgpu.SMEM((128, 128), F16),
+                                   b=plgpu.SMEM((128, 128), F16),
+                                   buf=plgpu.SMEM((128, 256), F16),
+                                   acc=plgpu.ACC((128, 128), F32),
+                                   bar=plgpu.Barrier()))
+  def k(x_ref, o_ref, a, b, buf, acc, bar):
+    a[...] = jnp.zeros((128, 128), F16)
+    b[...] = jnp.zeros((128, 128), F16)
+    plgpu.commit_smem()
+    if load_first:
+      plgpu.copy_gmem_to_smem(x_ref, buf, bar)
+    plgpu.wgmma(acc, a, b)
+    if not load_first:
+      plgpu.copy_gmem_to_smem(x_ref, buf, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.wgmma_wait(0)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(buf, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+def test_a_load_issued_after_a_long_wgmma_group_waits_out_its_issue():
+  """A TMA load issued after 16 wgmma instructions leaves when the issue
+  returns, ten instructions' time later (pipeline_trace: a 128x128x128
+  quickstart step is the issue's 634 cycles plus the load); issued first, it
+  overlaps the group whole."""
+  x = S((128, 256), F16)
+  first, after = (ps.estimate(_issue_order_kernel(f), x, gpu="h200", clock_mhz=1890)
+                  .kernels[0].block_cycles_max for f in (True, False))
+  held, _, took = _hold(128, 128, 128)
+  assert after - first == pytest.approx(held, rel=0.1)

@@ -429,8 +429,8 @@ MUTANTS = [
            ("tests/test_machine.py",)),
     Mutant("wgmma-rate-ignores-operand-type", "backends/sim/machine/timing.py",
            "the tensor cores' rate depends on the operand type",
-           "    work = (2 * m * n * k / self.gpu.tensor_rate(operand_kind(dtype))",
-           "    work = (2 * m * n * k / self.gpu.tensor_rate(\"f16\")",
+           "    work = 2 * m * n * k / g.tensor_rate(operand_kind(dtype)) + ",
+           "    work = 2 * m * n * k / g.tensor_rate(\"f16\") + ",
            ("tests/test_machine.py",)),
     Mutant("engines-not-shared", "backends/sim/machine/timing.py",
            "blocks co-resident on an SM share its engines",
@@ -849,6 +849,13 @@ MUTANTS = [
            "the L2; the mutant gives it the whole share",
            "    return l1 + l2 / self._l2_left(engines, t)\n",
            "    return l1 + l2\n",
+           ("tests/test_timing_model.py",)),
+    Mutant("wgmma-issue-free", "backends/sim/machine/timing.py",
+           "a warpgroup issuing a wgmma group stays in the issue until all but the "
+           "queue's instructions have started (H200: 634 cycles for 16 m64n128k16); "
+           "the mutant returns at once",
+           "    held = max(t + instrs * g.wgmma_instr_issue_cycles,\n",
+           "    held = t if True else max(t + instrs * g.wgmma_instr_issue_cycles,\n",
            ("tests/test_timing_model.py",)),
     Mutant("congruence-remainder-unbounded", "backends/sim/congruence.py",
            "a remainder by a bounded divisor is bounded by it (b % 4 < 4); the mutant "

@@ -253,13 +253,23 @@ class Timing:
     return r
 
   def wgmma(self, engines, t, m, n, k, dtype):
-    """A wgmma group issued at t on these tensor cores: (start, completion)."""
+    """A wgmma group issued at t on these tensor cores: (start, completion,
+    when the issuing warpgroup is free again). Its instructions (m64nNk16
+    for 16-bit operands: one per 64 rows of A and 32 bytes of K) go to the
+    tensor cores' queue, which takes wgmma_queue of them ahead of the one
+    executing: the warpgroup stays in the issue until the rest have started
+    (instructions start evenly over the group's time), and at least
+    wgmma_instr_issue_cycles an instruction."""
+    g = self.gpu
     start = max(t, engines.tc_free)
-    work = (2 * m * n * k / self.gpu.tensor_rate(operand_kind(dtype))
-            + self.gpu.wgmma_issue_cycles)
-    engines.tc_free = start + work * _stretch(engines.share, engines.tc_work, start)
+    work = 2 * m * n * k / g.tensor_rate(operand_kind(dtype)) + g.wgmma_issue_cycles
+    took = work * _stretch(engines.share, engines.tc_work, start)
+    engines.tc_free = start + took
     engines.tc_work += work
-    return start, engines.tc_free + self.gpu.wgmma_latency
+    instrs = -(-m // 64) * max(1, -(-k * np.dtype(dtype).itemsize // 32))
+    held = max(t + instrs * g.wgmma_instr_issue_cycles,
+               start + max(0, instrs - g.wgmma_queue) * took / instrs)
+    return start, engines.tc_free + g.wgmma_latency, held
 
   def launch(self, num_blocks, smem, num_threads, regs=None):
     return LaunchTiming(self, num_blocks, smem, num_threads, regs)
