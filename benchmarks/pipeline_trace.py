@@ -122,6 +122,17 @@ def steps_of(trace, mcs):
     out[k] = ({"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
                "p90": float(np.percentile(v, 90)), "mean": float(v.mean())}
               if v.size else None)
+  # Blocks an SM took at once: those starting on it within 2 us of the
+  # kernel's first block (a block's first event: its start, in ns).
+  first = {tid: min(e["ts"] for e in evs) * 1e3 for tid, evs in by_tid.items()}
+  t0 = min(first.values()) if first else 0.0
+  per_sm = {}
+  for tid, t in first.items():
+    if t - t0 < 2000.0:
+      sm = by_tid[tid][0]["pid"]
+      per_sm[sm] = per_sm.get(sm, 0) + 1
+  out["blocks_at_launch_per_sm"] = (float(np.mean(list(per_sm.values())))
+                                    if per_sm else None)
   out["blocks"] = len(spans)
   out["block_cycles_median"] = float(np.median(spans)) if spans else None
   out["steps"] = n_steps
@@ -182,7 +193,8 @@ def main(argv=None):
           f"{r['wait']['median']:.0f} (p90 {r['wait']['p90']:.0f}) + rest "
           f"{r['rest']['median']:.0f} (p90 {r['rest']['p90']:.0f}) cycles; "
           f"{r['blocks']} blocks on {r['sms']} SMs, a block {r['block_cycles_median']:.0f} "
-          f"({r['block_cycles_median'] / max(1, r['steps'] - 1):.0f} a step); "
+          f"({r['block_cycles_median'] / max(1, r['steps'] - 1):.0f} a step), "
+          f"{r['blocks_at_launch_per_sm']:.2f} an SM at launch; "
           f"unprofiled {per_call * 1e6:.0f} us a call (dispatch included)", flush=True)
   with open(os.path.join(a.out, "pipeline_trace.json"), "w") as fh:
     json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
