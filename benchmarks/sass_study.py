@@ -1,10 +1,13 @@
-"""What ptxas made of the timing suite's kernels (issue 9): for each case of
-benchmarks/timing_suite.py, the wgmma instructions of its SASS (HGMMA), the
-waits on them (WARPGROUP.DEPBAR.LE gsb0, N: N groups may stay in flight), and
-what ptxas said (its warnings, e.g. that wgmma instructions "are serialized",
-and its register count). Whether the compiler kept the wgmma groups in flight
-that a kernel's wgmma_wait(1) asks for is a fact of the compiled kernel that
-the simulator, which never runs ptxas, must otherwise guess.
+"""What ptxas and Mosaic made of the timing suite's kernels (issue 9): for each
+case of benchmarks/timing_suite.py, what ptxas said (its warnings, e.g. that
+wgmma instructions "are serialized", and its register count), the wgmma waits
+of the PTX (wgmma.wait_group N), the transforms Mosaic gave each TMA load's
+SMEM side (its own or inferred: tiling and swizzle, hence the box's rows), and,
+where the dump has SASS, its wgmma instructions (HGMMA) and their waits
+(WARPGROUP.DEPBAR.LE gsb0, N). Whether the compiler kept the wgmma groups in
+flight that a kernel's wgmma_wait(1) asks for, and which swizzle an operand
+without transforms got, are facts of the compiled kernel that the simulator,
+which runs neither, must otherwise guess.
 
 Run on the GPU machine (jax with CUDA; ptxas runs when a kernel compiles):
 
@@ -12,10 +15,11 @@ Run on the GPU machine (jax with CUDA; ptxas runs when a kernel compiles):
                                      diagnostic | all] [--filter S] [--jobs 3]
 
 Each case compiles (and runs once) in a process of its own with Mosaic GPU's
-dump switches on (MOSAIC_GPU_DUMP_SASS, _PTXAS, _TO), its dump in a
-temporary folder; then every dump is read here and OUT/sass_study.json and a
-printed table say, per case: HGMMA and DEPBAR counts, the DEPBAR arguments
-seen, ptxas's warnings and registers. The dumps go into OUT/sass_dumps.tgz.
+dump switches on (MOSAIC_GPU_DUMP_SASS, _PTX, _PTXAS, _TO), its dump in a
+temporary folder; then every dump is read here, and OUT/sass_study.json and a
+printed table give the above per case. The dumps go into OUT/sass_dumps.tgz
+(`--reread FOLDER` reads an unpacked one again). SASS needs a disassembler
+Mosaic finds: on the H200 machine of 2026-12-02 none came out.
 """
 from __future__ import annotations
 
