@@ -12,6 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
+from pallas_sim import gpus
 
 
 def scoped_kernel(profile_dir, space=16, per_warp=False, bounds_check=False):
@@ -98,3 +99,26 @@ def test_the_estimate_check_writes_no_second_trace(tmp_path, monkeypatch):
   assert len(os.listdir(tmp_path / "p")) == 1 and _trace(tmp_path / "p")
   [line] = [json.loads(x) for x in log.read_text().splitlines()]
   assert line["error"] == 0.0, line  # (the estimate ran: its scopes too)
+
+
+def test_the_files_times_are_the_sms_cycles_as_on_the_gpu(tmp_path):
+  """The GPU's profiler stamps ranges with the SM's cycle counter (%clock),
+  written as nanoseconds: a range of SM work (a dependent scalar loop) is as
+  long in the file at 1000 MHz as at 1980, its cycles."""
+  lengths = []
+  for mhz in (1000, 1980):
+    d = tmp_path / str(mhz)
+
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
+                  compiler_params=plgpu.CompilerParams(profile_space=16,
+                                                       profile_dir=str(d)))
+    def k(o_ref):
+      with jax.named_scope("spin"):
+        v = jax.lax.fori_loop(0, 40, lambda i, v: v * 3 + i, jnp.int32(1))
+      o_ref[...] = jnp.full((128,), v, jnp.int32)
+
+    ps.estimate(k, gpu="h200", clock_mhz=mhz)
+    t = {e["ph"]: e["ts"] for e in _trace(d) if e["name"] == "spin"}
+    lengths.append((t["E"] - t["B"]) * 1e3)
+  assert lengths[0] > 40 * 2 * gpus.H200.op_overhead_cycles
+  assert lengths[0] == pytest.approx(lengths[1])

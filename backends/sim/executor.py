@@ -527,7 +527,7 @@ class Executor:
           reps[g] = result
     self._running = None
     if recorder is not None and not self.checking_estimate:  # (its one file: the run's)
-      recorder.dump(launch, self.gpu.clock_hz, self.gpu.num_sms)
+      recorder.dump(launch, self.gpu.num_sms)
     wall = time.perf_counter() - t0
 
     found = log.races()

@@ -11,9 +11,12 @@ holds `profile_space * 4` 32-bit entries, 3 of them a header and 2 per
 event; `profile_bounds_check` drops the events past that (the dump then
 closes the ranges left open), and without it an overflow is an error here
 (on the GPU it corrupts the SMEM next to the buffer). The buffer takes SMEM:
-4 bytes per entry per trace. The file has the profiler's name and format;
-times are the block's simulated cycles from its start, in the simulated
-GPU's clock.
+4 bytes per entry per trace. The file has the profiler's name and format,
+and its times: the SM's cycles (the GPU's profiler reads %clock) written as
+nanoseconds, from the block's start (the GPU adds the block's start time on
+its global timer; each simulated block starts at 0), so that a range's
+length is its cycles on either backend (benchmarks/pipeline_trace.py reads
+both).
 """
 import dataclasses
 import json
@@ -102,7 +105,7 @@ class Recorder:
     for t in traces:
       self.traces.setdefault((wg.block.number, t), []).append((name, begin, wg.time))
 
-  def dump(self, launch, clock_hz, num_sms):
+  def dump(self, launch, num_sms):
     """Writes the trace file; returns its path."""
     spec = self.spec
     usable = (spec.entries - HEADER_ENTRIES) // 2
@@ -119,7 +122,9 @@ class Recorder:
         evs = evs[:usable]
       out, stack, last = [], [], None
       for name, begin, cycle in evs:
-        ts = cycle / clock_hz * 1e9 / 1e3
+        # (as the GPU's profiler: the SM's cycle counter read as nanoseconds,
+        # in microseconds, from the block's start)
+        ts = cycle / 1e3
         out.append({"name": name, "ph": "B" if begin else "E", "ts": ts,
                     "pid": 1 + block % num_sms, "tid": 1 + trace + per_block * block})
         if begin:
