@@ -19,6 +19,12 @@ clock is the one its sustained run holds):
 Prints, per case, the median and the 10th/90th percentiles over every block's
 steady steps (past the first mcs + 1 and before the last) of each part in SM
 cycles, and writes OUT/pipeline_trace.json.
+
+On a CPU, the model beside a GPU run (the simulator writes the same trace,
+in the same cycles: backends/sim/profiler.py), each case estimated at the
+clock its suite row held sustained (h200_measured.json):
+
+    ./dev python benchmarks/pipeline_trace.py --compare benchmarks/pipeline_trace_h200.json
 """
 from __future__ import annotations
 
@@ -140,14 +146,61 @@ def steps_of(trace, mcs):
   return out
 
 
+def _sustained_clocks():
+  """Quickstart case name -> the SM clock (MHz) its sustained run held on the
+  H200 (the suite's, held-out and blind studies of h200_measured.json)."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  data = json.load(open(os.path.join(here, "h200_measured.json")))
+  out = {}
+  for study in ("power_study_suite", "blind_study", "holdout_study"):
+    d = data.get(study, {})
+    for r in d.get("rows", []) + d.get("cases", []):
+      if r.get("clock"):
+        out.setdefault(r["name"].replace(" (blind)", "").replace("quickstart f16 ", "quickstart "),
+                       r["clock"]["sm_mhz"])
+  return out
+
+
+def compare(path):
+  """The model's steps beside the GPU's (a pipeline_trace.json), in cycles."""
+  import jax
+  import jax.numpy as jnp
+  import pallas_sim as ps
+  clocks = _sustained_clocks()
+  gpu = json.load(open(path))
+  print("| case | clock (MHz) | a step: GPU / model | issue | wait | rest |")
+  print("|---|---:|---:|---:|---:|---:|")
+  for r in gpu["rows"]:
+    if "error" in r:
+      continue
+    size, (_, tn, tk), mcs = r["size"], r["tile"], r["mcs"]
+    mhz = clocks.get(r["name"])
+    d = tempfile.mkdtemp(prefix="trace_sim_")
+    x = jax.ShapeDtypeStruct((size, size), jnp.float16)
+    ps.estimate(lambda a, b: traced_matmul(a, b, tile_n=tn, tile_k=tk, mcs=mcs,
+                                           profile_dir=d, space=2 * (size // tk) * 2 + 64),
+                x, x, gpu="h200", clock_mhz=mhz)
+    m = steps_of(json.load(open(glob.glob(os.path.join(d, "*-trace.json"))[0])), mcs)
+    step = lambda q: q["block_cycles_median"] / max(1, q["steps"] - 1)
+    part = lambda k: f"{r[k]['median']:.0f} / {m[k]['median']:.0f}"
+    print(f"| {r['name']} | {mhz or 'model'} | {step(r):.0f} / {step(m):.0f} "
+          f"({step(m) / step(r) - 1:+.0%}) | {part('issue')} | {part('wait')} | "
+          f"{part('rest')} |", flush=True)
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--out", default=os.environ.get("OUT", "."))
   ap.add_argument("--filter", default="")
   ap.add_argument("--warm-s", type=float, default=1.0)
+  ap.add_argument("--compare", default=None,
+                  help="a GPU run's pipeline_trace.json: the model's steps beside it (CPU)")
   ap.add_argument("--keep", action="store_true",
                   help="keep each case's trace (gzipped JSON) in OUT")
   a = ap.parse_args(argv)
+  if a.compare:
+    compare(a.compare)
+    return 0
   import jax
   import jax.numpy as jnp
   rows = []
