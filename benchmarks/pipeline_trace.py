@@ -40,7 +40,7 @@ import numpy as np
 
 # (size, tile_n, tile_k, max_concurrent_steps): rows of the suite, the held-out
 # and blind sets where the model errs most, and rows it gets right beside them.
-CASES = [(4096, 128, 128, 2), (4096, 128, 64, 2), (4096, 128, 64, 3),
+CASES = [(4096, 128, 128, 2), (4096, 128, 64, 2), (8192, 128, 64, 2), (4096, 128, 64, 3),
          (4096, 128, 64, 4), (4096, 128, 32, 4), (4096, 128, 32, 3),
          (8192, 128, 128, 2), (8192, 128, 64, 4), (8192, 128, 32, 4),
          (4096, 64, 64, 3), (4096, 64, 128, 4), (4096, 64, 128, 2)]
@@ -142,6 +142,13 @@ def steps_of(trace, mcs):
       per_sm[sm] = per_sm.get(sm, 0) + 1
   out["blocks_at_launch_per_sm"] = (float(np.mean(list(per_sm.values())))
                                     if per_sm else None)
+  # Per SM, how long after its first block its second started (us): ~0 where
+  # it holds two at once, a block's time where it holds one.
+  starts = {}
+  for tid, t in first.items():
+    starts.setdefault(by_tid[tid][0]["pid"], []).append(t)
+  gaps = [sorted(v)[1] - sorted(v)[0] for v in starts.values() if len(v) > 1]
+  out["second_block_after_us"] = float(np.median(gaps)) / 1e3 if gaps else None
   out["blocks"] = len(spans)
   out["block_cycles_median"] = float(np.median(spans)) if spans else None
   out["block_cycles_max"] = float(np.max(spans)) if spans else None
@@ -255,7 +262,8 @@ def main(argv=None):
           f"{r['rest']['median']:.0f} (p90 {r['rest']['p90']:.0f}) cycles; "
           f"{r['blocks']} blocks on {r['sms']} SMs, a block {r['block_cycles_median']:.0f} "
           f"({r['block_cycles_median'] / max(1, r['steps'] - 1):.0f} a step), "
-          f"{r['blocks_at_launch_per_sm']:.2f} an SM at launch; "
+          f"{r['blocks_at_launch_per_sm']:.2f} an SM at launch, its second "
+          f"{r['second_block_after_us']:.1f} us after its first; "
           f"unprofiled {per_call * 1e6:.0f} us a call (dispatch included)", flush=True)
   with open(os.path.join(a.out, "pipeline_trace.json"), "w") as fh:
     json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
