@@ -91,6 +91,11 @@ def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0, tile_
   return kernel(a, b)
 
 
+def profile_space(size, tile_k):
+  """Ranges a warpgroup records: two a step, and room for the rest."""
+  return 2 * (size // tile_k) * 2 + 64
+
+
 def steps_of(trace, mcs):
   """Per block (the trace's tid): the steady steps' parts, in cycles (the
   profiler's timestamps are the block's start in ns plus cycles since)."""
@@ -190,7 +195,7 @@ def compare(path):
     d = tempfile.mkdtemp(prefix="trace_sim_")
     x = jax.ShapeDtypeStruct((size, size), jnp.float16)
     ps.estimate(lambda a, b: traced_matmul(a, b, tile_n=tn, tile_k=tk, mcs=mcs,
-                                           profile_dir=d, space=2 * (size // tk) * 2 + 64),
+                                           profile_dir=d, space=profile_space(size, tk)),
                 x, x, gpu="h200", clock_mhz=mhz)
     m = steps_of(json.load(open(glob.glob(os.path.join(d, "*-trace.json"))[0])), mcs)
     # (the GPU: the median block; the model: its slowest class's block, as
@@ -235,7 +240,7 @@ def main(argv=None):
     jax.block_until_ready(out)
     per_call = (time.time() - t0) / calls
     d = tempfile.mkdtemp(prefix="trace_")
-    space = 2 * (size // tk) * 2 + 64
+    space = profile_space(size, tk)
     traced = jax.jit(lambda x, y: traced_matmul(
         x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space))
     for _ in range(3):

@@ -46,17 +46,23 @@ class GPU:
   tensor_rate_mhz: tuple = (("f16", 1665), ("bf16", 1755), ("tf32", 1980),
                             ("fp8", 1710), ("int8", 1725))
   wgmma_issue_cycles: float = 28.0
-  # A warpgroup issuing a wgmma group stays in its issue until all but
-  # wgmma_queue of its instructions have started on the tensor cores, and
-  # at least wgmma_instr_issue_cycles an instruction: the quickstart's body
-  # traced by Mosaic GPU's profiler (benchmarks/pipeline_trace.py, H200),
-  # the issue's median cycles with the tensor cores idle before it:
-  # 634 for 16 m64n128k16 instructions (128x128x128), 354 for 16 m64n64k16
-  # (128x64x128), 109-151 for 8 m64n128k16, 91 for 8 m64n64k16, 65-76 for 4.
-  # (16 - 6) x 64 = 640 and (16 - 6) x 32 = 320 cycles; 8 and 4 at 17 a
-  # piece: 136 and 68.
+  # A warpgroup issuing a wgmma group stays in the issue until all but
+  # wgmma_queue of its instructions have started (timing.Timing.wgmma), and
+  # an issue takes wgmma_issue_cycles_base + wgmma_instr_issue_cycles an
+  # instruction. The quickstart's body traced by Mosaic GPU's profiler
+  # (benchmarks/pipeline_trace.py, pipeline_trace_h200.json, H200), median
+  # cycles of the issue: 634 for 16 m64n128k16 instructions (128x128x128),
+  # 354 for 16 m64n64k16 (128x64x128), the tensor cores idle before both;
+  # 109 and 122 for 8 m64n128k16 (151 and 122 behind a busy group), 91 for
+  # 8 m64n64k16, 65-76 for 4. The base and per-instruction cost are fitted
+  # to the 4 and 8 (N=64) rows; the queue to the 16-instruction ones. At
+  # the model's tensor rate (3850 FLOP a cycle, not the datasheet's 4096)
+  # that gives 698 (+10%), 358 (+1%), 143 (+17..31%), 92 and 66. Only one
+  # block an SM was traced with a queue-bound issue; with two, the group's
+  # time and so the hold are stretched by the sharing (not measured).
   wgmma_queue: int = 6
-  wgmma_instr_issue_cycles: float = 17.0
+  wgmma_issue_cycles_base: float = 40.0
+  wgmma_instr_issue_cycles: float = 6.5
   hbm_bytes_per_s: float = 3.35e12        # reads
   hbm_write_bytes_per_s: float = 2.44e12  # writes (H100: the H200's ratio)
   l2_bytes: int = 50 * 2 ** 20

@@ -21,7 +21,8 @@ F16, F32 = jnp.float16, jnp.float32
 S = jax.ShapeDtypeStruct
 H = gpus.H200
 
-SM_CYCLES = ("wgmma_issue_cycles", "wgmma_instr_issue_cycles", "wgmma_latency",
+SM_CYCLES = ("wgmma_issue_cycles", "wgmma_issue_cycles_base", "wgmma_instr_issue_cycles",
+             "wgmma_latency",
              "barrier_latency", "tma_bytes_per_clk",
              "alu_cycles_per_vector", "transcendental_cycles_per_vector",
              "sfu_cycles_per_vector", "op_overhead_cycles", "local_bytes_per_clk")

@@ -120,7 +120,7 @@ def test_wgmma_rate_depends_on_the_operand_type():
   t = Timing(gpus.H100)
   busy = {}
   for dt in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float8_e4m3fn, jnp.int8):
-    start, done, _ = t.wgmma(Engines(), 0.0, 64, 256, 64, np.dtype(dt))
+    start, done, *_ = t.wgmma(Engines(), 0.0, 64, 256, 64, np.dtype(dt))
     busy[np.dtype(dt).name] = (done - start - gpus.H100.wgmma_latency
                                - gpus.H100.wgmma_issue_cycles)
   flops = 2 * 64 * 256 * 64

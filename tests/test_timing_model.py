@@ -393,36 +393,59 @@ def test_tensor_overlap_slows_what_runs_beside_busy_tensor_cores():
   assert tensor_overlap(100, 50, 2.0) == 50 + 75     # (busy for 50 cycles)
 
 
-def _hold(m, n, k, dtype=F16, tc_free=0.0, mhz=1890):
-  """(held, start, took) of a wgmma group issued at 0 on idle (or busy
-  until tc_free) tensor cores, the H200 at mhz."""
-  t = Timing(gpus.at_clock(gpus.H200, mhz))
+def _hold(m, n, k, dtype=F16, tc_free=0.0):
+  """(held, start, took, issued) of a wgmma group issued at 0 on idle (or
+  busy until tc_free) tensor cores, the H200's model at 1890 MHz (the SM's
+  cycles: a cycle's tensor work is the same at any clock)."""
+  t = Timing(gpus.at_clock(gpus.H200, 1890))
   e = Engines()
   e.tc_free = tc_free
-  start, _, held = t.wgmma(e, 0.0, m, n, k, jnp.dtype(dtype))
-  return held, start, e.tc_free - start
+  start, done, held, issued = t.wgmma(e, 0.0, m, n, k, jnp.dtype(dtype))
+  assert held <= done
+  return held, start, e.tc_free - start, issued
+
+
+G = gpus.at_clock(gpus.H200, 1890)
+ISSUE = lambda instrs: G.wgmma_issue_cycles_base + instrs * G.wgmma_instr_issue_cycles
 
 
 def test_a_wgmma_issue_holds_its_warpgroup_until_the_queue_takes_the_rest():
   """The quickstart's body traced on the H200 (benchmarks/pipeline_trace.py,
-  pipeline_trace_h200.json): issuing 16 m64n128k16 instructions (128x128x128)
-  held the warpgroup 634 cycles, 16 m64n64k16 (128x64x128) 354, 8 m64n128k16
-  109-151, 4 m64n128k16 65-76, the tensor cores idle before: all but six of a
-  group's instructions start before its issue returns."""
-  held, start, took = _hold(128, 128, 128)
-  assert start == 0.0 and held == pytest.approx(took * 10 / 16)
-  assert held == pytest.approx(634, rel=0.12)
-  assert _hold(128, 64, 128, mhz=1425)[0] == pytest.approx(354, rel=0.12)
-  assert 109 <= _hold(128, 128, 64)[0] <= 151
-  assert 65 <= _hold(128, 128, 32)[0] <= 76
-  # Behind a busy tensor core the issue waits for the group to start too.
-  held, start, took = _hold(128, 128, 128, tc_free=1000.0)
-  assert start == 1000.0 and held == pytest.approx(1000.0 + took * 10 / 16)
-  # An instruction takes 32 bytes of K: 2 of them for K=16 of f32 (tf32) and
-  # for K=64 of fp8, neither past the queue.
-  g = gpus.at_clock(gpus.H200, 1890)
-  assert _hold(64, 128, 16, F32)[0] == 2 * g.wgmma_instr_issue_cycles
-  assert _hold(64, 128, 64, jnp.float8_e4m3fn)[0] == 2 * g.wgmma_instr_issue_cycles
+  pipeline_trace_h200.json), the tensor cores idle before the issue: 16
+  m64n128k16 instructions (128x128x128) held the warpgroup 634 cycles, 16
+  m64n64k16 (128x64x128) 354, 8 m64n128k16 109-122, 8 m64n64k16 91, 4
+  m64n128k16 65-76. The model: all but six instructions started, or the
+  issue's own cost; its misses (its tensor rate is not the datasheet's)
+  are the gpus.py comment's."""
+  for (m, n, k), instrs, gpu in (((128, 128, 128), 16, 634), ((128, 64, 128), 16, 354),
+                                 ((128, 128, 64), 8, 122), ((128, 64, 64), 8, 91),
+                                 ((128, 128, 32), 4, 70)):
+    held, start, took, issued = _hold(m, n, k)
+    assert start == 0.0 and issued == ISSUE(instrs)
+    assert held == pytest.approx(max(issued, took * (instrs - G.wgmma_queue) / instrs))
+    assert held == pytest.approx(gpu, rel=0.2)
+  assert _hold(128, 128, 128)[0] == pytest.approx(634, rel=0.11)
+  assert _hold(128, 64, 128)[0] == pytest.approx(354, rel=0.02)
+  # Behind a busy tensor core its last instruction waits for a place in
+  # the queue: the groups ahead taken as long an instruction as its own.
+  for (m, n, k), instrs in (((128, 128, 128), 16), ((128, 128, 32), 4)):
+    held, start, took, _ = _hold(m, n, k, tc_free=1000.0)
+    assert start == 1000.0
+    assert held == pytest.approx(1000.0 + took * (instrs - G.wgmma_queue) / instrs)
+  # An instruction takes 32 bytes of K: 2 of them for K=16 of f32 (tf32)
+  # and for K=64 of fp8; one per 64 rows of A.
+  assert _hold(64, 128, 16, F32)[3] == ISSUE(2)
+  assert _hold(64, 128, 64, jnp.float8_e4m3fn)[3] == ISSUE(2)
+  assert _hold(192, 128, 16)[3] == ISSUE(3)
+
+
+def test_no_wgmma_instruction_starts_before_it_is_issued():
+  """Narrow instructions (m64n8k16: ~4 cycles of tensor work) go as fast as
+  the warpgroup issues them: the group ends after its last issue."""
+  held, start, took, issued = _hold(64, 8, 256)
+  work = 2 * 64 * 8 * 256 / G.tensor_rate("f16") + G.wgmma_issue_cycles
+  assert start == 0.0 and issued > work
+  assert took == pytest.approx(issued + work / 16)  # (its last instruction's)
 
 
 def _issue_order_kernel(load_first):
@@ -459,5 +482,7 @@ def test_a_load_issued_after_a_long_wgmma_group_waits_out_its_issue():
   x = S((128, 256), F16)
   first, after = (ps.estimate(_issue_order_kernel(f), x, gpu="h200", clock_mhz=1890)
                   .kernels[0].block_cycles_max for f in (True, False))
-  held, _, took = _hold(128, 128, 128)
+  # (the 64 KiB load outlasts the group: the order moves the kernel's end by
+  # the issue's hold)
+  held = _hold(128, 128, 128)[0]
   assert after - first == pytest.approx(held, rel=0.1)

@@ -853,9 +853,16 @@ MUTANTS = [
     Mutant("wgmma-issue-free", "backends/sim/machine/timing.py",
            "a warpgroup issuing a wgmma group stays in the issue until all but the "
            "queue's instructions have started (H200: 634 cycles for 16 m64n128k16); "
-           "the mutant returns at once",
-           "    held = max(t + instrs * g.wgmma_instr_issue_cycles,\n",
-           "    held = t if True else max(t + instrs * g.wgmma_instr_issue_cycles,\n",
+           "the mutant returns once it has issued them",
+           "    held = max(issued, start + (instrs - g.wgmma_queue) * per)\n",
+           "    held = issued\n",
+           ("tests/test_timing_model.py",)),
+    Mutant("wgmma-starts-before-issued", "backends/sim/machine/timing.py",
+           "no wgmma instruction starts before the warpgroup has issued it: a group "
+           "of narrow instructions ends after its last issue; the mutant lets it end "
+           "at its tensor work alone",
+           "    engines.tc_free = max(start + took, issued + per)\n",
+           "    engines.tc_free = start + took\n",
            ("tests/test_timing_model.py",)),
     Mutant("congruence-remainder-unbounded", "backends/sim/congruence.py",
            "a remainder by a bounded divisor is bounded by it (b % 4 < 4); the mutant "

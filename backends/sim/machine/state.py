@@ -6,7 +6,8 @@ from pallas_sim.backends.sim.machine.scheduler import Resource, Task, Wait
 
 # What a warpgroup waits for (Warpgroup.stalled): an async copy's bytes
 # (a barrier a TMA load completed), other threads' arrivals (barriers,
-# semaphores, a warp_map's join), the tensor cores (wgmma waits), TMA stores
+# semaphores, a warp_map's join), the tensor cores (wgmma waits, and a
+# wgmma's issue while their queue is full), TMA stores
 # (their SMEM reads or GMEM writes); and time spent moving spilled
 # registers (machine/occupancy.py).
 STALLS = ("TMA", "barrier", "tensor core", "TMA store", "spill")

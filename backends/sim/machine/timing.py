@@ -254,22 +254,26 @@ class Timing:
 
   def wgmma(self, engines, t, m, n, k, dtype):
     """A wgmma group issued at t on these tensor cores: (start, completion,
-    when the issuing warpgroup is free again). Its instructions (m64nNk16
-    for 16-bit operands: one per 64 rows of A and 32 bytes of K) go to the
-    tensor cores' queue, which takes wgmma_queue of them ahead of the one
-    executing: the warpgroup stays in the issue until the rest have started
-    (instructions start evenly over the group's time), and at least
-    wgmma_instr_issue_cycles an instruction."""
+    held: when the issuing warpgroup is free again, issued: when its own
+    issue would end). Its instructions (one per 64 rows of A and 32 bytes of
+    K: m64nNk16 for 16-bit operands) take wgmma_issue_cycles_base plus
+    wgmma_instr_issue_cycles each to issue, and go to the tensor cores'
+    queue, which holds wgmma_queue of them ahead of the one executing: the
+    warpgroup stays in the issue until its last instruction has a place,
+    all but that many of them started (instructions start evenly over the
+    group's time; ahead of it, the groups before, taken alike). No
+    instruction starts before it is issued."""
     g = self.gpu
     start = max(t, engines.tc_free)
     work = 2 * m * n * k / g.tensor_rate(operand_kind(dtype)) + g.wgmma_issue_cycles
     took = work * _stretch(engines.share, engines.tc_work, start)
-    engines.tc_free = start + took
     engines.tc_work += work
     instrs = -(-m // 64) * max(1, -(-k * np.dtype(dtype).itemsize // 32))
-    held = max(t + instrs * g.wgmma_instr_issue_cycles,
-               start + max(0, instrs - g.wgmma_queue) * took / instrs)
-    return start, engines.tc_free + g.wgmma_latency, held
+    per = took / instrs
+    issued = t + g.wgmma_issue_cycles_base + instrs * g.wgmma_instr_issue_cycles
+    held = max(issued, start + (instrs - g.wgmma_queue) * per)
+    engines.tc_free = max(start + took, issued + per)
+    return start, engines.tc_free + g.wgmma_latency, held, issued
 
   def launch(self, num_blocks, smem, num_threads, regs=None):
     return LaunchTiming(self, num_blocks, smem, num_threads, regs)

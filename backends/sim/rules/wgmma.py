@@ -165,11 +165,11 @@ def _wgmma_ref(eqn, cx):
       t = max(wg.time, blk.engines.tc_free)
       wg.time = t + timing.spill(blk.engines, t)
       blk.stats.stalls["spill"] += wg.time - since
-    start, done, held = timing.wgmma(blk.engines, wg.time, m, n, k, b_r.view.dtype)
-    if held > wg.time:  # (in the issue while the tensor cores' queue is full)
-      since = wg.time
-      wg.time = held
-      wg.stalled("tensor core", since)
+    start, done, held, issued = timing.wgmma(blk.engines, wg.time, m, n, k,
+                                             b_r.view.dtype)
+    wg.time = held
+    if held > issued:  # (in the issue while the tensor cores' queue was full)
+      wg.stalled("tensor core", issued)
     if wg.wgmma:
       done = max(done, wg.wgmma[-1][0])  # groups retire in order
     acc_view, b_view = acc_r.view, b_r.view
