@@ -91,6 +91,76 @@ def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0, tile_
   return kernel(a, b)
 
 
+def tma_issue_kernel(x, *, copies, rows=128, cols=64, blocks=132, profile_dir=None):
+  """Each block issues `copies` TMA loads of a rows x cols f16 tile back to
+  back (each to its own SMEM slot and barrier) in a named scope "issue",
+  then waits for them ("land"): the issue's cycles over `copies` are what a
+  TMA issue costs its warpgroup."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  params = (plgpu.CompilerParams(profile_space=64, profile_dir=profile_dir)
+            if profile_dir else None)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((blocks, rows, cols), jnp.float16),
+                scratch_types=dict(buf=plgpu.SMEM((copies, rows, cols), jnp.float16),
+                                   bar=plgpu.Barrier(num_barriers=copies)),
+                grid=(blocks,), grid_names=("b",), compiler_params=params)
+  def kernel(x_gmem, o_gmem, buf, bar):
+    b = jax.lax.axis_index("b")
+    with jax.named_scope("issue"):
+      for i in range(copies):
+        plgpu.copy_gmem_to_smem(x_gmem.at[b, i], buf.at[i], bar.at[i])
+    with jax.named_scope("land"):
+      for i in range(copies):
+        plgpu.barrier_wait(bar.at[i])
+    plgpu.copy_smem_to_gmem(buf.at[copies - 1], o_gmem.at[b])
+    plgpu.wait_smem_to_gmem(0)
+
+  return kernel(x)
+
+
+def issue_cycles(trace):
+  """Median over blocks of the "issue" range's cycles, and of "land"'s."""
+  out = {}
+  for name in ("issue", "land"):
+    begin, lengths = {}, []
+    for e in trace["traceEvents"]:
+      if e["name"] != name:
+        continue
+      if e["ph"] == "B":
+        begin[e["tid"]] = e["ts"]
+      elif e["tid"] in begin:
+        lengths.append((e["ts"] - begin.pop(e["tid"])) * 1e3)
+    out[name] = float(np.median(lengths)) if lengths else None
+  return out
+
+
+def tma_issue(out_dir=None):
+  """TMA issue cost to the warpgroup: 2 and 8 copies, on this backend (the GPU,
+  or the simulator under pallas_sim.backend("sim"))."""
+  import jax
+  import jax.numpy as jnp
+  rows = []
+  for copies in (2, 8):
+    x = jax.random.normal(jax.random.key(1), (132, copies, 128, 64), jnp.float16)
+    d = tempfile.mkdtemp(prefix="tma_issue_")
+    f = jax.jit(lambda x: tma_issue_kernel(x, copies=copies, profile_dir=d))
+    for _ in range(3):
+      jax.block_until_ready(f(x))
+    jax.effects_barrier()
+    files = sorted(glob.glob(os.path.join(d, "*-trace.json")))
+    r = {"copies": copies, **issue_cycles(json.load(open(files[-1])))}
+    r["per_copy"] = r["issue"] / copies
+    rows.append(r)
+    print(f"{copies} TMA loads of a 128x64 f16 tile: issued in {r['issue']:.0f} cycles "
+          f"({r['per_copy']:.1f} a copy), landed {r['land']:.0f} later", flush=True)
+  if out_dir:
+    with open(os.path.join(out_dir, "tma_issue.json"), "w") as fh:
+      json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
+  return rows
+
+
 def profile_space(size, tile_k):
   """Ranges a warpgroup records: two a step, and room for the rest."""
   return 2 * (size // tile_k) * 2 + 64
@@ -213,6 +283,8 @@ def main(argv=None):
   ap.add_argument("--out", default=os.environ.get("OUT", "."))
   ap.add_argument("--filter", default="")
   ap.add_argument("--warm-s", type=float, default=1.0)
+  ap.add_argument("--tma-issue", action="store_true",
+                  help="what a TMA issue costs its warpgroup (2 and 8 copies back to back)")
   ap.add_argument("--compare", default=None,
                   help="a GPU run's pipeline_trace.json: the model's steps beside it (CPU)")
   ap.add_argument("--keep", action="store_true",
@@ -220,6 +292,9 @@ def main(argv=None):
   a = ap.parse_args(argv)
   if a.compare:
     compare(a.compare)
+    return 0
+  if a.tma_issue:
+    tma_issue(a.out)
     return 0
   import jax
   import jax.numpy as jnp
