@@ -6,7 +6,9 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -486,3 +488,22 @@ def test_a_load_issued_after_a_long_wgmma_group_waits_out_its_issue():
   # the issue's hold)
   held = _hold(128, 128, 128)[0]
   assert after - first == pytest.approx(held, rel=0.1)
+
+
+@hypothesis.given(m=st.sampled_from([64, 128, 192, 256]), n=st.integers(1, 32).map(lambda v: 8 * v),
+                  k=st.integers(1, 16).map(lambda v: 16 * v),
+                  dtype=st.sampled_from([F16, jnp.bfloat16, F32, jnp.float8_e4m3fn]),
+                  t=st.floats(0, 5000), busy=st.floats(0, 5000), share=st.integers(1, 3))
+@hypothesis.example(m=64, n=8, k=256, dtype=F16, t=0.0, busy=0.0, share=1)  # (narrow)
+def test_a_wgmma_group_is_issued_then_held_then_done(m, n, k, dtype, t, busy, share):
+  """Whatever the group and the tensor cores' state: the warpgroup is free
+  no sooner than its own issue ends and no later than the group is done; the
+  group starts behind the ones before and ends after its last issue."""
+  tm = Timing(G)
+  e = Engines(share=share)
+  e.tc_free = busy
+  e.tc_work = busy / 2
+  start, done, held, issued = tm.wgmma(e, t, m, n, k, jnp.dtype(dtype))
+  assert start == max(t, busy)
+  assert t < issued <= held <= done
+  assert e.tc_free >= issued and done == e.tc_free + G.wgmma_latency
