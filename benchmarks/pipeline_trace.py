@@ -38,6 +38,8 @@ import time
 
 import numpy as np
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
 # (size, tile_n, tile_k, max_concurrent_steps): rows of the suite, the held-out
 # and blind sets where the model errs most, and rows it gets right beside them.
 CASES = [(4096, 128, 128, 2), (4096, 128, 64, 2), (8192, 128, 64, 2), (4096, 128, 64, 3),
@@ -50,45 +52,17 @@ def name_of(size, tile_n, tile_k, mcs):
   return f"quickstart {size} 128x{tile_n}x{tile_k} mcs={mcs}"
 
 
-def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0, tile_m=128):
-  """The quickstart's matmul, its body's two parts in named scopes."""
-  import jax
-  import jax.numpy as jnp
-  from jax.experimental import pallas as pl  # noqa: F401
+def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0):
+  """The quickstart's matmul (tests/test_quickstart.matmul_mcs, the suite's
+  code: its body's two parts in named scopes), profiled into profile_dir."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  m, k = a.shape
-  _, n = b.shape
+  sys.path.insert(0, _HERE)
+  import timing_suite  # (it finds matmul_mcs as the suite does)
+  matmul_mcs = timing_suite._matmul_mcs()
   params = (plgpu.CompilerParams(profile_space=space, profile_dir=profile_dir)
             if profile_dir else None)
-
-  @plgpu.kernel(
-      out_type=jax.ShapeDtypeStruct((m, n), jnp.float16),
-      scratch_types=dict(o_smem=plgpu.SMEM((tile_m, tile_n), jnp.float16),
-                         acc=plgpu.ACC((tile_m, tile_n), jnp.float32)),
-      grid=(m // tile_m, n // tile_n), grid_names=("m", "n"),
-      compiler_params=params)
-  def kernel(a_gmem, b_gmem, o_gmem, o_smem, acc):
-    pid_m = jax.lax.axis_index("m")
-    pid_n = jax.lax.axis_index("n")
-
-    def body(_, a_smem, b_smem):
-      with jax.named_scope("issue"):
-        plgpu.wgmma(acc, a_smem, b_smem)
-      with jax.named_scope("wait"):
-        plgpu.wgmma_wait(1)
-
-    plgpu.emit_pipeline(
-        body, grid=(k // tile_k,),
-        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda ki: (pid_m, ki), delay_release=1),
-                  plgpu.BlockSpec((tile_k, tile_n), lambda ki: (ki, pid_n), delay_release=1)],
-        max_concurrent_steps=mcs)(a_gmem, b_gmem)
-    o_smem[...] = acc[...].astype(jnp.float16)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m),
-                                              pl.ds(pid_n * tile_n, tile_n)])
-    plgpu.wait_smem_to_gmem(0)
-
-  return kernel(a, b)
+  return matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k, max_concurrent_steps=mcs,
+                    compiler_params=params)
 
 
 def tma_issue_kernel(x, *, copies, rows=128, cols=64, blocks=132, profile_dir=None):
@@ -120,18 +94,37 @@ def tma_issue_kernel(x, *, copies, rows=128, cols=64, blocks=132, profile_dir=No
   return kernel(x)
 
 
+def newest_trace(directory):
+  """The last trace file a profiled run wrote into `directory` (None: none)."""
+  files = sorted(glob.glob(os.path.join(directory, "*-trace.json")))
+  if not files:
+    return None
+  with open(files[-1]) as fh:
+    return json.load(fh)
+
+
+def ranges(trace):
+  """Per track (tid): its ranges (name, begin, end) in time order, times
+  in cycles (the profiler's timestamps: a block's start in ns plus cycles
+  since), and its SM (pid)."""
+  by_tid, sm = {}, {}
+  for ev in sorted(trace["traceEvents"], key=lambda e: e["ts"]):
+    tid = ev["tid"]
+    sm.setdefault(tid, ev["pid"])
+    track = by_tid.setdefault(tid, ([], {}))
+    if ev["ph"] == "B":
+      track[1][ev["name"]] = ev["ts"] * 1e3
+    elif ev["name"] in track[1]:
+      track[0].append((ev["name"], track[1].pop(ev["name"]), ev["ts"] * 1e3))
+  return {tid: done for tid, (done, _) in by_tid.items()}, sm
+
+
 def issue_cycles(trace):
   """Median over blocks of the "issue" range's cycles, and of "land"'s."""
+  tracks, _ = ranges(trace)
   out = {}
   for name in ("issue", "land"):
-    begin, lengths = {}, []
-    for e in trace["traceEvents"]:
-      if e["name"] != name:
-        continue
-      if e["ph"] == "B":
-        begin[e["tid"]] = e["ts"]
-      elif e["tid"] in begin:
-        lengths.append((e["ts"] - begin.pop(e["tid"])) * 1e3)
+    lengths = [e - b for rs in tracks.values() for n, b, e in rs if n == name]
     out[name] = float(np.median(lengths)) if lengths else None
   return out
 
@@ -149,8 +142,7 @@ def tma_issue(out_dir=None):
     for _ in range(3):
       jax.block_until_ready(f(x))
     jax.effects_barrier()
-    files = sorted(glob.glob(os.path.join(d, "*-trace.json")))
-    r = {"copies": copies, **issue_cycles(json.load(open(files[-1])))}
+    r = {"copies": copies, **issue_cycles(newest_trace(d))}
     r["per_copy"] = r["issue"] / copies
     rows.append(r)
     print(f"{copies} TMA loads of a 128x64 f16 tile: issued in {r['issue']:.0f} cycles "
@@ -167,30 +159,18 @@ def profile_space(size, tile_k):
 
 
 def steps_of(trace, mcs):
-  """Per block (the trace's tid): the steady steps' parts, in cycles (the
-  profiler's timestamps are the block's start in ns plus cycles since)."""
-  by_tid = {}
-  for ev in trace["traceEvents"]:
-    by_tid.setdefault(ev["tid"], []).append(ev)
+  """Per block (the trace's tid): the steady steps' parts, in cycles."""
+  tracks, sm_of = ranges(trace)
   parts = {"issue": [], "wait": [], "rest": [], "step": []}
   spans, sms, n_steps, prologues = [], {}, 0, []
-  for tid, evs in by_tid.items():
-    evs.sort(key=lambda e: e["ts"])
-    init = [e["ts"] * 1e3 for e in evs if e["name"] == "Init" and e["ph"] == "E"]
-    begin = {}
-    issue, wait = [], []
-    for e in evs:
-      t = e["ts"] * 1e3  # (cycles, offset by the block's start)
-      if e["name"] not in ("issue", "wait"):
-        continue  # (the profiler's own "Init")
-      if e["ph"] == "B":
-        begin[e["name"]] = t
-      elif e["name"] in begin:
-        (issue if e["name"] == "issue" else wait).append((begin.pop(e["name"]), t))
+  for tid, rs in tracks.items():
+    init = [e for name, _, e in rs if name == "Init"]  # (the profiler's own)
+    issue = [(b, e) for name, b, e in rs if name == "issue"]
+    wait = [(b, e) for name, b, e in rs if name == "wait"]
     n = min(len(issue), len(wait))
     if n < mcs + 4:
       continue
-    sms[tid] = evs[0]["pid"]
+    sms[tid] = sm_of[tid]
     if init:  # (from the profiler's Init range to the first wgmma's issue)
       prologues.append(issue[0][0] - init[0])
     n_steps = n
@@ -208,20 +188,19 @@ def steps_of(trace, mcs):
               if v.size else None)
   # Blocks an SM took at once: those starting on it within 2 us of the
   # kernel's first block (a block's first event: its start, in ns).
-  first = {tid: min(e["ts"] for e in evs) * 1e3 for tid, evs in by_tid.items()}
+  first = {tid: rs[0][1] for tid, rs in tracks.items() if rs}
   t0 = min(first.values()) if first else 0.0
   per_sm = {}
   for tid, t in first.items():
     if t - t0 < 2000.0:
-      sm = by_tid[tid][0]["pid"]
-      per_sm[sm] = per_sm.get(sm, 0) + 1
+      per_sm[sm_of[tid]] = per_sm.get(sm_of[tid], 0) + 1
   out["blocks_at_launch_per_sm"] = (float(np.mean(list(per_sm.values())))
                                     if per_sm else None)
   # Per SM, how long after its first block its second started (us): ~0 where
   # it holds two at once, a block's time where it holds one.
   starts = {}
   for tid, t in first.items():
-    starts.setdefault(by_tid[tid][0]["pid"], []).append(t)
+    starts.setdefault(sm_of[tid], []).append(t)
   gaps = [sorted(v)[1] - sorted(v)[0] for v in starts.values() if len(v) > 1]
   out["second_block_after_us"] = float(np.median(gaps)) / 1e3 if gaps else None
   out["blocks"] = len(spans)
@@ -236,8 +215,7 @@ def steps_of(trace, mcs):
 def _sustained_clocks():
   """Quickstart case name -> the SM clock (MHz) its sustained run held on the
   H200 (the suite's, held-out and blind studies of h200_measured.json)."""
-  here = os.path.dirname(os.path.abspath(__file__))
-  data = json.load(open(os.path.join(here, "h200_measured.json")))
+  data = json.load(open(os.path.join(_HERE, "h200_measured.json")))
   out = {}
   for study in ("power_study_suite", "blind_study", "holdout_study"):
     d = data.get(study, {})
@@ -267,7 +245,7 @@ def compare(path):
     ps.estimate(lambda a, b: traced_matmul(a, b, tile_n=tn, tile_k=tk, mcs=mcs,
                                            profile_dir=d, space=profile_space(size, tk)),
                 x, x, gpu="h200", clock_mhz=mhz)
-    m = steps_of(json.load(open(glob.glob(os.path.join(d, "*-trace.json"))[0])), mcs)
+    m = steps_of(newest_trace(d), mcs)
     # (the GPU: the median block; the model: its slowest class's block, as
     # an estimate simulates one block a class, the last wave's too)
     gpu_step = r["block_cycles_median"] / max(1, r["steps"] - 1)
@@ -322,13 +300,11 @@ def main(argv=None):
       out = plain(x, y)
     jax.block_until_ready(traced(x, y))
     jax.effects_barrier()
-    files = sorted(glob.glob(os.path.join(d, "*-trace.json")))
-    if not files:
+    trace = newest_trace(d)
+    if trace is None:
       rows.append({"name": name, "error": "no trace written"})
       print(name, "no trace written", flush=True)
       continue
-    with open(files[-1]) as fh:
-      trace = json.load(fh)
     if a.keep:
       import gzip
       with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:

@@ -84,9 +84,11 @@ def test_mosaic_backend_fails_clearly_without_hopper():
 
 
 def matmul_mcs(a, b, tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
-               delay_release=1, out_dtype=jnp.float16):
+               delay_release=1, out_dtype=jnp.float16, compiler_params=None):
   """The quickstart matmul with max_concurrent_steps and delay_release as
-  parameters (otherwise the same code)."""
+  parameters (otherwise the same code). Its body's wgmma and wgmma_wait are
+  in named scopes, "issue" and "wait", which a profiled run (compiler_params
+  with profile_space/profile_dir: benchmarks/pipeline_trace.py) records."""
   m, k = a.shape
   _, n = b.shape
 
@@ -98,14 +100,17 @@ def matmul_mcs(a, b, tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
       ),
       grid=(m // tile_m, n // tile_n),
       grid_names=("m", "n"),
+      compiler_params=compiler_params,
   )
   def kernel(a_gmem, b_gmem, o_gmem, o_smem, acc):
     pid_m = jax.lax.axis_index("m")
     pid_n = jax.lax.axis_index("n")
 
     def body(_, a_smem, b_smem):
-      plgpu.wgmma(acc, a_smem, b_smem)
-      plgpu.wgmma_wait(1)
+      with jax.named_scope("issue"):
+        plgpu.wgmma(acc, a_smem, b_smem)
+      with jax.named_scope("wait"):
+        plgpu.wgmma_wait(1)
 
     plgpu.emit_pipeline(
         body,
