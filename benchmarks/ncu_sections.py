@@ -10,7 +10,9 @@ profiled (the first compiles and warms), and the sections' text report is
 written to $OUT/ncu_<n>.txt (n: the case's position on the command line).
 """
 import argparse
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -35,6 +37,9 @@ def main(argv=None):
   ap.add_argument("names", nargs="*")
   ap.add_argument("--out", default=os.environ.get("OUT", "."))
   ap.add_argument("--sections", nargs="+", default=list(SECTIONS))
+  ap.add_argument("--metrics", nargs="*", default=[],
+                  help="metrics to collect besides the sections (e.g. dram__bytes_read.sum); "
+                  "each case's values go to OUT/ncu_metrics.json")
   ap.add_argument("--timeout", type=float, default=120.0)
   ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
   ns = ap.parse_args(argv)
@@ -44,11 +49,14 @@ def main(argv=None):
   import measure_gpu
   os.makedirs(ns.out, exist_ok=True)
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+  table = {}
   for i, name in enumerate(ns.names):
     cmd = [measure_gpu._ncu_path(), "--clock-control", "none", "--cache-control", "none",
            "--launch-skip", "1", "--launch-count", "1"]
     for s in ns.sections:
       cmd += ["--section", s]
+    if ns.metrics:
+      cmd += ["--metrics", ",".join(ns.metrics)]
     cmd += [sys.executable, os.path.abspath(__file__), "--child", name]
     try:
       p = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout, env=env)
@@ -57,8 +65,24 @@ def main(argv=None):
       text = f"timed out after {ns.timeout} s"
     with open(os.path.join(ns.out, f"ncu_{i}.txt"), "w") as f:
       f.write(f"# {name}\n# {' '.join(cmd)}\n{text}")
-    print(f"{name}: {len(text)} characters", flush=True)
+    values = read_metrics(text, ns.metrics + ["Duration", "SM Frequency", "L2 Hit Rate",
+                                              "DRAM Throughput"])
+    table[name] = values
+    print(f"{name}: {len(text)} characters; {values}", flush=True)
+    if ns.metrics:  # (after each case: a run cut short keeps what it measured)
+      with open(os.path.join(ns.out, "ncu_metrics.json"), "w") as f:
+        json.dump({"command": " ".join(sys.argv), "cases": table}, f, indent=1)
   return 0
+
+
+def read_metrics(text, names):
+  """name -> (unit, value) of each metric line of ncu's report (the first)."""
+  out = {}
+  for n in names:
+    m = re.search(rf"^\s*{re.escape(n)}\s+(\S+)\s+([\d,.]+)\s*$", text, re.M)
+    if m:
+      out[n] = [m.group(1), float(m.group(2).replace(",", ""))]
+  return out
 
 
 if __name__ == "__main__":

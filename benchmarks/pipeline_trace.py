@@ -52,14 +52,18 @@ def name_of(size, tile_n, tile_k, mcs):
   return f"quickstart {size} 128x{tile_n}x{tile_k} mcs={mcs}"
 
 
-def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0):
+def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0,
+                  truncate=False):
   """The quickstart's matmul (tests/test_quickstart.matmul_mcs, the suite's
-  code: its body's two parts in named scopes), profiled into profile_dir."""
+  code: its body's two parts in named scopes), profiled into profile_dir.
+  `truncate`: events past `space` are dropped (a small buffer leaves the
+  kernel's occupancy as it is unprofiled)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
   sys.path.insert(0, _HERE)
   import timing_suite  # (it finds matmul_mcs as the suite does)
   matmul_mcs = timing_suite._matmul_mcs()
-  params = (plgpu.CompilerParams(profile_space=space, profile_dir=profile_dir)
+  params = (plgpu.CompilerParams(profile_space=space, profile_dir=profile_dir,
+                                 profile_bounds_check=truncate)
             if profile_dir else None)
   return matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k, max_concurrent_steps=mcs,
                     compiler_params=params)
@@ -68,15 +72,16 @@ def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0):
 def tma_issue_kernel(x, *, copies, rows=128, cols=64, blocks=132, profile_dir=None):
   """Each block issues `copies` TMA loads of a rows x cols f16 tile back to
   back (each to its own SMEM slot and barrier) in a named scope "issue",
-  then waits for them ("land"): the issue's cycles over `copies` are what a
-  TMA issue costs its warpgroup."""
+  then waits for them ("land"), then stores them all back to back ("store")
+  and waits for the stores ("drain"): the issue's (and the store's) cycles
+  over `copies` are what a TMA copy costs its warpgroup to issue."""
   import jax
   import jax.numpy as jnp
   from jax.experimental.pallas import mosaic_gpu as plgpu
   params = (plgpu.CompilerParams(profile_space=64, profile_dir=profile_dir)
             if profile_dir else None)
 
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((blocks, rows, cols), jnp.float16),
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((blocks, copies, rows, cols), jnp.float16),
                 scratch_types=dict(buf=plgpu.SMEM((copies, rows, cols), jnp.float16),
                                    bar=plgpu.Barrier(num_barriers=copies)),
                 grid=(blocks,), grid_names=("b",), compiler_params=params)
@@ -88,8 +93,12 @@ def tma_issue_kernel(x, *, copies, rows=128, cols=64, blocks=132, profile_dir=No
     with jax.named_scope("land"):
       for i in range(copies):
         plgpu.barrier_wait(bar.at[i])
-    plgpu.copy_smem_to_gmem(buf.at[copies - 1], o_gmem.at[b])
-    plgpu.wait_smem_to_gmem(0)
+    plgpu.commit_smem()
+    with jax.named_scope("store"):
+      for i in range(copies):
+        plgpu.copy_smem_to_gmem(buf.at[i], o_gmem.at[b, i])
+    with jax.named_scope("drain"):
+      plgpu.wait_smem_to_gmem(0)
 
   return kernel(x)
 
@@ -120,22 +129,22 @@ def ranges(trace):
 
 
 def issue_cycles(trace):
-  """Median over blocks of the "issue" range's cycles, and of "land"'s."""
+  """Median over blocks of each range's cycles (issue, land, store, drain)."""
   tracks, _ = ranges(trace)
   out = {}
-  for name in ("issue", "land"):
+  for name in ("issue", "land", "store", "drain"):
     lengths = [e - b for rs in tracks.values() for n, b, e in rs if n == name]
     out[name] = float(np.median(lengths)) if lengths else None
   return out
 
 
 def tma_issue(out_dir=None):
-  """TMA issue cost to the warpgroup: 2 and 8 copies, on this backend (the GPU,
+  """TMA issue cost to the warpgroup: 1, 2, 4 and 8 copies, on this backend (the GPU,
   or the simulator under pallas_sim.backend("sim"))."""
   import jax
   import jax.numpy as jnp
   rows = []
-  for copies in (2, 8):
+  for copies in (1, 2, 4, 8):
     x = jax.random.normal(jax.random.key(1), (132, copies, 128, 64), jnp.float16)
     d = tempfile.mkdtemp(prefix="tma_issue_")
     f = jax.jit(lambda x: tma_issue_kernel(x, copies=copies, profile_dir=d))
@@ -144,9 +153,12 @@ def tma_issue(out_dir=None):
     jax.effects_barrier()
     r = {"copies": copies, **issue_cycles(newest_trace(d))}
     r["per_copy"] = r["issue"] / copies
+    r["per_store"] = r["store"] / copies
     rows.append(r)
     print(f"{copies} TMA loads of a 128x64 f16 tile: issued in {r['issue']:.0f} cycles "
-          f"({r['per_copy']:.1f} a copy), landed {r['land']:.0f} later", flush=True)
+          f"({r['per_copy']:.1f} a copy), landed {r['land']:.0f} later; stored in "
+          f"{r['store']:.0f} ({r['per_store']:.1f} a copy), drained {r['drain']:.0f} later",
+          flush=True)
   if out_dir:
     with open(os.path.join(out_dir, "tma_issue.json"), "w") as fh:
       json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
@@ -265,6 +277,9 @@ def main(argv=None):
                   help="what a TMA issue costs its warpgroup (2 and 8 copies back to back)")
   ap.add_argument("--compare", default=None,
                   help="a GPU run's pipeline_trace.json: the model's steps beside it (CPU)")
+  ap.add_argument("--space", type=int, default=0,
+                  help="ranges a warpgroup records (the rest dropped), where the "
+                  "whole kernel's would take SMEM that its blocks share unprofiled")
   ap.add_argument("--keep", action="store_true",
                   help="keep each case's trace (gzipped JSON) in OUT")
   a = ap.parse_args(argv)
@@ -293,9 +308,10 @@ def main(argv=None):
     jax.block_until_ready(out)
     per_call = (time.time() - t0) / calls
     d = tempfile.mkdtemp(prefix="trace_")
-    space = profile_space(size, tk)
+    space = a.space or profile_space(size, tk)
     traced = jax.jit(lambda x, y: traced_matmul(
-        x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space))
+        x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space,
+        truncate=bool(a.space)))
     for _ in range(3):
       out = plain(x, y)
     jax.block_until_ready(traced(x, y))
@@ -309,7 +325,7 @@ def main(argv=None):
       import gzip
       with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:
         json.dump(trace, fh)
-    r = {"name": name, "size": size, "tile": [128, tn, tk], "mcs": mcs,
+    r = {"name": name, "size": size, "tile": [128, tn, tk], "mcs": mcs, "space": space,
          "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
     rows.append(r)
     print(f"{name}: step {r['step']['median']:.0f} (p10 {r['step']['p10']:.0f}, p90 "

@@ -89,10 +89,22 @@ class GPU:
   # got 87-104 B/clk: latency-bound. With many SMs busy each gets its share
   # of the L2's bandwidth, and never more than this (H200).
   tma_bytes_per_clk: float = 160.0
+  # What issuing a TMA load costs its warpgroup, which goes on after it: each
+  # block issuing loads of a 16 KiB tile back to back, in a profiled named
+  # scope, took 56 cycles for 1, 86 for 2 (43 a load), 171 for 4 (43) and
+  # 424 for 8 (53) (`pipeline_trace.py --tma-issue`, H200, device runs 1-2
+  # of the seventeenth session). The copy starts as its issue ends:
+  # tma_latency was measured from before the issue.
+  tma_issue_cycles: float = 43.0
+  # A TMA store's issue, the same way: 94 cycles for 1, 118 for 2 (59 a
+  # store). A third and fourth wait for the first ones' SMEM reads (4 took
+  # 1346, 8 took 4776): a queue of about two bulk stores, not modelled.
+  tma_store_issue_cycles: float = 59.0
   # A TMA load's latency, issue to barrier completion, of a 4 KiB tile:
   # 440 cycles from L2, 968 from HBM (H200); what it moves beyond that is
-  # charged at the SM's rate.
-  tma_latency: int = 400
+  # charged at the SM's rate. 400 before its issue was measured; now those
+  # 440 less the issue's 43 (less the 4 an equation was charged before).
+  tma_latency: int = 361
   hbm_latency_extra: int = 530
   # wgmma then wgmma_wait(0), one block: 195 cycles at m64n64k64 and 657 at
   # m64n256k64, 7 and 85 over their FLOPs and issue cycles (H200).

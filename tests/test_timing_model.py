@@ -1,5 +1,6 @@
 """The timing model's verdicts: registers and occupancy, the bound in words,
 register spills, and the per-unit tallies behind report.summary."""
+import dataclasses
 import json
 import os
 import sys
@@ -507,3 +508,61 @@ def test_a_wgmma_group_is_issued_then_held_then_done(m, n, k, dtype, t, busy, sh
   assert start == max(t, busy)
   assert t < issued <= held <= done
   assert e.tc_free >= issued and done == e.tc_free + G.wgmma_latency
+
+
+def _tma_issue_kernel(copies, profile_dir):
+  """`copies` TMA loads of a 64x64 f16 tile back to back in a named scope,
+  then as many stores of them."""
+  params = plgpu.CompilerParams(profile_space=16, profile_dir=str(profile_dir))
+
+  @plgpu.kernel(out_type=S((copies, 64, 64), F16), grid=(1,), grid_names=("b",),
+                compiler_params=params,
+                scratch_types=[plgpu.SMEM((copies, 64, 64), F16),
+                               plgpu.Barrier(num_barriers=copies)])
+  def k(x_ref, o_ref, buf, bar):
+    with jax.named_scope("issue"):
+      for i in range(copies):
+        plgpu.copy_gmem_to_smem(x_ref.at[i], buf.at[i], bar.at[i])
+    for i in range(copies):
+      plgpu.barrier_wait(bar.at[i])
+    plgpu.commit_smem()
+    with jax.named_scope("store"):
+      for i in range(copies):
+        plgpu.copy_smem_to_gmem(buf.at[i], o_ref.at[i])
+    plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+@pytest.mark.parametrize("copies", [1, 2, 8])
+def test_a_tma_issue_costs_its_warpgroup_the_measured_cycles(tmp_path, copies):
+  """Issuing a TMA load holds the warpgroup tma_issue_cycles, a store
+  tma_store_issue_cycles (H200: two loads back to back took 86 cycles, two
+  stores 118: pipeline_trace --tma-issue), whatever else is running: a
+  pipeline step that issues two loads pays it where its loads are ready.
+  The profiler's file holds SM cycles as ns."""
+  ps.estimate(_tma_issue_kernel(copies, tmp_path), S((copies, 64, 64), F16),
+              gpu="h200", clock_mhz=1500)
+  [name] = os.listdir(tmp_path)
+  events = json.load(open(os.path.join(tmp_path, name)))["traceEvents"]
+  for scope, per in (("issue", gpus.H200.tma_issue_cycles),
+                     ("store", gpus.H200.tma_store_issue_cycles)):
+    t = {e["ph"]: e["ts"] for e in events if e["name"] == scope}
+    assert (t["E"] - t["B"]) * 1e3 == pytest.approx(copies * per, abs=2), scope
+
+
+def test_a_tma_copy_leaves_as_its_issue_ends(tmp_path):
+  """A load's landing and a store's completion come after their issue:
+  tma_latency is what the measured round trip leaves once the issue is
+  paid. One load then one store, alone on the GPU: the block's time moves
+  by both issues' extra cost."""
+  x = S((1, 64, 64), F16)
+  base = ps.estimate(_tma_issue_kernel(1, tmp_path / "a"), x, gpu="h200",
+                     clock_mhz=1500).kernels[0].block_cycles_max
+  dear = dataclasses.replace(gpus.H200, tma_issue_cycles=gpus.H200.tma_issue_cycles + 100,
+                             tma_store_issue_cycles=gpus.H200.tma_store_issue_cycles + 100)
+  more = ps.estimate(_tma_issue_kernel(1, tmp_path / "b"), x, gpu=dear,
+                     clock_mhz=1500).kernels[0].block_cycles_max
+  # (each copy starts 100 later; the warpgroup's own wait for the issue lies
+  # under the copy's latency. Were the copies to leave as their issue began,
+  # nothing would move)
+  assert more - base == pytest.approx(200, abs=2)

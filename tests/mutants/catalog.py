@@ -864,6 +864,18 @@ MUTANTS = [
            "    engines.tc_free = max(start + took, issued + per)\n",
            "    engines.tc_free = start + took\n",
            ("tests/test_timing_model.py",)),
+    Mutant("tma-issue-free", "backends/sim/machine/timing.py",
+           "issuing a TMA copy costs its warpgroup the measured cycles (H200: 43 a "
+           "load, 59 a store); the mutant charges it as any scalar equation",
+           "    if name in TMA_ISSUE:\n      return getattr(g, TMA_ISSUE[name])\n",
+           "    if False:\n      return getattr(g, TMA_ISSUE[name])\n",
+           ("tests/test_timing_model.py",)),
+    Mutant("tma-copy-leaves-before-issued", "backends/sim/rules/tma.py",
+           "a TMA load leaves as its issue ends (tma_latency is the measured round "
+           "trip less the issue); the mutant lets it leave as the issue begins",
+           "timing.tma(blk.engines, wg.time + timing.gpu.tma_issue_cycles, tx, site,",
+           "timing.tma(blk.engines, wg.time, tx, site,",
+           ("tests/test_timing_model.py",)),
     Mutant("congruence-remainder-unbounded", "backends/sim/congruence.py",
            "a remainder by a bounded divisor is bounded by it (b % 4 < 4); the mutant "
            "knows nothing of it, and a start from it past the end goes unseen",

@@ -79,6 +79,13 @@ TRANSCENDENTAL = frozenset((
     "asinh", "acosh", "atanh", "cbrt"))
 
 
+# Equations that issue a TMA copy -> the GPU figure of what that costs the
+# issuing warpgroup (a descriptor, an elected thread, a barrier's expect_tx
+# or a bulk group's commit): its own time, no ALU work (issue_split).
+TMA_ISSUE = {"copy_gmem_to_smem": "tma_issue_cycles",
+             "copy_smem_to_gmem": "tma_store_issue_cycles"}
+
+
 # Float arithmetic that runs on the FMA pipes (what the beside_fma
 # micro-benchmark's v * a + b stream measured).
 FMA_CLASS = frozenset(("add", "sub", "mul", "neg"))
@@ -161,6 +168,8 @@ class Timing:
     if name == "convert_element_type" and eqn.invars and getattr(
         eqn.invars[0].aval, "dtype", None) == eqn.params.get("new_dtype"):
       return 0.0  # (a weak type made strong: no instruction at all)
+    if name in TMA_ISSUE:
+      return getattr(g, TMA_ISSUE[name])
     if name in SHAPE_ONLY:  # (no vector work: which registers hold what)
       return g.op_overhead_cycles
     if name == "convert_element_type" and _int8_to_float(eqn):
@@ -180,6 +189,8 @@ class Timing:
     H200), while its vectors' cycles are the SM's ALUs', which the
     warpgroups beside it share (alu_stretch)."""
     c = self.issue_cycles(eqn, approx_math)
+    if eqn.primitive.name in TMA_ISSUE:  # (no ALU work: all the warpgroup's wait)
+      return c, 0.0
     lat = min(c, self.gpu.op_overhead_cycles)
     return lat, c - lat
 

@@ -147,7 +147,9 @@ def _copy_gmem_to_smem(eqn, cx):
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
     box = _box(d)
-    start, _, done = timing.tma(blk.engines, wg.time, tx, site,
+    # (the copy leaves as its issue ends: the interpreter then charges the
+    # warpgroup the issue, Timing.issue_split)
+    start, _, done = timing.tma(blk.engines, wg.time + timing.gpu.tma_issue_cycles, tx, site,
                                 (box[-1] if box else 1) * d.view.dtype.itemsize,
                                 shared=not collective)
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
@@ -303,14 +305,16 @@ def _copy_smem_to_gmem(eqn, cx):
     if pred:
       wg.open_group.append((s, d, reduce, where))
     if commit:
-      _commit(wg, timing)
+      _commit(wg, timing, timing.gpu.tma_store_issue_cycles)
     return []
   return store
 
 
-def _commit(wg, timing):
+def _commit(wg, timing, after=0.0):
   """Commits the warpgroup's open TMA stores as one bulk group: each reads
-  SMEM until its transfer ends and writes GMEM when it completes."""
+  SMEM until its transfer ends and writes GMEM when it completes. They
+  start `after` cycles on: the issue of the store that commits them (the
+  interpreter then charges the warpgroup for it, Timing.issue_split)."""
   copies, wg.open_group = wg.open_group, []
   group = _StoreGroup(len(copies))
   wg.stores.append(group)
@@ -323,7 +327,7 @@ def _commit(wg, timing):
     blk.hb.store_pending(op, s, where)
     sview, dview = s.view, d.view
     nbytes = sview.nbytes
-    start, read_done, done = timing.tma(blk.engines, wg.time, nbytes)
+    start, read_done, done = timing.tma(blk.engines, wg.time + after, nbytes)
     blk.stats.tma_store_bytes += nbytes
     snap = []
 
