@@ -254,8 +254,10 @@ def compare(path):
     mhz = clocks.get(r["name"])
     d = tempfile.mkdtemp(prefix="trace_sim_")
     x = jax.ShapeDtypeStruct((size, size), jnp.float16)
-    ps.estimate(lambda a, b: traced_matmul(a, b, tile_n=tn, tile_k=tk, mcs=mcs,
-                                           profile_dir=d, space=profile_space(size, tk)),
+    full = profile_space(size, tk)  # (a smaller space: a --space run's, truncated)
+    space = r.get("space") or full
+    ps.estimate(lambda a, b: traced_matmul(a, b, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d,
+                                           space=space, truncate=space < full),
                 x, x, gpu="h200", clock_mhz=mhz)
     m = steps_of(newest_trace(d), mcs)
     # (the GPU: the median block; the model: its slowest class's block, as

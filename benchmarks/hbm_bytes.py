@@ -1,0 +1,57 @@
+"""The L2 model's HBM traffic against Nsight Compute's (issue 9).
+
+Each kernel that benchmarks/ncu_dram_h200.json measured on the H200
+(`ncu_sections.py NAMES --sections SpeedOfLight --metrics dram__bytes_read.sum
+dram__bytes_write.sum ...`, seventeenth session) is estimated here, and the
+bytes the model moves to and from HBM are set beside ncu's:
+
+    ./dev python benchmarks/hbm_bytes.py [--filter S]
+"""
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+
+
+def measured_bytes(values):
+  """ncu's DRAM bytes read + written, from ncu_metrics.json's values."""
+  return sum(UNIT[u] * v for k, (u, v) in values.items()
+             if k in ("dram__bytes_read.sum", "dram__bytes_write.sum"))
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--filter", default="")
+  ap.add_argument("--data", default=os.path.join(HERE, "ncu_dram_h200.json"))
+  a = ap.parse_args(argv)
+  import numpy as np
+  import accuracy
+  import timing_suite
+  cases = json.load(open(a.data))["cases"]
+  print("| kernel | HBM, ncu (GB) | HBM, model (GB) | model / ncu | ncu's L2 hit rate |")
+  print("|---|---:|---:|---:|---:|")
+  ratios = []
+  for name, values in cases.items():
+    if a.filter not in name:
+      continue
+    report, _ = accuracy.predict(timing_suite.by_name(name), "h200")
+    model = sum(k.hbm_bytes for k in report.kernels)
+    gpu = measured_bytes(values)
+    ratios.append(model / gpu)
+    hit = values.get("lts__t_sector_hit_rate.pct", ["%", float("nan")])[1]
+    print(f"| {name} | {gpu / 1e9:.3f} | {model / 1e9:.3f} | {model / gpu:.2f} | {hit:.0f}% |",
+          flush=True)
+  r = np.asarray(ratios)
+  print(f"\n{len(r)} kernels: model / ncu median {np.median(r):.2f}, "
+        f"within 15% for {int(np.sum(np.abs(r - 1) <= 0.15))}, "
+        f"range {r.min():.2f}..{r.max():.2f}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
