@@ -224,6 +224,37 @@ def steps_of(trace, mcs):
   return out
 
 
+def reader_gaps(trace, grid_m, clock_ghz):
+  """How far apart in time (us) the blocks that read one tile read it, from
+  a quickstart trace of grid (M, N), M = grid_m. Mosaic GPU gives the
+  grid's last axis (n) to CUDA's x, which the GPU launches fastest; the
+  profiler numbers a block (its tid - 1) n * M + m. Per step k, the readers
+  of one A tile (one m: launched side by side) and of one B tile (one n: N
+  launches apart), each group's in time order, and the gaps between them.
+  Returns {"A (side by side)": gaps, "B (N launches apart)": gaps}."""
+  issues, first = {}, {}
+  for ev in trace["traceEvents"]:
+    b = ev["tid"] - 1
+    first.setdefault(b, ev["ts"])
+    if ev["name"] == "issue" and ev["ph"] == "B":
+      issues.setdefault(b, []).append(ev["ts"])
+  # (a block's start is in ns, its events cycles since: back to ns)
+  at = {b: np.array([first[b] + (t - first[b]) / clock_ghz for t in ts]) * 1e3
+        for b, ts in issues.items()}
+  steps = min(len(v) for v in at.values())
+  blocks = len(at)
+  out = {"A (side by side)": [], "B (N launches apart)": []}
+  for k in range(0, steps, 7):
+    for key, group in (("A (side by side)", lambda b: b % grid_m),
+                       ("B (N launches apart)", lambda b: b // grid_m)):
+      by = {}
+      for b in range(blocks):
+        by.setdefault(group(b), []).append(at[b][k])
+      for ts in by.values():
+        out[key].extend(np.diff(np.sort(ts)) / 1e3)
+  return {k: np.asarray(v) for k, v in out.items()}
+
+
 def _sustained_clocks():
   """Quickstart case name -> the SM clock (MHz) its sustained run held on the
   H200 (the suite's, held-out and blind studies of h200_measured.json)."""
@@ -282,11 +313,23 @@ def main(argv=None):
   ap.add_argument("--space", type=int, default=0,
                   help="ranges a warpgroup records (the rest dropped), where the "
                   "whole kernel's would take SMEM that its blocks share unprofiled")
+  ap.add_argument("--gaps", nargs=3, metavar=("TRACE", "GRID_M", "MHZ"), default=None,
+                  help="a kept trace (--keep): how far apart its tiles' readers read them")
   ap.add_argument("--keep", action="store_true",
                   help="keep each case's trace (gzipped JSON) in OUT")
   a = ap.parse_args(argv)
   if a.compare:
     compare(a.compare)
+    return 0
+  if a.gaps:
+    import gzip
+    path, grid_m, mhz = a.gaps
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+      gaps = reader_gaps(json.load(fh), int(grid_m), float(mhz) / 1e3)
+    for key, g in gaps.items():
+      print(f"{key}: " + ", ".join(f"p{q} {np.percentile(g, q):.2f}" for q in (10, 25, 50, 75, 90))
+            + " us", flush=True)
     return 0
   if a.tma_issue:
     tma_issue(a.out)
