@@ -6,6 +6,9 @@ dram__bytes_write.sum ...`, seventeenth session) is estimated here, and the
 bytes the model moves to and from HBM are set beside ncu's:
 
     ./dev python benchmarks/hbm_bytes.py [--filter S]
+
+`--predict FILE` adds the model's HBM bytes to each case of a predictions file
+(accuracy.py --predictions), before the kernels are measured.
 """
 import argparse
 import json
@@ -28,10 +31,21 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--filter", default="")
   ap.add_argument("--data", default=os.path.join(HERE, "ncu_dram_h200.json"))
+  ap.add_argument("--predict", default=None, metavar="FILE")
   a = ap.parse_args(argv)
   import numpy as np
   import accuracy
   import timing_suite
+  if a.predict:
+    saved = json.load(open(a.predict))
+    for name, pred in saved["predictions"].items():
+      report, _ = accuracy.predict(timing_suite.by_name(name), saved.get("gpu", "h200"))
+      pred["hbm_bytes"] = sum(k.hbm_bytes for k in report.kernels)
+      print(f"{name}: {pred['hbm_bytes'] / 1e9:.3f} GB", flush=True)
+    saved["command"] += f"; ./dev python benchmarks/hbm_bytes.py --predict {a.predict}"
+    with open(a.predict, "w") as fh:
+      json.dump(saved, fh, indent=1)
+    return 0
   cases = json.load(open(a.data))["cases"]
   print("| kernel | HBM, ncu (GB) | HBM, model (GB) | model / ncu | ncu's L2 hit rate |")
   print("|---|---:|---:|---:|---:|")
