@@ -705,10 +705,10 @@ def _holdout_cases():
 # and 6144: the L2 model of the thirteenth session (loads shared by a wave's
 # blocks, a loaded L2's latency) predicted them, and the predictions were
 # committed (benchmarks/blind_predictions.json), before they were measured.
-# At 8192, tile_k=32 tiles that the seventeenth session's smeared-wave rule
-# (machine/timing.py, drift_misses) says miss in the L2, and a 128-byte-row
-# tile it says does not: predicted (benchmarks/blind_predictions_seventeenth.json)
-# and committed before they were measured.
+# At 8192, tile_k=32 tiles that a smeared-wave rule (the seventeenth session's,
+# not kept) said miss in the L2, and a 128-byte-row tile it said does not:
+# predicted (benchmarks/blind_predictions_seventeenth.json) and committed before
+# they were measured. The measurements refuted the rule (benchmarks/RESULTS.md).
 BLIND_CONFIGS = {4096: ((128, 64, 5), (128, 32, 2), (128, 32, 3), (64, 64, 2),
                         (64, 64, 4), (64, 128, 2), (128, 128, 3)),
                  6144: ((128, 64, 3), (128, 32, 4), (64, 64, 3), (64, 128, 4),

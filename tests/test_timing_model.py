@@ -6,7 +6,6 @@ import os
 import sys
 
 import jax
-import numpy as np
 import jax.numpy as jnp
 import hypothesis
 import pytest
@@ -569,46 +568,15 @@ def test_a_tma_copy_leaves_as_its_issue_ends(tmp_path):
   assert more - base == pytest.approx(200, abs=2)
 
 
-def _matmul_launch(size, row_bytes, smem=96 * 1024, tile=128):
-  """A quickstart-like launch's L2 model: grid (size/tile)^2, A read along
-  grid axis 0 and B along axis 1 (two sites each: a pipeline's prologue and
-  steady loads), A's boxes in rows of `row_bytes`."""
-  g = size // tile
-  lt = Timing(gpus.H200).launch(g * g, smem, 1)  # (one warpgroup)
-  grid_index = np.array([(m, n) for m in range(g) for n in range(g)])
-  src = size * size * 2
-  facts = {0: (row_bytes, src), 1: (256, src), 2: (row_bytes, src), 3: (256, src)}
-  lt.set_loads(grid_index, {0: (0,), 1: (1,), 2: (0,), 3: (1,)}, facts)
-  return lt
-
-
-def test_narrow_boxes_smear_the_waves_and_far_apart_sharers_miss_in_the_l2():
-  """H200, quickstart 8192 128x128x32 (A in 64-byte rows): the readers of one
-  B tile, 64 launches apart, ran 33 us apart and ncu counted 6.9 GB of HBM
-  traffic where tile_k=64's 2 blocks an SM moved 2.4. B's re-reads miss in
-  the share of the smeared gap (2 x 64/264 of a wave's 144 MB of sources)
-  that half the L2 cannot hold; A's readers, launched side by side, hit."""
-  lt = _matmul_launch(8192, 64)
-  window = 2 * 64 / lt.slots * (8192 * 8192 * 2 * (1 + 5 / 64))
-  assert lt.slots == 264
-  assert lt.drift[1][0] == pytest.approx(1 - gpus.H200.l2_bytes / 2 / window, rel=0.02)
-  assert lt.drift[1] == lt.drift[3] and lt.drift[0][0] == 0.0
-  assert lt.latency[1] > _matmul_launch(8192, 128).latency[1]
-
-
-def test_wide_boxes_or_sources_that_fit_keep_every_re_read_in_the_l2():
-  """tile_k=64's 128-byte rows keep the wave together (8192: 2.4 GB, as the
-  per-wave count); at 4096 the smeared gap's sources fit in half the L2
-  (ncu: 0.20 GB either way)."""
-  assert _matmul_launch(8192, 128).drift == {}
-  assert all(m == 0.0 for ms in _matmul_launch(4096, 64).drift.values() for m in ms)
-
-
-@pytest.mark.parametrize("tile_k, mcs, ncu_gb", [(32, 4, 6.873), (64, 4, 4.492), (64, 2, 2.442)])
-def test_the_quickstarts_hbm_bytes_at_8192_are_ncus(tile_k, mcs, ncu_gb):
+@pytest.mark.parametrize("tile_k, mcs, ncu_gb", [(64, 4, 4.492), (64, 2, 2.442), (128, 2, 4.492)])
+def test_the_quickstarts_hbm_bytes_at_8192_are_ncus_where_its_waves_stay_sharp(
+    tile_k, mcs, ncu_gb):
   """The model's HBM bytes (reads and writes) against Nsight Compute's on the
-  H200 (benchmarks/ncu_dram_h200.json; benchmarks/hbm_bytes.py for all 28)."""
+  H200 (benchmarks/ncu_dram_h200.json; benchmarks/hbm_bytes.py for all of
+  them): one operand a wave, as the wave's blocks read each tile together.
+  (Where the waves smear, as at tile_k=32 with mcs=4, the GPU reads up to 3x
+  that: not modelled, benchmarks/RESULTS.md, seventeenth session.)"""
   x = S((8192, 8192), F16)
   r = ps.estimate(lambda a, b: matmul_mcs(a, b, tile_k=tile_k, max_concurrent_steps=mcs),
                   x, x, gpu="h200")
-  assert r.kernels[0].hbm_bytes / 1e9 == pytest.approx(ncu_gb, rel=0.12)
+  assert r.kernels[0].hbm_bytes / 1e9 == pytest.approx(ncu_gb, rel=0.03)

@@ -40,7 +40,7 @@ from pallas_sim.options import take
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
   __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together",
-               "serial_only", "regs", "variation", "load_axes", "sites", "site_facts")
+               "serial_only", "regs", "variation", "load_axes", "sites")
 
 
 class _Rerun(Exception):
@@ -156,7 +156,6 @@ class Executor:
     p.program = cx.compile(jaxpr)
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
     p.sites = dict(cx.sites)
-    p.site_facts = dict(cx.site_facts)
     p.barriers = resources.barrier_count(jaxpr)
     p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)
     names = resources.primitive_names(jaxpr)
@@ -464,7 +463,7 @@ class Executor:
                                      prep.regs)
     grid_index = np.array([idx for _, idx, _ in s.blocks],
                           dtype=np.int64).reshape(len(s.blocks), -1)
-    s.placement.set_loads(grid_index, prep.load_axes, prep.site_facts)
+    s.placement.set_loads(grid_index, prep.load_axes)
     s.placement.trace_loads = prep.variation is not None
     s.log = races.RaceLog(launch.name)
     s.runner = GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,

@@ -69,9 +69,6 @@ class Compiler:
     # True (executor.prepare): float elementwise math gives zeros, uncomputed
     self.skip_float_values = False
     self.sites = {}  # id(eqn) -> its number, for equations a rule asks to number
-    # load site number -> (its box's row bytes or None, its source array's
-    # bytes): what the L2 model needs of a TMA load before anything runs
-    self.site_facts = {}
     self.max_cycles = max_cycles  # loops end a runaway block past this
     self._cache = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]

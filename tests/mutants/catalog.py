@@ -876,25 +876,6 @@ MUTANTS = [
            "timing.tma(blk.engines, wg.time + timing.gpu.tma_issue_cycles, tx, site,",
            "timing.tma(blk.engines, wg.time, tx, site,",
            ("tests/test_timing_model.py",)),
-    Mutant("l2-drift-ignored", "backends/sim/machine/timing.py",
-           "where narrow boxes smear a launch's waves, sharers far apart in launch "
-           "order miss in the L2 (H200: 6.9 GB at 8192 128x128x32); the mutant "
-           "keeps every re-read in the L2",
-           "    if not narrow or not waves:\n",
-           "    if True:\n",
-           ("tests/test_timing_model.py",)),
-    Mutant("l2-drift-any-box", "backends/sim/machine/timing.py",
-           "boxes of 128-byte rows keep a wave's sharers together (the L2's shared "
-           "rate); the mutant smears every launch that shares a source",
-           "      narrow |= shared and row_bytes is not None and row_bytes < g.l2_shared_min_row_bytes\n",
-           "      narrow |= shared\n",
-           ("tests/test_timing_model.py",)),
-    Mutant("l2-drift-whole-l2", "backends/sim/machine/timing.py",
-           "the L2 holds half its size of what SMs all over the chip read (two "
-           "partitions, each caching its own SMs' reads); the mutant gives it all",
-           "    held = g.l2_bytes / 2\n",
-           "    held = g.l2_bytes\n",
-           ("tests/test_timing_model.py",)),
     Mutant("congruence-remainder-unbounded", "backends/sim/congruence.py",
            "a remainder by a bounded divisor is bounded by it (b % 4 < 4); the mutant "
            "knows nothing of it, and a start from it past the end goes unseen",

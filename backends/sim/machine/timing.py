@@ -318,7 +318,6 @@ class LaunchTiming:
     self.latency = {}
     self.byte_cycles = {}
     self.distinct = {}  # TMA load site -> distinct sources per wave (set_loads)
-    self.drift = {}  # TMA load site -> per wave, the re-reads that miss (drift_misses)
     # Follow each TMA load (hbm_reads_traced): set for kernels whose blocks
     # take different paths, whose addresses the per-site model cannot group.
     self.trace_loads = False
@@ -358,24 +357,18 @@ class LaunchTiming:
     return Engines(share, self.spill_cycles(share), self.l2_rate, self.latency,
                    self.trace_loads, self.byte_cycles)
 
-  def set_loads(self, grid_index, load_axes, site_facts=None):
+  def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the
     share of its loads that miss: the first of the blocks of a wave that
     read one source (block_classes.analyse), or every block where the
-    address comes from data, and the re-reads that drift out of the L2
-    (drift_misses); and where that is not every block, the L2's cost a byte
-    (byte_cycles). `site_facts`: site -> (its box's row bytes, its source
-    array's bytes), where known."""
+    address comes from data; and where that is not every block, the L2's
+    cost a byte (byte_cycles)."""
     g = self.timing.gpu
     n = len(grid_index)
     waves = [grid_index[w * self.slots:(w + 1) * self.slots] for w in range(self.waves)]
     for site, axes in load_axes.items():
       self.distinct[site] = [self._distinct(wave, axes) for wave in waves]
-    self.drift = self.drift_misses(grid_index, waves, load_axes, site_facts or {})
-    for site, axes in load_axes.items():
-      misses = sum(d + (len(wave) - d) * m for d, m, wave in
-                   zip(self.distinct[site], self.drift.get(site, [0.0] * len(waves)), waves))
-      first = misses / n if n else 1.0  # (the share that misses)
+      first = sum(self.distinct[site]) / n if n else 1.0  # (the share that misses)
       self.latency[site] = g.tma_latency + g.hbm_latency_extra * first
       # Where the wave's blocks share sources (a matmul's A and B tiles), the
       # L2 streams the first read of each (`first` of the bytes) and
@@ -388,66 +381,6 @@ class LaunchTiming:
       if first < 1:
         per_s = first / g.l2_bytes_per_s + (1 - first) / g.l2_shared_bytes_per_s
         self.byte_cycles[site] = per_s * g.clock_hz * self.active
-
-  def drift_misses(self, grid_index, waves, load_axes, site_facts):
-    """Per load site and wave, the share of its re-reads (the reads of a
-    source after the wave's first) that miss in the L2 because the blocks
-    sharing it no longer run together.
-
-    Blocks of a wave that share sources stay together where the L2 serves a
-    re-read faster than a first read (boxes of rows of l2_shared_min_row_bytes
-    and more, l2_shared_*): one that falls behind catches up. Where some
-    shared site loads narrower boxes, nothing pulls them together: block
-    ends spread and the waves smear, each block launched as a slot frees.
-    Two blocks `d` apart in launch order then run d / slots of a block's
-    life apart, and read the sources the wave reads in that share of its
-    life between them (H200, the quickstart's 8192 128x128x32 tile: the
-    readers of one tile, 64 launches apart, 33 us apart at the median,
-    against 0.35 us at tile_k=64, whose waves stay sharp; benchmarks/
-    RESULTS.md, seventeenth session). The L2 holds half its size of what
-    SMs all over the chip read (each of its two partitions caches what its
-    own SMs read: NVIDIA's A100 and H100 whitepapers). The gap between two
-    readers varies over the smear, up to twice its mean: a re-read hits in
-    the share of that range the L2 holds. Sites whose addresses come from
-    data, or whose source size is not known, are left as they are."""
-    g = self.timing.gpu
-    narrow, known = False, {}
-    for site, axes in load_axes.items():
-      row_bytes, src_bytes = site_facts.get(site, (None, None))
-      if axes is None or src_bytes is None or not axes:
-        continue
-      # (a pipeline's prologue and steady loads of one operand: one source)
-      known.setdefault((tuple(axes), src_bytes), []).append(site)
-      shared = any(d < len(w) for d, w in zip(self.distinct[site], waves))
-      narrow |= shared and row_bytes is not None and row_bytes < g.l2_shared_min_row_bytes
-    if not narrow or not waves:
-      return {}
-    spread = [0.0] * len(waves)  # (bytes of the sources each wave reads)
-    for (axes, src_bytes), sites in known.items():
-      total = self._distinct(grid_index, axes)
-      for w, d in enumerate(self.distinct[sites[0]]):
-        spread[w] += src_bytes * d / total
-    held = g.l2_bytes / 2
-    out = {}
-    for (axes, _), sites in known.items():
-      gap = self._launch_gap(waves[0], axes)
-      miss = [max(0.0, 1.0 - held / (2 * gap / self.slots * b)) if gap and b else 0.0
-              for b in spread]
-      for site in sites:
-        out[site] = miss
-    return out
-
-  @staticmethod
-  def _launch_gap(wave, axes):
-    """How far apart in launch order the blocks of `wave` that read one
-    source (agreeing on grid `axes`) are, on average (0: none share)."""
-    keys = [tuple(row) for row in wave[:, list(axes)]]
-    last, gaps = {}, []
-    for i, k in enumerate(keys):
-      if k in last:
-        gaps.append(i - last[k])
-      last[k] = i
-    return float(np.mean(gaps)) if gaps else 0.0
 
   def hbm_reads_traced(self, loads):
     """Bytes read from HBM, following every TMA load: the loads of a wave's
@@ -525,17 +458,13 @@ class LaunchTiming:
     for w in range(self.waves):
       size = min(self.slots, n - w * self.slots)  # (blocks in the wave)
       unique = traffic = live = 0.0
-      drifted = 0.0  # (re-reads that drift out of the L2: drift_misses)
       for s, b in per_block.items():
         # (a site set_loads does not know: as an address from data)
         distinct = self.distinct[s][w] if s in self.distinct else size
         unique += distinct * b
         traffic += size * b
         live += distinct * per_load.get(s, 0.0)
-        if s in self.drift:
-          drifted += (size - distinct) * b * self.drift[s][w]
-      reads += drifted + (unique if live <= l2 else
-                          unique + (traffic - unique) * (1 - l2 / live))
+      reads += unique if live <= l2 else unique + (traffic - unique) * (1 - l2 / live)
     if input_bytes <= l2:
       reads = min(reads, input_bytes)
     return reads

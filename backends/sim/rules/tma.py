@@ -65,20 +65,6 @@ def _contiguous(gmem_ref):
   return True
 
 
-def _static_row_bytes(eqn):
-  """The bytes of a row of a TMA load's box, from avals (None: not known)."""
-  ref = refview.static_ref(eqn.invars[1].aval, eqn.params["dst_transforms_treedef"], "dst")
-  if ref is None:
-    return None
-  box = _box(ref)
-  return (box[-1] if box else 1) * ref.view.dtype.itemsize
-
-
-def _aval_bytes(aval):
-  inner = getattr(aval, "inner_aval", aval)
-  return int(np.prod(inner.shape, dtype=np.int64)) * np.dtype(inner.dtype).itemsize
-
-
 def _static_check(eqn, what, smem_operand, bulk_possible=False):
   """Checks a copy from avals alone (refview.static_ref), when the kernel is
   compiled: before the real lowering's checks, at the user's line. False
@@ -127,7 +113,6 @@ def _copy_gmem_to_smem(eqn, cx):
   # Checks that need no data run now, before the real lowering's.
   bulk_possible = not collective and oob != "ZEROS"
   static = _static_check(eqn, what, (1, "dst"), bulk_possible)
-  cx.site_facts[site] = (_static_row_bytes(eqn), _aval_bytes(eqn.invars[0].aval))
 
   def load(wg, src, dst, bar, *leaves):
     s, _, inb = src_at(src, leaves[:ns])
