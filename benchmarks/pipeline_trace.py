@@ -310,6 +310,9 @@ def main(argv=None):
                   help="what a TMA issue costs its warpgroup (2 and 8 copies back to back)")
   ap.add_argument("--compare", default=None,
                   help="a GPU run's pipeline_trace.json: the model's steps beside it (CPU)")
+  ap.add_argument("--case", nargs=4, type=int, action="append", default=[],
+                  metavar=("SIZE", "TILE_N", "TILE_K", "MCS"),
+                  help="trace this configuration (repeatable) in place of CASES")
   ap.add_argument("--space", type=int, default=0,
                   help="ranges a warpgroup records (the rest dropped), where the "
                   "whole kernel's would take SMEM that its blocks share unprofiled")
@@ -337,7 +340,7 @@ def main(argv=None):
   import jax
   import jax.numpy as jnp
   rows = []
-  for size, tn, tk, mcs in CASES:
+  for size, tn, tk, mcs in ([tuple(c) for c in a.case] or CASES):
     name = name_of(size, tn, tk, mcs)
     if a.filter not in name:
       continue
