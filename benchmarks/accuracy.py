@@ -144,8 +144,8 @@ def main(argv=None):
   if saved_before is not None:
     ns.clock = False
   data = json.load(open(ns.measured))
-  clocks = {r["name"]: r["clock"]["sm_mhz"] for r in
-            data.get("power_study_suite", {}).get("rows", []) if r.get("clock")} if ns.clock else {}
+  clocks = (timing_suite.sustained_clocks(data.get("power_study_suite", {}).get("rows", []))
+            if ns.clock else {})
   kind = timing_suite.kind_of(ns)
   cases = timing_suite.cases(kind)
   if kind != "suite":  # (measured sustained, each with its clock)
@@ -153,8 +153,7 @@ def main(argv=None):
                       "blind": "blind_study"}[kind],
                      {}).get("cases", [])
     data = dict(cases=[], sustained=dict(cases=study))
-    clocks = {r["name"]: r["clock"]["sm_mhz"] for r in study
-              if r.get("clock") and ns.clock}
+    clocks = timing_suite.sustained_clocks(study) if ns.clock else {}
   # (small rows: the per-kernel time of two chained in one program, which
   # hides host dispatch; others: the median time per call)
   seconds = lambda cases: {r["name"]: r.get("k2_per_kernel_s") or r["median_s"]

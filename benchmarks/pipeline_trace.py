@@ -232,15 +232,11 @@ def reader_gaps(trace, grid_m, clock_ghz):
   of one A tile (one m: launched side by side) and of one B tile (one n: N
   launches apart), each group's in time order, and the gaps between them.
   Returns {"A (side by side)": gaps, "B (N launches apart)": gaps}."""
-  issues, first = {}, {}
-  for ev in trace["traceEvents"]:
-    b = ev["tid"] - 1
-    first.setdefault(b, ev["ts"])
-    if ev["name"] == "issue" and ev["ph"] == "B":
-      issues.setdefault(b, []).append(ev["ts"])
-  # (a block's start is in ns, its events cycles since: back to ns)
-  at = {b: np.array([first[b] + (t - first[b]) / clock_ghz for t in ts]) * 1e3
-        for b, ts in issues.items()}
+  tracks, _ = ranges(trace)
+  # (a block's first event is its start in ns, the rest cycles since: in ns)
+  at = {tid - 1: np.array([rs[0][1] + (b - rs[0][1]) / clock_ghz
+                           for name, b, _ in rs if name == "issue"])
+        for tid, rs in tracks.items() if rs}
   steps = min(len(v) for v in at.values())
   blocks = len(at)
   out = {"A (side by side)": [], "B (N launches apart)": []}
@@ -258,14 +254,14 @@ def reader_gaps(trace, grid_m, clock_ghz):
 def _sustained_clocks():
   """Quickstart case name -> the SM clock (MHz) its sustained run held on the
   H200 (the suite's, held-out and blind studies of h200_measured.json)."""
+  sys.path.insert(0, _HERE)
+  import timing_suite
   data = json.load(open(os.path.join(_HERE, "h200_measured.json")))
   out = {}
   for study in ("power_study_suite", "blind_study", "holdout_study"):
     d = data.get(study, {})
-    for r in d.get("rows", []) + d.get("cases", []):
-      if r.get("clock"):
-        out.setdefault(r["name"].replace(" (blind)", "").replace("quickstart f16 ", "quickstart "),
-                       r["clock"]["sm_mhz"])
+    for name, mhz in timing_suite.sustained_clocks(d.get("rows", []) + d.get("cases", [])).items():
+      out.setdefault(name.replace(" (blind)", "").replace("quickstart f16 ", "quickstart "), mhz)
   return out
 
 
@@ -307,7 +303,8 @@ def main(argv=None):
   ap.add_argument("--filter", default="")
   ap.add_argument("--warm-s", type=float, default=1.0)
   ap.add_argument("--tma-issue", action="store_true",
-                  help="what a TMA issue costs its warpgroup (2 and 8 copies back to back)")
+                  help="what a TMA copy's issue costs its warpgroup (1, 2, 4 and 8 loads, "
+                  "then as many stores, back to back)")
   ap.add_argument("--compare", default=None,
                   help="a GPU run's pipeline_trace.json: the model's steps beside it (CPU)")
   ap.add_argument("--case", nargs=4, type=int, action="append", default=[],

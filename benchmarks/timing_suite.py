@@ -780,6 +780,12 @@ def kind_of(ns):
           "blind" if getattr(ns, "blind", False) else "suite")
 
 
+def sustained_clocks(rows):
+  """Measured row name -> the SM clock (MHz) its sustained run held (rows of
+  a study in h200_measured.json; those without a clock are left out)."""
+  return {r["name"]: r["clock"]["sm_mhz"] for r in rows if r.get("clock")}
+
+
 def by_name(name):
   for c in CASES + DIAGNOSTIC_CASES + HOLDOUT_CASES + BLIND_CASES:
     if c.name == name:

@@ -873,7 +873,7 @@ MUTANTS = [
     Mutant("tma-copy-leaves-before-issued", "backends/sim/rules/tma.py",
            "a TMA load leaves as its issue ends (tma_latency is the measured round "
            "trip less the issue); the mutant lets it leave as the issue begins",
-           "timing.tma(blk.engines, wg.time + timing.gpu.tma_issue_cycles, tx, site,",
+           "timing.tma(blk.engines, wg.time + issue, tx, site,",
            "timing.tma(blk.engines, wg.time, tx, site,",
            ("tests/test_timing_model.py",)),
     Mutant("congruence-remainder-unbounded", "backends/sim/congruence.py",

@@ -113,6 +113,9 @@ def _copy_gmem_to_smem(eqn, cx):
   # Checks that need no data run now, before the real lowering's.
   bulk_possible = not collective and oob != "ZEROS"
   static = _static_check(eqn, what, (1, "dst"), bulk_possible)
+  # (the copy leaves as its issue ends: the interpreter charges the warpgroup
+  # the same cycles after the rule, Timing.issue_split)
+  issue = timing.issue_cycles(eqn)
 
   def load(wg, src, dst, bar, *leaves):
     s, _, inb = src_at(src, leaves[:ns])
@@ -147,9 +150,7 @@ def _copy_gmem_to_smem(eqn, cx):
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
     box = _box(d)
-    # (the copy leaves as its issue ends: the interpreter then charges the
-    # warpgroup the issue, Timing.issue_split)
-    start, _, done = timing.tma(blk.engines, wg.time + timing.gpu.tma_issue_cycles, tx, site,
+    start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site,
                                 (box[-1] if box else 1) * d.view.dtype.itemsize,
                                 shared=not collective)
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
@@ -293,6 +294,7 @@ def _copy_smem_to_gmem(eqn, cx):
   what = "copy_smem_to_gmem"
   where = cx.where(eqn)
   static = _static_check(eqn, what, (0, "src"), bulk_possible=op is None)
+  issue = timing.issue_cycles(eqn)  # (the committed stores leave as it ends)
 
   def store(wg, src, dst, *leaves):
     s = src_at(src, leaves[:ns])
@@ -305,7 +307,7 @@ def _copy_smem_to_gmem(eqn, cx):
     if pred:
       wg.open_group.append((s, d, reduce, where))
     if commit:
-      _commit(wg, timing, timing.gpu.tma_store_issue_cycles)
+      _commit(wg, timing, issue)
     return []
   return store
 
