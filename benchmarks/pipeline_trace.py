@@ -53,7 +53,7 @@ def name_of(size, tile_n, tile_k, mcs):
 
 
 def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0,
-                  truncate=False):
+                  truncate=False, step_scopes=True):
   """The quickstart's matmul (tests/test_quickstart.matmul_mcs, the suite's
   code: its body's two parts in named scopes), profiled into profile_dir.
   `truncate`: events past `space` are dropped (a small buffer leaves the
@@ -66,7 +66,7 @@ def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0,
                                  profile_bounds_check=truncate)
             if profile_dir else None)
   return matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k, max_concurrent_steps=mcs,
-                    compiler_params=params)
+                    compiler_params=params, step_scopes=step_scopes)
 
 
 def tma_issue_kernel(x, *, copies, rows=128, cols=64, blocks=132, profile_dir=None):
@@ -251,6 +251,120 @@ def reader_gaps(trace, grid_m, clock_ghz):
   return {k: np.asarray(v) for k, v in out.items()}
 
 
+def block_spans(trace, grid_m, grid_n):
+  """Each block's (launch index, SM, start ns, cycles) from a trace whose
+  blocks record their epilogue (a --spans run): the start is the block's
+  first event (the SMs' common clock, ns), its cycles run to its
+  epilogue's end (its SM's cycle counter: exact whatever the clock). The
+  profiler numbers a block n * M + m; the GPU launches it m * N + n-th
+  (the grid's last axis fastest)."""
+  tracks, sm_of = ranges(trace)
+  out = []
+  for tid, rs in tracks.items():
+    ends = [e for name, _, e in rs if name == "epilogue"]
+    if not rs or not ends:
+      continue
+    m, n = (tid - 1) % grid_m, (tid - 1) // grid_m
+    out.append((m * grid_n + n, sm_of[tid], rs[0][1], ends[-1] - rs[0][1]))
+  out.sort()
+  return np.asarray(out, dtype=np.float64)
+
+
+def span_summary(spans, grid_n, slots):
+  """What a launch's block spans say of its waves: each block's cycles
+  (median, and spread p90 / p10), how far apart in start the readers of
+  one B tile (grid_n launches apart) are (us), each wave's spread of
+  starts (us, p90 - p10 of the wave's slots), each SM's mean cycles a
+  block, the SMs that ran their blocks in under 0.95 of the median SM's
+  (the fast SMs), and in each wave their blocks' cycles over the rest's."""
+  launch, sm, start, cyc = spans[:, 0].astype(int), spans[:, 1].astype(int), spans[:, 2], spans[:, 3]
+  by = dict(zip(launch, start))
+  gaps = [abs(by[i + grid_n] - by[i]) / 1e3 for i in launch if i + grid_n in by]
+  per_sm = {int(s): float(cyc[sm == s].mean()) for s in np.unique(sm)}
+  mid = float(np.median(list(per_sm.values())))
+  fast = sorted(s for s, c in per_sm.items() if c < 0.95 * mid)
+  is_fast = np.isin(sm, fast)
+  wave = launch // slots
+  spread, fast_ratio = [], []
+  for w in range(int(wave.max()) + 1):
+    s = start[wave == w]
+    if s.size > 4:
+      spread.append(float(np.percentile(s, 90) - np.percentile(s, 10)) / 1e3)
+    f, o = cyc[(wave == w) & is_fast], cyc[(wave == w) & ~is_fast]
+    if f.size and o.size:
+      fast_ratio.append(round(float(f.mean() / o.mean()), 3))
+  return {"blocks": int(len(spans)), "block_cycles_median": float(np.median(cyc)),
+          "block_p90_over_p10": float(np.percentile(cyc, 90) / np.percentile(cyc, 10)),
+          "b_gap_us": ({f"p{q}": float(np.percentile(gaps, q)) for q in (10, 50, 75, 90)}
+                       if gaps else None),
+          "wave_start_spread_us": spread, "sm_cycles": per_sm, "fast_sms": fast,
+          "fast_over_rest_by_wave": fast_ratio}
+
+
+def _clock_sampler():
+  """nvidia-smi reading the SM clock every 20 ms (a process; _clock_of ends it)."""
+  import subprocess
+  return subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits",
+                           "-lms", "20"], stdout=subprocess.PIPE, text=True)
+
+
+def _clock_of(proc):
+  """The median of the last 0.2 s of a _clock_sampler's readings (MHz)."""
+  proc.terminate()
+  vals = [float(v) for v in proc.communicate()[0].split() if v.replace(".", "").isdigit()]
+  return float(np.median(vals[-10:])) if vals else None
+
+
+def spans(cases, out_dir, warm_s):
+  """Block spans (block_spans) of each quickstart case, profiled with only
+  its epilogue in a scope (a few ranges a block: its occupancy stays as
+  unprofiled), after warm_s of unprofiled calls; writes OUT/spans.json."""
+  import jax
+  import jax.numpy as jnp
+  rows = []
+  for size, tn, tk, mcs in cases:
+    name = name_of(size, tn, tk, mcs)
+    ka, kb = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(ka, (size, size), jnp.float16)
+    y = jax.random.normal(kb, (size, size), jnp.float16)
+    plain = jax.jit(lambda x, y: traced_matmul(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
+    d = tempfile.mkdtemp(prefix="spans_")
+    traced = jax.jit(lambda x, y: traced_matmul(
+        x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=16, truncate=True,
+        step_scopes=False))
+    jax.block_until_ready(plain(x, y))
+    jax.block_until_ready(traced(x, y))  # (compiled before the clock is sampled)
+    smi = _clock_sampler()
+    t0, calls = time.time(), 0
+    while time.time() - t0 < warm_s:
+      out = plain(x, y)
+      calls += 1
+    jax.block_until_ready(out)
+    per_call = (time.time() - t0) / calls
+    jax.block_until_ready(traced(x, y))
+    mhz = _clock_of(smi)
+    jax.effects_barrier()
+    sp = block_spans(newest_trace(d), size // 128, size // tn)
+    per_sm = np.bincount(sp[sp[:, 2] < sp[:, 2].min() + 2000, 1].astype(int))
+    slots = 132 * int(np.median(per_sm[per_sm > 0]))
+    r = {"name": name, "size": size, "tile": [128, tn, tk], "mcs": mcs, "mhz": mhz,
+         "unprofiled_call_s": per_call, "slots": slots,
+         **span_summary(sp, size // tn, slots),
+         "spans": [[int(a), int(b), round(c - sp[0, 2], 1), int(e)] for a, b, c, e in sp]}
+    rows.append(r)
+    gap = r["b_gap_us"] or {"p50": float("nan"), "p90": float("nan")}
+    print(f"{name}: {slots} slots, a block {r['block_cycles_median'] / 1e3:.0f}k cycles "
+          f"(p90/p10 {r['block_p90_over_p10']:.2f}), B readers' start gap p50 "
+          f"{gap['p50']:.1f} us, p90 {gap['p90']:.1f}; waves' start "
+          f"spread (us): " + " ".join(f"{v:.0f}" for v in r["wave_start_spread_us"])
+          + f"; the {len(r['fast_sms'])} fast SMs' blocks over the rest's: "
+          + " ".join(f"{v:.2f}" for v in r["fast_over_rest_by_wave"])
+          + f"; unprofiled {per_call * 1e6:.0f} us a call at {mhz} MHz", flush=True)
+  with open(os.path.join(out_dir, "spans.json"), "w") as fh:
+    json.dump({"command": " ".join(sys.argv), "rows": rows}, fh)
+  return rows
+
+
 def _sustained_clocks():
   """Quickstart case name -> the SM clock (MHz) its sustained run held on the
   H200 (the suite's, held-out and blind studies of h200_measured.json)."""
@@ -315,6 +429,9 @@ def main(argv=None):
                   "whole kernel's would take SMEM that its blocks share unprofiled")
   ap.add_argument("--gaps", nargs=3, metavar=("TRACE", "GRID_M", "MHZ"), default=None,
                   help="a kept trace (--keep): how far apart its tiles' readers read them")
+  ap.add_argument("--spans", action="store_true",
+                  help="each block's start and end, SM and launch order (the --case "
+                  "configurations): how its waves keep together")
   ap.add_argument("--keep", action="store_true",
                   help="keep each case's trace (gzipped JSON) in OUT")
   a = ap.parse_args(argv)
@@ -333,6 +450,9 @@ def main(argv=None):
     return 0
   if a.tma_issue:
     tma_issue(a.out)
+    return 0
+  if a.spans:
+    spans([tuple(c) for c in a.case] or CASES, a.out, a.warm_s)
     return 0
   import jax
   import jax.numpy as jnp

@@ -142,7 +142,8 @@ def _matmul_mcs():
     tree = ast.parse(open(path).read(), path)
     fdef = [n for n in tree.body
             if isinstance(n, ast.FunctionDef) and n.name == "matmul_mcs"]
-    ns = dict(jax=jax, jnp=jnp, pl=pl, plgpu=plgpu)
+    import contextlib
+    ns = dict(jax=jax, jnp=jnp, pl=pl, plgpu=plgpu, contextlib=contextlib)
     exec(compile(ast.Module(body=fdef, type_ignores=[]), path, "exec"), ns)
     return ns["matmul_mcs"]
 

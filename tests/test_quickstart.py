@@ -1,4 +1,5 @@
 """The quickstart's kernels, as written there, through every entry point."""
+import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,11 +85,13 @@ def test_mosaic_backend_fails_clearly_without_hopper():
 
 
 def matmul_mcs(a, b, tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
-               delay_release=1, out_dtype=jnp.float16, compiler_params=None):
+               delay_release=1, out_dtype=jnp.float16, compiler_params=None,
+               step_scopes=True):
   """The quickstart matmul with max_concurrent_steps and delay_release as
   parameters (otherwise the same code). Its body's wgmma and wgmma_wait are
-  in named scopes, "issue" and "wait", which a profiled run (compiler_params
-  with profile_space/profile_dir: benchmarks/pipeline_trace.py) records."""
+  in named scopes, "issue" and "wait" (unless not step_scopes), and its
+  epilogue in "epilogue", which a profiled run (compiler_params with
+  profile_space/profile_dir: benchmarks/pipeline_trace.py) records."""
   m, k = a.shape
   _, n = b.shape
 
@@ -106,10 +109,12 @@ def matmul_mcs(a, b, tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
     pid_m = jax.lax.axis_index("m")
     pid_n = jax.lax.axis_index("n")
 
+    scope = jax.named_scope if step_scopes else lambda _: contextlib.nullcontext()
+
     def body(_, a_smem, b_smem):
-      with jax.named_scope("issue"):
+      with scope("issue"):
         plgpu.wgmma(acc, a_smem, b_smem)
-      with jax.named_scope("wait"):
+      with scope("wait"):
         plgpu.wgmma_wait(1)
 
     plgpu.emit_pipeline(
@@ -123,11 +128,12 @@ def matmul_mcs(a, b, tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
         ],
         max_concurrent_steps=max_concurrent_steps,
     )(a_gmem, b_gmem)
-    o_smem[...] = acc[...].astype(out_dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m), pl.ds(pid_n * tile_n, tile_n)])
-    plgpu.wait_smem_to_gmem(0)
+    with jax.named_scope("epilogue"):
+      o_smem[...] = acc[...].astype(out_dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(
+          o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m), pl.ds(pid_n * tile_n, tile_n)])
+      plgpu.wait_smem_to_gmem(0)
 
   return kernel(a, b)
 

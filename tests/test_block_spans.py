@@ -1,0 +1,56 @@
+"""benchmarks/pipeline_trace.py --spans: each block's start, cycles, SM and
+launch order read from a profiled quickstart matmul, and what they say of its
+waves (the H200's are in benchmarks/pipeline_trace_h200.json)."""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_sim as ps
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import pipeline_trace as pt  # noqa: E402
+
+
+def test_spans_of_a_simulated_matmul_give_each_block_once_in_launch_order(tmp_path, rng):
+  """Grid (M, N) = (2, 4): the profiler numbers a block n * M + m, the GPU
+  launches it m * N + n-th; each block's cycles run from its start to its
+  epilogue's end, and like blocks on an idle GPU take like cycles. The
+  matmul with step_scopes=False is still the matmul."""
+  a = jnp.asarray(rng.standard_normal((256, 256)), jnp.float16)
+  b = jnp.asarray(rng.standard_normal((256, 256)), jnp.float16)
+  with ps.backend("sim"):
+    out = pt.traced_matmul(a, b, tile_n=64, tile_k=64, mcs=2, profile_dir=str(tmp_path),
+                           space=16, truncate=True, step_scopes=False)
+  ref = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  assert np.abs(np.asarray(out, np.float32) - ref).max() < 0.25
+  sp = pt.block_spans(pt.newest_trace(str(tmp_path)), 2, 4)
+  assert sp[:, 0].tolist() == list(range(8))
+  assert len(set(sp[:, 1].tolist())) == 8  # (one wave: an SM each)
+  assert np.ptp(sp[:, 3]) == 0 and sp[0, 3] > 4 * 400  # (four steps' loads at least)
+  s = pt.span_summary(sp, 4, 264)
+  assert s["fast_sms"] == [] and s["wave_start_spread_us"] == [0.0]
+  assert s["b_gap_us"]["p90"] == 0.0
+
+
+def test_span_summary_finds_fast_sms_and_the_waves_they_smear():
+  """132 SMs, one block a slot in launch order as slots free; 24 SMs run
+  their blocks in 0.75 of the others' cycles: they are found, their ratio is
+  0.75 in every wave, and each wave's starts spread further than the last."""
+  fast = set(range(100, 124))
+  cyc = {sm: (750.0 if sm in fast else 1000.0) for sm in range(132)}
+  free = {sm: 0.0 for sm in range(132)}
+  rows = []
+  for i in range(132 * 6):
+    sm = min(free, key=lambda s: (free[s], s))
+    rows.append((i, sm, free[sm] * 1e3, cyc[sm] * 1e3))  # (start ns, cycles at 1 GHz)
+    free[sm] += cyc[sm]
+  s = pt.span_summary(np.asarray(rows), 66, 132)
+  assert s["fast_sms"] == sorted(fast)
+  assert s["fast_over_rest_by_wave"] == [0.75] * 6
+  spread = s["wave_start_spread_us"]
+  assert spread[0] == 0 and all(b > a for a, b in zip(spread[1:3], spread[2:4]))
+  assert s["b_gap_us"]["p90"] > 0
