@@ -21,11 +21,15 @@ short-batch time (25 ms batches straight after compiling, whatever the clock
 was then: it scatters up to 11% from the sustained one) is printed beside
 it.
 
-The model does not predict that clock. Where the power study measured a
+Small rows are timed 32 calls chained in one program (chain_per_kernel_s),
+which hides the host's dispatch (timing_suite.measured_seconds).
+
+The model predicts that clock (power.py). Where the power study measured a
 kernel's (power_study_suite in the measured file: its median SM clock over 1.5
-s of a sustained run), the kernel is predicted again at it (ps.Options
-clock_mhz): that column is the model's error were the clock known, and it
-says how much of the error is the clock's (--no-clock: skip it).
+s of a sustained run; for a row timed in a chain, the chain's clock), the
+kernel is predicted again at it (ps.Options clock_mhz): that column is the
+model's error were the clock known, and it says how much of the error is the
+clock's (--no-clock: skip it).
 
 --diagnostic: timing_suite.DIAGNOSTIC_CASES instead (the quickstart's pipeline
 taken apart: its loads alone, its wgmmas on one tile, each with scalar work in
@@ -146,6 +150,9 @@ def main(argv=None):
   data = json.load(open(ns.measured))
   clocks = (timing_suite.sustained_clocks(data.get("power_study_suite", {}).get("rows", []))
             if ns.clock else {})
+  if ns.clock:  # (a row timed in a chain ran at the chain's clock)
+    chained = [r for r in data.get("sustained", {}).get("cases", []) if r.get("chain_clock")]
+    clocks.update(timing_suite.sustained_clocks(chained))
   kind = timing_suite.kind_of(ns)
   cases = timing_suite.cases(kind)
   if kind != "suite":  # (measured sustained, each with its clock)
@@ -154,9 +161,10 @@ def main(argv=None):
                      {}).get("cases", [])
     data = dict(cases=[], sustained=dict(cases=study))
     clocks = timing_suite.sustained_clocks(study) if ns.clock else {}
-  # (small rows: the per-kernel time of two chained in one program, which
-  # hides host dispatch; others: the median time per call)
-  seconds = lambda cases: {r["name"]: r.get("k2_per_kernel_s") or r["median_s"]
+  # (small rows: the per-kernel time of 32 chained in one program, which
+  # hides host dispatch, where measured (else of two, which hides half);
+  # others: the median time per call)
+  seconds = lambda cases: {r["name"]: timing_suite.measured_seconds(r)
                            for r in cases if r.get("median_s")}
   short = seconds(data["cases"])
   sustained = seconds(data.get("sustained", {}).get("cases", []))

@@ -23,7 +23,11 @@ How a time is taken (device time, not Python dispatch):
   dispatch may have). Rows marked small also run the kernel twice in one
   jitted program, chained through an optimization barrier so XLA can neither
   merge nor drop a call: `k2_per_kernel_s` (half that program's time) and
-  `k2_ratio` = k2_per_kernel_s / median_s (near 1: GPU-bound);
+  `k2_ratio` = k2_per_kernel_s / median_s (near 1: GPU-bound); and
+  CHAIN_CALLS times in one program: `chain_per_kernel_s` (that program's
+  time over CHAIN_CALLS), the time a kernel takes among others on the GPU
+  (two in a program still carry half a host dispatch each: the 2048^3
+  matmuls' blocks ran in ~24 us where k2 gave 31-36, eighteenth session);
 * the SM clock is sampled by `nvidia-smi -lms 100` throughout (clocks are
   never changed); each row gets the median SM clock over its timed window;
 * `--ncu N`: the first N of NCU_CASES are run again under Nsight Compute
@@ -189,14 +193,17 @@ def time_fn(f, args, *, batch_s=0.025, batches=7, max_calls=400):
 # Jobs: one kernel configuration each (a suite case, or a micro at n1 or n2).
 # ---------------------------------------------------------------------------
 
+CHAIN_CALLS = 32  # (small rows: dispatch is 1/32 of a call's time or less)
+
+
 class Job:
   def __init__(self, key, build, meta, k2=False):
     self.key = key
     self.build = build         # () -> timing_suite.Built
     self.meta = meta
-    self.k2 = k2               # also time the kernel twice in one program
+    self.k2 = k2               # also time the kernel twice, and CHAIN_CALLS times, in one program
     self.built = None
-    self.f1 = self.f2 = None
+    self.f1 = self.f2 = self.fn = None
     self.res = dict(meta)
     self.ok = False
     self.done = False          # measured in an earlier run (--resume)
@@ -232,6 +239,8 @@ class Job:
       if self.k2:
         self.f2 = jax.jit(chained(b.fn, 2))
         jax.block_until_ready(self.f2(*b.args))
+        self.fn = jax.jit(chained(b.fn, CHAIN_CALLS))
+        jax.block_until_ready(self.fn(*b.args))
       self.ok = True
     except Exception as e:  # reported in the results, the run goes on
       self.res["error"] = f"{type(e).__name__}: {e}"[:2000]
@@ -250,6 +259,13 @@ class Job:
         r2 = time_fn(self.f2, args, batches=5)
         self.res["k2_per_kernel_s"] = r2["median_s"] / 2
         self.res["k2_ratio"] = r2["median_s"] / 2 / r1["median_s"]
+      if self.fn is not None:
+        tc = time.time()
+        rn = time_fn(self.fn, args, batches=5)
+        self.res["chain_calls"] = CHAIN_CALLS
+        self.res["chain_per_kernel_s"] = rn["median_s"] / CHAIN_CALLS
+        self.res["chain_spread"] = rn["spread"]
+        self.res["chain_clock"] = clocks.window(tc, time.time())
       t1 = time.time()
       self.res.update({k: v for k, v in r1.items()})
       self.res["clock"] = clocks.window(t0, t1)
@@ -258,7 +274,7 @@ class Job:
       self.res["error"] = f"timing: {type(e).__name__}: {e}"[:2000]
 
   def release(self):
-    self.built = self.f1 = self.f2 = None
+    self.built = self.f1 = self.f2 = self.fn = None
 
 
 def suite_jobs(pattern="", kind="suite"):
@@ -621,6 +637,7 @@ def main(argv=None):
           print(f"[time {time.time() - start:6.1f}s] {j.key}: {r['median_s'] * 1e6:.1f} us "
                 f"spread {r['spread']:.3f} enq {r['enqueue_frac']:.2f} "
                 f"k2 {r.get('k2_ratio', float('nan')):.3f} "
+                f"chained {r.get('chain_per_kernel_s', float('nan')) * 1e6:.1f} us "
                 f"clk {(r.get('clock') or {}).get('sm_mhz')}", flush=True)
         j.release()
       write(path, env, jobs, summarize_micros(jobs), ncu, clocks, False)

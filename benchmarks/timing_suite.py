@@ -781,10 +781,23 @@ def kind_of(ns):
           "blind" if getattr(ns, "blind", False) else "suite")
 
 
+def measured_seconds(row):
+  """A measured row's time (h200_measured.json): a small row's per-kernel
+  time in a chain of calls in one program (measure_gpu.CHAIN_CALLS, else
+  two), which hides host dispatch; any other's median time per call."""
+  return row.get("chain_per_kernel_s") or row.get("k2_per_kernel_s") or row["median_s"]
+
+
 def sustained_clocks(rows):
   """Measured row name -> the SM clock (MHz) its sustained run held (rows of
-  a study in h200_measured.json; those without a clock are left out)."""
-  return {r["name"]: r["clock"]["sm_mhz"] for r in rows if r.get("clock")}
+  a study in h200_measured.json; those without a clock are left out): for a
+  row timed in a chain, the chain's."""
+  out = {}
+  for r in rows:
+    clock = r.get("chain_clock") if r.get("chain_per_kernel_s") else r.get("clock")
+    if clock:
+      out[r["name"]] = clock["sm_mhz"]
+  return out
 
 
 def by_name(name):
