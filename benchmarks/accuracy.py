@@ -102,18 +102,25 @@ def predict(case, gpu, clock_mhz=None):
   return report, time.perf_counter() - t0
 
 
-def summarize(rows, title, small):
+def summarize(rows, title, small, again=None):
   """Per family: Spearman of predicted against measured, mean abs error;
   then the mean and largest over the rows counted. rows: (case, measured,
-  predicted, error)."""
+  predicted, error). again: a second measurement of the rows (name ->
+  seconds), where there is one: the GPU's Spearman against itself says
+  whether the family's ranking reproduces on the GPU at all (configurations
+  within its run-to-run noise of each other do not)."""
   print(f"\n{title}\n")
-  print("| family | rows | Spearman (predicted vs measured) | mean abs error |")
-  print("|---|---:|---:|---:|")
+  print("| family | rows | Spearman (predicted vs measured) | mean abs error | "
+        "the GPU against itself (Spearman of two sustained runs) |")
+  print("|---|---:|---:|---:|---:|")
   for fam in dict.fromkeys(r[0].family for r in rows):
     fr = [r for r in rows if r[0].family == fam]
     rho = spearman([r[1] for r in fr], [r[2] for r in fr])
+    twice = [r for r in fr if again and r[0].name in again]
+    self_rho = (f"{spearman([r[1] for r in twice], [again[r[0].name] for r in twice]):.2f}"
+                if len(twice) == len(fr) else "")
     print(f"| {fam} | {len(fr)} | {rho:.2f} | "
-          f"{np.mean([abs(r[3]) for r in fr]):.0%} |")
+          f"{np.mean([abs(r[3]) for r in fr]):.0%} | {self_rho} |")
   counted = [r for r in rows if small or not r[0].small]
   if counted:
     errs = [abs(r[3]) for r in counted]
@@ -170,6 +177,14 @@ def main(argv=None):
   sustained = seconds(data.get("sustained", {}).get("cases", []))
   measured = sustained if ns.truth == "sustained" else short
   other = short if ns.truth == "sustained" else sustained
+  # (a second sustained run of each suite row: the power study's per-call
+  # time, 1.5 s of calls; for a small row, which that run timed with host
+  # dispatch, the short-batch chain)
+  power_runs = {r["name"]: r["per_call_s"] for r in
+                json.load(open(ns.measured)).get("power_study_suite", {}).get("rows", [])
+                if r.get("per_call_s")} if kind == "suite" else {}
+  again = {c.name: (short if c.small else power_runs).get(c.name) for c in cases}
+  again = {k: v for k, v in again.items() if v}
   rows, at_clock = [], []
   print(f"| kernel | measured, {ns.truth} (us) | predicted (us) | error | "
         f"error against the {'short-batch' if ns.truth == 'sustained' else 'sustained'} "
@@ -224,14 +239,14 @@ def main(argv=None):
     print(f"| {case.name}{' (small)' if case.small else ''} | {t_real * 1e6:.1f} | "
           f"{t_pred * 1e6:.1f} | {err:+.0%} | {err2} | {bounds} | {mhz_model:.0f} | "
           f"{wall:.2f} | {there} |")
-  summarize(rows, "Predicted (the model's own clocks) against measured:", ns.small)
+  summarize(rows, "Predicted (the model's own clocks) against measured:", ns.small, again)
   if clock_err:
     print(f"\nthe model's clock against the measured one, over {len(clock_err)} rows (not "
           f"small): mean absolute error {np.mean(clock_err):.1%}, largest "
           f"{max(clock_err):.0%}")
   if at_clock:
     summarize(at_clock, "Predicted at each kernel's measured clock against measured:",
-              ns.small)
+              ns.small, again)
 
 
 if __name__ == "__main__":
