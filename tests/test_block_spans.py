@@ -54,3 +54,22 @@ def test_span_summary_finds_fast_sms_and_the_waves_they_smear():
   spread = s["wave_start_spread_us"]
   assert spread[0] == 0 and all(b > a for a, b in zip(spread[1:3], spread[2:4]))
   assert s["b_gap_us"]["p90"] > 0
+
+
+@pytest.mark.gpu
+def test_spans_on_the_gpu_give_each_block_its_sm_and_cycles(tmp_path, rng):
+  """On a Hopper GPU (the --spans run's kernel): 64 blocks, one wave, each
+  found once with its epilogue; the profile leaves the product right."""
+  a = jnp.asarray(rng.standard_normal((1024, 1024)), jnp.float16)
+  b = jnp.asarray(rng.standard_normal((1024, 1024)), jnp.float16)
+  out = jax.jit(lambda a, b: pt.traced_matmul(
+      a, b, tile_n=128, tile_k=64, mcs=2, profile_dir=str(tmp_path), space=16,
+      truncate=True, step_scopes=False))(a, b)
+  jax.block_until_ready(out)
+  jax.effects_barrier()
+  ref = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  assert np.abs(np.asarray(out, np.float32) - ref).max() < 0.5
+  sp = pt.block_spans(pt.newest_trace(str(tmp_path)), 8, 8)
+  assert sp[:, 0].tolist() == list(range(64))
+  assert len(set(sp[:, 1].tolist())) == 64
+  assert (sp[:, 3] > 16 * 100).all()  # (16 steps of a wgmma group at least)
