@@ -301,6 +301,28 @@ def span_summary(spans, grid_n, slots):
           "fast_over_rest_by_wave": fast_ratio}
 
 
+def _operands(size):
+  """The quickstart's two random f16 operands, size x size (on the device)."""
+  import jax
+  import jax.numpy as jnp
+  ka, kb = jax.random.split(jax.random.key(0))
+  return (jax.random.normal(ka, (size, size), jnp.float16),
+          jax.random.normal(kb, (size, size), jnp.float16))
+
+
+def _warm(f, x, y, seconds):
+  """f(x, y) called back to back for `seconds` (the clock a sustained run
+  holds); its time a call, dispatch included."""
+  import jax
+  jax.block_until_ready(f(x, y))
+  t0, calls = time.time(), 0
+  while time.time() - t0 < seconds:
+    out = f(x, y)
+    calls += 1
+  jax.block_until_ready(out)
+  return (time.time() - t0) / calls
+
+
 def _clock_sampler():
   """nvidia-smi reading the SM clock every 20 ms (a process; _clock_of ends it)."""
   import subprocess
@@ -320,27 +342,18 @@ def spans(cases, out_dir, warm_s):
   its epilogue in a scope (a few ranges a block: its occupancy stays as
   unprofiled), after warm_s of unprofiled calls; writes OUT/spans.json."""
   import jax
-  import jax.numpy as jnp
   rows = []
   for size, tn, tk, mcs in cases:
     name = name_of(size, tn, tk, mcs)
-    ka, kb = jax.random.split(jax.random.key(0))
-    x = jax.random.normal(ka, (size, size), jnp.float16)
-    y = jax.random.normal(kb, (size, size), jnp.float16)
+    x, y = _operands(size)
     plain = jax.jit(lambda x, y: traced_matmul(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
     d = tempfile.mkdtemp(prefix="spans_")
     traced = jax.jit(lambda x, y: traced_matmul(
         x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=16, truncate=True,
         step_scopes=False))
-    jax.block_until_ready(plain(x, y))
     jax.block_until_ready(traced(x, y))  # (compiled before the clock is sampled)
     smi = _clock_sampler()
-    t0, calls = time.time(), 0
-    while time.time() - t0 < warm_s:
-      out = plain(x, y)
-      calls += 1
-    jax.block_until_ready(out)
-    per_call = (time.time() - t0) / calls
+    per_call = _warm(plain, x, y, warm_s)
     jax.block_until_ready(traced(x, y))
     mhz = _clock_of(smi)
     jax.effects_barrier()
@@ -455,23 +468,14 @@ def main(argv=None):
     spans([tuple(c) for c in a.case] or CASES, a.out, a.warm_s)
     return 0
   import jax
-  import jax.numpy as jnp
   rows = []
   for size, tn, tk, mcs in ([tuple(c) for c in a.case] or CASES):
     name = name_of(size, tn, tk, mcs)
     if a.filter not in name:
       continue
-    ka, kb = jax.random.split(jax.random.key(0))
-    x = jax.random.normal(ka, (size, size), jnp.float16)
-    y = jax.random.normal(kb, (size, size), jnp.float16)
+    x, y = _operands(size)
     plain = jax.jit(lambda x, y: traced_matmul(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
-    jax.block_until_ready(plain(x, y))
-    t0, calls = time.time(), 0
-    while time.time() - t0 < a.warm_s:  # (the clock the sustained run holds)
-      out = plain(x, y)
-      calls += 1
-    jax.block_until_ready(out)
-    per_call = (time.time() - t0) / calls
+    per_call = _warm(plain, x, y, a.warm_s)
     d = tempfile.mkdtemp(prefix="trace_")
     space = a.space or profile_space(size, tk)
     traced = jax.jit(lambda x, y: traced_matmul(
