@@ -337,11 +337,15 @@ def _clock_of(proc):
   return float(np.median(vals[-10:])) if vals else None
 
 
-def spans(cases, out_dir, warm_s):
+def spans(cases, out_dir, warm_s, cold=False):
   """Block spans (block_spans) of each quickstart case, profiled with only
   its epilogue in a scope (a few ranges a block: its occupancy stays as
-  unprofiled), after warm_s of unprofiled calls; writes OUT/spans.json."""
+  unprofiled), after warm_s of unprofiled calls; writes OUT/spans.json.
+  `cold`: the L2 emptied of the operands before the profiled call (256 MiB
+  written in between), as a launch whose inputs were not just read finds it."""
   import jax
+  import jax.numpy as jnp
+  flush = jax.jit(lambda x: jnp.full((64, 2 ** 20), x[0, 0], jnp.float32))  # (256 MiB)
   rows = []
   for size, tn, tk, mcs in cases:
     name = name_of(size, tn, tk, mcs)
@@ -354,13 +358,15 @@ def spans(cases, out_dir, warm_s):
     jax.block_until_ready(traced(x, y))  # (compiled before the clock is sampled)
     smi = _clock_sampler()
     per_call = _warm(plain, x, y, warm_s)
+    if cold:
+      jax.block_until_ready(flush(x))
     jax.block_until_ready(traced(x, y))
     mhz = _clock_of(smi)
     jax.effects_barrier()
     sp = block_spans(newest_trace(d), size // 128, size // tn)
     per_sm = np.bincount(sp[sp[:, 2] < sp[:, 2].min() + 2000, 1].astype(int))
     slots = 132 * int(np.median(per_sm[per_sm > 0]))
-    r = {"name": name, "size": size, "tile": [128, tn, tk], "mcs": mcs, "mhz": mhz,
+    r = {"name": name, "size": size, "tile": [128, tn, tk], "mcs": mcs, "mhz": mhz, "cold": cold,
          "unprofiled_call_s": per_call, "slots": slots,
          **span_summary(sp, size // tn, slots),
          "spans": [[int(a), int(b), round(c - sp[0, 2], 1), int(e)] for a, b, c, e in sp]}
@@ -445,6 +451,8 @@ def main(argv=None):
   ap.add_argument("--spans", action="store_true",
                   help="each block's start and end, SM and launch order (the --case "
                   "configurations): how its waves keep together")
+  ap.add_argument("--cold", action="store_true",
+                  help="--spans with the L2 emptied of the operands before the profiled call")
   ap.add_argument("--keep", action="store_true",
                   help="keep each case's trace (gzipped JSON) in OUT")
   a = ap.parse_args(argv)
@@ -465,7 +473,7 @@ def main(argv=None):
     tma_issue(a.out)
     return 0
   if a.spans:
-    spans([tuple(c) for c in a.case] or CASES, a.out, a.warm_s)
+    spans([tuple(c) for c in a.case] or CASES, a.out, a.warm_s, a.cold)
     return 0
   import jax
   rows = []
