@@ -301,13 +301,15 @@ def span_summary(spans, grid_n, slots):
           "fast_over_rest_by_wave": fast_ratio}
 
 
-def _operands(size):
-  """The quickstart's two random f16 operands, size x size (on the device)."""
+def _operands(size, k=None):
+  """The quickstart's two random f16 operands, size x k and k x size (k:
+  size unless given), on the device."""
   import jax
   import jax.numpy as jnp
+  k = k or size
   ka, kb = jax.random.split(jax.random.key(0))
-  return (jax.random.normal(ka, (size, size), jnp.float16),
-          jax.random.normal(kb, (size, size), jnp.float16))
+  return (jax.random.normal(ka, (size, k), jnp.float16),
+          jax.random.normal(kb, (k, size), jnp.float16))
 
 
 def _warm(f, x, y, seconds):
@@ -451,6 +453,8 @@ def main(argv=None):
   ap.add_argument("--spans", action="store_true",
                   help="each block's start and end, SM and launch order (the --case "
                   "configurations): how its waves keep together")
+  ap.add_argument("--k", type=int, default=0,
+                  help="the traced cases' K in place of their size (A: size x K, B: K x size)")
   ap.add_argument("--cold", action="store_true",
                   help="--spans with the L2 emptied of the operands before the profiled call")
   ap.add_argument("--keep", action="store_true",
@@ -478,14 +482,14 @@ def main(argv=None):
   import jax
   rows = []
   for size, tn, tk, mcs in ([tuple(c) for c in a.case] or CASES):
-    name = name_of(size, tn, tk, mcs)
+    name = name_of(size, tn, tk, mcs) + (f" k={a.k}" if a.k else "")
     if a.filter not in name:
       continue
-    x, y = _operands(size)
+    x, y = _operands(size, a.k)
     plain = jax.jit(lambda x, y: traced_matmul(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
     per_call = _warm(plain, x, y, a.warm_s)
     d = tempfile.mkdtemp(prefix="trace_")
-    space = a.space or profile_space(size, tk)
+    space = a.space or profile_space(a.k or size, tk)
     traced = jax.jit(lambda x, y: traced_matmul(
         x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space,
         truncate=bool(a.space)))
@@ -502,7 +506,7 @@ def main(argv=None):
       import gzip
       with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:
         json.dump(trace, fh)
-    r = {"name": name, "size": size, "tile": [128, tn, tk], "mcs": mcs, "space": space,
+    r = {"name": name, "size": size, "k": a.k or size, "tile": [128, tn, tk], "mcs": mcs, "space": space,
          "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
     rows.append(r)
     print(f"{name}: step {r['step']['median']:.0f} (p10 {r['step']['p10']:.0f}, p90 "
