@@ -301,14 +301,14 @@ def span_summary(spans, grid_n, slots):
           "fast_over_rest_by_wave": fast_ratio}
 
 
-def _operands(size, k=None):
-  """The quickstart's two random f16 operands, size x k and k x size (k:
+def _operands(size, k=None, m=None):
+  """The quickstart's two random f16 operands, m x k and k x size (k and m:
   size unless given), on the device."""
   import jax
   import jax.numpy as jnp
-  k = k or size
+  k, m = k or size, m or size
   ka, kb = jax.random.split(jax.random.key(0))
-  return (jax.random.normal(ka, (size, k), jnp.float16),
+  return (jax.random.normal(ka, (m, k), jnp.float16),
           jax.random.normal(kb, (k, size), jnp.float16))
 
 
@@ -455,6 +455,8 @@ def main(argv=None):
                   "configurations): how its waves keep together")
   ap.add_argument("--k", type=int, default=0,
                   help="the traced cases' K in place of their size (A: size x K, B: K x size)")
+  ap.add_argument("--m", type=int, default=0,
+                  help="the traced cases' M in place of their size (A: M x K)")
   ap.add_argument("--cold", action="store_true",
                   help="--spans with the L2 emptied of the operands before the profiled call")
   ap.add_argument("--keep", action="store_true",
@@ -482,10 +484,11 @@ def main(argv=None):
   import jax
   rows = []
   for size, tn, tk, mcs in ([tuple(c) for c in a.case] or CASES):
-    name = name_of(size, tn, tk, mcs) + (f" k={a.k}" if a.k else "")
+    name = (name_of(size, tn, tk, mcs) + (f" k={a.k}" if a.k else "")
+            + (f" m={a.m}" if a.m else ""))
     if a.filter not in name:
       continue
-    x, y = _operands(size, a.k)
+    x, y = _operands(size, a.k, a.m)
     plain = jax.jit(lambda x, y: traced_matmul(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
     per_call = _warm(plain, x, y, a.warm_s)
     d = tempfile.mkdtemp(prefix="trace_")
@@ -506,7 +509,7 @@ def main(argv=None):
       import gzip
       with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:
         json.dump(trace, fh)
-    r = {"name": name, "size": size, "k": a.k or size, "tile": [128, tn, tk], "mcs": mcs, "space": space,
+    r = {"name": name, "size": size, "k": a.k or size, "m": a.m or size, "tile": [128, tn, tk], "mcs": mcs, "space": space,
          "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
     rows.append(r)
     print(f"{name}: step {r['step']['median']:.0f} (p10 {r['step']['p10']:.0f}, p90 "
