@@ -20,6 +20,10 @@ Prints, per case, the median and the 10th/90th percentiles over every block's
 steady steps (past the first mcs + 1 and before the last) of each part in SM
 cycles, and writes OUT/pipeline_trace.json.
 
+`--spans` instead records only each block's epilogue (so its occupancy stays as
+unprofiled): every block's start, cycles, SM and launch order, and what they
+say of the launch's waves (span_summary; `--cold` empties the L2 first).
+
 On a CPU, the model beside a GPU run (the simulator writes the same trace,
 in the same cycles: backends/sim/profiler.py), each case estimated at the
 clock its suite row held sustained (h200_measured.json):
@@ -479,6 +483,8 @@ def main(argv=None):
     tma_issue(a.out)
     return 0
   if a.spans:
+    if a.k or a.m:
+      ap.error("--k and --m shape the step traces, not --spans")
     spans([tuple(c) for c in a.case] or CASES, a.out, a.warm_s, a.cold)
     return 0
   import jax
