@@ -155,8 +155,8 @@ def main(argv=None):
   if saved_before is not None:
     ns.clock = False
   data = json.load(open(ns.measured))
-  clocks = (timing_suite.sustained_clocks(data.get("power_study_suite", {}).get("rows", []))
-            if ns.clock else {})
+  power_rows = data.get("power_study_suite", {}).get("rows", [])
+  clocks = timing_suite.sustained_clocks(power_rows) if ns.clock else {}
   if ns.clock:  # (a row timed in a chain ran at the chain's clock)
     chained = [r for r in data.get("sustained", {}).get("cases", []) if r.get("chain_clock")]
     clocks.update(timing_suite.sustained_clocks(chained))
@@ -180,9 +180,8 @@ def main(argv=None):
   # (a second sustained run of each suite row: the power study's per-call
   # time, 1.5 s of calls; for a small row, which that run timed with host
   # dispatch, the short-batch chain)
-  power_runs = {r["name"]: r["per_call_s"] for r in
-                json.load(open(ns.measured)).get("power_study_suite", {}).get("rows", [])
-                if r.get("per_call_s")} if kind == "suite" else {}
+  power_runs = ({r["name"]: r["per_call_s"] for r in power_rows if r.get("per_call_s")}
+                if kind == "suite" else {})
   again = {c.name: (short if c.small else power_runs).get(c.name) for c in cases}
   again = {k: v for k, v in again.items() if v}
   rows, at_clock = [], []
