@@ -82,6 +82,16 @@ class GPU:
   # throughout it sets the latency (10x: ~4200 cycles, where the loads-only
   # diagnostics imply 1700-2100: they come out ~13% slow).
   l2_queue_cap: float = 0.9
+  # The L2 is two partitions, each caching what its own GPCs' SMs read
+  # (NVIDIA's A100 and H100 whitepapers). A launch whose inputs and outputs
+  # fit in half the L2 has them near every SM, and its loads do not queue
+  # (the quickstart's 128x128x64 mcs=2 step, M, K and N varied: 1115-1173
+  # cycles up to 29.4 MB, 1390 at 33.6, 1454-1665 from 41.9 on, H200,
+  # pipeline_trace_h200.json footprint_study). Past the half, the far reads
+  # grow over this share of the L2 (6 MB on the H200: 33.6 MB gives the
+  # model's step 0.65 of the way from near to far, as measured), and they
+  # queue (timing.far_share, Timing.tma).
+  l2_far_ramp: float = 0.1
   # What one SM's TMA engine moves: every SM loading one and the same 16 KiB
   # tile of 128-byte rows, again and again, 4 in flight, got 160 B/clk each
   # (41.9 TB/s in all; a tile that stays the same is served faster again

@@ -120,3 +120,60 @@ def test_a_multicast_part_and_an_smem_to_smem_copy_are_not_shared_l2_reads():
   before = e.l2_work
   t.tma(e, end, 65536, via_l2=False)
   assert e.l2_work == before
+
+
+def test_the_far_share_grows_past_half_the_l2():
+  """A launch whose inputs and outputs fit in one L2 partition (half the
+  L2) reads all of them near; past the half, the far share ramps to all
+  over l2_far_ramp of the L2; an unknown footprint counts as far."""
+  from pallas_sim.backends.sim.machine.timing import far_share
+  half = H.l2_bytes / 2
+  ramp = H.l2_far_ramp * H.l2_bytes
+  assert far_share(H, None) == 1.0
+  assert far_share(H, 0) == far_share(H, half) == 0.0
+  assert far_share(H, half + ramp / 2) == pytest.approx(0.5)
+  assert far_share(H, half + ramp) == far_share(H, 10 * H.l2_bytes) == 1.0
+  # the H100's L2 is smaller: the same footprint is further out
+  assert far_share(gpus.H100, half + ramp / 2) > 0.5
+
+
+def test_near_reads_do_not_queue():
+  """A launch that fits in half the L2: its shared loads keep their plain
+  latency however busy the SM keeps the L2; half far, half the queue's
+  wait."""
+  t = Timing(H)
+  grid = np.array([(m, n) for m in range(32) for n in range(32)])
+  waits = {}
+  for footprint in (H.l2_bytes / 4, H.l2_bytes * (0.5 + H.l2_far_ramp / 2), None):
+    lt = t.launch(1024, 160 * 1024, 128, footprint=footprint)
+    lt.set_loads(grid, {"a": (0,)})
+    e = lt.engines(0)
+    t.tma(e, 0.0, 1 << 22, "a", row_bytes=128)  # (keeps the share busy)
+    _, end, done = t.tma(e, 100.0, 16384, "a", row_bytes=128)
+    waits[footprint] = (done - end) / lt.latency["a"]
+  near, half, far = waits.values()
+  assert near == pytest.approx(1.0)
+  assert far == pytest.approx(1 / (1 - H.l2_queue_cap))
+  assert half == pytest.approx((near + far) / 2)
+
+
+def _per_step(m, k, n):
+  from test_quickstart import matmul_mcs
+  import jax
+  import jax.numpy as jnp
+  a = jax.ShapeDtypeStruct((m, k), jnp.float16)
+  b = jax.ShapeDtypeStruct((k, n), jnp.float16)
+  kr = ps.estimate(lambda a, b: matmul_mcs(a, b, tile_n=128, tile_k=64), a, b,
+                   gpu="h200", clock_mhz=1575).kernels[0]
+  return kr.block_cycles_max / (k // 64)
+
+
+def test_a_matmul_that_fits_in_half_the_l2_takes_shorter_steps():
+  """The H200's 128x128x64 mcs=2 step: 1115-1173 cycles while A, B and C
+  fit in 30 MB, 1454-1665 from 41.9 MB on, whatever the strides and waves
+  (pipeline_trace.py --m/--k, eighteenth session). The model's, at 25.2 MB
+  and at 41.9 MB (A twice as tall: two waves of the same blocks)."""
+  near, far = _per_step(2048, 2048, 2048), _per_step(4096, 2048, 2048)
+  assert far > 1.15 * near
+  # (and A twice as wide is as far: the footprint, not the waves)
+  assert _per_step(2048, 4096, 2048) > 1.1 * near

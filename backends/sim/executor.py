@@ -65,6 +65,15 @@ def _axis_sizes(launch):
   return sizes | dict(zip(launch.grid_names, launch.grid)) | dict(enumerate(launch.grid))
 
 
+def _footprint(launch, arrays):
+  """The bytes a launch's inputs and outputs hold (an output that aliases
+  an input counted once): what it can bring into the L2."""
+  size = lambda a: math.prod(a.shape) * np.dtype(a.dtype).itemsize
+  aliased = {o for _, o in launch.aliases}
+  return (sum(size(a) for a in arrays[:launch.num_inputs])
+          + sum(size(a) for i, a in enumerate(launch.out_avals) if i not in aliased))
+
+
 class Executor:
   """Receives launches from capture; accumulates a Report.
 
@@ -460,7 +469,7 @@ class Executor:
     if prep.together:  # (all resident at once, as the kernel assumes)
       s.groups = [s.blocks]
     s.placement = self.timing.launch(len(s.blocks), prep.smem, launch.num_threads,
-                                     prep.regs)
+                                     prep.regs, _footprint(launch, arrays))
     grid_index = np.array([idx for _, idx, _ in s.blocks],
                           dtype=np.int64).reshape(len(s.blocks), -1)
     s.placement.set_loads(grid_index, prep.load_axes)

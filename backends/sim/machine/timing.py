@@ -45,11 +45,14 @@ class Engines:
   next free for it (cycles), how many blocks share them, and the work it
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
-               "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path")
+               "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path", "far")
 
   def __init__(self, share=1, spill=(0.0, 0.0), l2_rate=None, latency=None, loads=False,
-               byte_cycles=None):
+               byte_cycles=None, far=1.0):
     self.share = share
+    # the share of its L2 reads served by the far partition, which queue
+    # (LaunchTiming.far)
+    self.far = far
     # cycles a warpgroup spends on spilled registers per wgmma: (from the
     # L1, from the L2 with nothing else loading it: Timing.spill)
     self.spill = spill
@@ -147,6 +150,18 @@ def _leftover(others, cap):
   return cap if others >= 1 - 1 / cap else min(cap, 1.0 / (1.0 - others))
 
 
+def far_share(gpu, footprint):
+  """How much of a launch's L2 traffic crosses to the far L2 partition, by
+  the bytes its inputs and outputs hold (None: not known, all of it). Each
+  partition caches what its own SMs read: a launch that fits in one
+  partition's half of the L2 finds all of its data near, a larger one
+  thrashes the near copies (gpus.GPU.l2_far_ramp)."""
+  if footprint is None:
+    return 1.0
+  half = gpu.l2_bytes / 2
+  return min(1.0, max(0.0, (footprint - half) / (gpu.l2_far_ramp * gpu.l2_bytes)))
+
+
 class Timing:
   """The costs of one GPU model (gpus.GPU)."""
 
@@ -225,8 +240,10 @@ class Timing:
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
     per = engines.byte_cycles.get(site) if shared else None
-    if per is not None:  # (a site whose sources are shared: queued)
-      lat /= self._l2_left(engines, start)
+    if per is not None:  # (a site whose sources are shared: the far reads queue)
+      far = engines.far
+      if far:
+        lat *= 1 - far + far / self._l2_left(engines, start)
     if per is None or row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:
       per = 1 / engines.l2_rate if engines.l2_rate else 0.0  # (streamed)
     work = nbytes * max(per, 1 / g.tma_bytes_per_clk)
@@ -286,16 +303,17 @@ class Timing:
     engines.tc_free = max(start + took, issued + per)
     return start, engines.tc_free + g.wgmma_latency, held, issued
 
-  def launch(self, num_blocks, smem, num_threads, regs=None):
-    return LaunchTiming(self, num_blocks, smem, num_threads, regs)
+  def launch(self, num_blocks, smem, num_threads, regs=None, footprint=None):
+    return LaunchTiming(self, num_blocks, smem, num_threads, regs, footprint)
 
 
 class LaunchTiming:
   """Placement of one launch's blocks on SMs and its predicted time."""
 
-  def __init__(self, timing, num_blocks, smem, num_threads, regs=None):
+  def __init__(self, timing, num_blocks, smem, num_threads, regs=None, footprint=None):
     g = timing.gpu
     self.timing = timing
+    self.far = far_share(g, footprint)
     self.regs = regs or occupancy.Registers(g.register_base, occupancy.MAX_PER_THREAD, 0)
     self.per_sm = occupancy.blocks_per_sm(g, smem, num_threads, self.regs,
                                           CUDA_RESERVED_SMEM_PER_BLOCK)
@@ -355,7 +373,7 @@ class LaunchTiming:
     """The block's share of its SM's units (a fresh Engines)."""
     share = self.share(block_index)
     return Engines(share, self.spill_cycles(share), self.l2_rate, self.latency,
-                   self.trace_loads, self.byte_cycles)
+                   self.trace_loads, self.byte_cycles, self.far)
 
   def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the
