@@ -124,13 +124,14 @@ def tma_chain(x, *, n, tile_rows, hop):
       grid=(1,), grid_names=("b",))(x)
 
 
-def _build_tma_chain(n, *, tile_rows, cols, hbm, cpu=False):
+def _build_tma_chain(n, *, tile_rows, cols, hbm, region_mib=None, cpu=False):
   if cpu:
     rows = 16 * tile_rows
-  else:
-    rows = (256 << 20) // (cols * F32)         # a 256 MiB array
+  else:                                        # a 256 MiB array, or the region
+    rows = ((region_mib or 256) << 20) // (cols * F32)
   T = rows // tile_rows
-  hop = (T // 16 + 1) | 1 if hbm else 0        # odd: visits n distinct tiles
+  # odd (T a power of two): visits n distinct tiles, or all of a region's
+  hop = (T // 16 + 1) | 1 if hbm or region_mib else 0
   x = _array((rows, cols), seed=10)
   last = ((n - 1) * hop) % T
   ref = lambda x, *_: x[last * tile_rows:(last + 1) * tile_rows]
@@ -1049,6 +1050,24 @@ def _micros():
                        400, 2000, work=NUM_SMS * 32 * 128 * F32, unit="bytes",
                        note=f"groups of {readers} blocks each loading one 32x128 f32 tile "
                             f"at once, SMEM swizzled {swz} B, 4 in flight, 8 MiB region"))
+  # (c7) The L2's two halves: a launch that reads 8 MiB (it fits in one
+  # partition, half the L2) against one that reads 48 MiB (it does not): one
+  # block's chain of dependent 32 KiB loads walking the region, and every
+  # SM loading tiles 12 blocks share (as a matmul's), 1, 2 or 4 in flight,
+  # whose loads' round trip is slots x the time an iteration.
+  for mib in (8, 48):
+    out.append(Micro(f"l2_half_chain_{mib}mib", "L2 latency, near and far", _build_tma_chain,
+                     dict(tile_rows=64, cols=128, hbm=False, region_mib=mib), 400, 2000,
+                     work=1, unit="load",
+                     note=f"one block, a chain of 32 KiB loads over a {mib} MiB region"))
+    for slots in (1, 2, 4):
+      out.append(Micro(f"l2_half_{mib}mib_{slots}slots", "L2 latency, near and far",
+                       _build_stream, dict(blocks=NUM_SMS, slots=slots, n_max=2000,
+                                           region_mib=mib, readers=12, swizzle=128,
+                                           tile_rows=32, cols=128),
+                       400, 2000, work=NUM_SMS * 32 * 128 * F32, unit="bytes",
+                       note=f"groups of 12 blocks each loading one 32x128 f32 tile at once, "
+                            f"{slots} in flight, over {mib} MiB"))
   for name, blocks, slots, mib in (("l2_stream_2_per_sm", 2 * NUM_SMS, 3, 8),
                                    ("l2_stream_6slots", NUM_SMS, 6, 8),
                                    ("l2_stream_32mib", NUM_SMS, 4, 32),

@@ -763,8 +763,19 @@ MUTANTS = [
     Mutant("l2-latency-unloaded", "backends/sim/machine/timing.py",
            "a loaded L2's latency grows with how busy the SM keeps its share; the "
            "mutant keeps the unloaded latency",
-           "      lat /= self._l2_left(engines, start)\n",
-           "      pass\n",
+           "        lat *= 1 - far + far / self._l2_left(engines, start)\n",
+           "        pass\n",
+           ("tests/test_l2_model.py",)),
+    Mutant("l2-far-always", "backends/sim/executor.py",
+           "a launch that fits in half the L2 reads near, without the queue; the "
+           "mutant does not tell the timing model the launch's footprint (all far)",
+           "                                     prep.regs, _footprint(launch, arrays))\n",
+           "                                     prep.regs)\n",
+           ("tests/test_l2_model.py",)),
+    Mutant("l2-near-is-the-whole-l2", "backends/sim/machine/timing.py",
+           "the near half is one L2 partition's; the mutant takes the whole L2",
+           "  half = gpu.l2_bytes / 2\n",
+           "  half = gpu.l2_bytes\n",
            ("tests/test_l2_model.py",)),
     Mutant("paths-branch-without-loads-unfollowed", "backends/sim/paths.py",
            "every cond is a decision of the block's path (its branch's work is "
