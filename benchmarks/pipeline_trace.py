@@ -20,6 +20,9 @@ Prints, per case, the median and the 10th/90th percentiles over every block's
 steady steps (past the first mcs + 1 and before the last) of each part in SM
 cycles, and writes OUT/pipeline_trace.json.
 
+`--stream-spans`: the same spans for calibrate.tma_stream, every SM loading
+shared tiles from the L2 with 1-8 in flight (STREAM_CASES).
+
 `--spans` instead records only each block's epilogue (so its occupancy stays as
 unprofiled): every block's start, cycles, SM and launch order, and what they
 say of the launch's waves (span_summary; `--cold` empties the L2 first).
@@ -390,6 +393,63 @@ def spans(cases, out_dir, warm_s, cold=False):
   return rows
 
 
+# (region MiB, blocks an SM, loads in flight, tile rows x f32 columns, SMEM
+# swizzle): every SM streaming tiles that groups of 12 blocks share, as a
+# matmul's operands, over a region that fits in half the L2 (8 MiB) or does
+# not (48 MiB); 128-byte rows (32 x 128, swizzled 128) and 64-byte rows
+# (64 x 64, swizzled 64).
+STREAM_CASES = [(48, 1, 1, 32, 128, 128), (48, 1, 2, 32, 128, 128), (48, 1, 4, 32, 128, 128),
+                (48, 1, 8, 32, 128, 128), (48, 2, 4, 32, 128, 128), (48, 2, 6, 32, 128, 128),
+                (8, 1, 4, 32, 128, 128), (8, 1, 8, 32, 128, 128), (8, 2, 6, 32, 128, 128),
+                (48, 1, 8, 64, 64, 64), (48, 2, 6, 64, 64, 64)]
+
+
+def stream_spans(out_dir, n=2000, readers=12):
+  """Block spans of calibrate.tma_stream on every SM (one wave: blocks an SM
+  x 132 blocks), each block n loads through its ring, profiled at its
+  epilogue: which SMs stream faster than the rest, and by how much, as the
+  loads in flight grow (STREAM_CASES). Writes OUT/stream_spans.json."""
+  import jax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  sys.path.insert(0, _HERE)
+  import calibrate
+  rows = []
+  for mib, per_sm, slots, tr, cols, swz in STREAM_CASES:
+    blocks = 132 * per_sm
+    region = (mib << 20) // (tr * cols * 4)
+    x = calibrate._array((region * tr, cols), seed=12)
+    d = tempfile.mkdtemp(prefix="stream_")
+    kw = dict(n=n, blocks=blocks, tile_rows=tr, slots=slots, region_tiles=region,
+              readers=readers, swizzle=swz)
+    plain = jax.jit(lambda x: calibrate.tma_stream(x, **kw))
+    traced = jax.jit(lambda x: calibrate.tma_stream(x, **kw, compiler_params=plgpu.CompilerParams(
+        profile_space=16, profile_dir=d, profile_bounds_check=True)))
+    jax.block_until_ready(traced(x))
+    t0 = time.time()
+    for _ in range(20):
+      out = plain(x)
+    jax.block_until_ready(out)
+    per_call = (time.time() - t0) / 20
+    jax.block_until_ready(traced(x))
+    jax.effects_barrier()
+    sp = block_spans(newest_trace(d), blocks, 1)
+    s = span_summary(sp, 1, blocks)
+    name = (f"stream {mib} MiB, {per_sm} an SM, {slots} in flight, {tr}x{cols} f32 "
+            f"swizzled {swz}")
+    r = {"name": name, "region_mib": mib, "per_sm": per_sm, "slots": slots,
+         "tile": [tr, cols], "swizzle": swz, "n": n, "readers": readers,
+         "unprofiled_call_s": per_call, **{k: v for k, v in s.items() if k != "b_gap_us"},
+         "spans": [[int(a), int(b), round(c - sp[0, 2], 1), int(e)] for a, b, c, e in sp]}
+    rows.append(r)
+    print(f"{name}: a block {s['block_cycles_median'] / n:.0f} cycles a load (p90/p10 "
+          f"{s['block_p90_over_p10']:.2f}); {len(s['fast_sms'])} fast SMs, their blocks "
+          f"over the rest's {s['fast_over_rest_by_wave']}; unprofiled {per_call * 1e6:.0f} us "
+          f"a call", flush=True)
+  with open(os.path.join(out_dir, "stream_spans.json"), "w") as fh:
+    json.dump({"command": " ".join(sys.argv), "rows": rows}, fh)
+  return rows
+
+
 def _sustained_clocks():
   """Quickstart case name -> the SM clock (MHz) its sustained run held on the
   H200 (the suite's, held-out and blind studies of h200_measured.json)."""
@@ -463,6 +523,9 @@ def main(argv=None):
                   help="the traced cases' M in place of their size (A: M x K)")
   ap.add_argument("--cold", action="store_true",
                   help="--spans with the L2 emptied of the operands before the profiled call")
+  ap.add_argument("--stream-spans", action="store_true",
+                  help="each SM's time for streaming shared tiles from the L2 "
+                  "(STREAM_CASES): which SMs are fast, and when")
   ap.add_argument("--keep", action="store_true",
                   help="keep each case's trace (gzipped JSON) in OUT")
   a = ap.parse_args(argv)
@@ -481,6 +544,9 @@ def main(argv=None):
     return 0
   if a.tma_issue:
     tma_issue(a.out)
+    return 0
+  if a.stream_spans:
+    stream_spans(a.out)
     return 0
   if a.spans:
     if a.k or a.m:
