@@ -404,7 +404,7 @@ STREAM_CASES = [(48, 1, 1, 32, 128, 128), (48, 1, 2, 32, 128, 128), (48, 1, 4, 3
                 (48, 1, 8, 64, 64, 64), (48, 2, 6, 64, 64, 64)]
 
 
-def stream_spans(out_dir, n=2000, readers=12):
+def stream_spans(out_dir, cases=None, n=2000, readers=12):
   """Block spans of calibrate.tma_stream on every SM (one wave: blocks an SM
   x 132 blocks), each block n loads through its ring, profiled at its
   epilogue: which SMs stream faster than the rest, and by how much, as the
@@ -414,7 +414,7 @@ def stream_spans(out_dir, n=2000, readers=12):
   sys.path.insert(0, _HERE)
   import calibrate
   rows = []
-  for mib, per_sm, slots, tr, cols, swz in STREAM_CASES:
+  for mib, per_sm, slots, tr, cols, swz in cases or STREAM_CASES:
     blocks = 132 * per_sm
     region = (mib << 20) // (tr * cols * 4)
     x = calibrate._array((region * tr, cols), seed=12)
@@ -425,6 +425,7 @@ def stream_spans(out_dir, n=2000, readers=12):
     traced = jax.jit(lambda x: calibrate.tma_stream(x, **kw, compiler_params=plgpu.CompilerParams(
         profile_space=16, profile_dir=d, profile_bounds_check=True)))
     jax.block_until_ready(traced(x))
+    jax.block_until_ready(plain(x))  # (compiled before it is timed)
     t0 = time.time()
     for _ in range(20):
       out = plain(x)
@@ -526,6 +527,9 @@ def main(argv=None):
   ap.add_argument("--stream-spans", action="store_true",
                   help="each SM's time for streaming shared tiles from the L2 "
                   "(STREAM_CASES): which SMs are fast, and when")
+  ap.add_argument("--stream-case", nargs=6, type=int, action="append", default=[],
+                  metavar=("MIB", "PER_SM", "SLOTS", "ROWS", "COLS", "SWIZZLE"),
+                  help="--stream-spans of this case (repeatable) in place of STREAM_CASES")
   ap.add_argument("--keep", action="store_true",
                   help="keep each case's trace (gzipped JSON) in OUT")
   a = ap.parse_args(argv)
@@ -546,7 +550,7 @@ def main(argv=None):
     tma_issue(a.out)
     return 0
   if a.stream_spans:
-    stream_spans(a.out)
+    stream_spans(a.out, [tuple(c) for c in a.stream_case])
     return 0
   if a.spans:
     if a.k or a.m:
