@@ -99,6 +99,19 @@ class GPU:
   # got 87-104 B/clk: latency-bound. With many SMs busy each gets its share
   # of the L2's bandwidth, and never more than this (H200).
   tma_bytes_per_clk: float = 160.0
+  # A TMA box of rows under 128 bytes moves at most this many of its rows a
+  # cycle on an SM. Every SM streaming 16 KiB tiles (groups of 12 reading
+  # one at once) in boxes of 32-byte rows took 878-901 cycles a tile (512
+  # rows: 0.57-0.58 a cycle), of 64-byte rows 466-486 (256 rows: 0.53-0.55),
+  # whether the region fits in half the L2 or not, at 8 in flight, or 6 at
+  # two blocks an SM; in 128-byte rows 186-191 cycles (0.67-0.69 rows a
+  # cycle: the L2's bandwidth), evenly on every SM. With narrow rows 24 SMs
+  # moved 1.32-1.42x as many as the rest: the SMs of the GPCs' 2-TPC CPCs
+  # (gpc_probe.py), as if a resource their CPC shares among 4 SMs the others
+  # share among 6. The model gives every SM the rest's rate (H200,
+  # pipeline_trace.py --stream-spans, device runs 4-5 of the nineteenth
+  # session, pipeline_trace_h200.json nineteenth_session).
+  tma_narrow_rows_per_clk: float = 0.55
   # What issuing a TMA load costs its warpgroup, which goes on after it: each
   # block issuing loads of a 16 KiB tile back to back, in a profiled named
   # scope, took 56 cycles for 1, 86 for 2 (43 a load), 171 for 4 (43) and

@@ -42,18 +42,22 @@ def test_shared_sources_cost_less_of_the_l2_than_streamed_ones():
 
 def test_only_boxes_of_128_byte_rows_get_the_shared_rate():
   """In 64-byte boxes a tile many SMs read comes at the streaming rate
-  (l2_shared_*_swz64 against _swz128, H200)."""
-  lt = _matmul_launch()
-  t = Timing(H)
-  times = {}
-  for row in (64, 128, 256):
-    e = lt.engines(0)
-    s, end, _ = t.tma(e, 0.0, 65536, "a", row_bytes=row)
-    times[row] = end - s
-  assert times[64] == pytest.approx(65536 / lt.l2_rate)
-  assert times[128] == times[256] < 0.6 * times[64]
-  # never faster than the SM's TMA engine moves
-  assert times[128] >= 65536 / H.tma_bytes_per_clk
+  (l2_shared_*_swz64 against _swz128, H200); and at most
+  tma_narrow_rows_per_clk of its rows a cycle."""
+  import dataclasses
+  for gpu in (H, dataclasses.replace(H, tma_narrow_rows_per_clk=1e9)):
+    lt = _matmul_launch(gpu)
+    t = Timing(gpu)
+    times = {}
+    for row in (64, 128, 256):
+      e = lt.engines(0)
+      s, end, _ = t.tma(e, 0.0, 65536, "a", row_bytes=row)
+      times[row] = end - s
+    assert times[64] == pytest.approx(65536 * max(
+        1 / lt.l2_rate, 1 / (64 * gpu.tma_narrow_rows_per_clk)))
+    assert times[128] == times[256] < 0.6 * times[64]
+    # never faster than the SM's TMA engine moves
+    assert times[128] >= 65536 / H.tma_bytes_per_clk
 
 
 def test_a_loaded_l2s_latency_grows_with_how_busy_the_sm_keeps_it():
@@ -177,3 +181,22 @@ def test_a_matmul_that_fits_in_half_the_l2_takes_shorter_steps():
   assert far > 1.15 * near
   # (and A twice as wide is as far: the footprint, not the waves)
   assert _per_step(2048, 4096, 2048) > 1.1 * near
+
+
+def test_narrow_rows_go_at_the_sms_row_rate():
+  """Boxes of rows under 128 bytes move at most tma_narrow_rows_per_clk
+  rows a cycle (every SM streaming 32- and 64-byte rows: 0.53-0.58 a cycle,
+  H200), however fast the L2 would stream them: half the bytes a cycle in
+  32-byte rows as in 64; 128-byte rows are not held to it."""
+  import dataclasses
+  fast_l2 = dataclasses.replace(H, l2_bytes_per_s=100 * H.l2_bytes_per_s)
+  lt = _matmul_launch(fast_l2)
+  t = Timing(fast_l2)
+  took = {}
+  for row in (32, 64, 128):
+    e = lt.engines(0)
+    s, end, _ = t.tma(e, 0.0, 16384, "own", row_bytes=row)
+    took[row] = end - s
+  assert took[64] == pytest.approx(16384 / 64 / H.tma_narrow_rows_per_clk)
+  assert took[32] == pytest.approx(2 * took[64])
+  assert took[128] == pytest.approx(16384 / H.tma_bytes_per_clk)

@@ -766,6 +766,12 @@ MUTANTS = [
            "        lat *= 1 - far + far / self._l2_left(engines, start)\n",
            "        pass\n",
            ("tests/test_l2_model.py",)),
+    Mutant("tma-narrow-rows-unbounded", "backends/sim/machine/timing.py",
+           "a box of rows under 128 bytes moves at most tma_narrow_rows_per_clk rows "
+           "a cycle; the mutant moves them at the L2's rate",
+           "      floor = max(floor, 1 / (row_bytes * g.tma_narrow_rows_per_clk))\n",
+           "      pass\n",
+           ("tests/test_l2_model.py",)),
     Mutant("l2-far-always", "backends/sim/executor.py",
            "a launch that fits in half the L2 reads near, without the queue; the "
            "mutant does not tell the timing model the launch's footprint (all far)",

@@ -235,7 +235,8 @@ class Timing:
     blocks beside it), a queue's wait (l2_queue_cap bounds it, and sets it
     where the transfers keep the share busy throughout: 10x). The factor
     takes the whole latency, HBM's extra for misses too: a simplification.
-    Boxes of rows under 128 bytes stream, and wait in the queue as well."""
+    Boxes of rows under 128 bytes stream, and wait in the queue as well;
+    their rows go at most tma_narrow_rows_per_clk a cycle."""
     g = self.gpu
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
@@ -246,7 +247,10 @@ class Timing:
         lat *= 1 - far + far / self._l2_left(engines, start)
     if per is None or row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:
       per = 1 / engines.l2_rate if engines.l2_rate else 0.0  # (streamed)
-    work = nbytes * max(per, 1 / g.tma_bytes_per_clk)
+    floor = 1 / g.tma_bytes_per_clk
+    if row_bytes is not None and row_bytes < g.l2_shared_min_row_bytes:
+      floor = max(floor, 1 / (row_bytes * g.tma_narrow_rows_per_clk))
+    work = nbytes * max(per, floor)
     end = start + work * _stretch(engines.share, engines.tma_work, start)
     engines.tma_work += work
     if via_l2:
