@@ -767,6 +767,38 @@ def _blind_near_cases():
   return out
 
 
+# Boxes of narrow rows: A tiles 16 elements wide (32-byte rows), and an
+# elementwise add through emit_pipeline in tiles 4 f32 wide (16-byte rows:
+# narrower than the rows gpus.GPU.tma_narrow_rows_per_clk was measured on).
+# The row rate (nineteenth session) predicted them 23-51% slower than the
+# model without it, a 64-byte-row control the same; predicted
+# (benchmarks/blind_predictions_nineteenth_narrow.json) and committed before
+# they were measured.
+BLIND_NARROW = {4096: ((128, 16, 4), (128, 16, 6), (64, 16, 6)), 8192: ((128, 16, 4),),
+                6144: ((64, 32, 3),)}
+BLIND_NARROW_EW = ((256, 256, 4, 4),)  # (blocks, tile_m, tile_n, mcs)
+
+
+def _blind_narrow_cases():
+  out = []
+  for size, configs in BLIND_NARROW.items():
+    for tn, tk, mcs in configs:
+      assert _smem_need(128, tn, tk, mcs) <= SMEM_LIMIT
+      out.append(Case(
+          name=f"quickstart f16 {size} 128x{tn}x{tk} mcs={mcs} (blind narrow)",
+          family=f"quickstart matmul f16 {size} (blind narrow)",
+          params=dict(size=size, tile_n=tn, tile_k=tk, mcs=mcs),
+          flops=2.0 * size ** 3, bytes=3.0 * size * size * 2, make=_make_quickstart))
+  n = EW_ROWS * EW_COLS
+  for blocks, tm, tn, mcs in BLIND_NARROW_EW:
+    out.append(Case(
+        name=f"add pipeline 64M f32 {blocks} blocks {tm}x{tn} mcs={mcs} (blind narrow)",
+        family="elementwise pipeline 64M f32 (blind narrow)",
+        params=dict(kind="pipeline", blocks=blocks, tile_m=tm, tile_n=tn, mcs=mcs),
+        flops=float(n), bytes=3.0 * n * 4, make=_make_ew))
+  return out
+
+
 def _blind_cases():
   out = []
   for a in BLIND_ATTENTION:
@@ -779,7 +811,7 @@ def _blind_cases():
           family=f"quickstart matmul f16 {size} (blind)",
           params=dict(size=size, tile_n=tn, tile_k=tk, mcs=mcs),
           flops=2.0 * size ** 3, bytes=3.0 * size * size * 2, make=_make_quickstart))
-  return out + _blind_near_cases()
+  return out + _blind_near_cases() + _blind_narrow_cases()
 
 
 CASES = all_cases()   # plain data: nothing is built or traced here
