@@ -779,16 +779,22 @@ BLIND_NARROW = {4096: ((128, 16, 4), (128, 16, 6), (64, 16, 6)), 8192: ((128, 16
 BLIND_NARROW_EW = ((256, 256, 4, 4),)  # (blocks, tile_m, tile_n, mcs)
 
 
-def _blind_narrow_cases():
+def _quickstart_blind(configs_by_size, tag):
+  """The square f16 quickstart at each size's (tile_n, tile_k, mcs), tagged."""
   out = []
-  for size, configs in BLIND_NARROW.items():
+  for size, configs in configs_by_size.items():
     for tn, tk, mcs in configs:
       assert _smem_need(128, tn, tk, mcs) <= SMEM_LIMIT
       out.append(Case(
-          name=f"quickstart f16 {size} 128x{tn}x{tk} mcs={mcs} (blind narrow)",
-          family=f"quickstart matmul f16 {size} (blind narrow)",
+          name=f"quickstart f16 {size} 128x{tn}x{tk} mcs={mcs} ({tag})",
+          family=f"quickstart matmul f16 {size} ({tag})",
           params=dict(size=size, tile_n=tn, tile_k=tk, mcs=mcs),
           flops=2.0 * size ** 3, bytes=3.0 * size * size * 2, make=_make_quickstart))
+  return out
+
+
+def _blind_narrow_cases():
+  out = _quickstart_blind(BLIND_NARROW, "blind narrow")
   n = EW_ROWS * EW_COLS
   for blocks, tm, tn, mcs in BLIND_NARROW_EW:
     out.append(Case(
@@ -803,15 +809,8 @@ def _blind_cases():
   out = []
   for a in BLIND_ATTENTION:
     out.append(_attention_case(*a, tag="blind"))
-  for size, configs in BLIND_CONFIGS.items():
-    for tn, tk, mcs in configs:
-      assert _smem_need(128, tn, tk, mcs) <= SMEM_LIMIT
-      out.append(Case(
-          name=f"quickstart f16 {size} 128x{tn}x{tk} mcs={mcs} (blind)",
-          family=f"quickstart matmul f16 {size} (blind)",
-          params=dict(size=size, tile_n=tn, tile_k=tk, mcs=mcs),
-          flops=2.0 * size ** 3, bytes=3.0 * size * size * 2, make=_make_quickstart))
-  return out + _blind_near_cases() + _blind_narrow_cases()
+  return (out + _quickstart_blind(BLIND_CONFIGS, "blind") + _blind_near_cases()
+          + _blind_narrow_cases())
 
 
 CASES = all_cases()   # plain data: nothing is built or traced here

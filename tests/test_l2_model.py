@@ -40,6 +40,15 @@ def test_shared_sources_cost_less_of_the_l2_than_streamed_ones():
   assert "own" not in lt.byte_cycles and "data" not in lt.byte_cycles
 
 
+def _transfer_times(lt, t, nbytes, site, rows):
+  """Row bytes -> how long a first transfer of nbytes from site takes."""
+  out = {}
+  for row in rows:
+    s, end, _ = t.tma(lt.engines(0), 0.0, nbytes, site, row_bytes=row)
+    out[row] = end - s
+  return out
+
+
 def test_only_boxes_of_128_byte_rows_get_the_shared_rate():
   """In 64-byte boxes a tile many SMs read comes at the streaming rate
   (l2_shared_*_swz64 against _swz128, H200); and at most
@@ -48,11 +57,7 @@ def test_only_boxes_of_128_byte_rows_get_the_shared_rate():
   for gpu in (H, dataclasses.replace(H, tma_narrow_rows_per_clk=1e9)):
     lt = _matmul_launch(gpu)
     t = Timing(gpu)
-    times = {}
-    for row in (64, 128, 256):
-      e = lt.engines(0)
-      s, end, _ = t.tma(e, 0.0, 65536, "a", row_bytes=row)
-      times[row] = end - s
+    times = _transfer_times(lt, t, 65536, "a", (64, 128, 256))
     assert times[64] == pytest.approx(65536 * max(
         1 / lt.l2_rate, 1 / (64 * gpu.tma_narrow_rows_per_clk)))
     assert times[128] == times[256] < 0.6 * times[64]
@@ -192,11 +197,7 @@ def test_narrow_rows_go_at_the_sms_row_rate():
   fast_l2 = dataclasses.replace(H, l2_bytes_per_s=100 * H.l2_bytes_per_s)
   lt = _matmul_launch(fast_l2)
   t = Timing(fast_l2)
-  took = {}
-  for row in (32, 64, 128):
-    e = lt.engines(0)
-    s, end, _ = t.tma(e, 0.0, 16384, "own", row_bytes=row)
-    took[row] = end - s
+  took = _transfer_times(lt, t, 16384, "own", (32, 64, 128))
   assert took[64] == pytest.approx(16384 / 64 / H.tma_narrow_rows_per_clk)
   assert took[32] == pytest.approx(2 * took[64])
   assert took[128] == pytest.approx(16384 / H.tma_bytes_per_clk)
