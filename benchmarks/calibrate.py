@@ -1095,7 +1095,9 @@ def _micros():
              f"of 16 KiB, {slots} in flight"))
   # (c4) The same from the L2: each block's panel 1 KiB wide (33 MiB in all
   # at two blocks per SM), walked round and round.
-  for bps, row_bytes in ((2, 64), (2, 128), (2, 256), (1, 64), (1, 128)):
+  # (and 32- and 16-byte rows: a tile_k=16 f16 A tile, a 4-wide f32 one)
+  for bps, row_bytes in ((2, 64), (2, 128), (2, 256), (1, 64), (1, 128), (1, 32), (2, 32),
+                         (1, 16), (2, 16)):
     out.append(Micro(
         f"l2_panel_{row_bytes}b_rows_{bps}_per_sm", "L2 bandwidth by the TMA box's row bytes",
         _build_panel, dict(blocks=bps * NUM_SMS, box_cols=row_bytes // 2, cols=512, slots=4),
