@@ -110,7 +110,12 @@ class GPU:
   # (gpc_probe.py), as if a resource their CPC shares among 4 SMs the others
   # share among 6. The model gives every SM the rest's rate (H200,
   # pipeline_trace.py --stream-spans, device runs 4-5 of the nineteenth
-  # session, pipeline_trace_h200.json nineteenth_session).
+  # session, pipeline_trace_h200.json nineteenth_session). One block's own
+  # panel of long rows, 128-row boxes, 4 in flight: 0.53 rows a cycle in
+  # 64-byte rows, 0.60 in 32, 0.73 in 16 (0.58 and 0.66 at two blocks an
+  # SM; l2_panel_* micros, device run 14). Kernels whose tiles load in
+  # 32- and 16-byte rows ran 23-64% slower than the model with it predicts
+  # (benchmarks/RESULTS.md, blind narrow): what else they pay is not known.
   tma_narrow_rows_per_clk: float = 0.55
   # What issuing a TMA load costs its warpgroup, which goes on after it: each
   # block issuing loads of a 16 KiB tile back to back, in a profiled named
