@@ -235,6 +235,8 @@ class Timing:
     blocks beside it), a queue's wait (l2_queue_cap bounds it, and sets it
     where the transfers keep the share busy throughout: 10x). The factor
     takes the whole latency, HBM's extra for misses too: a simplification.
+    Only the far share of the reads queues (far_share: a launch that fits in
+    half the L2 reads near, at the plain latency).
     Boxes of rows under 128 bytes stream, and wait in the queue as well;
     their rows go at most tma_narrow_rows_per_clk a cycle."""
     g = self.gpu
