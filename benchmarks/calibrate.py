@@ -130,7 +130,8 @@ def _build_tma_chain(n, *, tile_rows, cols, hbm, region_mib=None, cpu=False):
   else:                                        # a 256 MiB array, or the region
     rows = ((region_mib or 256) << 20) // (cols * F32)
   T = rows // tile_rows
-  # odd (T a power of two): visits n distinct tiles, or all of a region's
+  # odd and prime to T at the sizes used (256 MiB, and 8 and 48 MiB regions):
+  # visits n distinct tiles, or all of a region's
   hop = (T // 16 + 1) | 1 if hbm or region_mib else 0
   x = _array((rows, cols), seed=10)
   last = ((n - 1) * hop) % T

@@ -65,13 +65,17 @@ def _axis_sizes(launch):
   return sizes | dict(zip(launch.grid_names, launch.grid)) | dict(enumerate(launch.grid))
 
 
+def _nbytes(a):
+  """An array's (or an aval's) bytes, from its shape and dtype."""
+  return math.prod(a.shape) * np.dtype(a.dtype).itemsize
+
+
 def _footprint(launch, arrays):
   """The bytes a launch's inputs and outputs hold (an output that aliases
   an input counted once): what it can bring into the L2."""
-  size = lambda a: math.prod(a.shape) * np.dtype(a.dtype).itemsize
   aliased = {o for _, o in launch.aliases}
-  return (sum(size(a) for a in arrays[:launch.num_inputs])
-          + sum(size(a) for i, a in enumerate(launch.out_avals) if i not in aliased))
+  return (sum(map(_nbytes, arrays[:launch.num_inputs]))
+          + sum(_nbytes(a) for i, a in enumerate(launch.out_avals) if i not in aliased))
 
 
 class Executor:
@@ -643,8 +647,8 @@ class Executor:
   def _kernel_report(self, launch, arrays, prep, grid, placement, cycles, totals, wall,
                      trace, workers, loads):
     """The timing model's verdict on a launch (machine/timing.py, bound.py)."""
-    inputs = sum(np.asarray(a).nbytes for a in arrays[:launch.num_inputs])
-    outputs = sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in launch.out_avals)
+    inputs = sum(map(_nbytes, arrays[:launch.num_inputs]))
+    outputs = sum(map(_nbytes, launch.out_avals))
     if totals.tma_load_bytes + totals.tma_store_bytes:
       reads = (placement.hbm_reads_traced(loads) if placement.trace_loads else
                placement.hbm_reads(totals.load_sites, inputs))

@@ -757,7 +757,7 @@ MUTANTS = [
     Mutant("l2-64-byte-boxes-credited", "backends/sim/machine/timing.py",
            "only boxes of rows of 128 bytes and more get the L2's shared rate; the "
            "mutant credits 64-byte ones too",
-           "    if per is None or row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:\n",
+           "    if per is None or row_bytes is None or narrow:\n",
            "    if per is None or row_bytes is None:\n",
            ("tests/test_l2_model.py",)),
     Mutant("l2-latency-unloaded", "backends/sim/machine/timing.py",

@@ -247,10 +247,11 @@ class Timing:
       far = engines.far
       if far:
         lat *= 1 - far + far / self._l2_left(engines, start)
-    if per is None or row_bytes is None or row_bytes < g.l2_shared_min_row_bytes:
+    narrow = row_bytes is not None and row_bytes < g.l2_shared_min_row_bytes
+    if per is None or row_bytes is None or narrow:
       per = 1 / engines.l2_rate if engines.l2_rate else 0.0  # (streamed)
     floor = 1 / g.tma_bytes_per_clk
-    if row_bytes is not None and row_bytes < g.l2_shared_min_row_bytes:
+    if narrow:
       floor = max(floor, 1 / (row_bytes * g.tma_narrow_rows_per_clk))
     work = nbytes * max(per, floor)
     end = start + work * _stretch(engines.share, engines.tma_work, start)
