@@ -1105,6 +1105,25 @@ def _micros():
         400, 2000, work=bps * NUM_SMS * 128 * row_bytes, unit="bytes", cpu_n=(4, 6),
         note=f"{bps * NUM_SMS} blocks, boxes of 128 rows x {row_bytes} B, 4 in flight, "
              "from an L2-resident panel of 1 KiB rows"))
+  # (c4') One SM's TMA engine in narrow rows with the L2 all but idle: 16
+  # blocks (one an SM), 8 in flight, where every SM busy shares the L2's
+  # tag lookups (gpus.GPU.l2_requests_per_s).
+  for row_bytes in (16, 32, 64):
+    out.append(Micro(
+        f"tma_rows_alone_{row_bytes}b_16_sms_8slots", "one TMA engine's rows a cycle",
+        _build_panel, dict(blocks=16, box_cols=row_bytes // 2, cols=512, slots=8),
+        400, 2000, work=16 * 128 * row_bytes, unit="bytes", cpu_n=(8, 10),
+        note=f"16 blocks, boxes of 128 rows x {row_bytes} B, 8 in flight, "
+             "from an L2-resident panel of 1 KiB rows"))
+  # (c4'') HBM to SMEM to HBM in narrow rows: the stores' rows too (a
+  # 4-wide f32 elementwise tile's), beside 128-byte rows.
+  for cols in (4, 32):
+    out.append(Micro(
+        f"tma_rows_copy_{cols * 4}b_all_sms", "TMA loads and stores by the box's row bytes",
+        _build_copy, dict(blocks=NUM_SMS, slots=4, n_max=400, tile_rows=256, cols=cols),
+        80, 400, work=2 * NUM_SMS * 256 * cols * 4, unit="bytes",
+        note=f"{NUM_SMS} blocks copying 256x{cols} f32 tiles ({cols * 4}-byte rows), "
+             "4 loads in flight, bytes read + written"))
   # (c5) The same with SMEM swizzled as a matmul's tiles: a box of 64-byte
   # rows (a tile_k=32 f16 A tile: the 64-byte swizzle) and of 128-byte rows,
   # swizzled 128 or split into two 64-byte swizzled boxes.

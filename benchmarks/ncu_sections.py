@@ -8,6 +8,10 @@ Each named case (benchmarks/timing_suite.py, any kind) runs in its own
 process under `ncu --clock-control none`: its kernel's second launch is
 profiled (the first compiles and warms), and the sections' text report is
 written to $OUT/ncu_<n>.txt (n: the case's position on the command line).
+A name "stream MIB PER_SM SLOTS ROWS COLS SWIZZLE" is calibrate.tma_stream as
+pipeline_trace.py --stream-case runs it (every SM streaming shared tiles).
+Metrics such as breakdown:lts__throughput.avg.pct_of_peak_sustained_elapsed
+say which of the L2's units binds.
 """
 import argparse
 import json
@@ -25,11 +29,21 @@ SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats",
 
 def child(name):
   import jax
-  import timing_suite
-  b = timing_suite.by_name(name).build()
-  f = jax.jit(b.fn)
+  if name.startswith("stream "):
+    import calibrate
+    mib, per_sm, slots, rows, cols, swz = map(int, name.split()[1:])
+    region = (mib << 20) // (rows * cols * 4)
+    x = calibrate._array((region * rows, cols), seed=12)
+    f = jax.jit(lambda x: calibrate.tma_stream(
+        x, n=2000, blocks=132 * per_sm, tile_rows=rows, slots=slots, region_tiles=region,
+        readers=12, swizzle=swz))
+    args = (x,)
+  else:
+    import timing_suite
+    b = timing_suite.by_name(name).build()
+    f, args = jax.jit(b.fn), b.args
   for _ in range(2):
-    jax.block_until_ready(f(*b.args))
+    jax.block_until_ready(f(*args))
 
 
 def main(argv=None):
