@@ -99,24 +99,28 @@ class GPU:
   # got 87-104 B/clk: latency-bound. With many SMs busy each gets its share
   # of the L2's bandwidth, and never more than this (H200).
   tma_bytes_per_clk: float = 160.0
-  # A TMA box of rows under 128 bytes moves at most this many of its rows a
-  # cycle on an SM. Every SM streaming 16 KiB tiles (groups of 12 reading
-  # one at once) in boxes of 32-byte rows took 878-901 cycles a tile (512
-  # rows: 0.57-0.58 a cycle), of 64-byte rows 466-486 (256 rows: 0.53-0.55),
-  # whether the region fits in half the L2 or not, at 8 in flight, or 6 at
-  # two blocks an SM; in 128-byte rows 186-191 cycles (0.67-0.69 rows a
-  # cycle: the L2's bandwidth), evenly on every SM. With narrow rows 24 SMs
-  # moved 1.32-1.42x as many as the rest: the SMs of the GPCs' 2-TPC CPCs
-  # (gpc_probe.py), as if a resource their CPC shares among 4 SMs the others
-  # share among 6. The model gives every SM the rest's rate (H200,
-  # pipeline_trace.py --stream-spans, device runs 4-5 of the nineteenth
-  # session, pipeline_trace_h200.json nineteenth_session). One block's own
-  # panel of long rows, 128-row boxes, 4 in flight: 0.53 rows a cycle in
-  # 64-byte rows, 0.60 in 32, 0.73 in 16 (0.58 and 0.66 at two blocks an
-  # SM; l2_panel_* micros, device run 14). Kernels whose tiles load in
-  # 32- and 16-byte rows ran 23-64% slower than the model with it predicts
-  # (benchmarks/RESULTS.md, blind narrow): what else they pay is not known.
-  tma_narrow_rows_per_clk: float = 0.55
+  # The L2 looks up one tag a request, and a TMA box's row under 128 bytes
+  # is a request of its own (whole sectors: 32-byte rows one sector, 64-byte
+  # two). Nsight Compute put its peak at 160.8 G lookups a second (H200:
+  # lts__t_requests over lts__t_tag_requests' share of peak, the same in
+  # eight kernels), with the L2 at 1.71 GHz whatever the SMs' clock. Every
+  # SM streaming tiles of 32-byte rows reached 94.6% of it (152 G a second:
+  # 0.58 rows a cycle an SM at 1980 MHz), of 64-byte rows 90.9% (146 G), and
+  # the quickstart matmuls with tile_k 16 and 32, whose A and B tiles load
+  # in 32- and 64-byte rows (smem_swizzle.py), 82-89% over the whole kernel,
+  # tail included; 128-byte rows that blocks share at once merge, and stay
+  # with l2_shared_bytes_per_s. Rows under 128 bytes share this rate among
+  # the busy SMs, per second: at a lower SM clock each gets more a cycle
+  # (pipeline_trace.py --stream-spans, ncu_sections.py with
+  # breakdown:lts__throughput, benchmarks/RESULTS.md, twentieth session).
+  # With narrow rows the 24 SMs of the GPCs' 2-TPC CPCs got 1.32-1.42x the
+  # others' share (gpc_probe.py); the model gives every SM the same.
+  l2_requests_per_s: float = 149e9
+  # What one SM's TMA engine moves of rows under 128 bytes, the L2 all but
+  # idle: 16 blocks on 16 SMs, boxes of 128 rows from an L2-resident panel, 8
+  # in flight: 0.84, 0.88 and 0.89 rows a cycle in 16-, 32- and 64-byte rows
+  # (tma_rows_alone_* in micros_2026_12_03_twentieth, H200).
+  tma_narrow_rows_per_clk: float = 0.88
   # What issuing a TMA load costs its warpgroup, which goes on after it: each
   # block issuing loads of a 16 KiB tile back to back, in a profiled named
   # scope, took 56 cycles for 1, 86 for 2 (43 a load), 171 for 4 (43) and

@@ -51,15 +51,15 @@ def _transfer_times(lt, t, nbytes, site, rows):
 
 def test_only_boxes_of_128_byte_rows_get_the_shared_rate():
   """In 64-byte boxes a tile many SMs read comes at the streaming rate
-  (l2_shared_*_swz64 against _swz128, H200); and at most
-  tma_narrow_rows_per_clk of its rows a cycle."""
+  (l2_shared_*_swz64 against _swz128, H200); and at most the SM's share of
+  the L2's requests a cycle."""
   import dataclasses
-  for gpu in (H, dataclasses.replace(H, tma_narrow_rows_per_clk=1e9)):
+  for gpu in (H, dataclasses.replace(H, l2_requests_per_s=1e15)):
     lt = _matmul_launch(gpu)
     t = Timing(gpu)
     times = _transfer_times(lt, t, 65536, "a", (64, 128, 256))
     assert times[64] == pytest.approx(65536 * max(
-        1 / lt.l2_rate, 1 / (64 * gpu.tma_narrow_rows_per_clk)))
+        1 / lt.l2_rate, 1 / (64 * min(lt.l2_rows, gpu.tma_narrow_rows_per_clk))))
     assert times[128] == times[256] < 0.6 * times[64]
     # never faster than the SM's TMA engine moves
     assert times[128] >= 65536 / H.tma_bytes_per_clk
@@ -188,16 +188,50 @@ def test_a_matmul_that_fits_in_half_the_l2_takes_shorter_steps():
   assert _per_step(2048, 4096, 2048) > 1.1 * near
 
 
-def test_narrow_rows_go_at_the_sms_row_rate():
-  """Boxes of rows under 128 bytes move at most tma_narrow_rows_per_clk
-  rows a cycle (every SM streaming 32- and 64-byte rows: 0.53-0.58 a cycle,
-  H200), however fast the L2 would stream them: half the bytes a cycle in
+def test_narrow_rows_go_at_the_l2s_request_rate():
+  """Each box row under 128 bytes is an L2 request: with every SM busy each
+  gets its share of l2_requests_per_s (0.57 rows a cycle at 1980 MHz),
+  however fast the L2 would stream their bytes: half the bytes a cycle in
   32-byte rows as in 64; 128-byte rows are not held to it."""
   import dataclasses
   fast_l2 = dataclasses.replace(H, l2_bytes_per_s=100 * H.l2_bytes_per_s)
   lt = _matmul_launch(fast_l2)
   t = Timing(fast_l2)
+  share = H.l2_requests_per_s / H.clock_hz / H.num_sms
+  assert share < H.tma_narrow_rows_per_clk
   took = _transfer_times(lt, t, 16384, "own", (32, 64, 128))
-  assert took[64] == pytest.approx(16384 / 64 / H.tma_narrow_rows_per_clk)
+  assert took[64] == pytest.approx(16384 / 64 / share)
   assert took[32] == pytest.approx(2 * took[64])
   assert took[128] == pytest.approx(16384 / H.tma_bytes_per_clk)
+
+
+def test_the_request_rate_is_per_second_and_shared_by_the_busy_sms():
+  """At 3/4 of the clock an SM's share of the L2's requests is 4/3 the rows
+  a cycle; with a few SMs busy each SM's engine sets the rate
+  (tma_narrow_rows_per_clk: 16 SMs alone, H200)."""
+  import dataclasses
+  fast_l2 = dataclasses.replace(H, l2_bytes_per_s=100 * H.l2_bytes_per_s)
+  slow = gpus.at_clock(fast_l2, fast_l2.boost_mhz * 0.75)
+  lt_full, lt_slow = _matmul_launch(fast_l2), _matmul_launch(slow)
+  assert lt_slow.l2_rows == pytest.approx(lt_full.l2_rows / 0.75)
+  assert lt_slow.l2_rows < H.tma_narrow_rows_per_clk
+  full = _transfer_times(lt_full, Timing(fast_l2), 16384, "own", (64,))[64]
+  slower = _transfer_times(lt_slow, Timing(slow), 16384, "own", (64,))[64]
+  assert slower == pytest.approx(full * 0.75)
+  few = Timing(fast_l2).launch(16, 160 * 1024, 128)
+  took = _transfer_times(few, Timing(fast_l2), 16384, None, (64,))[64]
+  assert took == pytest.approx(16384 / 64 / H.tma_narrow_rows_per_clk)
+
+
+def test_narrow_lookups_keep_the_l2_busy_longer_than_their_bytes():
+  """An SM's share of the L2 is busy with a narrow load's lookups where they
+  take longer than its bytes: 32-byte rows twice the 64-byte rows' share."""
+  lt = _matmul_launch()
+  busy = {}
+  for row in (32, 64):
+    e = lt.engines(0)
+    Timing(H).tma(e, 0.0, 16384, "own", row_bytes=row)
+    busy[row] = e.l2_work
+  assert busy[64] == pytest.approx(16384 * max(1 / lt.l2_rate, 1 / (64 * lt.l2_rows)))
+  assert busy[32] == pytest.approx(16384 / (32 * lt.l2_rows))
+  assert busy[32] > 1.9 * busy[64]

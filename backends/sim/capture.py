@@ -36,7 +36,7 @@ from jax._src.pallas.mosaic_gpu.interpret import params as _jax_interp_params
 
 import pallas_sim.errors as _errors
 from pallas_sim.errors import SimError
-from pallas_sim.backends.sim import profiler
+from pallas_sim.backends.sim import profiler, smem_swizzle
 from pallas_sim.backends.sim.machine import memory
 
 KNOWN_JAX = "0.11.2"
@@ -81,6 +81,9 @@ class KernelLaunch:
   arg_names: tuple = ()        # the body's parameter names, where recoverable
   profile: object = None       # profiler.Spec when compiler_params ask for a profile
   approx_math: bool = False     # CompilerParams(approx_math=True): the timing model's
+  # allocation var -> the swizzle the lowering infers for an untransformed
+  # wgmma operand (smem_swizzle.py): the rows its TMA loads move
+  smem_swizzle: dict = dataclasses.field(default_factory=dict)
 
 
 # --- executing launches: the active executor receives them ----------------
@@ -174,6 +177,19 @@ def _mesh_info(mesh, grid_mapping):
   return grid, names, (), (), 1, None
 
 
+def _mosaic_params(kw):
+  """The kernel's plgpu.CompilerParams (passed alone or under "mosaic_gpu")."""
+  params = kw.get("compiler_params")
+  return params.get("mosaic_gpu") if isinstance(params, dict) else params
+
+
+def _lane_semantics(kw):
+  """Whether the kernel asks for Lane lowering semantics, which infers no
+  SMEM transforms (the default, Warpgroup, does: smem_swizzle.py)."""
+  sem = getattr(_mosaic_params(kw), "lowering_semantics", None)
+  return getattr(sem, "name", str(sem)).lower() == "lane"
+
+
 def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
                                input_output_aliases, out_avals, name=None,
                                **kw):
@@ -190,7 +206,8 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
       aliases=tuple(input_output_aliases), block_mappings=block_mappings,
       where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr),
       profile=profiler.spec_of(kw.get("compiler_params")),
-      approx_math=bool(getattr(kw.get("compiler_params"), "approx_math", False)))
+      approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
+      smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)))
   if _active:
     # Static checks (shared memory, unsupported primitives) at lowering time,
     # where an exception reaches the caller as it is. Ours first (they name

@@ -767,11 +767,41 @@ MUTANTS = [
            "        pass\n",
            ("tests/test_l2_model.py",)),
     Mutant("tma-narrow-rows-unbounded", "backends/sim/machine/timing.py",
-           "a box of rows under 128 bytes moves at most tma_narrow_rows_per_clk rows "
-           "a cycle; the mutant moves them at the L2's rate",
-           "      floor = max(floor, 1 / (row_bytes * g.tma_narrow_rows_per_clk))\n",
+           "a box of rows under 128 bytes moves at most the SM's share of the L2's "
+           "requests a cycle; the mutant moves them at the L2's byte rate",
+           "      floor = max(floor, 1 / (row_bytes * rows))\n",
            "      pass\n",
            ("tests/test_l2_model.py",)),
+    Mutant("l2-requests-per-cycle", "backends/sim/machine/timing.py",
+           "the L2's requests are a rate per second shared by the busy SMs; the "
+           "mutant takes the rows a cycle it gives every SM at the boost clock",
+           "    self.l2_rows = g.l2_requests_per_s / g.clock_hz / active",
+           "    self.l2_rows = g.l2_requests_per_s / 1.98e9 / g.num_sms",
+           ("tests/test_l2_model.py",)),
+    Mutant("tma-narrow-engine-unbounded", "backends/sim/machine/timing.py",
+           "one SM's TMA engine moves at most tma_narrow_rows_per_clk narrow rows a "
+           "cycle, the L2 idle; the mutant lets a few busy SMs take the L2's rate",
+           "      rows = min(g.tma_narrow_rows_per_clk, engines.l2_rows or math.inf)\n",
+           "      rows = engines.l2_rows or g.tma_narrow_rows_per_clk\n",
+           ("tests/test_l2_model.py",)),
+    Mutant("l2-narrow-lookups-free", "backends/sim/machine/timing.py",
+           "narrow rows' lookups keep the SM's share of the L2 busy where they take "
+           "longer than their bytes; the mutant counts their bytes alone",
+           "        l2_per = max(per, 1 / (row_bytes * engines.l2_rows))\n",
+           "        pass\n",
+           ("tests/test_l2_model.py",)),
+    Mutant("smem-swizzle-not-inferred", "backends/sim/smem_swizzle.py",
+           "a wgmma's untransformed SMEM operands get the swizzle the lowering "
+           "infers (their TMA rows no wider); the mutant infers none",
+           "  if lane_semantics:\n",
+           "  if True:\n",
+           ("tests/test_smem_swizzle.py",)),
+    Mutant("smem-swizzle-pair-untied", "backends/sim/smem_swizzle.py",
+           "a wgmma's lhs and rhs share one swizzle (the largest that fits both); "
+           "the mutant gives each its own",
+           "        cls.union(a, b)\n",
+           "        pass\n",
+           ("tests/test_smem_swizzle.py",)),
     Mutant("l2-far-always", "backends/sim/executor.py",
            "a launch that fits in half the L2 reads near, without the queue; the "
            "mutant does not tell the timing model the launch's footprint (all far)",

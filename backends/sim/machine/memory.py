@@ -78,7 +78,7 @@ class Buffer:
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
                "alloc_key", "_origin", "written", "unwritten", "_addr", "aliases",
-               "smem_range", "packed", "lent")
+               "smem_range", "packed", "lent", "inferred_swizzle")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
                origin=None):
@@ -95,6 +95,8 @@ class Buffer:
     self._addr = None
     self.aliases = None  # a RefUnion's byte tags (machine/aliasing.py)
     self.smem_range = None  # SMEM bytes [start, end) of a run_scoped allocation
+    # the swizzle the lowering infers for it, untransformed (smem_swizzle.py)
+    self.inferred_swizzle = None
     self.packed = None  # a RefUnion's 4-bit member: where in the union (aliasing.py)
     # An input lent read-only (executor._buffers): nothing writes it in a
     # launch that completes, so its reads race with nothing and are not

@@ -45,10 +45,11 @@ class Engines:
   next free for it (cycles), how many blocks share them, and the work it
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
-               "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path", "far")
+               "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path", "far",
+               "l2_rows")
 
   def __init__(self, share=1, spill=(0.0, 0.0), l2_rate=None, latency=None, loads=False,
-               byte_cycles=None, far=1.0):
+               byte_cycles=None, far=1.0, l2_rows=None):
     self.share = share
     # the share of its L2 reads served by the far partition, which queue
     # (LaunchTiming.far)
@@ -57,6 +58,8 @@ class Engines:
     # L1, from the L2 with nothing else loading it: Timing.spill)
     self.spill = spill
     self.l2_rate = l2_rate  # bytes per cycle of its SM's share of the L2 (None: alone)
+    # requests (rows under 128 bytes) a cycle of that share (None: alone)
+    self.l2_rows = l2_rows
     self.latency = latency or {}  # TMA load site -> its latency (cycles)
     # TMA load site -> cycles a byte of it takes of the SM's share of the
     # L2, at a site whose sources the wave's blocks share (set_loads)
@@ -238,7 +241,10 @@ class Timing:
     Only the far share of the reads queues (far_share: a launch that fits in
     half the L2 reads near, at the plain latency).
     Boxes of rows under 128 bytes stream, and wait in the queue as well;
-    their rows go at most tma_narrow_rows_per_clk a cycle."""
+    each row is an L2 request: they go at most at the SM's share of the
+    L2's requests (l2_requests_per_s) and at its engine's rate
+    (tma_narrow_rows_per_clk), and their lookups keep the share busy where
+    they take longer than their bytes (32-byte rows: twice as long)."""
     g = self.gpu
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
@@ -251,13 +257,17 @@ class Timing:
     if per is None or row_bytes is None or narrow:
       per = 1 / engines.l2_rate if engines.l2_rate else 0.0  # (streamed)
     floor = 1 / g.tma_bytes_per_clk
-    if narrow:
-      floor = max(floor, 1 / (row_bytes * g.tma_narrow_rows_per_clk))
+    l2_per = per
+    if narrow:  # (a request a row: the SM's share of the L2's, or its engine's)
+      rows = min(g.tma_narrow_rows_per_clk, engines.l2_rows or math.inf)
+      floor = max(floor, 1 / (row_bytes * rows))
+      if engines.l2_rows:  # (the share is busy with its lookups, where longer)
+        l2_per = max(per, 1 / (row_bytes * engines.l2_rows))
     work = nbytes * max(per, floor)
     end = start + work * _stretch(engines.share, engines.tma_work, start)
     engines.tma_work += work
     if via_l2:
-      engines.l2_work += nbytes * per
+      engines.l2_work += nbytes * l2_per
     engines.tma_free = end
     return start, end, end + lat
 
@@ -340,6 +350,7 @@ class LaunchTiming:
     # share, the L2 gives more: set_loads).
     self.active = active = max(1, min(num_blocks, g.num_sms))
     self.l2_rate = g.l2_bytes_per_s / g.clock_hz / active
+    self.l2_rows = g.l2_requests_per_s / g.clock_hz / active  # (rows under 128 bytes)
     self.latency = {}
     self.byte_cycles = {}
     self.distinct = {}  # TMA load site -> distinct sources per wave (set_loads)
@@ -380,7 +391,7 @@ class LaunchTiming:
     """The block's share of its SM's units (a fresh Engines)."""
     share = self.share(block_index)
     return Engines(share, self.spill_cycles(share), self.l2_rate, self.latency,
-                   self.trace_loads, self.byte_cycles, self.far)
+                   self.trace_loads, self.byte_cycles, self.far, self.l2_rows)
 
   def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the

@@ -92,7 +92,7 @@ def _cluster_arrivals(axes, launch):
   return sum(dims) - len(dims) + 1
 
 
-def _allocator(aval, transforms, label, launch):
+def _allocator(aval, transforms, label, launch, inferred_swizzle=None):
   """Returns (shared?, make(block, key)) for one run_scoped allocation; `key`
   names the allocation alike in every block (race detection reuses its
   shadow; a barrier keeps its clock component; a cluster peer finds its
@@ -117,6 +117,7 @@ def _allocator(aval, transforms, label, launch):
     def smem(block, key):
       buf = memory.Buffer(label, "smem", memory.poison(shape, dt), tiling, swizzle,
                           alloc_key=key)
+      buf.inferred_swizzle = inferred_swizzle
       if block.group.check_init:
         initcheck.track(buf)
       return buf
@@ -184,10 +185,11 @@ def _run_scoped(eqn, cx):
   n = len(jaxpr.invars)
   labels = _names(jaxpr, n)
   allocs = []
+  inferred = getattr(cx.launch, "smem_swizzle", None) or {}
   for i, v in enumerate(jaxpr.invars):
     label = labels[i] or f"scratch{i}"
     trs = ref_transforms[i] if i < len(ref_transforms) else ()
-    allocs.append(_allocator(v.aval, trs, label, cx.launch))
+    allocs.append(_allocator(v.aval, trs, label, cx.launch, inferred.get(v)))
   key = id(eqn)
 
   def allocate(wg):

@@ -30,6 +30,16 @@ def _box(ref):
   return tuple(shape)
 
 
+def _row_bytes(ref):
+  """The bytes of a row of the box a TMA copy into this SMEM ref moves: its
+  tiling's, or where the lowering infers a swizzle for it, no wider than
+  that (smem_swizzle.py)."""
+  box = _box(ref)
+  row = (box[-1] if box else 1) * ref.view.dtype.itemsize
+  swizzle = ref.buf.inferred_swizzle if ref.tiling is None else None
+  return min(row, swizzle) if swizzle else row
+
+
 def _check_box(ref, what, bulk=False):
   """The lowering's TMA limits (mosaic/gpu/launch_context.py), its messages.
   `bulk`: the copy takes the plain bulk path (cp.async.bulk of one
@@ -149,9 +159,7 @@ def _copy_gmem_to_smem(eqn, cx):
       targets = [(d, slot) if peer is blk else
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
-    box = _box(d)
-    start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site,
-                                (box[-1] if box else 1) * d.view.dtype.itemsize,
+    start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site, _row_bytes(d),
                                 shared=not collective)
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
       blk.engines.loads.append((start, source_key(s), s.view.nbytes, wg.index, site))

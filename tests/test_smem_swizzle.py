@@ -1,0 +1,89 @@
+"""The swizzle the lowering infers for a wgmma's untransformed SMEM operands
+(backends/sim/smem_swizzle.py), as the timing model sees it: the rows of
+the TMA boxes that fill them."""
+import collections
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from pallas_sim.backends.sim import capture, smem_swizzle
+from pallas_sim.backends.sim.machine import timing
+from test_quickstart import matmul_mcs
+
+F16 = jax.ShapeDtypeStruct((256, 256), jnp.float16)
+
+
+@pytest.fixture
+def rows_seen(monkeypatch):
+  """Estimates fn(*args) and returns {TMA load site: its boxes' row bytes}."""
+  def run(fn, *args):
+    seen = collections.defaultdict(set)
+    tma = timing.Timing.tma
+
+    def spy(self, engines, t, nbytes, site=None, row_bytes=None, **kw):
+      if site is not None:
+        seen[site].add(row_bytes)
+      return tma(self, engines, t, nbytes, site, row_bytes, **kw)
+    monkeypatch.setattr(timing.Timing, "tma", spy)
+    ps.estimate(fn, *args, gpu="h200")
+    monkeypatch.setattr(timing.Timing, "tma", tma)
+    return sorted(tuple(sorted(r)) for r in seen.values())
+  return run
+
+
+@pytest.mark.parametrize("tile_k, tile_n, rows", [
+    (16, 128, 32),   # A (128, 16) allows 32 bytes: B's 256-byte rows go in 32
+    (32, 128, 64),
+    (64, 128, 128),
+    (64, 16, 32),    # B (64, 16) allows 32: A's 128-byte rows go in 32
+])
+def test_a_wgmmas_operands_load_in_rows_of_their_common_swizzle(rows_seen, tile_k, tile_n,
+                                                               rows):
+  got = rows_seen(lambda a, b: matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k), F16, F16)
+  assert got == [(rows,)] * 4  # (A's and B's sites: the pipeline's prologue and loop)
+
+
+def test_transforms_the_kernel_gives_are_kept_and_set_the_pairs(rows_seen):
+  """An operand the kernel tiles and swizzles itself loads in its rows (here
+  64 bytes, where the lowering would infer 128), and its untransformed
+  partner gets the same (B, which alone would take 128)."""
+  t = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))
+
+  def mm(a, b):
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((256, 256), jnp.float32),
+                  scratch_types=dict(acc=plgpu.ACC((128, 128), jnp.float32)),
+                  grid=(2, 2), grid_names=("m", "n"))
+    def kernel(a_gmem, b_gmem, o_gmem, acc):
+      m, n = jax.lax.axis_index("m"), jax.lax.axis_index("n")
+
+      def body(_, a_smem, b_smem):
+        plgpu.wgmma(acc, a_smem, b_smem)
+        plgpu.wgmma_wait(1)
+      plgpu.emit_pipeline(
+          body, grid=(4,),
+          in_specs=[plgpu.BlockSpec((128, 64), lambda k: (m, k), transforms=t),
+                    plgpu.BlockSpec((64, 128), lambda k: (k, n))],
+          max_concurrent_steps=2)(a_gmem, b_gmem)
+      o_gmem[pl.ds(m * 128, 128), pl.ds(n * 128, 128)] = acc[...]
+    return kernel(a, b)
+
+  assert rows_seen(mm, F16, F16) == [(64,)] * 4
+
+
+def test_lane_semantics_infer_nothing(monkeypatch):
+  """Only the default (Warpgroup) lowering infers transforms."""
+  inferred = []
+  infer = smem_swizzle.infer
+  monkeypatch.setattr(smem_swizzle, "infer",
+                      lambda j, lane=False: inferred.append(infer(j, lane)) or inferred[-1])
+  ps.estimate(lambda a, b: matmul_mcs(a, b, tile_k=16), F16, F16, gpu="h200")
+  assert sorted(inferred[-1].values()) == [32, 32]
+  lane = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane)
+  assert capture._lane_semantics({"compiler_params": lane})
+  assert capture._lane_semantics({"compiler_params": {"mosaic_gpu": lane}})
+  assert not capture._lane_semantics({"compiler_params": plgpu.CompilerParams()})
+  assert not capture._lane_semantics({})
