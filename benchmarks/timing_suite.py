@@ -779,6 +779,16 @@ BLIND_NARROW = {4096: ((128, 16, 4), (128, 16, 6), (64, 16, 6)), 8192: ((128, 16
 BLIND_NARROW_EW = ((256, 256, 4, 4),)  # (blocks, tile_m, tile_n, mcs)
 
 
+# The quickstart's A and B tiles share the swizzle the lowering infers
+# (backends/sim/smem_swizzle.py): its B loads in A's 32- or 64-byte rows
+# at tile_k 16 and 32, and its A in B's at tile_n 16 and 32; narrow rows
+# go at the L2's request rate (gpus.GPU.l2_requests_per_s). Predicted
+# (benchmarks/blind_predictions_twentieth.json) and committed before they
+# were measured (twentieth session).
+BLIND_SWIZZLE = {4096: ((64, 16, 4), (128, 32, 5), (16, 64, 4), (32, 64, 4)),
+                 6144: ((128, 16, 4), (128, 32, 5)), 8192: ((64, 16, 6), (128, 32, 5))}
+
+
 def _quickstart_blind(configs_by_size, tag):
   """The square f16 quickstart at each size's (tile_n, tile_k, mcs), tagged."""
   out = []
@@ -810,7 +820,7 @@ def _blind_cases():
   for a in BLIND_ATTENTION:
     out.append(_attention_case(*a, tag="blind"))
   return (out + _quickstart_blind(BLIND_CONFIGS, "blind") + _blind_near_cases()
-          + _blind_narrow_cases())
+          + _blind_narrow_cases() + _quickstart_blind(BLIND_SWIZZLE, "blind swizzle"))
 
 
 CASES = all_cases()   # plain data: nothing is built or traced here
