@@ -163,9 +163,11 @@ def main(argv=None):
   kind = timing_suite.kind_of(ns)
   cases = timing_suite.cases(kind)
   if kind != "suite":  # (measured sustained, each with its clock)
-    study = data.get({"diagnostic": "pipeline_study", "holdout": "holdout_study",
-                      "blind": "blind_study"}[kind],
-                     {}).get("cases", [])
+    key = {"diagnostic": "pipeline_study", "holdout": "holdout_study",
+           "blind": "blind_study"}[kind]
+    # (later studies of the same kind: "blind_study_twentieth"...)
+    study = [r for k in sorted(data) if k == key or k.startswith(key + "_")
+             for r in data[k].get("cases", [])]
     data = dict(cases=[], sustained=dict(cases=study))
     clocks = timing_suite.sustained_clocks(study) if ns.clock else {}
   # (small rows: the per-kernel time of 32 chained in one program, which
