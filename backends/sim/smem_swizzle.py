@@ -15,11 +15,12 @@ Nsight Compute, benchmarks/RESULTS.md, twentieth session).
 
 Values never depend on this (the simulator keeps logical contents); the
 timing model does (machine/timing.py Timing.tma, by the box's row bytes).
-What is not modelled: the lowering also conjures transforms for other
-untransformed SMEM refs (its largest swizzle dividing the minor dimension);
-the model reads those refs' rows as written, which differs only where the
-minor dimension is wider than 128 bytes and not a multiple of 128 (its
-rows then go in 32 or 64 bytes on the GPU).
+What is not modelled: the lowering may also conjure transforms for other
+untransformed SMEM refs (its largest swizzle dividing the minor dimension;
+not checked on the GPU for refs that only TMA copies touch). The model reads
+those refs' rows as written. That differs where the minor dimension is a
+multiple of 32 or 64 bytes but not of 128 and wider than the swizzle
+(96, 160, 192 bytes...): there the GPU's rows would be 32 or 64 bytes.
 """
 import numpy as np
 from jax.extend import core as jax_extend_core
