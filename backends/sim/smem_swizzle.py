@@ -81,10 +81,10 @@ def _fits(v, swizzle):
   dimension is its swizzle: its partner gets that (a buffer with a tiling
   of its own keeps its rows: rules/tma.py _row_bytes)."""
   inner = v.aval.inner_aval
-  shape = inner.shape
-  if len(shape) < 2:
+  shape, dtype = getattr(inner, "shape", ()), getattr(inner, "dtype", None)
+  if len(shape) < 2 or dtype is None:  # (a barrier, a union of refs: no swizzle)
     return False
-  itemsize = np.dtype(inner.dtype).itemsize
+  itemsize = np.dtype(dtype).itemsize
   return shape[-2] % 8 == 0 and (shape[-1] * itemsize) % swizzle == 0
 
 
