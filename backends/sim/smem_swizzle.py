@@ -25,7 +25,7 @@ multiple of 32 or 64 bytes but not of 128 and wider than the swizzle
 import numpy as np
 from jax.extend import core as jax_extend_core
 
-from pallas_sim.backends.sim.resources import sub_jaxprs
+from pallas_sim.backends.sim.resources import inner, sub_jaxprs
 
 SWIZZLES = (128, 64, 32)
 _WGMMA = ("wgmma_ref", "wgmma")
@@ -80,8 +80,8 @@ def _fits(v, swizzle):
   allocation the kernel tiles itself has its tiled shape, whose minor
   dimension is its swizzle: its partner gets that (a buffer with a tiling
   of its own keeps its rows: rules/tma.py _row_bytes)."""
-  inner = v.aval.inner_aval
-  shape, dtype = getattr(inner, "shape", ()), getattr(inner, "dtype", None)
+  ref = v.aval.inner_aval
+  shape, dtype = getattr(ref, "shape", ()), getattr(ref, "dtype", None)
   if len(shape) < 2 or dtype is None:  # (a barrier, a union of refs: no swizzle)
     return False
   itemsize = np.dtype(dtype).itemsize
@@ -97,9 +97,9 @@ def _walk(jaxpr, env, cls):
     p = eqn.params
     if name == "run_scoped":
       sub = p["jaxpr"]
-      inner = dict(zip(sub.constvars, ins))
-      inner.update((v, v) for v in sub.invars if _is_smem(v))
-      _walk(sub, inner, cls)
+      scope = dict(zip(sub.constvars, ins))
+      scope.update((v, v) for v in sub.invars if _is_smem(v))
+      _walk(sub, scope, cls)
     elif name in _WGMMA:
       a, b = ins[1], ins[2]
       for x in (a, b):
@@ -109,18 +109,14 @@ def _walk(jaxpr, env, cls):
         cls.union(a, b)
     elif name == "while":
       cn, bn = p["cond_nconsts"], p["body_nconsts"]
-      body = _open(p["body_jaxpr"])
+      body = inner(p["body_jaxpr"])
       _walk(body, _bind(body, ins[cn:]), cls)
     elif name == "cond":
-      for branch in p["branches"]:
-        _walk(_open(branch), _bind(_open(branch), ins[1:]), cls)
+      for branch in map(inner, p["branches"]):
+        _walk(branch, _bind(branch, ins[1:]), cls)
     else:
       for sub in (s for v in p.values() for s in sub_jaxprs(v)):
         _walk(sub, _bind(sub, ins), cls)
-
-
-def _open(j):
-  return j.jaxpr if hasattr(j, "jaxpr") and hasattr(j.jaxpr, "eqns") else j
 
 
 def _bind(sub, ins):
