@@ -244,6 +244,16 @@ def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
   return Built(fn, (x,), ref, tol=0.0)
 
 
+def stream_case(mib, per_sm, slots, tile_rows, cols, swizzle, n=2000, readers=12):
+  """Every SM streaming tiles that groups of `readers` blocks share, over a
+  region of `mib` MiB (pipeline_trace.py --stream-case, ncu_sections.py
+  "stream ..."): n loads a block, per_sm blocks an SM. Built(fn, args); fn
+  takes compiler_params too (a profiled run)."""
+  return _build_stream(n, blocks=NUM_SMS * per_sm, tile_rows=tile_rows, cols=cols,
+                       slots=slots, n_max=n, region_mib=mib, readers=readers,
+                       swizzle=swizzle)
+
+
 def tma_panel(x, *, n, blocks, tile_rows, box_cols, slots, swizzle=None):
   """Block b walks its own panel of x (rows b * tile_rows on) along the
   columns, one (tile_rows, box_cols) box a load, `slots` in flight: how a

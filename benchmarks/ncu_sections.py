@@ -31,19 +31,13 @@ def child(name):
   import jax
   if name.startswith("stream "):
     import calibrate
-    mib, per_sm, slots, rows, cols, swz = map(int, name.split()[1:])
-    region = (mib << 20) // (rows * cols * 4)
-    x = calibrate._array((region * rows, cols), seed=12)
-    f = jax.jit(lambda x: calibrate.tma_stream(
-        x, n=2000, blocks=132 * per_sm, tile_rows=rows, slots=slots, region_tiles=region,
-        readers=12, swizzle=swz))
-    args = (x,)
+    b = calibrate.stream_case(*map(int, name.split()[1:]))
   else:
     import timing_suite
     b = timing_suite.by_name(name).build()
-    f, args = jax.jit(b.fn), b.args
+  f = jax.jit(b.fn)
   for _ in range(2):
-    jax.block_until_ready(f(*args))
+    jax.block_until_ready(f(*b.args))
 
 
 def main(argv=None):

@@ -415,14 +415,12 @@ def stream_spans(out_dir, cases=None, n=2000, readers=12):
   import calibrate
   rows = []
   for mib, per_sm, slots, tr, cols, swz in cases or STREAM_CASES:
-    blocks = 132 * per_sm
-    region = (mib << 20) // (tr * cols * 4)
-    x = calibrate._array((region * tr, cols), seed=12)
+    blocks = calibrate.NUM_SMS * per_sm
+    b = calibrate.stream_case(mib, per_sm, slots, tr, cols, swz, n=n, readers=readers)
+    [x] = b.args
     d = tempfile.mkdtemp(prefix="stream_")
-    kw = dict(n=n, blocks=blocks, tile_rows=tr, slots=slots, region_tiles=region,
-              readers=readers, swizzle=swz)
-    plain = jax.jit(lambda x: calibrate.tma_stream(x, **kw))
-    traced = jax.jit(lambda x: calibrate.tma_stream(x, **kw, compiler_params=plgpu.CompilerParams(
+    plain = jax.jit(b.fn)
+    traced = jax.jit(lambda x: b.fn(x, compiler_params=plgpu.CompilerParams(
         profile_space=16, profile_dir=d, profile_bounds_check=True)))
     jax.block_until_ready(traced(x))
     jax.block_until_ready(plain(x))  # (compiled before it is timed)
