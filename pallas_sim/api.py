@@ -6,7 +6,7 @@ import functools
 import jax
 
 from pallas_sim.backends import mosaic
-from pallas_sim.backends.sim import capture, device
+from pallas_sim.backends.sim import capture, device, shapes_only
 from pallas_sim.backends.sim.executor import Executor
 from pallas_sim.backends.sim.report import Report
 from pallas_sim.errors import BackendError, SimError, SimInternalError
@@ -121,11 +121,17 @@ def estimate(fn, *args, options=None, **kwargs):
   opts = dataclasses.replace(take(kwargs, options), numerics=False, block_classes=True,
                              check_races=False, check_uninitialized=False)
   is_shape = lambda a: isinstance(a, jax.ShapeDtypeStruct)
-  shapes_only = any(map(is_shape, jax.tree.leaves((args, kwargs))))
-  args, kwargs = jax.tree.map(
-      lambda a: jax.numpy.zeros(a.shape, a.dtype) if is_shape(a) else a, (args, kwargs))
+  given_shapes = any(map(is_shape, jax.tree.leaves((args, kwargs))))
   with _simulating(opts) as ex:
-    ex.shapes_only = shapes_only
+    ex.shapes_only = given_shapes
+    if given_shapes:  # (no XLA program: its kernels straight to the executor)
+      try:
+        _wait(shapes_only.run(fn, args, kwargs))
+        return ex.report
+      except shapes_only.NotWalked:
+        pass  # (it needs values while traced: run on zeros)
+    args, kwargs = jax.tree.map(
+        lambda a: jax.numpy.zeros(a.shape, a.dtype) if is_shape(a) else a, (args, kwargs))
     _wait(fn(*args, **kwargs))
   return ex.report
 

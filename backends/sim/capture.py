@@ -116,8 +116,9 @@ def _active_executor(launch):
   return _active[-1]
 
 
-def _execute(launch, *arrays):
-  """Runs in the io_callback. Never raises: an exception escaping a callback
+def execute(launch, *arrays):
+  """Runs in the io_callback (or, for ps.estimate given shapes, straight
+  from shapes_only.py). Never raises: an exception escaping a callback
   leaves the runtime's ordered-effects token in error on a GPU, failing every
   later kernel. Errors are recorded for the API to raise; outputs are poison."""
   poisoned = lambda: tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
@@ -190,9 +191,14 @@ def _lane_semantics(kw):
   return getattr(sem, "name", str(sem)).lower() == "lane"
 
 
-def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
-                               input_output_aliases, out_avals, name=None,
-                               **kw):
+def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
+                  out_avals, name=None, **kw):
+  """The KernelLaunch of one kernel given its operands (arrays, tracers or
+  avals), checked as it is lowered: the static checks (shared memory,
+  unsupported primitives) raise here, where an exception reaches the caller
+  as it is. Ours first (they name the primitive and line), then the real
+  lowering's, which has the final say. `grid_mapping` may be None for a
+  kernel on a mesh (plgpu.kernel), whose operands are its inputs."""
   grid, grid_names, cluster, cluster_names, nt, thread_name = _mesh_info(
       mesh, grid_mapping)
   block_mappings = ()
@@ -201,17 +207,16 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
   launch = KernelLaunch(
       name=name or "kernel", jaxpr=jaxpr, grid=grid, grid_names=grid_names,
       cluster=cluster, cluster_names=cluster_names, num_threads=nt,
-      thread_name=thread_name, num_inputs=grid_mapping.num_inputs,
-      num_outputs=grid_mapping.num_outputs, out_avals=tuple(out_avals),
+      thread_name=thread_name,
+      num_inputs=len(args) if grid_mapping is None else grid_mapping.num_inputs,
+      num_outputs=len(out_avals) if grid_mapping is None else grid_mapping.num_outputs,
+      out_avals=tuple(out_avals),
       aliases=tuple(input_output_aliases), block_mappings=block_mappings,
       where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr),
       profile=profiler.spec_of(kw.get("compiler_params")),
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
       smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)))
   if _active:
-    # Static checks (shared memory, unsupported primitives) at lowering time,
-    # where an exception reaches the caller as it is. Ours first (they name
-    # the primitive and line), then the real lowering's, which has the final say.
     lower = lambda: lowering_error_once(
         args, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
         input_output_aliases=input_output_aliases, out_avals=out_avals,
@@ -225,9 +230,14 @@ def _sim_interpret_pallas_call(*args, jaxpr, grid_mapping, mesh,
         _active[-1].check_lowering(launch, lower, where=e.where)
       raise
     _active[-1].check_lowering(launch, lower)
+  return launch
+
+
+def _sim_interpret_pallas_call(*args, out_avals, **params):
+  launch = kernel_launch(args, out_avals=out_avals, **params)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
   outs = jax_callback.io_callback(
-      lambda *xs: _execute(launch, *xs), shapes, *args, ordered=True)
+      lambda *xs: execute(launch, *xs), shapes, *args, ordered=True)
   return list(outs)
 
 

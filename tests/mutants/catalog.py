@@ -802,6 +802,24 @@ MUTANTS = [
            "        cls.union(a, b)\n",
            "        pass\n",
            ("tests/test_smem_swizzle.py",)),
+    Mutant("shapes-only-through-xla", "pallas_sim/api.py",
+           "ps.estimate given shapes walks the jaxpr and runs its kernels with no "
+           "XLA program; the mutant runs the function on zeros through XLA",
+           "    if given_shapes:  # (no XLA program",
+           "    if False:  # (no XLA program",
+           ("tests/test_shapes_only.py",)),
+    Mutant("shapes-only-calls-bound", "backends/sim/shapes_only.py",
+           "kernels inside jit / custom_vjp / checkpoint bodies are walked; the "
+           "mutant binds those calls (their kernels through XLA)",
+           "    elif body is not None and _has_kernel(body):\n",
+           "    elif False:\n",
+           ("tests/test_shapes_only.py",)),
+    Mutant("shapes-only-fallback-lost", "pallas_sim/api.py",
+           "a function that needs values while traced runs on zeros; the mutant "
+           "raises instead",
+           "        pass  # (it needs values while traced: run on zeros)\n",
+           "        raise\n",
+           ("tests/test_shapes_only.py",)),
     Mutant("l2-far-always", "backends/sim/executor.py",
            "a launch that fits in half the L2 reads near, without the queue; the "
            "mutant does not tell the timing model the launch's footprint (all far)",
