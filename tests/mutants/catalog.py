@@ -802,6 +802,18 @@ MUTANTS = [
            "        cls.union(a, b)\n",
            "        pass\n",
            ("tests/test_smem_swizzle.py",)),
+    Mutant("smem-swizzle-loop-unfollowed", "backends/sim/smem_swizzle.py",
+           "a wgmma inside a while loop ties the allocations its operands name; "
+           "the mutant does not follow refs into the loop's body",
+           "      _walk(body, _bind(body, ins[cn:]), cls)\n",
+           "      _walk(body, {}, cls)\n",
+           ("tests/test_smem_swizzle.py",)),
+    Mutant("smem-swizzle-branch-unfollowed", "backends/sim/smem_swizzle.py",
+           "a wgmma inside a cond's branch ties the allocations its operands name; "
+           "the mutant does not follow refs into the branches",
+           "        _walk(branch, _bind(branch, ins[1:]), cls)\n",
+           "        _walk(branch, {}, cls)\n",
+           ("tests/test_smem_swizzle.py",)),
     Mutant("shapes-only-through-xla", "pallas_sim/api.py",
            "ps.estimate given shapes walks the jaxpr and runs its kernels with no "
            "XLA program; the mutant runs the function on zeros through XLA",
