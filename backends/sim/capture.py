@@ -233,6 +233,31 @@ def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
   return launch
 
 
+def is_sim_kernel(eqn):
+  """Whether a jaxpr equation is a kernel traced for the simulator that
+  equation_launch can launch: a pallas_call, or plgpu.kernel's mpmd_map on
+  one mesh (several meshes, or external ones, the lowering refuses)."""
+  if not isinstance(eqn.params.get("interpret"), SimParams):
+    return False
+  if eqn.primitive is _pallas_call.pallas_call_p:
+    return True
+  return (eqn.primitive is _mpmd.mpmd_map_p and len(eqn.params["jaxprs"]) == 1
+          and not eqn.params["external_meshes"])
+
+
+def equation_launch(eqn, operands):
+  """kernel_launch for a kernel equation (is_sim_kernel) and its operands."""
+  p = dict(eqn.params)
+  del p["interpret"]
+  if eqn.primitive is _mpmd.mpmd_map_p:  # (as its lowering turns it into a
+    # pallas_call on the mesh, whose operands are its inputs)
+    [p["jaxpr"]], [p["mesh"]] = p.pop("jaxprs"), p.pop("meshes")
+    p["input_output_aliases"] = tuple(p.pop("input_output_aliases").items())
+    p["grid_mapping"] = None
+    del p["external_meshes"]
+  return kernel_launch(operands, **p)
+
+
 def _sim_interpret_pallas_call(*args, out_avals, **params):
   launch = kernel_launch(args, out_avals=out_avals, **params)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)

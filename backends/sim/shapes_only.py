@@ -16,9 +16,8 @@ values while traced (Python control flow on them) is not walked: `run`
 raises NotWalked and the caller runs it on zeros."""
 import jax
 import numpy as np
-from jax._src import core as jax_core
-from jax._src import source_info_util
-from jax._src.pallas import mpmd, pallas_call
+from jax.extend import core as jax_core
+from jax.extend import source_info_util
 
 from pallas_sim.backends.sim import capture
 
@@ -68,7 +67,7 @@ def _eval(jaxpr, consts, args):
   for eqn in jaxpr.eqns:
     ins = [read(v) for v in eqn.invars]
     body = eqn.params.get(_CALLS.get(eqn.primitive.name))
-    if _ours(eqn):
+    if capture.is_sim_kernel(eqn):
       outs = _kernel(eqn, ins)
     elif body is not None and _has_kernel(body):
       outs = (_eval(body.jaxpr, body.consts, ins) if isinstance(body, jax_core.ClosedJaxpr)
@@ -84,33 +83,14 @@ def _eval(jaxpr, consts, args):
   return [read(v) for v in jaxpr.outvars]
 
 
-def _ours(eqn):
-  """A kernel traced for the simulator, of a kind the walk launches itself."""
-  if isinstance(eqn.params.get("interpret"), capture.SimParams):
-    if eqn.primitive is pallas_call.pallas_call_p:
-      return True
-    # (several meshes or external ones: bound, for the lowering to refuse)
-    return (eqn.primitive is mpmd.mpmd_map_p and len(eqn.params["jaxprs"]) == 1
-            and not eqn.params["external_meshes"])
-  return False
-
-
 def _has_kernel(jaxpr):
   jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  return any(_ours(e) or any(map(_has_kernel, jax_core.jaxprs_in_params(e.params)))
+  return any(capture.is_sim_kernel(e)
+             or any(map(_has_kernel, jax_core.jaxprs_in_params(e.params)))
              for e in jaxpr.eqns)
 
 
 def _kernel(eqn, ins):
   """The kernel's launch, checked as its lowering checks it, run now."""
   ins = [np.asarray(x) for x in ins]
-  p = dict(eqn.params)
-  del p["interpret"]
-  if eqn.primitive is mpmd.mpmd_map_p:  # (plgpu.kernel: as the lowering turns it
-    # into a pallas_call on the mesh, whose operands are its inputs)
-    [p["jaxpr"]], [p["mesh"]] = p.pop("jaxprs"), p.pop("meshes")
-    p["input_output_aliases"] = tuple(p["input_output_aliases"].items())
-    p["grid_mapping"] = None
-    del p["external_meshes"]
-  launch = capture.kernel_launch(ins, **p)
-  return list(capture.execute(launch, *ins))
+  return list(capture.execute(capture.equation_launch(eqn, ins), *ins))
