@@ -2,10 +2,12 @@
 (backends/sim/smem_swizzle.py), as the timing model sees it: the rows of
 the TMA boxes that fill them."""
 import collections
+import re
 
 import jax
 import jax.numpy as jnp
 import pytest
+from hypothesis import given, settings, strategies as st
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -129,3 +131,59 @@ def test_operands_are_followed_into_loops_and_branches(rows_seen, control, primi
     closed = jax.make_jaxpr(fn)(a, b)
   assert primitive in str(closed)  # (the wgmma is inside one)
   assert rows_seen(fn, a, b) == [(32,), (32,)]
+
+
+def _lowering_rows(fn, *args):
+  """The row bytes of every TMA load's box as JAX's own Mosaic GPU lowering
+  gives them (its layout inference, run on this CPU by jax.export for
+  CUDA): the box's minor extent, or the swizzle of the transforms it
+  inferred for the SMEM side, whichever is narrower."""
+  from jax.experimental.mosaic.gpu import layout_inference
+  modules = []
+  infer = layout_inference.infer_layout
+
+  def spy(module, *a, **k):
+    out = infer(module, *a, **k)
+    modules.append(str(module))
+    return out
+  layout_inference.infer_layout = spy
+  try:
+    with capture.force_real():
+      jax.export.export(jax.jit(fn), platforms=["cuda"])(*args)
+  finally:
+    layout_inference.infer_layout = infer
+  rows = set()
+  for line in "\n".join(modules).splitlines():
+    if '"mosaic_gpu.async_load"' not in line:
+      continue
+    box = [int(x) for x in re.search(r"slice_lengths = array<i64: ([0-9, ]+)>", line)
+           .group(1).split(",")]
+    item = {"f16": 2, "bf16": 2, "f32": 4}[re.search(r"x(f16|bf16|f32)>", line).group(1)]
+    swizzle = re.search(r"swizzle<(\d+)", line)
+    width = box[-1] * item
+    rows.add(min(width, int(swizzle.group(1))) if swizzle else width)
+  return rows
+
+
+@settings(max_examples=12, deadline=None)
+@given(tile_n=st.sampled_from([16, 32, 48, 64, 96, 128, 256]),
+       tile_k=st.sampled_from([16, 32, 48, 64, 128]),
+       dtype=st.sampled_from([jnp.float16, jnp.bfloat16]))
+def test_rows_are_the_real_lowerings(tile_n, tile_k, dtype):
+  """Whatever the tiles, each load moves the rows JAX's lowering infers."""
+  shape = jax.ShapeDtypeStruct((256, 768), dtype), jax.ShapeDtypeStruct((768, 768), dtype)
+  fn = lambda a, b: matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k)
+  want = _lowering_rows(fn, *shape)
+  seen = collections.defaultdict(set)
+  tma = timing.Timing.tma
+
+  def spy(self, engines, t, nbytes, site=None, row_bytes=None, **kw):
+    if site is not None:
+      seen[site].add(row_bytes)
+    return tma(self, engines, t, nbytes, site, row_bytes, **kw)
+  timing.Timing.tma = spy
+  try:
+    ps.estimate(fn, *shape, gpu="h200")
+  finally:
+    timing.Timing.tma = tma
+  assert set().union(*seen.values()) == want
