@@ -815,12 +815,52 @@ def _blind_narrow_cases():
   return out
 
 
+# Broad blind rows (twenty-first session): shapes and tiles a user might
+# sweep that no earlier set measured (non-square matmuls, 5120^3, bf16,
+# other elementwise tiles, attention at other sizes), predicted by the
+# session's final model (benchmarks/blind_predictions_twentyfirst.json) and
+# committed before they were measured: how the model does on kernels it was
+# not fitted to.
+BLIND_BROAD_MM = (((8192, 4096, 4096), "float16", ((128, 64, 3), (128, 128, 2), (128, 32, 3))),
+                  ((4096, 8192, 4096), "float16", ((128, 64, 4), (64, 128, 3), (128, 128, 3))),
+                  ((5120, 5120, 5120), "float16",
+                   ((128, 64, 2), (256, 64, 2), (128, 32, 4), (64, 64, 4))),
+                  ((12288, 2048, 6144), "bfloat16", ((128, 128, 3), (128, 64, 4))))
+BLIND_BROAD_EW = ((512, 32, 128, 3), (1024, 16, 256, 4))  # (blocks, tile_m, tile_n, mcs)
+BLIND_BROAD_ATTENTION = ((1, 4096, 32, 128, 64, 128, True, 2),
+                         (2, 8192, 8, 64, 64, 128, False, 3))
+
+
+def _blind_broad_cases():
+  tag = "blind broad"
+  out = [_attention_case(*a, tag=tag) for a in BLIND_BROAD_ATTENTION]
+  for (m, k, n), dtype, configs in BLIND_BROAD_MM:
+    short = {"float16": "f16", "bfloat16": "bf16"}[dtype]
+    for tn, tk, mcs in configs:
+      assert _smem_need(128, tn, tk, mcs) <= SMEM_LIMIT
+      out.append(Case(
+          name=f"quickstart {short} {m}x{k}x{n} 128x{tn}x{tk} mcs={mcs} ({tag})",
+          family=f"quickstart matmul {short} {m}x{k}x{n} ({tag})",
+          params=dict(size=0, tile_n=tn, tile_k=tk, mcs=mcs, mkn=(m, k, n), dtype=dtype),
+          flops=2.0 * m * k * n, bytes=2.0 * (m * k + k * n + m * n), make=_make_quickstart))
+  n = EW_ROWS * EW_COLS
+  for blocks, tm, tn, mcs in BLIND_BROAD_EW:
+    assert 3 * mcs * tm * tn * 4 <= SMEM_LIMIT
+    out.append(Case(
+        name=f"add pipeline 64M f32 {blocks} blocks {tm}x{tn} mcs={mcs} ({tag})",
+        family=f"elementwise pipeline 64M f32 ({tag})",
+        params=dict(kind="pipeline", blocks=blocks, tile_m=tm, tile_n=tn, mcs=mcs),
+        flops=float(n), bytes=3.0 * n * 4, make=_make_ew))
+  return out
+
+
 def _blind_cases():
   out = []
   for a in BLIND_ATTENTION:
     out.append(_attention_case(*a, tag="blind"))
   return (out + _quickstart_blind(BLIND_CONFIGS, "blind") + _blind_near_cases()
-          + _blind_narrow_cases() + _quickstart_blind(BLIND_SWIZZLE, "blind swizzle"))
+          + _blind_narrow_cases() + _quickstart_blind(BLIND_SWIZZLE, "blind swizzle")
+          + _blind_broad_cases())
 
 
 CASES = all_cases()   # plain data: nothing is built or traced here
