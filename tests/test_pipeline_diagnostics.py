@@ -70,7 +70,7 @@ def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
   # near-L2 rows in the nineteenth)
   for f in ("blind_predictions.json", "blind_predictions_seventeenth.json",
             "blind_predictions_nineteenth.json", "blind_predictions_nineteenth_narrow.json",
-            "blind_predictions_twentieth.json"):
+            "blind_predictions_twentieth.json", "blind_predictions_twentyfirst.json"):
     saved.update(json.load(open(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
                                              f)))["predictions"])
   assert set(saved) == blind
