@@ -19,22 +19,27 @@ from test_quickstart import matmul_mcs
 F16 = jax.ShapeDtypeStruct((256, 256), jnp.float16)
 
 
-@pytest.fixture
-def rows_seen(monkeypatch):
-  """Estimates fn(*args) and returns {TMA load site: its boxes' row bytes}."""
-  def run(fn, *args):
-    seen = collections.defaultdict(set)
-    tma = timing.Timing.tma
+def _estimated_rows(fn, *args):
+  """Estimates fn(*args); returns {TMA load site: its boxes' row bytes}."""
+  seen = collections.defaultdict(set)
+  tma = timing.Timing.tma
 
-    def spy(self, engines, t, nbytes, site=None, row_bytes=None, **kw):
-      if site is not None:
-        seen[site].add(row_bytes)
-      return tma(self, engines, t, nbytes, site, row_bytes, **kw)
-    monkeypatch.setattr(timing.Timing, "tma", spy)
+  def spy(self, engines, t, nbytes, site=None, row_bytes=None, **kw):
+    if site is not None:
+      seen[site].add(row_bytes)
+    return tma(self, engines, t, nbytes, site, row_bytes, **kw)
+  timing.Timing.tma = spy
+  try:
     ps.estimate(fn, *args, gpu="h200")
-    monkeypatch.setattr(timing.Timing, "tma", tma)
-    return sorted(tuple(sorted(r)) for r in seen.values())
-  return run
+  finally:
+    timing.Timing.tma = tma
+  return seen
+
+
+@pytest.fixture
+def rows_seen():
+  """Each TMA load site's row bytes, sorted (_estimated_rows)."""
+  return lambda fn, *args: sorted(tuple(sorted(r)) for r in _estimated_rows(fn, *args).values())
 
 
 @pytest.mark.parametrize("tile_k, tile_n, rows", [
@@ -174,16 +179,4 @@ def test_rows_are_the_real_lowerings(tile_n, tile_k, dtype):
   shape = jax.ShapeDtypeStruct((256, 768), dtype), jax.ShapeDtypeStruct((768, 768), dtype)
   fn = lambda a, b: matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k)
   want = _lowering_rows(fn, *shape)
-  seen = collections.defaultdict(set)
-  tma = timing.Timing.tma
-
-  def spy(self, engines, t, nbytes, site=None, row_bytes=None, **kw):
-    if site is not None:
-      seen[site].add(row_bytes)
-    return tma(self, engines, t, nbytes, site, row_bytes, **kw)
-  timing.Timing.tma = spy
-  try:
-    ps.estimate(fn, *shape, gpu="h200")
-  finally:
-    timing.Timing.tma = tma
-  assert set().union(*seen.values()) == want
+  assert set().union(*_estimated_rows(fn, *shape).values()) == want
