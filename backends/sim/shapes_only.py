@@ -13,7 +13,8 @@ reached by the walk; every other equation is bound as it is, eagerly, on the
 values it is given: a kernel inside it (in a scan, say) then runs through XLA
 and the callback, as in ps.simulate. A function that needs its arguments'
 values while traced (Python control flow on them) is not walked: `run`
-raises NotWalked and the caller runs it on zeros."""
+raises NotWalked and the caller runs it on zeros (its Python then runs a
+second time: what it prints while traced, it prints twice)."""
 import jax
 import numpy as np
 from jax.extend import core as jax_core
