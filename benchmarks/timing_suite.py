@@ -255,21 +255,24 @@ def _make_ew(kind, rows=EW_ROWS, cols=EW_COLS, seed=1, **kw):
   return Built(functools.partial(f, **kw), (x, y), _add_ref, tol=1e-6)
 
 
-def _ew_cases():
+def _ew_case(name, family, **params):
+  """out = x + y over EW_ROWS x EW_COLS f32 (regs or pipeline: params' kind)."""
   n = EW_ROWS * EW_COLS
-  mk = lambda name, fam, **p: Case(
-      name=name, family=fam, params=p, flops=float(n), bytes=3.0 * n * 4,
-      make=_make_ew)
+  return Case(name=name, family=family, params=params, flops=float(n),
+              bytes=3.0 * n * 4, make=_make_ew)
+
+
+def _ew_cases():
   return [
-      mk("add regs 64M f32 8 rows/block", "elementwise regs 64M f32",
+      _ew_case("add regs 64M f32 8 rows/block", "elementwise regs 64M f32",
          kind="regs", rows_per_block=8),
-      mk("add regs 64M f32 32 rows/block (4 at a time)", "elementwise regs 64M f32",
+      _ew_case("add regs 64M f32 32 rows/block (4 at a time)", "elementwise regs 64M f32",
          kind="regs", rows_per_block=32, row_tile=4),
-      mk("add pipeline 64M f32 1024 blocks 32x256 mcs=2", "elementwise pipeline 64M f32",
+      _ew_case("add pipeline 64M f32 1024 blocks 32x256 mcs=2", "elementwise pipeline 64M f32",
          kind="pipeline", blocks=1024, tile_m=32, tile_n=256, mcs=2),
-      mk("add pipeline 64M f32 128 blocks 16x256 mcs=3", "elementwise pipeline 64M f32",
+      _ew_case("add pipeline 64M f32 128 blocks 16x256 mcs=3", "elementwise pipeline 64M f32",
          kind="pipeline", blocks=128, tile_m=16, tile_n=256, mcs=3),
-      mk("add pipeline 64M f32 2048 blocks 16x128 mcs=4", "elementwise pipeline 64M f32",
+      _ew_case("add pipeline 64M f32 2048 blocks 16x128 mcs=4", "elementwise pipeline 64M f32",
          kind="pipeline", blocks=2048, tile_m=16, tile_n=128, mcs=4),
   ]
 
@@ -755,15 +758,28 @@ def _attention_case(batch, seq, heads, d, bq, bkv, causal, mcs, tag, small=False
 
 def _blind_near_cases():
   out = [_attention_case(*a, tag="blind near", small=True) for a in BLIND_NEAR_ATTENTION]
-  for (m, k, n), configs in BLIND_NEAR:
-    for tn, tk, mcs in configs:
-      assert _smem_need(128, tn, tk, mcs) <= SMEM_LIMIT
-      out.append(Case(
-          name=f"quickstart f16 {m}x{k}x{n} 128x{tn}x{tk} mcs={mcs} (blind near)",
-          family="quickstart matmul f16 near the L2's half (blind near)",
-          params=dict(size=0, tile_n=tn, tile_k=tk, mcs=mcs, mkn=(m, k, n)),
-          flops=2.0 * m * k * n, bytes=2.0 * (m * k + k * n + m * n),
-          make=_make_quickstart, small=True))
+  for mkn, configs in BLIND_NEAR:
+    out += _quickstart_mkn(mkn, configs, "blind near",
+                           "quickstart matmul f16 near the L2's half (blind near)", small=True)
+  return out
+
+
+def _quickstart_mkn(mkn, configs, tag, family=None, small=False, dtype=None):
+  """The quickstart at M x K x N (f16, or `dtype`) for each (tile_n, tile_k,
+  mcs), tagged; of `family`, or one of its shape and dtype."""
+  m, k, n = mkn
+  short = {None: "f16", "float16": "f16", "bfloat16": "bf16"}[dtype]
+  out = []
+  for tn, tk, mcs in configs:
+    assert _smem_need(128, tn, tk, mcs) <= SMEM_LIMIT
+    params = dict(size=0, tile_n=tn, tile_k=tk, mcs=mcs, mkn=(m, k, n))
+    if dtype is not None:
+      params["dtype"] = dtype
+    out.append(Case(
+        name=f"quickstart {short} {m}x{k}x{n} 128x{tn}x{tk} mcs={mcs} ({tag})",
+        family=family or f"quickstart matmul {short} {m}x{k}x{n} ({tag})",
+        params=params, flops=2.0 * m * k * n,
+        bytes=2.0 * (m * k + k * n + m * n), make=_make_quickstart, small=small))
   return out
 
 
@@ -804,14 +820,20 @@ def _quickstart_blind(configs_by_size, tag):
 
 
 def _blind_narrow_cases():
-  out = _quickstart_blind(BLIND_NARROW, "blind narrow")
-  n = EW_ROWS * EW_COLS
-  for blocks, tm, tn, mcs in BLIND_NARROW_EW:
-    out.append(Case(
-        name=f"add pipeline 64M f32 {blocks} blocks {tm}x{tn} mcs={mcs} (blind narrow)",
-        family="elementwise pipeline 64M f32 (blind narrow)",
-        params=dict(kind="pipeline", blocks=blocks, tile_m=tm, tile_n=tn, mcs=mcs),
-        flops=float(n), bytes=3.0 * n * 4, make=_make_ew))
+  return (_quickstart_blind(BLIND_NARROW, "blind narrow")
+          + _ew_pipeline_blind(BLIND_NARROW_EW, "blind narrow"))
+
+
+def _ew_pipeline_blind(configs, tag):
+  """The elementwise add through emit_pipeline at each (blocks, tile_m,
+  tile_n, mcs), tagged."""
+  out = []
+  for blocks, tm, tn, mcs in configs:
+    assert 3 * mcs * tm * tn * 4 <= SMEM_LIMIT
+    out.append(_ew_case(
+        f"add pipeline 64M f32 {blocks} blocks {tm}x{tn} mcs={mcs} ({tag})",
+        f"elementwise pipeline 64M f32 ({tag})",
+        kind="pipeline", blocks=blocks, tile_m=tm, tile_n=tn, mcs=mcs))
   return out
 
 
@@ -834,24 +856,9 @@ BLIND_BROAD_ATTENTION = ((1, 4096, 32, 128, 64, 128, True, 2),
 def _blind_broad_cases():
   tag = "blind broad"
   out = [_attention_case(*a, tag=tag) for a in BLIND_BROAD_ATTENTION]
-  for (m, k, n), dtype, configs in BLIND_BROAD_MM:
-    short = {"float16": "f16", "bfloat16": "bf16"}[dtype]
-    for tn, tk, mcs in configs:
-      assert _smem_need(128, tn, tk, mcs) <= SMEM_LIMIT
-      out.append(Case(
-          name=f"quickstart {short} {m}x{k}x{n} 128x{tn}x{tk} mcs={mcs} ({tag})",
-          family=f"quickstart matmul {short} {m}x{k}x{n} ({tag})",
-          params=dict(size=0, tile_n=tn, tile_k=tk, mcs=mcs, mkn=(m, k, n), dtype=dtype),
-          flops=2.0 * m * k * n, bytes=2.0 * (m * k + k * n + m * n), make=_make_quickstart))
-  n = EW_ROWS * EW_COLS
-  for blocks, tm, tn, mcs in BLIND_BROAD_EW:
-    assert 3 * mcs * tm * tn * 4 <= SMEM_LIMIT
-    out.append(Case(
-        name=f"add pipeline 64M f32 {blocks} blocks {tm}x{tn} mcs={mcs} ({tag})",
-        family=f"elementwise pipeline 64M f32 ({tag})",
-        params=dict(kind="pipeline", blocks=blocks, tile_m=tm, tile_n=tn, mcs=mcs),
-        flops=float(n), bytes=3.0 * n * 4, make=_make_ew))
-  return out
+  for mkn, dtype, configs in BLIND_BROAD_MM:
+    out += _quickstart_mkn(mkn, configs, tag, dtype=dtype)
+  return out + _ew_pipeline_blind(BLIND_BROAD_EW, tag)
 
 
 def _blind_cases():
