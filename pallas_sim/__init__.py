@@ -16,7 +16,8 @@ from pallas_sim.api import Simulation, backend, estimate, kernel, run, simulate 
 from pallas_sim.options import Options  # noqa: E402
 from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
 from pallas_sim.errors import (  # noqa: E402
-    BackendError, DeadlockError, KernelError, LoweringError, OutOfBoundsError, RaceError,
+    BackendError, DeadlockError, KernelError, LoweringError, LoweringTimeoutError,
+    OutOfBoundsError, RaceError,
     ResourceError, RunawayKernelError, SimError, SmemOverflowError, UninitializedError,
     UninitializedWarning, RaceWarning,
     UnsupportedPrimitiveError)
@@ -25,7 +26,7 @@ __version__ = "0.1.0"
 __all__ = [
     "run", "simulate", "estimate", "backend", "kernel", "Simulation", "Options", "Report",
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
-    "KernelError", "LoweringError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
+    "KernelError", "LoweringError", "LoweringTimeoutError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
     "DeadlockError", "RaceError", "RaceWarning", "UninitializedError",
     "UninitializedWarning",
     "RunawayKernelError",

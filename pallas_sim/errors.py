@@ -76,6 +76,12 @@ class LoweringError(KernelError):
     return err
 
 
+class LoweringTimeoutError(LoweringError, TimeoutError):
+  """JAX's real Mosaic GPU lowering did not finish within
+  Options.lowering_timeout_s; the message names the kernel, where the
+  lowering was, and how to skip the check or wait longer."""
+
+
 class ResourceError(KernelError):
   """A resource limit the real lowering enforces (shared memory, registers)."""
 

@@ -20,6 +20,13 @@ class Options:
   check_races / on_race: find data races; "raise" ps.RaceError at the end of
     the simulation, or "report" them in report.races only.
   check_lowering: lower each kernel with JAX's real Mosaic GPU lowering first.
+  lowering_timeout_s: how long that lowering may take (None: as long as it
+    takes). Past it the simulation stops with ps.LoweringTimeoutError, which
+    names the kernel: JAX's layout inference can search for minutes on a
+    kernel whose layouts it cannot settle (jax 0.12 on a loop whose trip
+    count is read from SMEM after a wgmma), where a kernel normally lowers
+    in well under a second. 60 s leaves room for JAX's largest kernels on a
+    slow CPU.
   check_uninitialized / on_uninitialized: find reads of SMEM or output
     elements nothing wrote, and output elements no block wrote; "raise"
     ps.UninitializedError, or "report" them in report.uninitialized only.
@@ -60,6 +67,7 @@ class Options:
   check_races: bool = True
   on_race: str = "raise"
   check_lowering: bool = True
+  lowering_timeout_s: float | None = 60.0
   check_uninitialized: bool = True
   on_uninitialized: str = "raise"
   library_races: str = "report"
@@ -81,6 +89,9 @@ class Options:
                        "or None for every core")
     if self.engine not in ENGINES:
       raise ValueError(f"engine={self.engine!r}: choose one of {ENGINES}")
+    if self.lowering_timeout_s is not None and not self.lowering_timeout_s > 0:
+      raise ValueError(f"lowering_timeout_s={self.lowering_timeout_s!r}: a positive "
+                       "number of seconds, or None for no limit")
     if not self.max_cycles > 0:
       raise ValueError(f"max_cycles={self.max_cycles!r}: must be positive")
     if self.block_classes and (self.check_races or self.check_uninitialized):

@@ -1,6 +1,6 @@
 """User function -> kernel launches. The one module that hooks into JAX.
 
-How kernels reach the simulator (jax 0.11.2): kernels traced while
+How kernels reach the simulator (every release of the window): kernels traced while
 `config.pallas_tpu_interpret_mode_context_manager` holds an InterpretGPUParams
 carry `interpret=params`. Off a real Mosaic lowering, `_pallas_call_lowering`
 then calls `interpret_pallas_call.interpret_pallas_call(*args, jaxpr=...,
@@ -17,6 +17,7 @@ import ctypes.util
 import dataclasses
 import linecache
 import os
+import threading
 import traceback
 import types
 import warnings
@@ -24,26 +25,21 @@ import warnings
 import jax
 import jaxlib
 import numpy as np
-from jax._src import callback as jax_callback
-from jax._src import core as _jax_core
-from jax._src import source_info_util
-from jax._src.frozen_dict import FrozenDict
-from jax._src.pallas import core as _pallas_core
-from jax._src.pallas import mpmd as _mpmd
-from jax._src.pallas import pallas_call as _pallas_call
-from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as _jax_interp
-from jax._src.pallas.mosaic_gpu.interpret import params as _jax_interp_params
 
 import pallas_sim.errors as _errors
 from pallas_sim.errors import SimError
+from pallas_sim.backends.sim import jax_internals as jx
 from pallas_sim.backends.sim import profiler, smem_swizzle
 from pallas_sim.backends.sim.machine import memory
 
-KNOWN_JAX = "0.11.2"
-if jax.__version__ != KNOWN_JAX:
-  raise ImportError(
-      f"pallas-sim reads JAX's internal kernel representation and knows jax "
-      f"{KNOWN_JAX}; found jax {jax.__version__}. Install jax=={KNOWN_JAX}.")
+jax_callback = jx.callback
+source_info_util = jx.source_info_util
+FrozenDict = jx.FrozenDict
+_pallas_core = jx.pallas_core
+_mpmd = jx.mpmd
+_pallas_call = jx.pallas_call
+_jax_interp = jx.interpret_pallas_call
+_jax_interp_params = jx.interpret_params_module
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -217,8 +213,8 @@ def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
       smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)))
   if _active:
-    lower = lambda: lowering_error_once(
-        args, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
+    lower = lambda timeout=None: lowering_error_once(
+        args, timeout=timeout, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
         input_output_aliases=input_output_aliases, out_avals=out_avals,
         name=name, **kw)
     try:
@@ -274,13 +270,13 @@ _LOWERED = collections.OrderedDict()
 _LOWERED_MAX = 512
 
 
-def lowering_error_once(args, **params):
+def lowering_error_once(args, timeout=None, **params):
   """real_lowering_error, or None at once for a kernel accepted before."""
   key = lowering_key(args, **params)
   if key in _LOWERED:
     _LOWERED.move_to_end(key)
     return None
-  err = real_lowering_error(args, **params)
+  err = real_lowering_error(args, timeout=timeout, **params)
   if err is None:
     _LOWERED[key] = True
     if len(_LOWERED) > _LOWERED_MAX:
@@ -306,7 +302,7 @@ def lowering_key(args, **params):
 
 
 def _as_text(v):
-  if isinstance(v, (_jax_core.Jaxpr, _jax_core.ClosedJaxpr)):
+  if isinstance(v, jx.Jaxpr):
     return str(v)
   if dataclasses.is_dataclass(v) and not isinstance(v, type):
     fields = ",".join(f"{f.name}={_as_text(getattr(v, f.name))}"
@@ -320,12 +316,12 @@ def _as_text(v):
 
 
 def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
-                        input_output_aliases, out_avals, name, **kw):
+                        input_output_aliases, out_avals, name, timeout=None, **kw):
   """Lowers the kernel with JAX's own Mosaic GPU lowering (the one a Hopper
   GPU runs; it needs no GPU: `jax.export` for platform "cuda"). Returns
-  (the exception it raises, the user's file:line), or None when it lowers.
-  Lowering-time checks only: what fails later, in ptxas or at run time,
-  shows only on a GPU."""
+  (the exception it raises, the user's file:line), or None when it lowers;
+  past `timeout` seconds, (LoweringTimedOut, None). Lowering-time checks
+  only: what fails later, in ptxas or at run time, shows only on a GPU."""
   if mesh is not None:  # plgpu.kernel / core_map: an mpmd_map
     fn = lambda *xs: _mpmd.mpmd_map_p.bind(
         *xs, meshes=(mesh,), jaxprs=(jaxpr,), external_meshes=(),
@@ -342,10 +338,59 @@ def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
     kw["compiler_params"] = profiler.without_profiler(kw["compiler_params"])
   avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
   try:
-    jax.export.export(jax.jit(fn), platforms=["cuda"])(*avals)
+    with _time_limit(timeout):
+      jax.export.export(jax.jit(fn), platforms=["cuda"])(*avals)
+  except LoweringTimedOut as e:
+    return e, None
   except Exception as e:  # the lowering raises ValueError, NotImplementedError...
     return e, lowering_location(e)
   return None
+
+
+class LoweringTimedOut(BaseException):
+  """Raised inside the lowering when its time is up. A BaseException, so
+  that the lowering's own `except Exception` blocks let it through."""
+
+  def where(self):
+    """Which pass of the lowering it was in: the outermost frame in Mosaic
+    GPU's own passes (layout inference...), else the innermost in JAX."""
+    jax_dir = os.sep + "jax" + os.sep
+    frames = [f for f in traceback.extract_tb(self.__traceback__) if jax_dir in f.filename]
+    passes = [f for f in frames if f"mosaic{os.sep}gpu{os.sep}" in f.filename
+              and not f.filename.endswith(f"gpu{os.sep}core.py")]
+    f = (passes or frames[-1:] or [None])[0]
+    return f and f"{f.filename.rpartition(jax_dir)[2]}, {f.name}"
+
+
+@contextlib.contextmanager
+def _time_limit(seconds):
+  """Interrupts the Python code run inside after `seconds`: a timer thread
+  raises LoweringTimedOut in this thread (CPython's asynchronous exception,
+  delivered at its next bytecode). JAX's layout inference is Python, so
+  its searches end there; a call stuck in C ends at its return."""
+  if seconds is None:
+    yield
+    return
+  ident = ctypes.c_ulong(threading.get_ident())
+  lock, state = threading.Lock(), {"done": False, "fired": False}
+
+  def fire():
+    with lock:
+      if not state["done"]:
+        state["fired"] = True
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, ctypes.py_object(LoweringTimedOut))
+
+  timer = threading.Timer(seconds, fire)
+  timer.daemon = True
+  timer.start()
+  try:
+    yield
+  finally:
+    with lock:
+      state["done"] = True
+    timer.cancel()
+    if state["fired"]:  # (raised but not yet delivered: withdraw it)
+      ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, None)
 
 
 def _uninterpreted(jaxpr):
@@ -367,13 +412,9 @@ def _uninterpreted(jaxpr):
 
 
 def _uninterpreted_param(v):
-  if isinstance(v, _jax_core.Jaxpr):
+  if isinstance(v, jx.Jaxpr):  # (closed or open: consts ride along in replace)
     return _uninterpreted(v)
-  if isinstance(v, _jax_core.ClosedJaxpr):
-    j = _uninterpreted(v.jaxpr)
-    return v if j is v.jaxpr else v.replace(jaxpr=j)
-  if isinstance(v, tuple) and any(isinstance(x, (_jax_core.Jaxpr, _jax_core.ClosedJaxpr))
-                                  for x in v):
+  if isinstance(v, tuple) and any(isinstance(x, jx.Jaxpr) for x in v):
     new = tuple(_uninterpreted_param(x) for x in v)
     return v if all(a is b for a, b in zip(new, v)) else new
   return v

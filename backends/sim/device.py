@@ -14,7 +14,8 @@ import sys
 import types
 
 import jax
-from jax._src import lib as jax_lib
+
+from pallas_sim.backends.sim import jax_internals as jx
 
 # What the H200 machine's jax 0.11.2 CUDA plugin reports (its cuda_versions
 # module, read there on 2026-11-30: benchmarks/RESULTS.md, "Device properties").
@@ -45,7 +46,7 @@ def _patch():
     from pallas_sim.backends.sim import capture
     device_type.core_count = property(lambda self: capture.active_gpu().num_sms)
     _undo.append(lambda: delattr(device_type, "core_count"))
-  if jax_lib.cuda_versions is None:
+  if jx.lib.cuda_versions is None:
     fake = _cuda_versions_module()
     # Modules that imported the name before (from jax._src.lib import
     # cuda_versions) hold their own None: jax's own kernels.

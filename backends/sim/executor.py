@@ -32,8 +32,8 @@ from pallas_sim.backends.sim.group import GroupRunner
 from pallas_sim.backends.sim.machine.timing import Timing
 from pallas_sim.backends.sim.progress import Progress, backtrace
 from pallas_sim.backends.sim.report import KernelReport, Report
-from pallas_sim.errors import (RaceError, RaceWarning, UninitializedError,
-                               UnsupportedPrimitiveError)
+from pallas_sim.errors import (LoweringTimeoutError, RaceError, RaceWarning,
+                               UninitializedError, UnsupportedPrimitiveError)
 from pallas_sim.options import take
 
 
@@ -179,7 +179,7 @@ class Executor:
     # What must run in this process, in block order: printing (the order of
     # lines), inline MLIR (built through JAX's MLIR bindings), global
     # semaphores (one group anyway).
-    p.serial_only = bool({"debug_print", "inline_mgpu_p", "get_global"} & names)
+    p.serial_only = bool({"debug_print", "inline_mgpu", "get_global"} & names)
     if p.together and launch.cluster and math.prod(launch.cluster) > 1:
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: global semaphores (pl.get_global) in a kernel "
@@ -196,7 +196,19 @@ class Executor:
     key = id(launch.jaxpr)
     if self._lowered.get(key) is launch.jaxpr:  # (ids are reused: compare)
       return
-    err = lower()  # (exception, its user file:line or None) or None
+    timeout = self.options.lowering_timeout_s
+    err = lower(timeout)  # (exception, its user file:line or None) or None
+    if err is not None and isinstance(err[0], capture.LoweringTimedOut):
+      inside = err[0].where()
+      raise LoweringTimeoutError(
+          f"kernel {launch.name}: JAX's Mosaic GPU lowering did not finish in "
+          f"{timeout:g} s (lowering_timeout_s)"
+          + (f"; it was in {inside}" if inside else "") + ". A kernel normally "
+          "lowers in under a second: JAX's layout inference may be searching for "
+          "layouts it cannot settle (layout annotations, plgpu.load(..., layout=...) "
+          "or plgpu.layout_cast, help it). Pass check_lowering=False to simulate "
+          "without the real lowering's check, or lowering_timeout_s=None to wait "
+          "for it.", where=launch.where)
     if err is not None:
       # (The lowering's traceback ends in the user's code where the MLIR op
       # it rejected came from: keep those frames last, as on the GPU.)

@@ -15,6 +15,7 @@ from jax.extend import core as jax_extend_core
 from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
 from pallas_sim.options import MAX_CYCLES
 from pallas_sim.backends.sim import capture, profiler
+from pallas_sim.backends.sim.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.machine.timing import alu_stretch, tensor_overlap
 
@@ -151,7 +152,8 @@ class Compiler:
       if self.keep is not None and id(eqn) not in self.keep:
         continue
       where = self.where(eqn)
-      builder = self.overrides.get(eqn.primitive.name) or RULES.get(eqn.primitive.name)
+      name = primitive_name(eqn)
+      builder = self.overrides.get(name) or RULES.get(name)
       if id(eqn) in fused:
         builder = RULES["fma"]
       if builder is None:

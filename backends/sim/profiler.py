@@ -24,10 +24,9 @@ import json
 import os
 import time
 
-from jax._src.interpreters import mlir
-from jax._src.pallas.mosaic_gpu import core as gpu_core
 
 from pallas_sim.errors import KernelError
+from pallas_sim.backends.sim import jax_internals as jx
 
 HEADER_ENTRIES = 3
 WARPS = 4
@@ -59,7 +58,7 @@ def spec_of(compiler_params):
   if not space:
     return None
   return Spec(space, compiler_params.profile_dir,
-              compiler_params.profile_trace_scope == gpu_core.TraceScope.WARP,
+              compiler_params.profile_trace_scope == jx.gpu_core.TraceScope.WARP,
               bool(compiler_params.profile_bounds_check))
 
 
@@ -140,7 +139,7 @@ class Recorder:
     events.sort(key=lambda evs: evs[0]["ts"])
     os.makedirs(spec.directory, exist_ok=True)
     path = os.path.join(spec.directory,
-                        f"{mlir.sanitize_name(launch.name)}-{time.time_ns()}-trace.json")
+                        f"{jx.mlir.sanitize_name(launch.name)}-{time.time_ns()}-trace.json")
     with open(path, "x") as f:
       json.dump({"displayTimeUnit": "ns",
                  "traceEvents": [e for evs in events for e in evs]}, f)

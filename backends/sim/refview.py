@@ -10,14 +10,11 @@ logical element a (transformed) ref names, so `UntilingTransform` and
 import math
 
 import numpy as np
-from jax._src import dtypes as jax_dtypes
-from jax._src.state import indexing as jax_indexing
-from jax._src.state import types as jax_state_types
-from jax._src.pallas.mosaic_gpu import core as gpu_core
 from jax import tree_util
 
 from pallas_sim.backends.sim.machine import aliasing, memory
 from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
+from pallas_sim.backends.sim import jax_internals as jx
 
 
 class Ref:
@@ -109,19 +106,19 @@ def apply(ref, transforms, wg=None):
     if type(tr) in _PLAIN_INDEXERS and not raw:
       view = _index(view, tr, buf.name)
       continue
-    if isinstance(tr, gpu_core.UntilingTransform):
+    if isinstance(tr, jx.gpu_core.UntilingTransform):
       if not raw:
         raise UnsupportedPrimitiveError(
             f"untiling a ref of {buf.name} that is not tiled")
       raw = False
       continue
-    if isinstance(tr, gpu_core.UnswizzleRef):
+    if isinstance(tr, jx.gpu_core.UnswizzleRef):
       continue
-    if isinstance(tr, gpu_core.ClusterRefTransform) and wg is not None and not raw:
+    if isinstance(tr, jx.gpu_core.ClusterRefTransform) and wg is not None and not raw:
       r = _cluster_peer(Ref(buf, view), tr, wg)
       buf, view = r.buf, r.view
       continue
-    if isinstance(tr, gpu_core.ExtractAliasedRef):
+    if isinstance(tr, jx.gpu_core.ExtractAliasedRef):
       buf, view, layout = _aliased(buf, view, tr, transforms[i + 1:])
       raw = tiling_of(transforms[i + 1:])[0] is not None
       continue
@@ -131,9 +128,9 @@ def apply(ref, transforms, wg=None):
           f"{buf.name}: only access through the untiled ref is modelled")
     if isinstance(tr, INDEXERS):
       view = _index(view, tr, buf.name)
-    elif isinstance(tr, jax_state_types.TransposeTransform):
+    elif isinstance(tr, jx.state_types.TransposeTransform):
       view = view.transpose(tr.permutation)
-    elif isinstance(tr, jax_state_types.ReshapeTransform):
+    elif isinstance(tr, jx.state_types.ReshapeTransform):
       v = view.view()
       try:
         v.shape = tr.shape
@@ -141,7 +138,7 @@ def apply(ref, transforms, wg=None):
         raise UnsupportedPrimitiveError(
             f"reshape of a non-contiguous view of {buf.name} to {tr.shape}")
       view = v
-    elif isinstance(tr, jax_state_types.BitcastTransform):
+    elif isinstance(tr, jx.state_types.BitcastTransform):
       view = view.view(tr.dtype)
     else:
       raise UnsupportedPrimitiveError(
@@ -163,7 +160,7 @@ def _aliased(buf, view, tr, rest):
     k = len(tiling)
     shape = shape[:-2 * k] + tuple(n * t for n, t in zip(shape[-2 * k:-k], shape[-k:]))
   dtype = np.dtype(tr.dtype)
-  bits = jax_dtypes.itemsize_bits(tr.dtype)
+  bits = jx.dtypes.itemsize_bits(tr.dtype)
   if bits not in (4, 8 * dtype.itemsize):
     raise UnsupportedPrimitiveError(
         f"aliased ref of {buf.name} with sub-byte dtype {tr.dtype}: not modelled")
@@ -230,8 +227,8 @@ class FastIndexer:
     self.indices = indices
 
 
-SLICES = (jax_indexing.Slice, FastSlice)
-INDEXERS = (jax_indexing.NDIndexer, FastIndexer)
+SLICES = (jx.indexing.Slice, FastSlice)
+INDEXERS = (jx.indexing.NDIndexer, FastIndexer)
 _PLAIN_INDEXERS = frozenset(INDEXERS)
 
 
@@ -249,7 +246,7 @@ def _template(treedef):
     return None
   parts, used = [], set()
   for tr in trs:
-    if not isinstance(tr, jax_indexing.NDIndexer):
+    if not isinstance(tr, jx.indexing.NDIndexer):
       if any(id(x) in pos for x in tree_util.tree_leaves(tr)):
         return None
       parts.append(tr)
@@ -258,7 +255,7 @@ def _template(treedef):
       return None
     axes = []
     for ix in tr.indices:
-      if isinstance(ix, jax_indexing.Slice):
+      if isinstance(ix, jx.indexing.Slice):
         if not isinstance(ix.size, int) or not isinstance(ix.stride, int):
           return None
         start = pos.get(id(ix.start))
@@ -368,9 +365,9 @@ def tiling_of(transforms):
   """(tiling, swizzle) that a ref's transforms name (None where they do not)."""
   tiling = swizzle = None
   for tr in transforms:
-    if isinstance(tr, gpu_core.UntilingTransform):
+    if isinstance(tr, jx.gpu_core.UntilingTransform):
       tiling = tr.tiling
-    elif isinstance(tr, gpu_core.UnswizzleRef):
+    elif isinstance(tr, jx.gpu_core.UnswizzleRef):
       swizzle = tr.swizzle
   return tiling, swizzle
 
@@ -391,7 +388,7 @@ def static_ref(aval, treedef, name="ref"):
     tiling, swizzle = tiling_of(trs)
     shape = tuple(inner.shape)
     if tiling is not None:
-      shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
+      shape = tuple(jx.gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
     dtype = np.dtype(inner.dtype)
     strides = [dtype.itemsize] * len(shape)
     for d in range(len(shape) - 2, -1, -1):

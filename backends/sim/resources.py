@@ -16,6 +16,7 @@ import collections
 import math
 import re
 
+from pallas_sim.backends.sim.jax_internals import primitive_name
 from pallas_sim.errors import LoweringError, SmemOverflowError
 
 SMEM_ALIGNMENT = 1024
@@ -180,7 +181,7 @@ def primitive_names(kernel_jaxpr):
       continue
     seen.add(id(j))
     for eqn in j.eqns:
-      names.add(eqn.primitive.name)
+      names.add(primitive_name(eqn))
       for p in eqn.params.values():
         stack.extend(sub_jaxprs(p))
   return names

@@ -71,8 +71,7 @@ def _eval(jaxpr, consts, args):
     if capture.is_sim_kernel(eqn):
       outs = _kernel(eqn, ins)
     elif body is not None and _has_kernel(body):
-      outs = (_eval(body.jaxpr, body.consts, ins) if isinstance(body, jax_core.ClosedJaxpr)
-              else _eval(body, (), ins))
+      outs = _eval(body, body.consts, ins)  # (its constvars: those with consts)
     else:  # (as jax.core.eval_jaxpr binds it)
       with source_info_util.user_context(eqn.source_info.traceback,
                                          name_stack=eqn.source_info.name_stack), \

@@ -23,9 +23,9 @@ import re
 
 import ml_dtypes
 import numpy as np
-from jax._src.lib.mlir import ir
 
 from pallas_sim.backends.sim.machine import division, rounding
+from pallas_sim.backends.sim import jax_internals as jx
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 ARENA_BASE = 1 << 20  # (an address that is no null pointer, 1024-aligned)
@@ -33,10 +33,10 @@ _DYN64 = -(1 << 63)    # MLIR's ShapedType::kDynamic
 _DYN32 = -(1 << 31)    # llvm.getelementptr's dynamic index marker
 
 _FLOATS = (
-    (ir.F16Type, np.float16), (ir.BF16Type, ml_dtypes.bfloat16),
-    (ir.F32Type, np.float32), (ir.F64Type, np.float64),
-    (ir.Float8E4M3FNType, ml_dtypes.float8_e4m3fn),
-    (ir.Float8E5M2Type, ml_dtypes.float8_e5m2),
+    (jx.ir.F16Type, np.float16), (jx.ir.BF16Type, ml_dtypes.bfloat16),
+    (jx.ir.F32Type, np.float32), (jx.ir.F64Type, np.float64),
+    (jx.ir.Float8E4M3FNType, ml_dtypes.float8_e4m3fn),
+    (jx.ir.Float8E5M2Type, ml_dtypes.float8_e5m2),
 )
 
 
@@ -48,10 +48,10 @@ def unsupported(what):
 def dtype_of(t):
   """The numpy dtype that holds values of MLIR element type t: integers are
   signless, kept unsigned (ops that care view them signed); i1 is bool."""
-  if isinstance(t, ir.IndexType):
+  if isinstance(t, jx.ir.IndexType):
     return np.dtype(np.int64)
-  if isinstance(t, ir.IntegerType):
-    w = ir.IntegerType(t).width
+  if isinstance(t, jx.ir.IntegerType):
+    w = jx.ir.IntegerType(t).width
     if w == 1:
       return np.dtype(bool)
     if w in (8, 16, 32, 64):
@@ -270,7 +270,7 @@ def _attr(op, name):
 
 
 def _i64s(attr):
-  return list(ir.DenseI64ArrayAttr(attr))
+  return list(jx.ir.DenseI64ArrayAttr(attr))
 
 
 def _result_type(op, i=0):
@@ -278,13 +278,13 @@ def _result_type(op, i=0):
 
 
 def _elem_dtype(t):
-  if isinstance(t, ir.VectorType):
-    return dtype_of(ir.VectorType(t).element_type)
+  if isinstance(t, jx.ir.VectorType):
+    return dtype_of(jx.ir.VectorType(t).element_type)
   return dtype_of(t)
 
 
 def _vshape(t):
-  return tuple(ir.VectorType(t).shape) if isinstance(t, ir.VectorType) else ()
+  return tuple(jx.ir.VectorType(t).shape) if isinstance(t, jx.ir.VectorType) else ()
 
 
 # --- arith / llvm integer and float arithmetic -------------------------------
@@ -297,8 +297,8 @@ def _typed(op):
 def _const_value(attr, t):
   dt = _elem_dtype(t)
   shape = _vshape(t)
-  if isinstance(attr, ir.DenseElementsAttr):
-    d = ir.DenseElementsAttr(attr)
+  if isinstance(attr, jx.ir.DenseElementsAttr):
+    d = jx.ir.DenseElementsAttr(attr)
     if d.is_splat:
       v = _scalar_attr(d.get_splat_value(), dt)
       return np.full((1,) + shape, v, dt)
@@ -321,15 +321,15 @@ def _const_value(attr, t):
 
 
 def _scalar_attr(a, dt):
-  if isinstance(a, ir.IntegerAttr):
-    v = ir.IntegerAttr(a).value
+  if isinstance(a, jx.ir.IntegerAttr):
+    v = jx.ir.IntegerAttr(a).value
     if dt == bool:
       return bool(v & 1)
     return np.array(v).astype(np.int64).astype(dt) if dt.kind in "iu" else dt.type(v)
-  if isinstance(a, ir.FloatAttr):
-    return rounding.to_dtype(np.float64(ir.FloatAttr(a).value), dt)
-  if isinstance(a, ir.BoolAttr):
-    return bool(ir.BoolAttr(a).value)
+  if isinstance(a, jx.ir.FloatAttr):
+    return rounding.to_dtype(np.float64(jx.ir.FloatAttr(a).value), dt)
+  if isinstance(a, jx.ir.BoolAttr):
+    return bool(jx.ir.BoolAttr(a).value)
   raise unsupported(f"the constant {a}")
 
 
@@ -507,7 +507,7 @@ _CMPI = {
 
 
 @op("arith.cmpi")
-@prepares(lambda o, c: _CMPI[ir.IntegerAttr(_attr(o, "predicate")).value])
+@prepares(lambda o, c: _CMPI[jx.ir.IntegerAttr(_attr(o, "predicate")).value])
 def _cmpi(lanes, mask, static, a, b):
   f, kind = static
   a, b = np.asarray(a), np.asarray(b)
@@ -539,7 +539,7 @@ _CMPF = {
 
 
 @op("arith.cmpf")
-@prepares(lambda o, c: _CMPF[ir.IntegerAttr(_attr(o, "predicate")).value])
+@prepares(lambda o, c: _CMPF[jx.ir.IntegerAttr(_attr(o, "predicate")).value])
 def _cmpf(lanes, mask, f, a, b):
   with np.errstate(all="ignore"):
     return f(np.asarray(a, np.float64), np.asarray(b, np.float64))
@@ -617,7 +617,7 @@ def _vinsert(lanes, mask, pos, src, dest, *dyn):
 
 
 @op("vector.extract_strided_slice")
-@prepares(lambda o, c: tuple([ir.IntegerAttr(x).value for x in ir.ArrayAttr(_attr(o, k))]
+@prepares(lambda o, c: tuple([jx.ir.IntegerAttr(x).value for x in jx.ir.ArrayAttr(_attr(o, k))]
                               for k in ("offsets", "sizes", "strides")))
 def _vslice(lanes, mask, static, v):
   offs, sizes, strides = static
@@ -702,7 +702,7 @@ def _kept_dims(sizes, out_shape):
 @prepares(lambda o, c: (_i64s(_attr(o, "static_offsets")), _i64s(_attr(o, "static_sizes")),
                         _i64s(_attr(o, "static_strides")),
                         _kept_dims(_i64s(_attr(o, "static_sizes")),
-                                   tuple(ir.MemRefType(_result_type(o)).shape))))
+                                   tuple(jx.ir.MemRefType(_result_type(o)).shape))))
 def _subview(lanes, mask, static, src, *dyn):
   offs, sizes, steps, keep = static
   dyn = iter(dyn)
@@ -719,12 +719,12 @@ def _subview(lanes, mask, static, src, *dyn):
 
 
 def _reassoc(o):
-  return [[ir.IntegerAttr(i).value for i in ir.ArrayAttr(g)]
-          for g in ir.ArrayAttr(_attr(o, "reassociation"))]
+  return [[jx.ir.IntegerAttr(i).value for i in jx.ir.ArrayAttr(g)]
+          for g in jx.ir.ArrayAttr(_attr(o, "reassociation"))]
 
 
 @op("memref.expand_shape")
-@prepares(lambda o, c: (_reassoc(o), tuple(ir.MemRefType(_result_type(o)).shape)))
+@prepares(lambda o, c: (_reassoc(o), tuple(jx.ir.MemRefType(_result_type(o)).shape)))
 def _expand(lanes, mask, static, src, *dyn):
   groups, out_shape = static
   strides = [0] * len(out_shape)
@@ -737,7 +737,7 @@ def _expand(lanes, mask, static, src, *dyn):
 
 
 @op("memref.collapse_shape")
-@prepares(lambda o, c: (_reassoc(o), tuple(ir.MemRefType(_result_type(o)).shape)))
+@prepares(lambda o, c: (_reassoc(o), tuple(jx.ir.MemRefType(_result_type(o)).shape)))
 def _collapse(lanes, mask, static, src):
   groups, out_shape = static
   strides = [src.strides[g[-1]] for g in groups]
@@ -759,7 +759,7 @@ def _aligned_ptr(lanes, mask, _, src):
 @op("memref.reinterpret_cast")
 @prepares(lambda o, c: (_i64s(_attr(o, "static_offsets")), _i64s(_attr(o, "static_sizes")),
                         _i64s(_attr(o, "static_strides")), _elem_dtype(
-                            ir.MemRefType(_result_type(o)).element_type)))
+                            jx.ir.MemRefType(_result_type(o)).element_type)))
 def _reinterpret(lanes, mask, static, src, *dyn):
   offs, sizes, strides, dt = static
   dyn = iter(dyn)
@@ -773,7 +773,7 @@ def _reinterpret(lanes, mask, static, src, *dyn):
 
 def _llvm_type_size(t):
   s = str(t)
-  if isinstance(t, ir.VectorType):
+  if isinstance(t, jx.ir.VectorType):
     return _elem_dtype(t).itemsize * math.prod(_vshape(t))
   if s.startswith("!llvm.ptr"):
     return 8
@@ -781,8 +781,8 @@ def _llvm_type_size(t):
 
 
 @op("llvm.getelementptr")
-@prepares(lambda o, c: ([int(x) for x in ir.DenseI32ArrayAttr(_attr(o, "rawConstantIndices"))],
-                        _llvm_type_size(ir.TypeAttr(_attr(o, "elem_type")).value)))
+@prepares(lambda o, c: ([int(x) for x in jx.ir.DenseI32ArrayAttr(_attr(o, "rawConstantIndices"))],
+                        _llvm_type_size(jx.ir.TypeAttr(_attr(o, "elem_type")).value)))
 def _gep(lanes, mask, static, base, *dyn):
   consts, size = static
   if len(consts) != 1:
@@ -822,8 +822,8 @@ def _typed_operand(o, i):
 
 @op("builtin.unrealized_conversion_cast")
 @prepares(lambda o, c: (str(o.results[0].type) if len(o.results) else "",
-                        ir.MemRefType(o.results[0].type) if len(o.results) == 1
-                        and isinstance(o.results[0].type, ir.MemRefType) else None))
+                        jx.ir.MemRefType(o.results[0].type) if len(o.results) == 1
+                        and isinstance(o.results[0].type, jx.ir.MemRefType) else None))
 def _ucast(lanes, mask, static, *xs):
   rtype, mem = static
   if len(xs) == 1 and isinstance(xs[0], MemRef) and rtype.startswith("!llvm.struct"):
@@ -942,7 +942,7 @@ def _minmax(m, a, b, out_dt):
 
 
 @op("llvm.inline_asm")
-@prepares(lambda o, c: (str(ir.StringAttr(_attr(o, "asm_string")).value),
+@prepares(lambda o, c: (str(jx.ir.StringAttr(_attr(o, "asm_string")).value),
                         sum(str(r.type) != "!llvm.void" for r in o.results),
                         _elem_dtype(o.results[0].type)
                         if len(o.results) and str(o.results[0].type) != "!llvm.void"
@@ -1079,7 +1079,7 @@ def _shfl(lanes, mask, kind, membermask, val, offset, clamp):
 
 
 @op("nvvm.ldmatrix")
-@prepares(lambda o, c: (ir.IntegerAttr(_attr(o, "num")).value, "col" in str(_attr(o, "layout")),
+@prepares(lambda o, c: (jx.ir.IntegerAttr(_attr(o, "num")).value, "col" in str(_attr(o, "layout")),
                         str(_attr(o, "eltType")) if "eltType" in o.attributes else "b16"))
 def _ldmatrix(lanes, mask, static, ptr):
   num, trans, elt = static
@@ -1169,7 +1169,7 @@ def run(prog, lanes, args):
 
 
 @op("pallas_sim.marker")
-@prepares(lambda o, c: ir.IntegerAttr(_attr(o, "index")).value)
+@prepares(lambda o, c: jx.ir.IntegerAttr(_attr(o, "index")).value)
 def _marker(lanes, mask, index, *xs):
   if mask is not None and not np.any(mask):
     return None

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from pallas_sim.backends.sim.resources import inner, sub_jaxprs
+from pallas_sim.backends.sim.resources import inner, primitive_name, sub_jaxprs
 
 LANES = 128                  # a warpgroup
 REGISTER_FILE = 65536        # 32-bit registers per SM
@@ -79,7 +79,7 @@ def _asked_registers(jaxpr, found=None):
   ("increase", "decrease")."""
   found = {} if found is None else found
   for eqn in jaxpr.eqns:
-    if eqn.primitive.name in ("set_max_registers", "set_max_registers_p"):
+    if primitive_name(eqn) == "set_max_registers":
       n = eqn.params.get("n")
       if n is not None:
         a = eqn.params.get("action")

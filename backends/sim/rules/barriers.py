@@ -130,7 +130,7 @@ def _commit_smem(eqn, cx):
   return commit
 
 
-@rule("set_max_registers_p", "set_max_registers")
+@rule("set_max_registers")
 def _set_max_registers(eqn, cx):
   return lambda wg: []
 

@@ -19,11 +19,10 @@ import sys
 
 import ml_dtypes
 import numpy as np
-from jax._src import debugging
-from jax._src.pallas import primitives as pallas_primitives
 
 from pallas_sim.backends.sim.interpret import rule
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
+from pallas_sim.backends.sim import jax_internals as jx
 
 _FLOATS = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 
@@ -77,13 +76,13 @@ def _debug_print(eqn, cx):
   if p.get("ordered"):
     raise UnsupportedPrimitiveError("Ordered debug_print is not supported on Pallas.")
   avals = [v.aval for v in eqn.invars]
-  args, kwargs = debugging.merge_callback_args(p["in_tree"], avals, p["static_args"])
+  args, kwargs = jx.debugging.merge_callback_args(p["in_tree"], avals, p["static_args"])
   if kwargs:
     raise KernelError("Only positional arguments are supported by debug_print on "
                       "Pallas.")
   fmt = p["fmt"]
   try:
-    pallas_primitives.check_debug_print_format(fmt, *args)
+    jx.pallas_primitives.check_debug_print_format(fmt, *args)
   except (ValueError, TypeError) as e:
     raise KernelError(str(e)) from None
   if any(getattr(a, "shape", ()) for a in args):
@@ -97,7 +96,7 @@ def _debug_print(eqn, cx):
   in_tree, static = p["in_tree"], p["static_args"]
 
   def debug_print(wg, *dyn):
-    vals, _ = debugging.merge_callback_args(in_tree, dyn, static)
+    vals, _ = jx.debugging.merge_callback_args(in_tree, dyn, static)
     line = _render(pieces, [_printf_value(c, v) for c, v in zip(convs, vals)])
     print(f"[{wg.name}] {line}", file=sys.stdout, flush=True)
     return []
@@ -110,7 +109,7 @@ def _print_array(fmt, aval, static, in_tree):
   pieces = _pieces(fmt.format("[" + ", ".join(["{}"] * len(aval.shape)) + "]: {}"))
 
   def debug_print(wg, *dyn):
-    [vals], _ = debugging.merge_callback_args(in_tree, dyn, static)
+    [vals], _ = jx.debugging.merge_callback_args(in_tree, dyn, static)
     vals = np.asarray(vals)
     lines = []
     for idx in np.ndindex(vals.shape):
@@ -127,8 +126,7 @@ def _debug_check(eqn, cx):
   (config.jax_pallas_enable_debug_checks, as the lowering reads it), a
   false predicate stops the kernel (the GPU traps on a device-side assert)
   with its message, here a KernelError at the user's line; off, nothing."""
-  from jax._src.checkify import FailedCheckError
-  from jax._src.pallas import core as pallas_core
+  FailedCheckError, pallas_core = jx.FailedCheckError, jx.pallas_core
   import jax
   p = eqn.params
   if not p.get("debug", False):

@@ -25,11 +25,6 @@ import math
 
 import numpy as np
 from jax import tree_util
-from jax._src.interpreters import mlir as jax_mlir
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import arith, func, memref
-from jax._src.pallas.mosaic_gpu import core as gpu_core
-from jax._src.pallas.mosaic_gpu import primitives as gpu_primitives
 import jax.experimental.mosaic.gpu as mgpu
 
 from pallas_sim.backends.sim import refview
@@ -37,6 +32,9 @@ from pallas_sim.backends.sim.interpret import rule
 from pallas_sim.backends.sim.machine import mlir_eval
 from pallas_sim.backends.sim.machine.state import Warp
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
+from pallas_sim.backends.sim import jax_internals as jx
+
+ir, arith, func, memref = jx.ir, jx.arith, jx.func, jx.memref
 
 _PRIM = "inline_mgpu"
 _WORKGROUP = "#gpu.address_space<workgroup>"
@@ -50,9 +48,9 @@ def _physical(tr):
   """(tiling, swizzle) that a RefType's transforms name."""
   tiling, swizzle = None, None
   for t in tr:
-    if isinstance(t, gpu_core.TilingTransform):
+    if isinstance(t, jx.gpu_core.TilingTransform):
       tiling = tuple(t.tiling)
-    elif isinstance(t, gpu_core.SwizzleTransform):
+    elif isinstance(t, jx.gpu_core.SwizzleTransform):
       swizzle = t.swizzle
     else:
       raise UnsupportedPrimitiveError(
@@ -157,7 +155,7 @@ def _build(eqn, kinds, warp):
   p = eqn.params
   mgpu_fn = p["mgpu_fn"]
   ret_ty = p["flat_ret_ty"]
-  ctx = jax_mlir.make_ir_context()
+  ctx = jx.mlir.make_ir_context()
   mgpu.dialect.register_dialect(ctx)
   ctx.allow_unregistered_dialects = True
   markers = []
@@ -329,7 +327,7 @@ def _bbox_ref(r, touched):
   return refview.Ref(r.buf, r.view[tuple(sl)], layout=r.layout)
 
 
-@rule("inline_mgpu_p")
+@rule("inline_mgpu")
 def _inline_mgpu(eqn, cx):
   p = eqn.params
   arg_types = p["flat_arg_types"]
@@ -346,7 +344,7 @@ def _inline_mgpu(eqn, cx):
     warp = isinstance(wg, Warp)
     kinds, staged = [], []
     for a, t, tr in zip(args, arg_types, trs):
-      if isinstance(t, gpu_primitives.RefType):
+      if isinstance(t, jx.gpu_primitives.RefType):
         r = refview.apply(a, tr or (), wg)
         view = r.view
         space = "smem" if r.buf.space == "smem" else "gmem"

@@ -3,9 +3,9 @@
 import math
 
 import numpy as np
-from jax._src.pallas.mosaic_gpu import core as gpu_core
 
 from pallas_sim.backends.sim import refview, resources
+from pallas_sim.backends.sim import jax_internals as jx
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.machine import initcheck, memory
 from pallas_sim.backends.sim.machine.races import _view, element_map
@@ -100,9 +100,9 @@ def _allocator(aval, transforms, label, launch, inferred_swizzle=None):
   space = str(aval.memory_space)
   inner = aval.inner_aval
   dt = inner.dtype
-  if isinstance(dt, gpu_core.BarrierType):
+  if isinstance(dt, jx.gpu_core.BarrierType):
     return _barriers(label, inner.shape, dt.num_arrivals, dt.orders_tensor_core)
-  if isinstance(dt, gpu_core.ClusterBarrierType):
+  if isinstance(dt, jx.gpu_core.ClusterBarrierType):
     # Leader-tracked: every block's arrivals go to the leader's copy (block 0
     # along the axis), which counts them all; the others' copies get none.
     axes = tuple(dt.collective_axes)
@@ -112,7 +112,7 @@ def _allocator(aval, transforms, label, launch, inferred_swizzle=None):
   shape = tuple(inner.shape)
   tiling, swizzle = refview.tiling_of(transforms)
   if tiling is not None:
-    shape = tuple(gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
+    shape = tuple(jx.gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
   if space == "smem":
     def smem(block, key):
       buf = memory.Buffer(label, "smem", memory.poison(shape, dt), tiling, swizzle,

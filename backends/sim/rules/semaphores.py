@@ -17,9 +17,9 @@ blocks run as one group (executor.py), as if all were resident at once.
 import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
-from jax._src.pallas import core as pallas_core
 
 from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim import jax_internals as jx
 from pallas_sim.backends.sim.interpret import Gen, rule
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.machine.scheduler import Resource, Wait
@@ -38,7 +38,7 @@ class Semaphores(memory.Buffer):
 
 
 def is_semaphore(aval):
-  return jnp.issubdtype(aval.dtype, pallas_core.semaphore)
+  return jnp.issubdtype(aval.dtype, jx.pallas_core.semaphore)
 
 
 def _sem(ref, transforms, prim, wg):

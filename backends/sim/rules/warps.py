@@ -9,13 +9,12 @@ op): a fork and a join. Here each warp is a task of its own
 copy, another waits on its barrier) run as they would on the GPU, and the
 race detector gives each warp a clock of its own.
 """
-from jax._src.pallas.mosaic_gpu import core as gpu_core
-from jax._src.pallas.mosaic_gpu import lowering as mgpu_lowering
 
 from pallas_sim.backends.sim.interpret import Gen, rule, run_gen
 from pallas_sim.backends.sim.machine.scheduler import Resource, Wait
 from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP, Warp
 from pallas_sim.errors import LoweringError, UnsupportedPrimitiveError
+from pallas_sim.backends.sim import jax_internals as jx
 
 DIVERGED = -1  # bar_waits: the warps waited on this barrier unequally
 
@@ -24,7 +23,7 @@ DIVERGED = -1  # bar_waits: the warps waited on this barrier unequally
 def _mpmd_map(eqn, cx):
   meshes, jaxprs = eqn.params["meshes"], eqn.params["jaxprs"]
   where = cx.where(eqn)
-  if len(jaxprs) != 1 or not isinstance(meshes[0], gpu_core.WarpMesh):
+  if len(jaxprs) != 1 or not isinstance(meshes[0], jx.gpu_core.WarpMesh):
     raise UnsupportedPrimitiveError(
         f"mpmd_map over {', '.join(type(m).__name__ for m in meshes)} inside a "
         "kernel: only a single WarpMesh (plgpu.warp_map) is modelled, as in the "
@@ -35,7 +34,7 @@ def _mpmd_map(eqn, cx):
       msg = ("Can only close over scalars and Refs when using mpmd_map with "
              f"WarpMesh. Found array of shape {v.aval}.")
       # The lowering's own error class, so that code catching it works alike.
-      raise LoweringError.of(mgpu_lowering.LoweringError(msg), msg)
+      raise LoweringError.of(jx.gpu_lowering.LoweringError(msg), msg)
   axis = meshes[0].axis_name
   body = cx.compile(jaxprs[0])
   n = WARPS_PER_WARPGROUP

@@ -206,7 +206,7 @@ def _wgmma_wait(eqn, cx):
   return Gen(wait)
 
 
-@rule("wgmma_accumulator_deref_p", "wgmma_accumulator_deref")
+@rule("wgmma_accumulator_deref")
 def _acc_deref(eqn, cx):
   n = eqn.params.get("wait_n", 0)
   where = cx.where(eqn)
@@ -218,7 +218,7 @@ def _acc_deref(eqn, cx):
   return Gen(deref)
 
 
-@rule("wgmma_accumulator_store_p", "wgmma_accumulator_store")
+@rule("wgmma_accumulator_store")
 def _acc_store(eqn, cx):
   where = cx.where(eqn)
 
