@@ -23,6 +23,7 @@ from pallas_sim import gpus
 from pallas_sim.backends.sim import (block_classes, capture, estimate_check, parallel,
                                     paths, profiler, ray_engine, resources)
 from pallas_sim.backends.sim import rules  # noqa: F401  (registers all rules)
+from pallas_sim.backends.sim.rules import semaphores
 from pallas_sim.backends.sim.interpret import Compiler
 from pallas_sim.backends.sim.machine import (bound, initcheck, memory, occupancy,
                                             power, races, timing)
@@ -39,7 +40,7 @@ from pallas_sim.options import take
 
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
-  __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together",
+  __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together", "sem_inputs",
                "serial_only", "regs", "variation", "load_axes", "sites")
 
 
@@ -174,16 +175,21 @@ class Executor:
     names = resources.primitive_names(jaxpr)
     # Warps of a warp_map get clock components of their own.
     p.warps = WARPS_PER_WARPGROUP if "mpmd_map" in names else 0
+    # Operands that are semaphores (plgpu.alloc_semaphore): global too.
+    p.sem_inputs = frozenset(
+        i for i, v in enumerate(jaxpr.invars[:launch.num_inputs])
+        if semaphores.is_semaphore(getattr(v.aval, "inner_aval", v.aval)))
     # Blocks that can wait for each other (global semaphores) run together.
-    p.together = "get_global" in names
+    p.together = "get_global" in names or bool(p.sem_inputs)
     # What must run in this process, in block order: printing (the order of
     # lines), inline MLIR (built through JAX's MLIR bindings), global
     # semaphores (one group anyway).
-    p.serial_only = bool({"debug_print", "inline_mgpu", "get_global"} & names)
+    p.serial_only = p.together or bool({"debug_print", "inline_mgpu"} & names)
     if p.together and launch.cluster and math.prod(launch.cluster) > 1:
       raise UnsupportedPrimitiveError(
-          f"kernel {launch.name}: global semaphores (pl.get_global) in a kernel "
-          "with clusters are not modelled", where=launch.where)
+          f"kernel {launch.name}: global semaphores (pl.get_global, "
+          "plgpu.alloc_semaphore) in a kernel with clusters are not modelled",
+          where=launch.where)
     self._prepared[key] = p
     return p
 
@@ -330,7 +336,8 @@ class Executor:
                            and isinstance(a, np.ndarray) and not a.flags.writeable)
     copy = ((lambda i, a: np.zeros(np.shape(a), np.asarray(a).dtype)) if estimating else
             (lambda i, a: a if borrow(i, a) else memory.copy(a)))
-    in_bufs = [memory.Buffer(names[i], "gmem", copy(i, a))
+    in_bufs = [semaphores.input_semaphores(names[i], launch.jaxpr.invars[i].aval, a)
+               if i in prep.sem_inputs else memory.Buffer(names[i], "gmem", copy(i, a))
                for i, a in enumerate(arrays[:n_in])]
     for b, a in zip(in_bufs, arrays[:n_in]):
       b.lent = b.data is a
@@ -568,6 +575,14 @@ class Executor:
         self.record_error(RaceError(
             f"{len(mine)} race(s) in kernel {launch.name}:\n"
             + "\n".join(str(r) for r in mine), races=mine, where=launch.where))
+    for i in sorted(prep.sem_inputs):
+      if in_bufs[i].data.any():
+        # (the callback holds a copy of the Ref's values: a GPU keeps them)
+        warnings.warn(
+            f"kernel {launch.name} leaves semaphores of {in_bufs[i].name} at "
+            f"{in_bufs[i].data.tolist()}: the simulator starts every kernel "
+            "with the values the Ref held before it (a later kernel here does "
+            "not see these, as it would on a GPU)", stacklevel=2)
     for buf in out_bufs:
       init_log.unwritten_output(buf, grid)
     unset = init_log.findings()

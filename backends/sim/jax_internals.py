@@ -73,6 +73,9 @@ JAXLIB_VERSION = jax_window.parse(jaxlib.__version__)
 # One class for open and closed jaxprs in every release of the window.
 Jaxpr = core.Jaxpr
 
+# plgpu.im2col_ref's transform (0.12; None before).
+Im2ColTransform = getattr(gpu_core, "Im2ColTransform", None)
+
 # 0.11.2's name -> the name 0.12 gave the same primitive. The simulator
 # speaks the newer names (primitive_name); rules register those alone.
 RENAMED = {

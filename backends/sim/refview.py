@@ -301,10 +301,28 @@ def index_plans(treedef):
   return None if fill is None else fill.plans
 
 
+def refuse_unmodelled(treedef):
+  """Raises, when the kernel is compiled, for transforms the simulator does
+  not model: im2col_ref's window gather (a TMA load in im2col mode)."""
+  if jx.Im2ColTransform is None or treedef is None:
+    return
+  try:
+    trs = unflatten(treedef, [None] * treedef.num_leaves)
+  except Exception:  # (a transform that needs its leaves: none of these)
+    return
+  if any(isinstance(t, jx.Im2ColTransform) for t in trs):
+    raise UnsupportedPrimitiveError(
+        "plgpu.im2col_ref is not modelled: a TMA load in im2col mode gathers "
+        "windows of the padded input, which the simulator's TMA does not do "
+        "(and the lowering accepts only under Lane lowering semantics); load "
+        "the windows with plain TMA copies of the input instead")
+
+
 def compile_transforms(treedef):
   """Decodes a primitive's transform treedef once: returns f(ref, leaves) -> Ref.
   Static transforms (no dynamic leaves) are unflattened here, not per call;
   dynamic ones through _template where it can."""
+  refuse_unmodelled(treedef)
   if treedef is None:
     return lambda ref, leaves, wg=None: ref
   if treedef.num_leaves == 0:
@@ -333,6 +351,7 @@ def compile_transforms(treedef):
 def compile_clipped(treedef):
   """compile_transforms for apply_clipped: f(ref, leaves) -> (Ref, box shape,
   in-bounds slices or None)."""
+  refuse_unmodelled(treedef)
   if treedef is None:
     return lambda ref, leaves: (ref, ref.view.shape, None)
   if treedef.num_leaves == 0:

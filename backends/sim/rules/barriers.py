@@ -119,6 +119,18 @@ def _barrier_wait(eqn, cx):
   return Gen(wait)
 
 
+@rule("barrier_arrive_and_wait")
+def _barrier_arrive_and_wait(eqn, cx):
+  # One arrival, then a wait for the completion it may have made: the
+  # lowering emits the two in this order.
+  arrive, wait = _barrier_arrive(eqn, cx), _barrier_wait(eqn, cx).fn
+
+  def arrive_and_wait(wg, ref, *leaves):
+    arrive(wg, ref, *leaves)
+    return (yield from wait(wg, ref, *leaves))
+  return Gen(arrive_and_wait)
+
+
 @rule("commit_smem")
 def _commit_smem(eqn, cx):
   # Async-proxy fence + warpgroup barrier: no effect on values (plain stores

@@ -49,6 +49,18 @@ def _swap(eqn, cx):
   return swap
 
 
+@rule("store")
+def _store(eqn, cx):
+  # plgpu.store: a swap without its result (`optimized` only steers which
+  # instructions the lowering emits, and whether it accepts the store).
+  swap = _swap(eqn, cx)
+
+  def store(wg, ref, val, *idx):
+    swap(wg, ref, val, *idx)
+    return []
+  return store
+
+
 @rule("addupdate")
 def _addupdate(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])

@@ -41,6 +41,18 @@ def is_semaphore(aval):
   return jnp.issubdtype(aval.dtype, jx.pallas_core.semaphore)
 
 
+def input_semaphores(name, aval, array):
+  """A kernel operand that is a GMEM Ref of semaphores (plgpu.alloc_semaphore,
+  made outside the kernel) as the semaphores it holds, or None for any other
+  operand. The kernel's callback receives their values as int32."""
+  inner = getattr(aval, "inner_aval", aval)
+  if not is_semaphore(inner):
+    return None
+  sems = Semaphores(name, tuple(inner.shape))
+  sems.data[...] = np.asarray(array).view(np.uint32).reshape(sems.data.shape)
+  return sems
+
+
 def _sem(ref, transforms, prim, wg):
   r = refview.apply(ref, transforms, wg)
   if r.buf.space != "sem":
