@@ -11,6 +11,11 @@ if (not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "backends"))
     and _os.path.isdir(_src_backends)):
   __path__.append(_os.path.dirname(_os.path.dirname(__file__)))  # noqa: F821
 
+# Before anything reads JAX's internals: a JAX outside the tested window
+# gets one clear message (jax_window.UnsupportedJaxError, an ImportError).
+from pallas_sim import jax_window  # noqa: E402
+jax_window.check()
+
 from pallas_sim import gpus  # noqa: E402
 from pallas_sim.api import Simulation, backend, estimate, kernel, run, simulate  # noqa: E402
 from pallas_sim.options import Options  # noqa: E402

@@ -12,14 +12,27 @@
 """
 import pytest
 
+# Why pallas-sim could not be imported (a JAX outside its tested window:
+# jax_window.UnsupportedJaxError). The plugin is loaded by every pytest run
+# in the environment, so it says so only to runs that ask for it.
+_unavailable = []
+
+
+def _gpu_names():
+  try:
+    from pallas_sim import gpus
+  except ImportError as e:
+    _unavailable.append(e)
+    return ("h100", "h200")
+  return gpus.NAMES
+
 
 def pytest_addoption(parser):
   group = parser.getgroup("pallas-sim")
   group.addoption("--pallas-sim", action="store_true", default=False,
                   help="run every Mosaic GPU kernel the tests launch in the "
                        "pallas-sim simulator, with race and deadlock checks")
-  from pallas_sim import gpus
-  group.addoption("--pallas-sim-gpu", default="h100", choices=gpus.NAMES,
+  group.addoption("--pallas-sim-gpu", default="h100", choices=_gpu_names(),
                   help="GPU model for --pallas-sim (default h100)")
   group.addoption("--pallas-sim-races", default="fail", choices=("fail", "report"),
                   help="races fail the test (default) or are reported as warnings")
@@ -36,16 +49,21 @@ def pytest_addoption(parser):
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "gpu: needs a CUDA Hopper GPU (sm_90); skipped elsewhere")
+  if _unavailable and config.getoption("--pallas-sim"):
+    raise pytest.UsageError(f"--pallas-sim: {_unavailable[0]}")
 
 
 def pytest_collection_modifyitems(config, items):
   gpu_items = [item for item in items if "gpu" in item.keywords]
   if not gpu_items:
     return
-  from pallas_sim.backends import mosaic
-  if mosaic.hopper_device() is not None:
-    return
-  skip = pytest.mark.skip(reason="needs a CUDA Hopper GPU (sm_90)")
+  if _unavailable:
+    skip = pytest.mark.skip(reason=f"pallas-sim unavailable: {_unavailable[0]}")
+  else:
+    from pallas_sim.backends import mosaic
+    if mosaic.hopper_device() is not None:
+      return
+    skip = pytest.mark.skip(reason="needs a CUDA Hopper GPU (sm_90)")
   for item in gpu_items:
     item.add_marker(skip)
 

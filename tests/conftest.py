@@ -42,3 +42,17 @@ def assert_bit_equal(got, want, what=""):
 def jax_leaves(x):
   import jax
   return [np.asarray(v) for v in jax.tree.leaves(x)]
+
+
+def store_unoptimized(ref, value):
+  """`ref[...] = value` through the lowering's plain per-thread stores: what
+  jax 0.11.2 emits for any register array stored to GMEM, and what 0.12
+  emits only when asked (plgpu.store(..., optimized=False)). 0.12's default
+  needs 4 bytes a thread in whole 32-byte sectors, which 16-bit values in
+  the WGMMA layout (2 a thread, 16 bytes a quad) are not: its lowering
+  rejects them (TransferPlanDerivationError)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  if hasattr(plgpu, "store"):
+    plgpu.store(ref, value, optimized=False)
+  else:
+    ref[...] = value

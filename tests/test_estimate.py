@@ -308,22 +308,27 @@ def test_estimate_follows_loads_where_blocks_take_different_paths():
 def test_control_flow_on_tensor_core_sums_takes_the_simulations_paths():
   """A loop whose trip count comes from a wgmma's result: given arrays,
   estimate computes the sums too, and times the paths simulate takes."""
+  # (The count is read back from GMEM, after the store: jax 0.12's layout
+  # inference finds no layouts, after minutes, where it is read from the
+  # SMEM the accumulator was stored to and the loop's result meets it.)
   def kernel(a, bt):
-    @plgpu.kernel(out_type=S((64, 64), F32),
+    @plgpu.kernel(out_type=(S((64, 64), F32), S((128,), F32)),
                   scratch_types=dict(a_s=plgpu.SMEM((64, 32), F32),
                                      b_s=plgpu.SMEM((64, 32), F32),
                                      acc=plgpu.ACC((64, 64), F32),
                                      o_s=plgpu.SMEM((64, 64), F32),
                                      bar=plgpu.Barrier(num_arrivals=2)))
-    def k(a_ref, b_ref, o_ref, a_s, b_s, acc, o_s, bar):
+    def k(a_ref, b_ref, o_ref, x_ref, a_s, b_s, acc, o_s, bar):
       plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
       plgpu.copy_gmem_to_smem(b_ref, b_s, bar)
       plgpu.barrier_wait(bar)
       plgpu.wgmma(acc, a_s, b_s.T)
       o_s[...] = acc[...]
-      n = o_s[0, 0].astype(jnp.int32)
-      extra = lax.fori_loop(0, n, lambda i, c: c * 0.5 + 1.0, jnp.zeros((64, 64), F32))
-      o_ref[...] = o_s[...] + extra
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_s, o_ref)
+      plgpu.wait_smem_to_gmem(0)
+      n = o_ref[0, 0].astype(jnp.int32)
+      x_ref[...] = lax.fori_loop(0, n, lambda i, c: c * 0.5 + 1.0, jnp.zeros((128,), F32))
     return k(a, bt)
   a = jnp.zeros((64, 32), F32).at[0, 0].set(40.0)
   bt = jnp.zeros((64, 32), F32).at[0, 0].set(1.0)
@@ -333,7 +338,7 @@ def test_control_flow_on_tensor_core_sums_takes_the_simulations_paths():
   assert est.block_cycles_max == full.block_cycles_max
   # (40 trips of the loop: without the sums it would run none)
   none = ps.estimate(kernel, S(a.shape, F32), S(bt.shape, F32)).kernels[0]
-  assert full.block_cycles_max > none.block_cycles_max + 40 * 30
+  assert full.block_cycles_max > none.block_cycles_max + 40 * 10
 
 
 @pytest.mark.parametrize("name", [e[0] for e in __import__("kernels").EXAMPLES

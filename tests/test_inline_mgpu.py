@@ -19,6 +19,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
+from conftest import store_unoptimized
 from pallas_sim.backends.sim.rules.inline_mgpu import cuda_place, physical_order
 
 
@@ -36,7 +37,7 @@ def scaled_rows(x, s, layout=plgpu.Layout.WGMMA):
     def scale(ctx, x_fa, s_fa):
       return s_fa.broadcast_in_dim(shape, [0], layout=layout.to_mgpu()) * x_fa
 
-    o_ref[...] = scale(xv, sv)
+    store_unoptimized(o_ref, scale(xv, sv))
   return k(x, s)
 
 
@@ -146,7 +147,7 @@ def float_ops(x, y, z):
 
     r = ops(xv, yv, zv)
     for o, v in zip((o1, o2, o3, o4), r):
-      o[...] = v
+      store_unoptimized(o, v)
   return k(x, y, z)
 
 
@@ -451,13 +452,13 @@ def binary_two_ways(name, x, y):
   def k(x_ref, y_ref, o1, o2):
     a = plgpu.load(x_ref, layout=lay, optimized=False)
     b = plgpu.load(y_ref, layout=lay, optimized=False)
-    o1[...] = op(a, b)
+    store_unoptimized(o1, op(a, b))
 
     @plgpu.inline_mgpu(arg_types=(lay, lay), return_type=plgpu.ShapeDtypeStruct(
         x.shape, x.dtype, layout=lay))
     def inline(ctx, fa, fb):
       return impl(fa, fb)
-    o2[...] = inline(a, b)
+    store_unoptimized(o2, inline(a, b))
   return k(x, y)
 
 
@@ -520,12 +521,12 @@ def test_casts_in_inline_mgpu_agree_with_the_lax_rules(src, to):
   @plgpu.kernel(out_type=(out, out))
   def k(x_ref, o1, o2):
     a = plgpu.load(x_ref, layout=lay, optimized=False)
-    o1[...] = a.astype(to)
+    store_unoptimized(o1, a.astype(to))
 
     @plgpu.inline_mgpu(arg_types=(lay,), return_type=plgpu.ShapeDtypeStruct(
         x.shape, to, layout=lay))
     def cast(ctx, fa):
       return fa.astype(mgpu.utils.dtype_to_ir_type(jnp.dtype(to)), is_signed=signed)
-    o2[...] = cast(a)
+    store_unoptimized(o2, cast(a))
   plain, inline = (np.asarray(v) for v in ps.run(k, x, backend="sim"))
   np.testing.assert_array_equal(inline.astype(np.float64), plain.astype(np.float64))

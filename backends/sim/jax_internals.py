@@ -96,6 +96,13 @@ def primitive_name(eqn):
   return RENAMED.get(name, name)
 
 
+def lowerable_primitive_names():
+  """The names of every primitive the Mosaic GPU lowering has a rule for,
+  in any lowering semantics: what a kernel the GPU accepts may contain."""
+  return {p.name for rules in gpu_lowering.mosaic_lowering_rules.values()
+          for p in rules}
+
+
 def has_field(cls, name):
   return any(f.name == name for f in dataclasses.fields(cls))
 

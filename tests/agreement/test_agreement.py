@@ -46,10 +46,6 @@ def test_rejected(case):
   assert_agree(case)
 
 
-def _may_be_rejected(family, row):
-  return family == "rejected" or row.get("layout") == "inferred"
-
-
 COVERING = [(f, i, row) for f in F.FAMILIES for i, row in enumerate(F.covering_rows(f))]
 
 
@@ -62,7 +58,7 @@ def test_covering(family, i, row):
   @given(F.FAMILIES[family](**row))
   def one(case):
     assert all(case.config[a] == v for a, v in row.items())
-    if assert_agree(case) == "both-rejected" and not _may_be_rejected(family, row):
+    if assert_agree(case) == "both-rejected" and not F.may_be_rejected(family, case.config):
       reject()  # e.g. SMEM overflow of the drawn tile sizes: draw another
   one()
 

@@ -137,5 +137,6 @@ def _call(param):
 
 rule("pjit", "jit")(_call("jaxpr"))
 rule("closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-     "custom_vjp_call_jaxpr")(_call("call_jaxpr"))
+     "custom_vjp_call_jaxpr",
+     "eval_jaxpr")(_call("call_jaxpr"))  # (0.12's one call primitive)
 rule("checkpoint", "remat")(_call("jaxpr"))

@@ -153,6 +153,8 @@ for _name, _f in {
     "rem": _rem, "max": _max, "min": _min, "pow": np.power,
     "atan2": np.arctan2,
     "nextafter": np.nextafter,
+    # (the lowering's own, 0.12: lax.sign of a float lowers through it)
+    "_copysign": np.copysign,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal,
     "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,

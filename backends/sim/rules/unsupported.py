@@ -1,4 +1,4 @@
-"""Primitives of jax 0.11.2's Mosaic GPU API that the simulator rejects by
+"""Primitives of the Mosaic GPU API that the simulator rejects by
 name, each with its reason (any other primitive it does not model raises
 the generic "not modelled" error), and the grid-dependency controls and
 `reshard`, which need nothing here.
@@ -19,7 +19,14 @@ _BLACKWELL = (
 _OTHER_GPUS = (
     "multimem_load_reduce", "multimem_store", "semaphore_signal_multicast",
 )
+_PRE_HOPPER = ("wait_gmem_to_smem",)  # (cp.async copies, before TMA)
 REASONS = {
+    "wgmma": "the value form of wgmma, which only a discharged accumulator "
+             "(state discharge of the kernel body) produces: use plgpu.wgmma "
+             "on a plgpu.ACC accumulator",
+    **{n: "it waits for cp.async copies, which GPUs before Hopper use: pallas-sim "
+          "simulates a Hopper (sm_90) GPU, whose copies are TMA, awaited through "
+          "barriers" for n in _PRE_HOPPER},
     **{n: "a Blackwell (sm_100) instruction: pallas-sim simulates a Hopper (sm_90) "
           "GPU, H100 or H200" for n in _BLACKWELL},
     **{n: "it acts on other GPUs (multicast memory, sharding): pallas-sim "
