@@ -31,7 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim import parallel
+from pallas_sim.backends.sim import jax_internals, parallel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from quickstart import matmul  # noqa: E402
@@ -93,7 +93,8 @@ def time_calls(call, repeat):
 
 
 def jax_interpret(fn, args, detect_races):
-  params = plgpu.InterpretGPUParams(detect_races=detect_races)
+  # (races counted, not raised: jax 0.12's interpreter raises by default)
+  params = jax_internals.interpret_params(detect_races=detect_races)
 
   def call():
     with plgpu.force_gpu_interpret_mode(params):

@@ -1,4 +1,5 @@
-"""pytest plugin, registered by installing pallas-sim.
+"""pytest plugin, registered by installing pallas-sim (a module beside the
+pallas_sim package, so that loading it imports nothing of JAX's).
 
 * `pytest --pallas-sim`: every Mosaic GPU kernel a test launches runs in the
   simulator with race and uninitialized-memory checks; a test whose kernels
