@@ -10,16 +10,17 @@ JAX release is a checklist:
 2. Every name imported below must still exist with the meaning noted; a
    module moved or a class renamed gets a per-release branch here.
 3. Primitives renamed since the oldest release: list the old name in
-   RENAMED (tests/test_jax_window.py compares every primitive that the
-   simulator has a rule for against the installed JAX's registry).
-4. New public `plgpu` entry points: a rule, or a named rejection in
-   rules/unsupported.py (test_jax_window checks that every primitive that
-   `jax.experimental.pallas.mosaic_gpu` can bind has one or the other).
+   RENAMED; rules register the newest name only (tests/test_jax_window.py).
+4. New primitives: a rule, or a named rejection in rules/unsupported.py
+   (test_jax_window checks that every primitive the installed release's
+   Mosaic GPU lowering has a rule for has one or the other), and a test of
+   its documented semantics (tests/test_plgpu_012.py for 0.12's).
 5. The interpreter hook (capture.py): `interpret_pallas_call`'s keyword
    arguments, and InterpretGPUParams' fields (interpret_params below).
 6. What the real lowering accepts may change (0.12 stores registers to GMEM
-   through an optimised path that needs 4 bytes a thread): the tests that
-   pin a rejection name the release they expect it from (LOWERING_*).
+   through an optimised path that needs 4 bytes a thread): tests use kernels
+   valid on both ends (conftest.store_unoptimized), or name the release they
+   expect a rejection from (agreement/families.py STORE_16_BIT_REJECTED).
 
 What each release needs (0.11.2 / 0.12.0.1):
 - jax._src.core.Jaxpr: one class for open and closed jaxprs (consts
