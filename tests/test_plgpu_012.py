@@ -16,7 +16,7 @@ from pallas_sim.backends.sim import jax_internals as jx
 pytestmark = pytest.mark.skipif(jx.JAX_VERSION < (0, 12),
                                 reason="plgpu.store and the rest are new in jax 0.12")
 S = jax.ShapeDtypeStruct
-WGMMA = plgpu.Layout.WGMMA if hasattr(plgpu, "Layout") else None
+WGMMA = plgpu.Layout.WGMMA
 
 
 def _store_kernel(dtype, optimized, to_smem=False):

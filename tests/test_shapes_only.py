@@ -25,12 +25,12 @@ HERE = os.path.basename(__file__)
 def callbacks(monkeypatch):
   """How many kernels reached the simulator through an XLA callback."""
   seen = []
-  real = capture.jax_callback.io_callback
+  real = capture.jx.callback.io_callback
 
   def counting(*a, **k):
     seen.append(1)
     return real(*a, **k)
-  monkeypatch.setattr(capture.jax_callback, "io_callback", counting)
+  monkeypatch.setattr(capture.jx.callback, "io_callback", counting)
   return seen
 
 

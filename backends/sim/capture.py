@@ -32,18 +32,10 @@ from pallas_sim.backends.sim import jax_internals as jx
 from pallas_sim.backends.sim import profiler, smem_swizzle
 from pallas_sim.backends.sim.machine import memory
 
-jax_callback = jx.callback
-source_info_util = jx.source_info_util
-FrozenDict = jx.FrozenDict
-_pallas_core = jx.pallas_core
-_mpmd = jx.mpmd
-_pallas_call = jx.pallas_call
-_jax_interp = jx.interpret_pallas_call
-_jax_interp_params = jx.interpret_params_module
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class SimParams(_jax_interp_params.InterpretGPUParams):
+class SimParams(jx.interpret_params_module.InterpretGPUParams):
   """Marks kernels traced for the simulator. The interpret params are part of
   the jit cache key, so a function traced for one backend is re-traced for
   the other."""
@@ -54,7 +46,7 @@ SIM_PARAMS = SimParams()
 
 def force_sim():
   """Context manager: kernels traced inside are routed to the simulator."""
-  return _jax_interp_params.force_gpu_interpret_mode(SIM_PARAMS)
+  return jx.interpret_params_module.force_gpu_interpret_mode(SIM_PARAMS)
 
 
 @dataclasses.dataclass
@@ -161,7 +153,7 @@ def _ieee_subnormals():
 
 def force_real():
   """Context manager: kernels traced inside use the real lowering."""
-  return _jax_interp_params.force_gpu_interpret_mode(None)
+  return jx.interpret_params_module.force_gpu_interpret_mode(None)
 
 
 def _mesh_info(mesh, grid_mapping):
@@ -235,9 +227,9 @@ def is_sim_kernel(eqn):
   one mesh (several meshes, or external ones, the lowering refuses)."""
   if not isinstance(eqn.params.get("interpret"), SimParams):
     return False
-  if eqn.primitive is _pallas_call.pallas_call_p:
+  if eqn.primitive is jx.pallas_call.pallas_call_p:
     return True
-  return (eqn.primitive is _mpmd.mpmd_map_p and len(eqn.params["jaxprs"]) == 1
+  return (eqn.primitive is jx.mpmd.mpmd_map_p and len(eqn.params["jaxprs"]) == 1
           and not eqn.params["external_meshes"])
 
 
@@ -245,7 +237,7 @@ def equation_launch(eqn, operands):
   """kernel_launch for a kernel equation (is_sim_kernel) and its operands."""
   p = dict(eqn.params)
   del p["interpret"]
-  if eqn.primitive is _mpmd.mpmd_map_p:  # (as its lowering turns it into a
+  if eqn.primitive is jx.mpmd.mpmd_map_p:  # (as its lowering turns it into a
     # pallas_call on the mesh, whose operands are its inputs)
     [p["jaxpr"]], [p["mesh"]] = p.pop("jaxprs"), p.pop("meshes")
     p["input_output_aliases"] = tuple(p.pop("input_output_aliases").items())
@@ -257,7 +249,7 @@ def equation_launch(eqn, operands):
 def _sim_interpret_pallas_call(*args, out_avals, **params):
   launch = kernel_launch(args, out_avals=out_avals, **params)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
-  outs = jax_callback.io_callback(
+  outs = jx.callback.io_callback(
       lambda *xs: execute(launch, *xs), shapes, *args, ordered=True)
   return list(outs)
 
@@ -310,7 +302,7 @@ def _as_text(v):
     return f"{type(v).__name__}({fields})"
   if isinstance(v, (tuple, list)):
     return "(" + ",".join(map(_as_text, v)) + ")"
-  if isinstance(v, (dict, FrozenDict)):
+  if isinstance(v, (dict, jx.FrozenDict)):
     return "{" + ",".join(f"{k!r}:{_as_text(x)}" for k, x in sorted(v.items(), key=repr)) + "}"
   return repr(v)
 
@@ -323,13 +315,13 @@ def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
   past `timeout` seconds, (LoweringTimedOut, None). Lowering-time checks
   only: what fails later, in ptxas or at run time, shows only on a GPU."""
   if mesh is not None:  # plgpu.kernel / core_map: an mpmd_map
-    fn = lambda *xs: _mpmd.mpmd_map_p.bind(
+    fn = lambda *xs: jx.mpmd.mpmd_map_p.bind(
         *xs, meshes=(mesh,), jaxprs=(jaxpr,), external_meshes=(),
         out_avals=tuple(out_avals),
-        input_output_aliases=FrozenDict(dict(input_output_aliases)),
+        input_output_aliases=jx.FrozenDict(dict(input_output_aliases)),
         interpret=False, name=name, **kw)
   else:
-    fn = lambda *xs: _pallas_call.pallas_call_p.bind(
+    fn = lambda *xs: jx.pallas_call.pallas_call_p.bind(
         *xs, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=None,
         input_output_aliases=input_output_aliases, out_avals=tuple(out_avals),
         interpret=False, name=name, **kw)
@@ -397,7 +389,7 @@ def _uninterpreted(jaxpr):
   """The kernel body as the GPU backend sees it: an mpmd_map nested in it
   (plgpu.warp_map) traced under the simulator carries our interpret params
   and their IO effect, which the real lowering would refuse."""
-  ours = _pallas_core.get_interpret_effects(SIM_PARAMS)
+  ours = jx.pallas_core.get_interpret_effects(SIM_PARAMS)
   changed = False
   eqns = []
   for eqn in jaxpr.eqns:
@@ -420,7 +412,7 @@ def _uninterpreted_param(v):
   return v
 
 
-_orig_interpret = _jax_interp.interpret_pallas_call
+_orig_interpret = jx.interpret_pallas_call.interpret_pallas_call
 
 
 def _dispatch(*args, interpret_params, **kw):
@@ -429,7 +421,7 @@ def _dispatch(*args, interpret_params, **kw):
   return _orig_interpret(*args, interpret_params=interpret_params, **kw)
 
 
-_jax_interp.interpret_pallas_call = _dispatch
+jx.interpret_pallas_call.interpret_pallas_call = _dispatch
 
 
 # --- source locations --------------------------------------------------------
@@ -449,7 +441,7 @@ def eqn_location(eqn):
   recorded traceback stops inside JAX (equations traced by JAX helpers such
   as emit_pipeline): the caller then uses the enclosing equation's."""
   tb = getattr(eqn.source_info, "traceback", None)
-  for fr in source_info_util.user_frames(tb):
+  for fr in jx.source_info_util.user_frames(tb):
     if not fr.file_name.startswith(_OUR_DIRS):
       return _short(fr.file_name) + f":{fr.start_line}"
   return None
@@ -460,7 +452,7 @@ def lowering_location(exc):
   cause carries the failing equation's traceback), or None."""
   for e in (exc.__cause__, exc):
     frames = [f for f in traceback.extract_tb(getattr(e, "__traceback__", None))
-              if source_info_util.is_user_filename(f.filename)
+              if jx.source_info_util.is_user_filename(f.filename)
               and not f.filename.startswith(_OUR_DIRS + (_JAXLIB_DIR,))]
     if frames:
       return f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
@@ -474,7 +466,7 @@ def user_tail(tb):
   tail = []
   while tb is not None:
     name = tb.tb_frame.f_code.co_filename
-    user = (source_info_util.is_user_filename(name)
+    user = (jx.source_info_util.is_user_filename(name)
             and not name.startswith(_OUR_DIRS + (_JAXLIB_DIR,)))
     tail = tail + [tb] if user else []
     tb = tb.tb_next
@@ -494,7 +486,7 @@ def _kernel_source(jaxpr):
     src = getattr(getattr(j, "debug_info", None), "func_src_info", None) or ""
     _, _, loc = src.rpartition(" at ")
     path, _, line = loc.rpartition(":")
-    if path and line.isdigit() and source_info_util.is_user_filename(path) and (
+    if path and line.isdigit() and jx.source_info_util.is_user_filename(path) and (
         not path.startswith(_OUR_DIRS)):
       return path, int(line)
   return None

@@ -178,7 +178,7 @@ class Executor:
     # Operands that are semaphores (plgpu.alloc_semaphore): global too.
     p.sem_inputs = frozenset(
         i for i, v in enumerate(jaxpr.invars[:launch.num_inputs])
-        if semaphores.is_semaphore(getattr(v.aval, "inner_aval", v.aval)))
+        if semaphores.holds_semaphores(v.aval))
     # Blocks that can wait for each other (global semaphores) run together.
     p.together = "get_global" in names or bool(p.sem_inputs)
     # What must run in this process, in block order: printing (the order of

@@ -104,7 +104,7 @@ def lowerable_primitive_names():
           for p in rules}
 
 
-def has_field(cls, name):
+def _has_field(cls, name):
   return any(f.name == name for f in dataclasses.fields(cls))
 
 
@@ -114,6 +114,6 @@ def interpret_params(**kw):
   as 0.11.2 does: a comparison asks races_found, and a racy kernel is not
   one the interpreter "does not support"."""
   cls = interpret_params_module.InterpretGPUParams
-  if has_field(cls, "on_race"):
+  if _has_field(cls, "on_race"):
     kw.setdefault("on_race", "warn")
   return cls(**kw)

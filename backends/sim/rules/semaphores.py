@@ -41,14 +41,16 @@ def is_semaphore(aval):
   return jnp.issubdtype(aval.dtype, jx.pallas_core.semaphore)
 
 
+def holds_semaphores(aval):
+  """Whether a kernel operand (a GMEM Ref) holds semaphores: one made by
+  plgpu.alloc_semaphore outside the kernel."""
+  return is_semaphore(getattr(aval, "inner_aval", aval))
+
+
 def input_semaphores(name, aval, array):
-  """A kernel operand that is a GMEM Ref of semaphores (plgpu.alloc_semaphore,
-  made outside the kernel) as the semaphores it holds, or None for any other
-  operand. The kernel's callback receives their values as int32."""
-  inner = getattr(aval, "inner_aval", aval)
-  if not is_semaphore(inner):
-    return None
-  sems = Semaphores(name, tuple(inner.shape))
+  """The semaphores a kernel operand that holds_semaphores carries in; the
+  kernel's callback receives their values as int32."""
+  sems = Semaphores(name, tuple(getattr(aval, "inner_aval", aval).shape))
   sems.data[...] = np.asarray(array).view(np.uint32).reshape(sems.data.shape)
   return sems
 
