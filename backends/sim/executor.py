@@ -564,17 +564,6 @@ class Executor:
 
     found = log.races()
     self.report.races.extend(found)
-    if found and self.on_race == "raise":
-      # Races inside jax's own code warn unless library_races="raise".
-      strict = self.options.library_races == "raise"
-      mine = [r for r in found if strict or not r.library]
-      for r in found:
-        if r.library and not strict:
-          warnings.warn(RaceWarning(f"kernel {launch.name}: {r}"), stacklevel=2)
-      if mine:
-        self.record_error(RaceError(
-            f"{len(mine)} race(s) in kernel {launch.name}:\n"
-            + "\n".join(str(r) for r in mine), races=mine, where=launch.where))
     for i in sorted(prep.sem_inputs):
       if in_bufs[i].data.any():
         # (the callback holds a copy of the Ref's values: a GPU keeps them)
@@ -586,11 +575,25 @@ class Executor:
     for buf in out_bufs:
       init_log.unwritten_output(buf, grid)
     unset = init_log.findings()
+    initcheck.link_causes(unset, found)
     self.report.uninitialized.extend(unset)
+    if found and self.on_race == "raise":
+      # Races inside jax's own code warn unless library_races="raise".
+      strict = self.options.library_races == "raise"
+      mine = [r for r in found if strict or not r.library]
+      for r in found:
+        if r.library and not strict:
+          warnings.warn(RaceWarning(f"kernel {launch.name}: {r}"), stacklevel=2)
+      if mine:
+        self.record_error(RaceError(
+            f"{len(mine)} race(s) in kernel {launch.name}:\n"
+            + "\n".join(str(r) for r in mine) + initcheck.also_found(unset, "races"),
+            races=mine, where=launch.where))
     if unset and self.options.on_uninitialized == "raise":
       self.record_error(UninitializedError(
           f"{len(unset)} uninitialized-memory finding(s) in kernel {launch.name}:\n"
-          + "\n".join(str(f) for f in unset), findings=unset, where=launch.where))
+          + "\n".join(str(f) for f in unset) + initcheck.also_found(found, "uninitialized"),
+          findings=unset, where=launch.where))
 
     rep = self._kernel_report(launch, arrays, prep, grid, placement, cycles, totals,
                               wall, trace, used, loads)

@@ -105,8 +105,7 @@ def _portable(result, job):
   """A GroupResult that pickles small: sites as their keys, GMEM buffers as
   their operand index."""
   return _map(result, lambda b: job.buf_index[id(b.origin)],
-              lambda s: None if s is None else (s.agent, s.prim, s.where, s.buffer,
-                                                s.access, s.thread))
+              lambda s: None if s is None else s.key)
 
 
 def restore(result, io_bufs, log):

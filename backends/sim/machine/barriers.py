@@ -27,14 +27,27 @@ def _check_phase(slot, k):
   simulated order."""
   hb = slot.block.hb
   for wg, (seen, where) in slot.waits.items():
-    if seen < k - 1 or hb.unordered_waiter(slot, wg):
-      lost_completion(
-          slot, wg, where,
-          f"barrier {slot.name} completed for the {_nth(k)} time before "
-          f"thread {wg.index} was known to have observed completion #{k - 1}"
-          f" (it has observed {seen}): waits go by phase parity, so on "
-          "hardware a completion can be lost; make the arrivals of the "
-          "next phase wait for the waiter (e.g. a second barrier back)")
+    if seen < k - 1:
+      when = (f"while thread {wg.index} had observed only completion #{seen} "
+              f"(its last wait: {where})" if seen else
+              f"before thread {wg.index}, which waits on it ({where}), observed "
+              "its first")
+    elif hb.unordered_waiter(slot, wg):
+      # Observed in the simulated order, but nothing the waiter did after
+      # that wait reached the arrivals that made this completion.
+      when = (f"after thread {wg.index} observed completion #{k - 1} ({where}), "
+              "but nothing orders that wait before the arrivals that made "
+              f"#{k}, so on hardware they can come first")
+    else:
+      continue
+    made = hb.made_by(slot, k)
+    lost_completion(
+        slot, wg, where,
+        f"barrier {slot.name} completed for the {_nth(k)} time"
+        + (f" ({made})" if made else "") + f" {when}: waits go by phase parity, "
+        "so a completion can be lost; make the arrivals of the next phase wait "
+        f"for thread {wg.index} (e.g. a second barrier back)"
+        + hb.arrival_count_note(slot))
 
 
 def lost_completion(slot, wg, where, text):

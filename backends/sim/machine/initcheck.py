@@ -81,7 +81,8 @@ def unwritten_in(ref):
 
 class Uninitialized:
   """One folded finding: an uninitialized read at a site (with an example
-  and how often), or an output that no block wrote in full."""
+  and how often), or an output that no block wrote in full. `cause`: a
+  race of the launch that explains it (link_causes), or None."""
 
   def __init__(self, kind, buffer, text, site=None, example=None):
     self.kind = kind        # "uninitialized read" | "unwritten output"
@@ -90,18 +91,77 @@ class Uninitialized:
     self.site = site        # races.Site of the read, or None
     self.example = example  # (block, element range) of the first read
     self.count = 1
+    self.cause = None
 
   @property
   def where(self):
     return self.site.where if self.site is not None else None
 
+  def cause_text(self):
+    r = self.cause
+    if r is None:
+      return ""
+    if self.site is not None:
+      other = r.first if r.second.where == self.site.where else r.second
+      return (f"\n    cause: this read races with the {other.describe()} (a {r.kind}, "
+              "in report.races / err.races): those elements were still being "
+              "written, not left unwritten; ordering the two fixes both findings")
+    return (f"\n    see also: the {r.kind} on {self.buffer} between {r.first.who} "
+            f"({r.first.where}) and {r.second.who} ({r.second.where}) (in "
+            "report.races / err.races): threads that write the same elements "
+            "may be writing where others were meant to")
+
   def __str__(self):
     if self.site is None:
-      return f"{self.kind}: {self.text}"
+      return f"{self.kind}: {self.text}" + self.cause_text()
     block, rng = self.example
     times = f"; {self.count} occurrences" if self.count > 1 else ""
+    text = self.text if self.cause is None else "nothing had written these elements yet"
     return (f"{self.kind} of {self.buffer} {rng} (block {block}{times}):\n"
-            f"    {self.site.describe()}\n    {self.text}")
+            f"    {self.site.describe()}\n    {text}" + self.cause_text())
+
+
+def link_causes(findings, races):
+  """Each finding a race of the launch explains points to it: a read of
+  elements that a write racing with it was to fill (an in-flight TMA load,
+  a wgmma, another block's TMA store), or an output left partly unwritten
+  while writes to it race with each other (threads writing one element
+  that were meant to write several)."""
+  for f in findings:
+    for r in races:
+      if r.first is None:
+        continue
+      if f.site is not None:
+        for mine, other in ((r.second, r.first), (r.first, r.second)):
+          if (mine.where, mine.buffer, mine.thread, mine.access) == (
+              f.site.where, f.site.buffer, f.site.thread, "read") and other.access == "write":
+            f.cause = r
+            break
+      elif (r.kind.startswith("write-write") and r.first.buffer == r.second.buffer
+            == f.buffer):
+        f.cause = r
+      if f.cause is not None:
+        break
+
+
+def also_found(items, kind):
+  """The lines an error raised for one kind of finding ends with, naming the
+  launch's findings of the other `kind` ("races" or "uninitialized")."""
+  if not items:
+    return ""
+  lines = []
+  for x in items:
+    if kind == "races":  # (x: an uninitialized finding)
+      at = f" at {x.where}" if x.where else ""
+      how = "caused by" if x.site is not None else "see"
+      lines.append(f"  {x.kind} of {x.buffer}{at}"
+                   + (f" ({how} the {x.cause.kind} above)" if x.cause else ""))
+    else:
+      sides = " and ".join(s.where for s in (x.first, x.second) if s is not None)
+      lines.append(f"  {x.kind} on {x.second.buffer} at {sides}")
+  what = ("uninitialized-memory finding(s), in report.uninitialized" if kind == "races"
+          else "race(s), in report.races")
+  return f"\nThe launch also had {len(items)} {what}:\n" + "\n".join(lines)
 
 
 class InitLog:

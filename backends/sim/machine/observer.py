@@ -28,6 +28,10 @@ from pallas_sim.backends.sim.machine.races import timing_verdict
 
 INF = np.iinfo(np.int64).max
 
+_PARITY = ("the wait is for an earlier phase: mbarrier waits go by phase "
+           "parity, so each thread waits once for each completion it needs (or "
+           "give each buffer its own barrier)")
+
 
 class NoObserver:
   """Race checking off: every hook does nothing."""
@@ -41,14 +45,33 @@ class NoObserver:
   def store_group(self, wg): return None
   def store_read(self, op, src, where): pass
   def store_write(self, op, dst, where, atomic): pass
-  def stores_awaited(self, wg, n, read_only): pass
+  def stores_awaited(self, wg, n, read_only, where=None): pass
   def wgmma(self, wg, operands, where): return None
   def wgmma_done(self, op): pass
   def wgmma_awaited(self, wg, n): pass
-  def arrive(self, wg, slot): pass
+  def arrive(self, wg, slot, where=None): pass
   def phase_completed(self, slot): pass
-  def waited(self, wg, slot, n): pass
+  def waited(self, wg, slot, n, where=None): pass
+  def made_by(self, slot, n):
+    """What made completion n of `slot`, for a report."""
+    return self._made_by(self._barrier(slot), n)
+
+  def arrival_count_note(self, slot):
+    """A sentence for a report when more threads arrive on `slot` than its
+    phases wait for; else ""."""
+    b = self._barrier(slot)
+    arrivers = self._arrivers(b)
+    if len(arrivers) <= slot.num_arrivals:
+      return ""
+    return (f". Note that {len(arrivers)} threads arrive on {slot.name} "
+            f"({', '.join(sorted(arrivers))}) while a phase completes after "
+            f"{slot.num_arrivals} arrival{'s' if slot.num_arrivals > 1 else ''} "
+            "(its num_arrivals): if each phase is meant to wait for all of them, "
+            f"num_arrivals={len(arrivers)} is the fix")
+
   def unordered_waiter(self, slot, wg): return False
+  def made_by(self, slot, n): return ""
+  def arrival_count_note(self, slot): return ""
   def store_pending(self, op, src, where): pass
   def scope_end(self, wg, bufs, where): pass
   def sem_signal(self, wg, sem): pass
@@ -61,22 +84,37 @@ class NoObserver:
 
 class _WgClock:
   """A warpgroup's (or a warp's) vectors and components; a warpgroup's
-  `warps`: the clocks its warps take in warp_map."""
+  `warps`: the clocks its warps take in warp_map; `who`: how reports name
+  it; `read_only_wait`: where it last waited for its TMA stores with
+  wait_read_only=True (explain)."""
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
-               "warps")
+               "warps", "wg", "warp", "read_only_wait")
+
+  @property
+  def who(self):
+    wg = self.wg
+    return (f"thread {wg.index}" + (f" of block {wg.block.index}"
+                                    if len(wg.block.group.blocks) > 1 else "")
+            + (f" warp {self.warp}" if self.warp is not None else ""))
 
 
 class _BarrierClock:
   """A barrier's component, clock base, the vectors arrived in the pending
   phase, those of each completed phase, and each waiter's clock after it
-  observed its last completion."""
-  __slots__ = ("comp", "base", "acc", "phases", "waits")
+  observed its last completion. For reports: what made the pending phase
+  and each completed one (`by`, `phase_by`: (who, where) of its arrivals
+  and TMA loads), and where each thread observed each completion
+  (`seen_at`: (thread component, completion) -> where)."""
+  __slots__ = ("comp", "base", "acc", "phases", "waits", "by", "phase_by", "seen_at")
 
   def __init__(self, comp, base):
     self.comp, self.base = comp, base
     self.acc = None
     self.phases = []
     self.waits = {}
+    self.by = []
+    self.phase_by = []
+    self.seen_at = {}
 
 
 class _Op:
@@ -102,7 +140,9 @@ class HappensBefore:
     # Async work not yet done, by the SMEM it will touch: (id(op), id(ref))
     # -> (op, ref, agent, primitive, where, writes it), for scope_end.
     self.pending = {}
+    self.owners = {}          # thread or TMA-store-write component -> _WgClock
     tracker.start_group(events)
+    tracker.explain = self.explain
 
   def comp(self, key):
     c = self.comps.get(key)
@@ -128,6 +168,8 @@ class HappensBefore:
     h.store_write = self.comp(("store_write",) + key)
     h.pos = len(self.threads)
     self.threads.append(h.thread)
+    h.wg, h.warp, h.read_only_wait = wg, None, None
+    self.owners[h.thread] = self.owners[h.store_write] = h
     h.vc, h.avc = self.new_vector(), self.new_vector()
     h.vc[h.thread] = self.base + 1
     # A warp's own component; its async channels are the warpgroup's.
@@ -138,6 +180,8 @@ class HappensBefore:
       hw.wgmma, hw.store_read, hw.store_write = h.wgmma, h.store_read, h.store_write
       hw.pos = len(self.threads)
       self.threads.append(hw.thread)
+      hw.wg, hw.warp, hw.read_only_wait = wg, w, None
+      self.owners[hw.thread] = hw
       h.warps.append(hw)
     wg.hb = h
     self.wgs.append(wg)
@@ -189,7 +233,9 @@ class HappensBefore:
       h.vc[comp] = h.avc[comp] = clock
 
   def _site(self, wg, agent, prim, where, buffer, access):
-    return self.tracker.log.site(agent, prim, where, buffer, access, wg.index)
+    blk = wg.block
+    return self.tracker.log.site(agent, prim, where, buffer, access, wg.index,
+                                 blk.index if len(blk.group.blocks) > 1 else None)
 
   def _access(self, wg, buf, view, vec, comp, clock, site, write, atomic=False,
               issued=None, since=None):
@@ -234,6 +280,7 @@ class HappensBefore:
     op.comp, op.clock = b.comp, b.base + slot.completions + 1
     op.atomic = atomic
     self._accumulate(b, op.vc, op.avc)
+    b.by.append((f"the TMA load issued by {wg.hb.who}", where))
     op.sites = [(dst, self._site(wg, "tma_load", prim, where, dst.buf.name, "write"))]
     if src is not None:
       op.sites.append((src, self._site(wg, "tma_load", prim, where, src.buf.name,
@@ -273,11 +320,13 @@ class HappensBefore:
     self._access(wg, dst.buf, dst.view, op.vc, wg.hb.store_write, op.clock, site, True,
                  atomic=atomic, since=op.t)
 
-  def stores_awaited(self, wg, n, read_only):
+  def stores_awaited(self, wg, n, read_only, where=None):
     done = self.base + wg.store_groups - n
     self._learn(wg.hb, wg.hb.store_read, done)
     if not read_only:
       self._learn(wg.hb, wg.hb.store_write, done)
+    else:
+      wg.hb.read_only_wait = where
 
   # --- wgmma --------------------------------------------------------------------
 
@@ -326,9 +375,11 @@ class HappensBefore:
       np.maximum(b.acc[0], vc, out=b.acc[0])
       np.maximum(b.acc[1], avc, out=b.acc[1])
 
-  def arrive(self, wg, slot):
+  def arrive(self, wg, slot, where=None):
     h = wg.hb
-    self._accumulate(self._barrier(slot), h.vc, h.avc)
+    b = self._barrier(slot)
+    self._accumulate(b, h.vc, h.avc)
+    b.by.append((f"{h.who}'s arrival", where))
     self._tick(h)
 
   def phase_completed(self, slot):
@@ -337,8 +388,27 @@ class HappensBefore:
     clock = b.base + slot.completions
     vc[b.comp] = avc[b.comp] = clock
     b.phases.append((vc, avc))
+    b.phase_by.append(b.by)
+    b.by = []
     b.acc = None
     self.top[b.comp] = max(self.top.get(b.comp, self.base), clock)
+
+  def made_by(self, slot, n):
+    """What made completion n of `slot`, for a report."""
+    return self._made_by(self._barrier(slot), n)
+
+  def arrival_count_note(self, slot):
+    """A sentence for a report when more threads arrive on `slot` than its
+    phases wait for; else ""."""
+    b = self._barrier(slot)
+    arrivers = self._arrivers(b)
+    if len(arrivers) <= slot.num_arrivals:
+      return ""
+    return (f". Note that {len(arrivers)} threads arrive on {slot.name} "
+            f"({', '.join(sorted(arrivers))}) while a phase completes after "
+            f"{slot.num_arrivals} arrival{'s' if slot.num_arrivals > 1 else ''} "
+            "(its num_arrivals): if each phase is meant to wait for all of them, "
+            f"num_arrivals={len(arrivers)} is the fix")
 
   def unordered_waiter(self, slot, wg):
     """Whether the completion just made is not known to happen after `wg`
@@ -347,13 +417,140 @@ class HappensBefore:
     clock = b.waits.get(wg)
     return clock is not None and b.phases[-1][0][wg.hb.thread] < clock
 
-  def waited(self, wg, slot, n):
+  def waited(self, wg, slot, n, where=None):
     b = self._barrier(slot)
     h = wg.hb
+    b.seen_at[(h.thread, n)] = where
     np.maximum(h.vc, b.phases[n - 1][0], out=h.vc)
     np.maximum(h.avc, b.phases[n - 1][1], out=h.avc)
     b.waits[wg] = int(h.vc[h.thread])
     self._tick(h)
+
+  # --- what a report says ------------------------------------------------------------
+
+  def explain(self, rec, cur, h, vc, avc, swapped=False):
+    """Why two accesses the tracker found unordered are, where the kernel
+    has synchronization meant to order them: a wait that observed an
+    earlier phase than the one that carries the other access, a barrier
+    whose phases complete before every arriving thread arrived, an arrival
+    without commit_smem before it, a read-only wait for a TMA store, an
+    arrival made only before the access. Text, or None (then races.advice
+    says what to add). `rec`: the recorded access, (site, component,
+    clock); `cur`: the current one, the same, made by `h`, which knew vc
+    (and, for async work, avc) when it made or issued it; `swapped`: the
+    recorded access knew of the current one's issue (it is the later)."""
+    (rsite, c, k), (csite, cc, ck) = rec, cur
+    by_own = sorted(self.barriers, key=lambda sb: sb[1].comp != c)
+    if not swapped:
+      for slot, b in by_own:
+        text = self._missed_phase(slot, b, rsite, c, k, csite, h, vc, avc)
+        if text:
+          return text
+    # The current access is a TMA load (stamped with the completion it
+    # makes): did the recorded thread wait on that barrier, for an earlier one?
+    rh = self.owners.get(c)
+    if (csite.agent == "tma_load" and rsite.agent == "thread" and rh is not None
+        and vc[c] < k):
+      for slot, b in self.barriers:
+        seen = [n for (t, n) in b.seen_at if t == rh.thread]
+        m = ck - b.base
+        if b.comp == cc and seen and max(seen) < m:
+          n = max(seen)
+          return (f"{rh.who}'s wait on {slot.name} ({b.seen_at[(rh.thread, n)]}) "
+                  f"observed completion #{n} ({self._made_by(b, n)}), but this TMA "
+                  f"load ({csite.where}) completes #{m}: {rh.who}'s "
+                  f"{rsite.access} ({rsite.where}) needs a wait for #{m} first: "
+                  + _PARITY)
+    store = (rsite, rh, h) if not swapped else (csite, h, rh)
+    site, sh, other = store
+    if (site.agent == "tma_store" and site.access == "write" and sh is not None
+        and other is not None and sh.read_only_wait
+        and (swapped or vc[sh.store_read] >= k)):
+      return (f"{sh.who} waited for the TMA store ({site.where}) with "
+              f"wait_smem_to_gmem(..., wait_read_only=True) ({sh.read_only_wait}), "
+              "which waits until the store has read its SMEM, not until its GMEM "
+              f"writes land, so what it then releases to {other.who} does not "
+              "include the write: wait with wait_read_only=False before releasing")
+    if not swapped:
+      for slot, b in by_own:
+        text = self._no_arrival_after(slot, b, rsite, c, k, csite, h, vc)
+        if text:
+          return text
+    return None
+
+  def _missed_phase(self, slot, b, rsite, c, k, csite, h, vc, avc):
+    """explain() for one barrier the current access's agent observed."""
+    n = int(vc[b.comp]) - b.base
+    if not 0 < n <= len(b.phases):
+      return None
+    asynchronous = csite.agent != "thread"
+    phases = b.phases + ([b.acc] if b.acc is not None else [])
+    carry = next((i + 1 for i, (pv, _) in enumerate(phases) if pv[c] >= k), None)
+    seen = b.seen_at.get((h.thread, n))
+    wait = (f"{h.who}'s wait on {slot.name} ({seen})" if seen else
+            f"what {h.who} knows of {slot.name}")
+    if vc[c] >= k:  # (known to it: only the async proxy's view misses it)
+      carry = None
+    if carry is not None and carry > n:
+      arrivers = self._arrivers(b)
+      if len(arrivers) > slot.num_arrivals and all(
+          sum(1 for who, _ in by if who.endswith("arrival")) == slot.num_arrivals
+          for by in b.phase_by):
+        cause = (f"{slot.name} completes a phase after {slot.num_arrivals} "
+                 f"arrival{'s' if slot.num_arrivals > 1 else ''} (its num_arrivals), "
+                 f"but {len(arrivers)} threads arrive on it "
+                 f"({', '.join(sorted(arrivers))}): completion #{n} did not wait for "
+                 f"the arrival that follows this {rsite.access}; with num_arrivals="
+                 f"{len(arrivers)} each phase waits for all of them")
+      else:
+        cause = _PARITY
+      return (f"{wait} observed completion #{n} ({self._made_by(b, n)}), but "
+              f"{rsite.describe()} reaches {slot.name} only with completion "
+              f"#{carry} ({self._made_by(b, carry)}): {cause}")
+    carry = next((i + 1 for i, (pv, _) in enumerate(b.phases[:n]) if pv[c] >= k), None)
+    if (asynchronous and rsite.agent == "thread" and carry is not None
+        and b.phases[carry - 1][1][c] < k and self.owners.get(c) is not h):
+      return (f"{rsite.who} arrives on {slot.name} after its plain {rsite.access} "
+              f"({rsite.where}), and {wait} observed that arrival, but no commit_smem "
+              f"comes between the {rsite.access} and the arrival: plain SMEM accesses "
+              f"reach async work ({csite.where}) only through commit_smem before the "
+              "arrival")
+    return None
+
+  def _no_arrival_after(self, slot, b, rsite, c, k, csite, h, vc):
+    """explain(): the recorded thread arrives on a barrier the current one
+    observed, but only before its access."""
+    n = int(vc[b.comp]) - b.base
+    if not 0 < n <= len(b.phases):
+      return None
+    phases = b.phases + ([b.acc] if b.acc is not None else [])
+    if any(pv[c] >= k for pv, _ in phases):
+      return None
+    seen = b.seen_at.get((h.thread, n))
+    wait = (f"{h.who}'s wait on {slot.name} ({seen})" if seen else
+            f"what {h.who} knows of {slot.name}")
+    rh = self.owners.get(c)
+    if rh is not None and f"{rh.who}'s arrival" in self._arrivers(b, False):
+      return (f"{wait} observed completion #{n} ({self._made_by(b, n)}); {rh.who} "
+              f"arrives on {slot.name} only before its {rsite.access} "
+              f"({rsite.where}), so nothing tells {h.who} that it is done: it takes "
+              f"an arrival after the {rsite.access} that {h.who} waits for before "
+              f"{csite.where} (a second barrier, the buffer's release), or a second "
+              "buffer")
+    return None
+
+  @staticmethod
+  def _arrivers(b, strip=True):
+    """The threads that arrived on the barrier so far."""
+    out = {who for by in b.phase_by + [b.by] for who, _ in by if who.endswith("arrival")}
+    return {w[:-len("'s arrival")] for w in out} if strip else out
+
+  @staticmethod
+  def _made_by(b, n):
+    by = b.phase_by[n - 1] if n <= len(b.phase_by) else b.by
+    done = "made by " if n <= len(b.phase_by) else "pending: "
+    return done + (" and ".join(f"{who}{f' at {where}' if where else ''}"
+                                for who, where in by) or "no arrival")
 
   # --- run_scoped -----------------------------------------------------------------
 

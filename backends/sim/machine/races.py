@@ -32,22 +32,38 @@ NONE = 0                        # "no access": its clock is +inf in every vector
 
 
 class Site:
-  """A static access site: which agent, what primitive, where, which buffer;
-  `library`: its line is inside the installed jax package."""
-  __slots__ = ("id", "agent", "prim", "where", "buffer", "access", "thread", "library")
+  """A static access site: which agent, what primitive, where, which buffer,
+  which thread, and `block`: the block's grid index where its group holds
+  several blocks (a cluster; blocks that wait on each other's semaphores),
+  so that a report names both blocks; else None. `library`: its line is
+  inside the installed jax package."""
+  __slots__ = ("id", "agent", "prim", "where", "buffer", "access", "thread", "block",
+               "library")
 
-  def __init__(self, sid, agent, prim, where, buffer, access, thread):
+  def __init__(self, sid, agent, prim, where, buffer, access, thread, block=None):
     self.id, self.agent, self.prim, self.where = sid, agent, prim, where
-    self.buffer, self.access, self.thread = buffer, access, thread
+    self.buffer, self.access, self.thread, self.block = buffer, access, thread, block
     self.library = in_jax(where)
+
+  @property
+  def key(self):
+    """What the site is (RaceLog.site's arguments): the same in every process."""
+    return (self.agent, self.prim, self.where, self.buffer, self.access, self.thread,
+            self.block)
+
+  @property
+  def who(self):
+    """The thread that made (or issued) it: "thread 1", "thread 0 of block (1, 0)"."""
+    return f"thread {self.thread}" + (f" of block {self.block}" if self.block is not None
+                                      else "")
 
   def describe(self):
     if self.access in ("end", "wait"):
-      return f"thread {self.thread}, {self.prim} ({self.where})"
-    who = {"thread": f"thread {self.thread}",
-           "tma_load": f"TMA load issued by thread {self.thread}",
-           "tma_store": f"TMA store issued by thread {self.thread}",
-           "wgmma": f"wgmma group issued by thread {self.thread}"}[self.agent]
+      return f"{self.who}, {self.prim} ({self.where})"
+    who = {"thread": self.who,
+           "tma_load": f"TMA load issued by {self.who}",
+           "tma_store": f"TMA store issued by {self.who}",
+           "wgmma": f"wgmma group issued by {self.who}"}[self.agent]
     return f"{self.access} of {self.buffer} by {who} ({self.prim} at {self.where})"
 
 
@@ -121,8 +137,8 @@ class RaceLog:
     self.site_list = []
     self.reports = {}
 
-  def site(self, agent, prim, where, buffer, access, thread):
-    key = (agent, prim, where, buffer, access, thread)
+  def site(self, agent, prim, where, buffer, access, thread, block=None):
+    key = (agent, prim, where, buffer, access, thread, block)
     s = self.sites.get(key)
     if s is None:
       s = self.sites[key] = Site(len(self.site_list), *key)
@@ -163,11 +179,24 @@ def timing_verdict(first, second):
 
 
 def advice(first, second, same_block=True):
-  """What synchronization would have ordered the two accesses."""
+  """What synchronization would have ordered the two accesses, where the
+  kernel has none that could (observer.HappensBefore.explain names what is
+  wrong with the synchronization it does have)."""
   a, b = first, second
   if not same_block:
     return ("blocks of one launch are unordered: give each block its own "
             "bytes, or use atomics / separate kernels")
+  other = a.block != b.block  # (two blocks of one cluster, or of a semaphore group)
+  if other and a.block is not None and b.block is not None:
+    kind = "plain" if a.agent == "thread" else a.agent.replace("_", " ").replace("tma", "TMA")
+    return (f"nothing orders {a.who}'s {kind} {a.access} "
+            f"({a.where}) before {b.who}'s {b.access} ({b.where}): a block's own "
+            "barrier waits and fences order its own threads only; it takes a "
+            f"ClusterBarrier (or a semaphore) that block {a.block} arrives on "
+            f"(signals) after it and block {b.block} waits on before its access"
+            + (" (wait_smem_to_gmem with wait_read_only=False first: copies can only "
+               "be awaited by the thread that issued them)"
+               if a.agent == "tma_store" else ""))
   if a.agent == "tma_load" and b.agent in ("thread", "wgmma"):
     return (f"no barrier_wait between this TMA load ({a.where}) and this "
             f"{'read' if b.access == 'read' else 'write'} ({b.where})")
@@ -183,28 +212,32 @@ def advice(first, second, same_block=True):
             f"wgmma_wait before this access ({b.where})")
   if a.agent == "tma_store" and a.access == "read":
     return (f"the TMA store ({a.where}) may still be reading this SMEM: "
-            f"wait_smem_to_gmem(..., wait_read_only=True) in thread {a.thread} "
+            f"wait_smem_to_gmem(..., wait_read_only=True) in {a.who} "
             f"before this access ({b.where})"
-            + ("" if a.thread == b.thread else
-               "; copies can only be awaited by the thread that issued them, "
-               "so thread {} must wait before it signals thread {}".format(
-                   a.thread, b.thread)))
+            + ("" if a.who == b.who else
+               f"; copies can only be awaited by the thread that issued them, "
+               f"so {a.who} must wait before it signals {b.who}"))
   if a.agent == "tma_store":
     return (f"the TMA store ({a.where}) may still be writing: "
-            f"wait_smem_to_gmem in thread {a.thread} before this access "
+            f"wait_smem_to_gmem in {a.who} before this access "
             f"({b.where}); copies can only be awaited by the thread that "
             "issued them")
   if a.agent == "thread" and b.agent in ("tma_store", "wgmma", "tma_load"):
-    if a.thread == b.thread:
+    if a.who == b.who:
       return (f"no commit_smem between the plain {a.access} ({a.where}) and the "
               f"{b.agent.replace('_', ' ')} ({b.where}) that "
               f"{'overwrites' if b.access == 'write' else 'reads'} it")
-    return (f"thread {a.thread}'s plain {a.access} ({a.where}) is not ordered "
+    return (f"{a.who}'s plain {a.access} ({a.where}) is not ordered "
             f"before the {b.agent.replace('_', ' ')} ({b.where}): commit_smem "
-            f"in thread {a.thread}, then a barrier to thread {b.thread}")
+            f"in {a.who}, then a barrier to {b.who}")
+  if (a.agent == b.agent == "thread" and a.where == b.where
+      and " warp " in str(a.thread) and " warp " in str(b.thread)):
+    return (f"every warp runs this {a.access} ({a.where}) on the same elements: in "
+            "warp_map, give each warp its own (index them by the warp's "
+            "lax.axis_index), or make one warp do it")
   if a.agent == "thread" and b.agent == "thread":
-    return (f"no barrier between thread {a.thread}'s {a.access} ({a.where}) and "
-            f"thread {b.thread}'s {b.access} ({b.where})")
+    return (f"no barrier between {a.who}'s {a.access} ({a.where}) and "
+            f"{b.who}'s {b.access} ({b.where})")
   return f"nothing orders {a.where} before {b.where}"
 
 
@@ -506,6 +539,9 @@ class Tracker:
     self.gmem_spans = {}  # GMEM shadow -> the flat elements [lo, hi) touched
     self.dirty = {}  # GMEM shadow -> [lo, hi) touched since its last release
     self.rows = {}  # (shape, element strides) -> rows_of() or () (access's common case)
+    # (recorded, current, agent, vc, avc) -> text or None: what is wrong with
+    # the synchronization the kernel has (observer.HappensBefore.explain)
+    self.explain = None
 
   def start_group(self, events):
     self.group += 1
@@ -630,7 +666,7 @@ class Tracker:
       m = m if m.any() else None
     if m is not None:
       self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue, agent, block,
-                   span)
+                   span, (comp, clock, vec, issued))
     if write:
       wc[...] = comp
       wk[...] = clock
@@ -644,7 +680,7 @@ class Tracker:
         m = _unordered(rc, rk, vec)
         if m is not None:
           self._report("read", m, rc, rk, sh, buf, off, estrides, site, issue, agent,
-                       block, span)
+                       block, span, (comp, clock, vec, issued))
         rc[...] = NONE
       return
     self._read(sh, V, vec, comp, clock)
@@ -696,7 +732,7 @@ class Tracker:
         self._read(sh, lambda arr: _view(arr, off, shape, estrides), vec, comp, clock)
 
   def _report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site,
-              issue, agent, block, span):
+              issue, agent, block, span, stamp):
     rng = element_range(buf, off, estrides, mask)
     pairs = np.unique(np.stack([comps[mask].astype(np.int64), clocks[mask]]), axis=1)
     for c, k in pairs.T:
@@ -707,10 +743,14 @@ class Tracker:
       # (async work counts from its issue), whatever order the simulated
       # timing found them in: e.g. a TMA store issued before a barrier,
       # whose SMEM another warpgroup overwrites after waiting on it.
-      if agent.pos < len(first_know) and first_know[agent.pos] >= issue:
+      swapped = agent.pos < len(first_know) and first_know[agent.pos] >= issue
+      if swapped:
         a, b = b, a
         spans = spans[::-1]
       kind = ("write-write" if a[0] == b[0] == "write" else
               "read-write" if a[0] == "read" else "write-read") + " race"
+      comp, clock, vec, issued = stamp
+      text = self.explain and self.explain((first, int(c), int(k)), (site, comp, clock),
+                                           agent, issued, vec, swapped)
       self.events.append(("race", kind, a[1], b[1], block.index, rng,
-                          advice(a[1], b[1]), timing_verdict(*spans)))
+                          text or advice(a[1], b[1]), timing_verdict(*spans)))

@@ -15,6 +15,7 @@ from pallas_sim.errors import KernelError
 def _barrier_arrive(eqn, cx):
   at = refview.compile_transforms(eqn.params["transforms_treedef"])
   has_pred = eqn.params.get("has_user_predicate", False)
+  where = cx.where(eqn)
 
   def arrive(wg, ref, *rest):
     if has_pred:
@@ -28,7 +29,7 @@ def _barrier_arrive(eqn, cx):
     # leader-tracked, in the leader's only: block 0 along its axis).
     for peer in (_arrivees(blk, slot) if slot.collective else (blk,)):
       s = slot if peer is blk else peer_slot(peer, slot)
-      blk.hb.arrive(wg, s)
+      blk.hb.arrive(wg, s, where)
       barriers.arrive(s, at=wg.time)
     return []
   return arrive
@@ -76,7 +77,7 @@ def _barrier_test(eqn, cx):
     if done:
       wg.bar_waits[slot] = n
       slot.waits[wg] = [n, where]
-      wg.block.hb.waited(wg, slot, n)
+      wg.block.hb.waited(wg, slot, n, where)
     return np.bool_(done)
   return Gen(test)
 
@@ -113,7 +114,7 @@ def _barrier_wait(eqn, cx):
       wg.block.event(wg.name, f"wait {slot.name}", start, wg.time)
       wg.stalled("TMA" if slot.by_copy[n - 1] else "barrier", start)
     slot.waits[wg] = [n, where]
-    wg.block.hb.waited(wg, slot, n)
+    wg.block.hb.waited(wg, slot, n, where)
     wg.time += timing.barrier_latency
     return []
   return Gen(wait)

@@ -228,7 +228,7 @@ def _async_store_smem(eqn, cx):
       d, slot = peer_ref(peer, d), peer_slot(peer, slot)
     nbytes = d.view.nbytes
     barriers.arrive(slot, expect_tx=nbytes, at=wg.time)
-    blk.hb.arrive(wg, slot)
+    blk.hb.arrive(wg, slot, where)
     start, _, done = timing.tma(blk.engines, wg.time, nbytes, via_l2=False)
     _land_at(done, wg, None, d, slot, nbytes, where, what,
              value=np.array(src, copy=True), combine=combine)
@@ -402,7 +402,7 @@ def _wait_smem_to_gmem(eqn, cx):
       wg.stalled("TMA store", start)
     # all but the newest n groups are observed (their reads at least)
     wg.store_reads_awaited = max(wg.store_reads_awaited, wg.store_groups - n)
-    wg.block.hb.stores_awaited(wg, n, read_only)
+    wg.block.hb.stores_awaited(wg, n, read_only, where)
     return []
   return Gen(wait)
 

@@ -208,12 +208,16 @@ def _wgmma_wait(eqn, cx):
 
 @rule("wgmma_accumulator_deref")
 def _acc_deref(eqn, cx):
+  # acc[...] is wgmma_accumulator_load(acc, wait_n=0); wait_n=None waits
+  # for nothing. A report names the call the user wrote.
   n = eqn.params.get("wait_n", 0)
+  label = "acc[...]" if n == 0 else f"wgmma_accumulator_load(wait_n={n})"
   where = cx.where(eqn)
 
   def deref(wg, acc):
-    yield from wg.wait_wgmma(n, "accumulator read (acc[...])", where)
-    wg.block.hb.plain(wg, acc, False, "acc[...]", where)
+    if n is not None:
+      yield from wg.wait_wgmma(n, f"accumulator read ({label})", where)
+    wg.block.hb.plain(wg, acc, False, label, where)
     return acc.view.copy()
   return Gen(deref)
 
