@@ -180,10 +180,12 @@ def test_reading_a_multicast_tile_before_its_barrier_races_across_the_cluster():
   assert any(f.kind == "uninitialized read" for f in sim.report.uninitialized)
 
 
-def cluster_ref_kernel(sync=True, tiled=True):
+def cluster_ref_kernel(sync=True, tiled=True, end_sync=True, late=0):
   """Each block of a cluster of 2 loads its half of x into SMEM, then reads
   its peer's SMEM through plgpu.cluster_ref (after a cluster barrier, or
-  not)."""
+  not), and waits on the cluster barrier again before it ends so that its
+  peer is done with its SMEM (`end_sync`), or not. `late`: block 1 sleeps
+  that many nanoseconds before its read."""
   tr = dict(transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
             ) if tiled else {}
 
@@ -198,7 +200,14 @@ def cluster_ref_kernel(sync=True, tiled=True):
     if sync:
       plgpu.barrier_arrive(cbar)
       plgpu.barrier_wait(cbar)
+    if late:
+      @pl.when(c == 1)
+      def _():
+        pl.delay(late)
     o_ref[c] = plgpu.cluster_ref(smem, {"c": 1 - c})[...]
+    if end_sync:
+      plgpu.barrier_arrive(cbar)
+      plgpu.barrier_wait(cbar)
   return k
 
 
@@ -216,3 +225,31 @@ def test_reading_a_peer_s_smem_without_the_cluster_barrier_races():
   found = {(r.kind, r.first.agent, r.second.agent, r.second.buffer)
            for r in sim.report.races}
   assert ("write-read race", "tma_load", "thread", "smem") in found, found
+
+
+@pytest.mark.parametrize("late", [0, 20000])
+def test_a_block_that_ends_while_its_peer_reads_its_smem_is_reported(late):
+  """Without the cluster barrier at the end, block 0 may end (its SMEM
+  released) while block 1 reads that SMEM through cluster_ref: on an H200
+  the launch fails (tests/test_gpu.py). Reported with both blocks named,
+  whichever comes first in the simulated timing (`late`: the read after the
+  end)."""
+  x = jnp.arange(2 * 64 * 32, dtype=F32).reshape(2, 64, 32)
+  sim = ps.simulate(cluster_ref_kernel(end_sync=False, late=late), x,
+                    on_race="report")
+  kinds = {r.kind for r in sim.report.races}
+  assert "block ends while a peer may access its SMEM" in kinds, kinds
+  if late:
+    assert "SMEM access after its block ended" in kinds, kinds
+  for r in sim.report.races:
+    assert {r.first.block, r.second.block} == {(0,), (1,)}, str(r)
+    assert "CUDA_ERROR_LAUNCH_FAILED" in r.advice and "cluster barrier" in r.advice
+  with pytest.raises(ps.RaceError, match="block ends while a peer"):
+    ps.simulate(cluster_ref_kernel(end_sync=False, late=late), x)
+
+
+def test_a_block_that_ends_after_its_peer_is_done_is_not_reported():
+  x = jnp.arange(2 * 64 * 32, dtype=F32).reshape(2, 64, 32)
+  sim = ps.simulate(cluster_ref_kernel(late=20000), x)
+  assert sim.report.races == []
+  np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x)[::-1])

@@ -258,6 +258,37 @@ def test_cluster_ref_agrees(tiled):
   assert_bit_equal(sim, real, "cluster_ref")
 
 
+_CLUSTER_END = """
+import sys, os
+sys.path[:0] = [os.path.join(os.getcwd(), "tests"), os.path.join(os.getcwd(), "examples")]
+import jax, jax.numpy as jnp, numpy as np
+from test_clusters import cluster_ref_kernel
+x = jnp.arange(2 * 64 * 32, dtype=jnp.float32).reshape(2, 64, 32)
+for _ in range(20):
+  out = np.asarray(jax.block_until_ready(cluster_ref_kernel(end_sync={}, late=20000)(x)))
+  assert (out == np.asarray(x)[::-1]).all()
+print("ok")
+"""
+
+
+def test_a_block_ending_while_its_peer_reads_its_smem_fails_the_launch():
+  """What the simulator reports as "block ends while a peer may access its
+  SMEM" (tests/test_clusters.py): on the GPU the launch fails; with the
+  cluster barrier at the end it runs. In subprocesses: a failed launch
+  leaves the process's CUDA context unusable."""
+  import subprocess
+  import sys
+  run = lambda end_sync: subprocess.run(
+      [sys.executable, "-c", _CLUSTER_END.format(end_sync)], capture_output=True,
+      text=True, timeout=300)
+  good = run(True)
+  assert good.returncode == 0 and "ok" in good.stdout, good.stderr[-2000:]
+  bad = run(False)
+  assert bad.returncode != 0, bad.stdout
+  assert "LAUNCH_FAILED" in bad.stderr or "launch failure" in bad.stderr, (
+      bad.stderr[-2000:])
+
+
 def test_warp_level_kernels_agree():
   import test_warps as W
   x = jax.random.uniform(jax.random.key(0), (64, 32), jnp.float32)

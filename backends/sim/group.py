@@ -241,6 +241,7 @@ def _warpgroup(prog, refs, wg, launch, group):
     group.profile.event(wg, "Init", True)
     group.profile.event(wg, "Init", False)
   yield from run_gen(prog, refs, wg)
+  group.hb.thread_exit(wg, launch.where)
   if wg.open_group or wg.store_reads_awaited < wg.store_groups:
     site = group.log.site("thread", "end of kernel", launch.where, "TMA stores", "end",
                           wg.index)

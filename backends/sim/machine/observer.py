@@ -28,6 +28,10 @@ from pallas_sim.backends.sim.machine.races import timing_verdict
 
 INF = np.iinfo(np.int64).max
 
+_CLUSTER_END = ("Before the kernel ends, a cluster barrier that each block arrives "
+                "on after its last access to a peer's SMEM and waits on (every "
+                "block then knows its peers are done with its SMEM)")
+
 _PARITY = ("the wait is for an earlier phase: mbarrier waits go by phase "
            "parity, so each thread waits once for each completion it needs (or "
            "give each buffer its own barrier)")
@@ -74,6 +78,7 @@ class NoObserver:
   def arrival_count_note(self, slot): return ""
   def store_pending(self, op, src, where): pass
   def scope_end(self, wg, bufs, where): pass
+  def thread_exit(self, wg, where): pass
   def sem_signal(self, wg, sem): pass
   def sem_acquire(self, wg, sem): pass
   def fork(self, wg, warps): pass
@@ -141,6 +146,10 @@ class HappensBefore:
     # -> (op, ref, agent, primitive, where, writes it), for scope_end.
     self.pending = {}
     self.owners = {}          # thread or TMA-store-write component -> _WgClock
+    # SMEM buffers of blocks that ended (their SMEM is gone): id -> (block,
+    # the site of its end); threads of each block that ended
+    self.gone = {}
+    self.ended = {}
     tracker.start_group(events)
     tracker.explain = self.explain
 
@@ -245,6 +254,13 @@ class HappensBefore:
     span = (now if since is None else since, now)
     if wg.block.zombies and buf.smem_range:
       self._zombies(wg, buf, vec, site, span)
+    if self.gone and id(buf) in self.gone:
+      owner, end = self.gone[id(buf)]
+      self.tracker.events.append((
+          "race", "SMEM access after its block ended", end, site, wg.block.index, "",
+          f"block {owner.index} had ended ({end.where}) when {site.describe()} "
+          "touched its SMEM: on hardware the launch fails "
+          "(CUDA_ERROR_LAUNCH_FAILED). " + _CLUSTER_END, None))
     self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
                         wg.block, atomic=atomic, issued=issued, span=span)
 
@@ -577,13 +593,66 @@ class HappensBefore:
         if races.all_ordered(comps, clocks, h.vc):  # (the common case, in one call)
           continue
         late = (clocks > h.vc[comps]) & (comps != 0)
-        late &= ~np.isin(comps, self.threads)
+        if len(blk.group.blocks) == 1:
+          late &= ~np.isin(comps, self.threads)
         if not late.any():
           continue
         for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
           entry = tracker.sites.get((sh.uid, c, k))
-          if entry is not None and entry[0].thread == wg.index:
+          # (its own thread's async work, or a cluster peer's access)
+          if entry is not None and (
+              entry[0].block not in (None, blk.index)
+              or entry[0].thread == wg.index and entry[0].agent != "thread"):
             blk.zombies.append((buf, None, c, k, entry[0], entry[3], where))
+
+  def thread_exit(self, wg, where):
+    """`wg` ran to its end; once every thread of its block has, the block
+    ends and its SMEM is released. In a cluster, a peer block's access to
+    that SMEM (cluster_ref, a multicast, async_store_smem into it) must be
+    ordered before the end: one that is not, or that comes after, fails the
+    launch on hardware."""
+    blk = wg.block
+    done = self.ended[blk.member] = self.ended.get(blk.member, 0) + 1
+    if done < len(blk.warpgroups) or len(blk.group.blocks) == 1:
+      return
+    end_vc = self.new_vector()
+    for w in blk.warpgroups:
+      np.maximum(end_vc, w.hb.vc, out=end_vc)
+    tracker = self.tracker
+    bufs = {id(b): b for bb in blk.shared.values() for b in bb
+            if b is not None and b.space == "smem" and b.data.dtype != object}
+    for b in bufs.values():
+      self.gone[id(b)] = (blk, self._site(wg, "thread", "end of kernel", where,
+                                          b.name, "end"))
+    now = blk.sched.now
+    for key, (op, ref, agent, prim, opwhere, write) in self.pending.items():
+      if id(ref.buf) in bufs and op.wg.block is not blk:
+        first = self._site(op.wg, agent, prim, opwhere, ref.buf.name,
+                           "write" if write else "read")
+        self._ended_under(blk, first, self.gone[id(ref.buf)][1], None)
+    for b in bufs.values():
+      sh = b.shadow
+      if sh is None or sh.group != tracker.group:
+        continue
+      for comps, clocks in [(sh.wc, sh.wk)] + [sh.slot(i) for i in range(sh.read_slots)]:
+        if races.all_ordered(comps, clocks, end_vc):
+          continue
+        late = (clocks > end_vc[comps]) & (comps != 0)
+        for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
+          entry = tracker.sites.get((sh.uid, c, k))
+          if entry is not None and entry[0].block not in (None, blk.index):
+            first, _, _, first_span = entry
+            self._ended_under(blk, first, self.gone[id(b)][1],
+                              timing_verdict(first_span, (now, now)))
+
+  def _ended_under(self, blk, first, end, timing):
+    self.tracker.events.append((
+        "race", "block ends while a peer may access its SMEM", first, end,
+        blk.index, "",
+        f"block {blk.index} ends ({end.where}) with nothing ordering "
+        f"{first.describe()} before its end: on hardware the launch fails "
+        "(CUDA_ERROR_LAUNCH_FAILED) when the access comes after it. " + _CLUSTER_END,
+        timing))
 
   def _zombies(self, wg, buf, vec, site, span):
     """An access to SMEM bytes that async work of an ended scope may still
@@ -602,13 +671,20 @@ class HappensBefore:
         continue  # (observed: those bytes are free now)
       timing = (True, 0.0) if in_flight else (
           timing_verdict(first_span, span) if first_span else (False, 0.0))
+      peer = first.block not in (None, blk.index)
       self.tracker.events.append((
-          "race", "async work outlives its run_scoped", first, site, blk.index,
+          "race", "SMEM reused while a peer block may access it" if peer else
+          "async work outlives its run_scoped", first, site, blk.index,
           f"(bytes {max(lo, zlo)}..{min(hi, zhi)} of SMEM)",
-          f"{first.describe()} was not awaited before its run_scoped ended "
-          f"({end_where}), and the lowering gives those bytes to {buf.name}: "
-          "await it (barrier_wait, wgmma_wait or wait_smem_to_gmem) before the "
-          "scope ends", timing))
+          (f"{first.describe()} (a peer block's access to this block's SMEM) is "
+           f"not ordered before this block's run_scoped ended ({end_where}), and "
+           f"the lowering gives those bytes to {buf.name}: a cluster barrier that "
+           "the peer arrives on after its access, waited for before the scope ends"
+           if peer else
+           f"{first.describe()} was not awaited before its run_scoped ended "
+           f"({end_where}), and the lowering gives those bytes to {buf.name}: "
+           "await it (barrier_wait, wgmma_wait or wait_smem_to_gmem) before the "
+           "scope ends"), timing))
     blk.zombies = keep
 
   # --- semaphores -----------------------------------------------------------------

@@ -119,7 +119,8 @@ class Race:
       return (f"{self.kind} (block {block}{times}): {self.second.describe()}\n"
               f"    {self.advice}")
     timing = self.timing_text()
-    return (f"{self.kind} on {self.second.buffer} {rng} (block {block}{times}):\n"
+    return (f"{self.kind} on {self.second.buffer}{' ' + rng if rng else ''} "
+            f"(block {block}{times}):\n"
             f"    first:  {self.first.describe()}\n"
             f"    second: {self.second.describe()}\n"
             + (f"    timing: {timing}\n" if timing else "")
