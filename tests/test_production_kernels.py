@@ -165,3 +165,30 @@ def test_estimate_gives_simulates_times_on_jaxs_kernels(name):
   for k_full, k_est in zip(full.kernels, est.kernels, strict=True):
     assert k_est.time_s == k_full.time_s and k_est.bound == k_full.bound
     assert k_est.block_cycles_max == k_full.block_cycles_max
+
+
+def test_races_in_a_library_kernel_s_backward_pass_name_its_lines_and_the_call():
+  """jax.grad through JAX's attention: its backward kernels are traced by
+  autodiff (under the forward call's traceback), yet each access is located
+  at the kernel's own line in attention_mgpu.py, the user's call is named,
+  and the races (plain reads, then a TMA refill with no commit_smem between:
+  JAX's own) are reported, not raised."""
+  import inspect
+  from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
+                        block_kv_dkv=64, block_q_dq=64, block_kv_dq=64,
+                        compute_wgs_bwd=2)
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, 256, 1, 64)), jnp.float16)
+             for _ in range(3))
+  loss = lambda q, k, v: am.attention(q, k, v, cfg).astype(jnp.float32).sum()
+  call = inspect.currentframe().f_lineno + 3  # (the jax.grad line)
+  with pytest.warns(ps.RaceWarning, match="in jax's own code"):
+    with ps.backend("sim") as report:
+      jax.block_until_ready(jax.grad(loss, argnums=(0, 1, 2))(q, k, v))
+  assert report.races
+  for r in report.races:
+    for side in (r.first, r.second):
+      assert side.where.rsplit(":", 1)[0].endswith("attention_mgpu.py"), str(r)
+    assert r.library and r.call_site.endswith(f"test_production_kernels.py:{call}"), str(r)
+    assert "commit_smem" in r.advice

@@ -17,6 +17,9 @@ import ctypes.util
 import dataclasses
 import linecache
 import os
+import site
+import sys
+import sysconfig
 import threading
 import traceback
 import types
@@ -44,9 +47,13 @@ class SimParams(jx.interpret_params_module.InterpretGPUParams):
 SIM_PARAMS = SimParams()
 
 
+@contextlib.contextmanager
 def force_sim():
-  """Context manager: kernels traced inside are routed to the simulator."""
-  return jx.interpret_params_module.force_gpu_interpret_mode(SIM_PARAMS)
+  """Context manager: kernels traced inside are routed to the simulator,
+  their equations located where they are traced (jx.real_tracebacks)."""
+  with jx.interpret_params_module.force_gpu_interpret_mode(SIM_PARAMS), \
+      jx.real_tracebacks():
+    yield
 
 
 @dataclasses.dataclass
@@ -66,6 +73,9 @@ class KernelLaunch:
   aliases: tuple               # (input index, output index) pairs
   block_mappings: tuple = ()   # pallas_call BlockSpecs (grid_mapping), if any
   where: str = ""              # user file:line of the kernel body
+  # Where the user's own code (not a library's) launched it, when the kernel
+  # body lies outside the user's files (JAX's ops/gpu, an installed library)
+  call_site: str = ""
   arg_names: tuple = ()        # the body's parameter names, where recoverable
   profile: object = None       # profiler.Spec when compiler_params ask for a profile
   approx_math: bool = False     # CompilerParams(approx_math=True): the timing model's
@@ -201,6 +211,7 @@ def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
       out_avals=tuple(out_avals),
       aliases=tuple(input_output_aliases), block_mappings=block_mappings,
       where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr),
+      call_site=_call_site(jaxpr),
       profile=profiler.spec_of(kw.get("compiler_params")),
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
       smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)))
@@ -490,6 +501,35 @@ def _kernel_source(jaxpr):
         not path.startswith(_OUR_DIRS)):
       return path, int(line)
   return None
+
+
+_LIBRARY_DIRS = tuple({
+    os.path.abspath(p) + os.sep for p in
+    site.getsitepackages() + [site.getusersitepackages(), sysconfig.get_path("purelib"),
+                              sysconfig.get_path("platlib")] if p})
+
+
+def is_own_file(path):
+  """Whether `path` is the user's own code: not JAX's, not pallas-sim's, not
+  an installed library's (site-packages), not the standard library's."""
+  path = os.path.abspath(path)
+  return (jx.source_info_util.is_user_filename(path) and not path.startswith(_OUR_DIRS)
+          and not path.startswith(_LIBRARY_DIRS))
+
+
+def _call_site(jaxpr):
+  """For a kernel whose body lies outside the user's own files: the user's
+  innermost frame on the stack now (the kernel is traced from their call),
+  as file:line; else ""."""
+  src = _kernel_source(jaxpr)
+  if src is None or is_own_file(src[0]):
+    return ""
+  f = sys._getframe(1)  # pylint: disable=protected-access
+  while f is not None:
+    if is_own_file(f.f_code.co_filename):
+      return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
+    f = f.f_back
+  return ""
 
 
 def kernel_location(jaxpr):

@@ -497,7 +497,7 @@ class Executor:
                           dtype=np.int64).reshape(len(s.blocks), -1)
     s.placement.set_loads(grid_index, prep.load_axes)
     s.placement.trace_loads = prep.variation is not None
-    s.log = races.RaceLog(launch.name)
+    s.log = races.RaceLog(launch.name, launch.call_site)
     s.runner = GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
                            s.placement, s.log, self.check_races,
                            max(map(len, s.groups)), detached=self.detached,

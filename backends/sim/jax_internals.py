@@ -35,6 +35,7 @@ What each release needs (0.11.2 / 0.12.0.1):
   pallas_call_p's params; the Mosaic GPU core classes imported by name
   (transforms, barrier types, WarpMesh, TraceScope, RefType).
 """
+import contextlib
 import dataclasses
 
 import jax
@@ -117,3 +118,29 @@ def interpret_params(**kw):
   if _has_field(cls, "on_race"):
     kw.setdefault("on_race", "warn")
   return cls(**kw)
+
+
+@contextlib.contextmanager
+def real_tracebacks():
+  """Equations traced inside keep the Python stack they were traced at.
+  JAX's autodiff traces a backward pass (a custom_vjp's bwd, a transpose)
+  under `user_context(<the forward call's traceback>)`, so every equation
+  of a kernel traced there is located at the user's jax.grad line, and a
+  report on, say, attention's backward kernels would name no line of the
+  kernel. The simulator reads locations from these tracebacks (capture.
+  eqn_location), so while it traces, user_context keeps its name stack and
+  error notes but not its traceback."""
+  cls = source_info_util.UserContextManager
+  enter = cls.__enter__
+
+  def enter_keeping_the_stack(self):
+    enter(self)
+    ctx = source_info_util._source_info_context  # pylint: disable=protected-access
+    # (SourceInfo.replace keeps a traceback it is given as None)
+    ctx.context = source_info_util.SourceInfo(None, ctx.context.name_stack)
+
+  cls.__enter__ = enter_keeping_the_stack
+  try:
+    yield
+  finally:
+    cls.__enter__ = enter

@@ -70,8 +70,10 @@ class Site:
 class Race:
   """One folded race report: both accesses, an example, and how often."""
 
-  def __init__(self, kind, first, second, example, advice, timing=None):
+  def __init__(self, kind, first, second, example, advice, timing=None, call_site=""):
     self.kind, self.first, self.second = kind, first, second
+    # The user's call of a kernel defined outside their files (RaceLog)
+    self.call_site = call_site
     # Both accesses are made by jax's own code (Options.library_races).
     self.library = bool(first is not None and first.library and second.library)
     self.example = example  # (block, element range text)
@@ -126,14 +128,17 @@ class Race:
             + (f"    timing: {timing}\n" if timing else "")
             + (f"    in jax's own code, not yours: reported, not raised (pass "
                f"library_races='raise' to fail on it)\n" if self.library else "")
+            + (f"    the kernel was called from {self.call_site}\n" if self.call_site
+               else "")
             + f"    {self.advice}")
 
 
 class RaceLog:
   """Sites and folded reports for one launch."""
 
-  def __init__(self, kernel):
+  def __init__(self, kernel, call_site=""):
     self.kernel = kernel
+    self.call_site = call_site  # (a kernel defined outside the user's files)
     self.sites = {}
     self.site_list = []
     self.reports = {}
@@ -150,7 +155,8 @@ class RaceLog:
     key = (kind, first.id if first else -1, second.id)
     r = self.reports.get(key)
     if r is None:
-      self.reports[key] = Race(kind, first, second, (block, rng), advice, timing)
+      self.reports[key] = Race(kind, first, second, (block, rng), advice, timing,
+                               self.call_site)
     else:
       r.count += 1
       r.fold_timing(timing)
