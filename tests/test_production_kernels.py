@@ -5,6 +5,8 @@ has none. They read device properties while tracing (SM count, CUDA
 versions): under the simulator they see the simulated GPU's
 (backends/sim/device.py). tests/test_gpu.py runs the same calls on an H200
 and compares bit for bit."""
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,7 +169,9 @@ def test_estimate_gives_simulates_times_on_jaxs_kernels(name):
     assert k_est.block_cycles_max == k_full.block_cycles_max
 
 
-def test_races_in_a_library_kernel_s_backward_pass_name_its_lines_and_the_call():
+@pytest.mark.parametrize("compute_wgs", [1, 2])
+def test_races_in_a_library_kernel_s_backward_pass_name_its_lines_and_the_call(
+    compute_wgs):
   """jax.grad through JAX's attention: its backward kernels are traced by
   autodiff (under the forward call's traceback), yet each access is located
   at the kernel's own line in attention_mgpu.py, the user's call is named,
@@ -177,16 +181,23 @@ def test_races_in_a_library_kernel_s_backward_pass_name_its_lines_and_the_call()
   from jax.experimental.pallas.ops.gpu import attention_mgpu as am
   cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
                         block_kv_dkv=64, block_q_dq=64, block_kv_dq=64,
-                        compute_wgs_bwd=2)
+                        compute_wgs_bwd=compute_wgs)
   rng = np.random.default_rng(0)
   q, k, v = (jnp.asarray(rng.standard_normal((1, 256, 1, 64)), jnp.float16)
              for _ in range(3))
   loss = lambda q, k, v: am.attention(q, k, v, cfg).astype(jnp.float32).sum()
-  call = inspect.currentframe().f_lineno + 3  # (the jax.grad line)
-  with pytest.warns(ps.RaceWarning, match="in jax's own code"):
+  call = inspect.currentframe().f_lineno + 4  # (the jax.grad line)
+  with warnings.catch_warnings(record=True) as warned:
+    warnings.simplefilter("always")
     with ps.backend("sim") as report:
-      jax.block_until_ready(jax.grad(loss, argnums=(0, 1, 2))(q, k, v))
-  assert report.races
+      grads = jax.block_until_ready(jax.grad(loss, argnums=(0, 1, 2))(q, k, v))
+  ref = lambda q, k, v: am.attention_reference(q, k, v).astype(jnp.float32).sum()
+  for got, want in zip(grads, jax.grad(ref, argnums=(0, 1, 2))(q, k, v)):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    assert np.abs(got - want).max() <= 1e-2 * max(1.0, np.abs(want).max())
+  assert report.uninitialized == []
+  assert report.races and any(issubclass(w.category, ps.RaceWarning)
+                              and "in jax's own code" in str(w.message) for w in warned)
   for r in report.races:
     for side in (r.first, r.second):
       assert side.where.rsplit(":", 1)[0].endswith("attention_mgpu.py"), str(r)
