@@ -56,23 +56,6 @@ class NoObserver:
   def arrive(self, wg, slot, where=None): pass
   def phase_completed(self, slot): pass
   def waited(self, wg, slot, n, where=None): pass
-  def made_by(self, slot, n):
-    """What made completion n of `slot`, for a report."""
-    return self._made_by(self._barrier(slot), n)
-
-  def arrival_count_note(self, slot):
-    """A sentence for a report when more threads arrive on `slot` than its
-    phases wait for; else ""."""
-    b = self._barrier(slot)
-    arrivers = self._arrivers(b)
-    if len(arrivers) <= slot.num_arrivals:
-      return ""
-    return (f". Note that {len(arrivers)} threads arrive on {slot.name} "
-            f"({', '.join(sorted(arrivers))}) while a phase completes after "
-            f"{slot.num_arrivals} arrival{'s' if slot.num_arrivals > 1 else ''} "
-            "(its num_arrivals): if each phase is meant to wait for all of them, "
-            f"num_arrivals={len(arrivers)} is the fix")
-
   def unordered_waiter(self, slot, wg): return False
   def made_by(self, slot, n): return ""
   def arrival_count_note(self, slot): return ""
