@@ -180,17 +180,21 @@ def test_reading_a_multicast_tile_before_its_barrier_races_across_the_cluster():
   assert any(f.kind == "uninitialized read" for f in sim.report.uninitialized)
 
 
-def cluster_ref_kernel(sync=True, tiled=True, end_sync=True, late=0):
+def cluster_ref_kernel(sync=True, tiled=True, end_sync=True, late=0, clusters=1):
   """Each block of a cluster of 2 loads its half of x into SMEM, then reads
   its peer's SMEM through plgpu.cluster_ref (after a cluster barrier, or
   not), and waits on the cluster barrier again before it ends so that its
   peer is done with its SMEM (`end_sync`), or not. `late`: block 1 sleeps
-  that many nanoseconds before its read."""
+  that many nanoseconds before its read. `clusters` > 1: a grid of that many
+  clusters, each writing its own copy of the output."""
   tr = dict(transforms=(plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(128))
             ) if tiled else {}
 
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 64, 32), F32), cluster=(2,),
-                cluster_names=("c",),
+  grid = dict(grid=(clusters,), grid_names=("g",)) if clusters > 1 else {}
+  shape = (clusters, 2, 64, 32) if clusters > 1 else (2, 64, 32)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(shape, F32), cluster=(2,),
+                cluster_names=("c",), **grid,
                 scratch_types=[plgpu.SMEM((64, 32), F32, **tr), plgpu.Barrier(),
                                plgpu.ClusterBarrier(collective_axes=("c",))])
   def k(x_ref, o_ref, smem, bar, cbar):
@@ -204,7 +208,8 @@ def cluster_ref_kernel(sync=True, tiled=True, end_sync=True, late=0):
       @pl.when(c == 1)
       def _():
         pl.delay(late)
-    o_ref[c] = plgpu.cluster_ref(smem, {"c": 1 - c})[...]
+    out = o_ref.at[lax.axis_index("g")] if clusters > 1 else o_ref
+    out[c] = plgpu.cluster_ref(smem, {"c": 1 - c})[...]
     if end_sync:
       plgpu.barrier_arrive(cbar)
       plgpu.barrier_wait(cbar)
@@ -253,3 +258,18 @@ def test_a_block_that_ends_after_its_peer_is_done_is_not_reported():
   sim = ps.simulate(cluster_ref_kernel(late=20000), x)
   assert sim.report.races == []
   np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x)[::-1])
+
+
+def test_reports_of_a_grid_of_clusters_fold_by_the_blocks_place_in_its_cluster():
+  """Sites name a block by its coordinates in its cluster: a race in every
+  cluster of the grid is one report per pair of places, with an occurrence
+  per cluster, not a report per block of the grid."""
+  x = jnp.arange(2 * 64 * 32, dtype=F32).reshape(2, 64, 32)
+  sim = ps.simulate(cluster_ref_kernel(sync=False, clusters=4), x, on_race="report")
+  found = [r for r in sim.report.races if r.kind == "write-read race"]
+  assert len(found) == 2, "\n".join(map(str, found))
+  assert {(r.first.block, r.second.block) for r in found} == {((1,), (0,)), ((0,), (1,))}
+  assert all(r.count == 4 and "of cluster block" in str(r) for r in found)
+  np.testing.assert_array_equal(
+      np.asarray(ps.simulate(cluster_ref_kernel(clusters=4), x).outputs),
+      np.broadcast_to(np.asarray(x)[::-1], (4, 2, 64, 32)))

@@ -28,6 +28,20 @@ from pallas_sim.backends.sim.machine.races import timing_verdict
 
 INF = np.iinfo(np.int64).max
 
+def block_of(blk):
+  """How reports tell a block from the others of its group: its coordinates
+  in its cluster, in a cluster (so that reports fold over the clusters of
+  the grid); its grid index in a group of blocks that wait on each other's
+  semaphores; None when the group is the block alone."""
+  if len(blk.group.blocks) == 1:
+    return None
+  return blk.cluster if blk.cluster else blk.index
+
+
+def block_words(blk):
+  return "cluster block" if blk.cluster else "block"
+
+
 _CLUSTER_END = ("Before the kernel ends, a cluster barrier that each block arrives "
                 "on after its last access to a peer's SMEM and waits on (every "
                 "block then knows its peers are done with its SMEM)")
@@ -81,8 +95,9 @@ class _WgClock:
   @property
   def who(self):
     wg = self.wg
-    return (f"thread {wg.index}" + (f" of block {wg.block.index}"
-                                    if len(wg.block.group.blocks) > 1 else "")
+    block = block_of(wg.block)
+    return (f"thread {wg.index}" + (f" of {block_words(wg.block)} {block}"
+                                    if block is not None else "")
             + (f" warp {self.warp}" if self.warp is not None else ""))
 
 
@@ -227,7 +242,7 @@ class HappensBefore:
   def _site(self, wg, agent, prim, where, buffer, access):
     blk = wg.block
     return self.tracker.log.site(agent, prim, where, buffer, access, wg.index,
-                                 blk.index if len(blk.group.blocks) > 1 else None)
+                                 block_of(blk), bool(blk.cluster))
 
   def _access(self, wg, buf, view, vec, comp, clock, site, write, atomic=False,
               issued=None, since=None):
@@ -241,7 +256,8 @@ class HappensBefore:
       owner, end = self.gone[id(buf)]
       self.tracker.events.append((
           "race", "SMEM access after its block ended", end, site, wg.block.index, "",
-          f"block {owner.index} had ended ({end.where}) when {site.describe()} "
+          f"{block_words(owner)} {block_of(owner)} had ended ({end.where}) when "
+          f"{site.describe()} "
           "touched its SMEM: on hardware the launch fails "
           "(CUDA_ERROR_LAUNCH_FAILED). " + _CLUSTER_END, None))
     self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
@@ -584,7 +600,7 @@ class HappensBefore:
           entry = tracker.sites.get((sh.uid, c, k))
           # (its own thread's async work, or a cluster peer's access)
           if entry is not None and (
-              entry[0].block not in (None, blk.index)
+              entry[0].block not in (None, block_of(blk))
               or entry[0].thread == wg.index and entry[0].agent != "thread"):
             blk.zombies.append((buf, None, c, k, entry[0], entry[3], where))
 
@@ -623,7 +639,7 @@ class HappensBefore:
         late = (clocks > end_vc[comps]) & (comps != 0)
         for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
           entry = tracker.sites.get((sh.uid, c, k))
-          if entry is not None and entry[0].block not in (None, blk.index):
+          if entry is not None and entry[0].block not in (None, block_of(blk)):
             first, _, _, first_span = entry
             self._ended_under(blk, first, self.gone[id(b)][1],
                               timing_verdict(first_span, (now, now)))
@@ -632,7 +648,7 @@ class HappensBefore:
     self.tracker.events.append((
         "race", "block ends while a peer may access its SMEM", first, end,
         blk.index, "",
-        f"block {blk.index} ends ({end.where}) with nothing ordering "
+        f"{block_words(blk)} {block_of(blk)} ends ({end.where}) with nothing ordering "
         f"{first.describe()} before its end: on hardware the launch fails "
         "(CUDA_ERROR_LAUNCH_FAILED) when the access comes after it. " + _CLUSTER_END,
         timing))
@@ -654,7 +670,7 @@ class HappensBefore:
         continue  # (observed: those bytes are free now)
       timing = (True, 0.0) if in_flight else (
           timing_verdict(first_span, span) if first_span else (False, 0.0))
-      peer = first.block not in (None, blk.index)
+      peer = first.block not in (None, block_of(blk))
       self.tracker.events.append((
           "race", "SMEM reused while a peer block may access it" if peer else
           "async work outlives its run_scoped", first, site, blk.index,

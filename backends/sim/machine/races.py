@@ -33,29 +33,32 @@ NONE = 0                        # "no access": its clock is +inf in every vector
 
 class Site:
   """A static access site: which agent, what primitive, where, which buffer,
-  which thread, and `block`: the block's grid index where its group holds
-  several blocks (a cluster; blocks that wait on each other's semaphores),
-  so that a report names both blocks; else None. `library`: its line is
-  inside the installed jax package."""
+  which thread, and `block`: where its group holds several blocks, which
+  one (observer.block_of: its coordinates in its cluster when `in_cluster`,
+  else its grid index), so that a report names both blocks; else None.
+  `library`: its line is inside the installed jax package."""
   __slots__ = ("id", "agent", "prim", "where", "buffer", "access", "thread", "block",
-               "library")
+               "in_cluster", "library")
 
-  def __init__(self, sid, agent, prim, where, buffer, access, thread, block=None):
+  def __init__(self, sid, agent, prim, where, buffer, access, thread, block=None,
+               in_cluster=False):
     self.id, self.agent, self.prim, self.where = sid, agent, prim, where
     self.buffer, self.access, self.thread, self.block = buffer, access, thread, block
+    self.in_cluster = in_cluster
     self.library = in_jax(where)
 
   @property
   def key(self):
     """What the site is (RaceLog.site's arguments): the same in every process."""
     return (self.agent, self.prim, self.where, self.buffer, self.access, self.thread,
-            self.block)
+            self.block, self.in_cluster)
 
   @property
   def who(self):
     """The thread that made (or issued) it: "thread 1", "thread 0 of block (1, 0)"."""
-    return f"thread {self.thread}" + (f" of block {self.block}" if self.block is not None
-                                      else "")
+    if self.block is None:
+      return f"thread {self.thread}"
+    return f"thread {self.thread} of {'cluster ' if self.in_cluster else ''}block {self.block}"
 
   def describe(self):
     if self.access in ("end", "wait"):
@@ -143,8 +146,9 @@ class RaceLog:
     self.site_list = []
     self.reports = {}
 
-  def site(self, agent, prim, where, buffer, access, thread, block=None):
-    key = (agent, prim, where, buffer, access, thread, block)
+  def site(self, agent, prim, where, buffer, access, thread, block=None,
+           in_cluster=False):
+    key = (agent, prim, where, buffer, access, thread, block, in_cluster)
     s = self.sites.get(key)
     if s is None:
       s = self.sites[key] = Site(len(self.site_list), *key)
@@ -199,8 +203,9 @@ def advice(first, second, same_block=True):
     return (f"nothing orders {a.who}'s {kind} {a.access} "
             f"({a.where}) before {b.who}'s {b.access} ({b.where}): a block's own "
             "barrier waits and fences order its own threads only; it takes a "
-            f"ClusterBarrier (or a semaphore) that block {a.block} arrives on "
-            f"(signals) after it and block {b.block} waits on before its access"
+            f"ClusterBarrier (or a semaphore) that {a.who.split(' of ')[1]} arrives "
+            f"on (signals) after it and {b.who.split(' of ')[1]} waits on before "
+            "its access"
             + (" (wait_smem_to_gmem with wait_read_only=False first: copies can only "
                "be awaited by the thread that issued them)"
                if a.agent == "tma_store" else ""))
