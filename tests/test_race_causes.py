@@ -343,6 +343,10 @@ def test_accumulator_read_is_named_by_its_wgmma_accumulator_load(wait_n, groups)
   assert r.second.prim == f"wgmma_accumulator_load(wait_n={wait_n})", r
   assert r.second.prim != "acc[...]"
   assert r.second.where.endswith(line_of("acc-load")), r
+  # The load waits: the advice names how it leaves the wgmma in flight.
+  assert "wgmma_wait before this access" not in r.advice, r
+  assert ("leaves the newest 1 wgmma groups in flight" if wait_n else
+          "waits for no wgmma group") in r.advice, r
 
 
 # --- 8. a cluster peer's SMEM read with no cluster barrier --------------------

@@ -571,8 +571,8 @@ MUTANTS = [
            ("tests/test_clusters.py",)),
     Mutant("cause-sites-without-block", "backends/sim/machine/observer.py",
            "sites of a group of several blocks name their block; the mutant names none",
-           "                                 blk.index if len(blk.group.blocks) > 1 else None)",
-           "                                 None)",
+           "                                 block_of(blk), bool(blk.cluster))",
+           "                                 None, False)",
            ("tests/test_race_causes.py", "tests/test_clusters.py")),
     Mutant("cause-missed-phase-off", "backends/sim/machine/observer.py",
            "a wait that observed an earlier phase than the one carrying the other "
@@ -591,6 +591,12 @@ MUTANTS = [
            "races with is named; the mutant does not look",
            "        if b.comp == cc and seen and max(seen) < m:",
            "        if False:",
+           ("tests/test_race_causes.py",)),
+    Mutant("cause-wait-leaves-work-in-flight-off", "backends/sim/machine/observer.py",
+           "a wait that leaves the racing wgmma or TMA store in flight is named; the "
+           "mutant advises adding a wait",
+           "          and issuer.wg is waiter.wg and waiter.last_waits.get(kind, (0,))[0]):",
+           "          and False):",
            ("tests/test_race_causes.py",)),
     Mutant("cause-read-only-wait-off", "backends/sim/machine/observer.py",
            "a TMA store awaited with wait_read_only=True before a release is named; "

@@ -66,7 +66,7 @@ class NoObserver:
   def stores_awaited(self, wg, n, read_only, where=None): pass
   def wgmma(self, wg, operands, where): return None
   def wgmma_done(self, op): pass
-  def wgmma_awaited(self, wg, n): pass
+  def wgmma_awaited(self, wg, n, where=None): pass
   def arrive(self, wg, slot, where=None): pass
   def phase_completed(self, slot): pass
   def waited(self, wg, slot, n, where=None): pass
@@ -90,7 +90,7 @@ class _WgClock:
   it; `read_only_wait`: where it last waited for its TMA stores with
   wait_read_only=True (explain)."""
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
-               "warps", "wg", "warp", "read_only_wait")
+               "warps", "wg", "warp", "read_only_wait", "last_waits")
 
   @property
   def who(self):
@@ -175,8 +175,8 @@ class HappensBefore:
     h.store_write = self.comp(("store_write",) + key)
     h.pos = len(self.threads)
     self.threads.append(h.thread)
-    h.wg, h.warp, h.read_only_wait = wg, None, None
-    self.owners[h.thread] = self.owners[h.store_write] = h
+    h.wg, h.warp, h.read_only_wait, h.last_waits = wg, None, None, {}
+    self.owners[h.thread] = self.owners[h.store_write] = self.owners[h.wgmma] = h
     h.vc, h.avc = self.new_vector(), self.new_vector()
     h.vc[h.thread] = self.base + 1
     # A warp's own component; its async channels are the warpgroup's.
@@ -187,7 +187,7 @@ class HappensBefore:
       hw.wgmma, hw.store_read, hw.store_write = h.wgmma, h.store_read, h.store_write
       hw.pos = len(self.threads)
       self.threads.append(hw.thread)
-      hw.wg, hw.warp, hw.read_only_wait = wg, w, None
+      hw.wg, hw.warp, hw.read_only_wait, hw.last_waits = wg, w, None, h.last_waits
       self.owners[hw.thread] = hw
       h.warps.append(hw)
     wg.hb = h
@@ -337,6 +337,7 @@ class HappensBefore:
 
   def stores_awaited(self, wg, n, read_only, where=None):
     done = self.base + wg.store_groups - n
+    wg.hb.last_waits["store"] = (n, where)
     self._learn(wg.hb, wg.hb.store_read, done)
     if not read_only:
       self._learn(wg.hb, wg.hb.store_write, done)
@@ -367,8 +368,9 @@ class HappensBefore:
       self._access(op.wg, r.buf, r.view, vec, op.comp, op.clock, site,
                    site.access == "write", issued=op.vc, since=op.t)
 
-  def wgmma_awaited(self, wg, n):
+  def wgmma_awaited(self, wg, n, where=None):
     self._learn(wg.hb, wg.hb.wgmma, self.base + wg.wg_issued - n)
+    wg.hb.last_waits["wgmma"] = (n, where)
 
   # --- barriers -------------------------------------------------------------------
 
@@ -486,6 +488,18 @@ class HappensBefore:
               "which waits until the store has read its SMEM, not until its GMEM "
               f"writes land, so what it then releases to {other.who} does not "
               "include the write: wait with wait_read_only=False before releasing")
+    # Its own async work, awaited by a wait that leaves it in flight.
+    # (the async one first, then the thread that should have awaited it)
+    for work, issuer, plain, waiter in ((rsite, rh, csite, h), (csite, h, rsite, rh)):
+      kind = {"wgmma": "wgmma", "tma_store": "store"}.get(work.agent)
+      if (kind and plain.agent == "thread" and issuer is not None and waiter is not None
+          and issuer.wg is waiter.wg and waiter.last_waits.get(kind, (0,))[0]):
+        n, where = waiter.last_waits[kind]
+        what = "wgmma groups" if kind == "wgmma" else "TMA store groups"
+        return (f"the last wait before this {plain.access} ({where}) leaves the newest "
+                f"{n} {what} in flight, and the {work.agent.replace('_', ' ')} at "
+                f"{work.where} is one of them: wait with n=0 there (wait_n=0 for "
+                "wgmma_accumulator_load), or issue the work earlier")
     if not swapped:
       for slot, b in by_own:
         text = self._no_arrival_after(slot, b, rsite, c, k, csite, h, vc)

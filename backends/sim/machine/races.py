@@ -219,6 +219,9 @@ def advice(first, second, same_block=True):
     return (f"the TMA load ({b.where}) overwrites SMEM the wgmma ({a.where}) may "
             "still be reading: wgmma_wait for it first (in emit_pipeline: "
             "delay_release=1 with wgmma_wait(1))")
+  if a.agent == "wgmma" and b.prim == "wgmma_accumulator_load(wait_n=None)":
+    return (f"wgmma_accumulator_load(..., wait_n=None) ({b.where}) waits for no wgmma "
+            f"group, and the wgmma ({a.where}) may still be accumulating: wait_n=0")
   if a.agent == "wgmma":
     return (f"the wgmma ({a.where}) may still be reading or accumulating: "
             f"wgmma_wait before this access ({b.where})")

@@ -131,7 +131,7 @@ class Warpgroup(Task):
       start = self.time
       yield Wait(lambda: len(self.wgmma) <= n, (self.wgmma_res,), what, where)
       self.stalled("tensor core", start)
-    self.block.hb.wgmma_awaited(self, n)
+    self.block.hb.wgmma_awaited(self, n, where)
 
   def stalled(self, kind, since):
     """It waited from `since` until now for `kind` (STALLS)."""
