@@ -374,3 +374,46 @@ def test_cluster_peer_race_names_both_blocks_and_a_cluster_barrier():
     # The block did wait on its own load: that is not the fix.
     assert "no barrier_wait between" not in r.advice, r
   assert len({r.second.block for r in found}) == 2
+
+
+# --- 9. a cluster buffer reused with one barrier where it takes two -----------
+
+def cluster_reuse(second):
+  """Two iterations: each block of a 2-block cluster writes its SMEM, both
+  arrive on and wait for `full`, and each reads its peer's SMEM. BUG: the
+  next iteration overwrites the SMEM while the peer may still read it: one
+  barrier orders the write before the read, nothing orders the read before
+  the next write. Twin: a second cluster barrier `free` after the read."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 2, 64, 32), F32), cluster=(2,),
+                cluster_names=("c",),
+                scratch_types=[plgpu.SMEM((64, 32), F32),
+                               plgpu.ClusterBarrier(collective_axes=("c",)),
+                               plgpu.ClusterBarrier(collective_axes=("c",))])
+  def k(x_ref, o_ref, smem, full, free):
+    c = lax.axis_index("c")
+    for it in range(2):
+      smem[...] = x_ref[it, c]  # reuse-write
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(full)
+      plgpu.barrier_wait(full)
+      o_ref[it, c] = plgpu.cluster_ref(smem, {"c": 1 - c})[...]  # reuse-read
+      if second:
+        plgpu.barrier_arrive(free)
+        plgpu.barrier_wait(free)
+  return k
+
+
+def test_a_cluster_buffer_reused_under_one_barrier_asks_for_a_second_barrier():
+  x = _x(2, 2, 64, 32)
+  assert_clean(cluster_reuse(True), x)
+  report = check(cluster_reuse(False), x)
+  found = [r for r in report.races if r.kind in ("read-write race", "write-read race")]
+  assert found, text(report)
+  for r in found:
+    assert {r.first.block, r.second.block} == {(0,), (1,)}, r
+    assert "It takes a second barrier" in r.advice and "or a second buffer" in r.advice, r
+    # The read comes first, the overwrite waits for it.
+    assert "arrives on after its read" in r.advice, r
+    assert names_line(r.advice, "reuse-read") and names_line(r.advice, "reuse-write"), r
+    # One barrier is there, and waiting on a later phase would deadlock.
+    assert "phase parity" not in r.advice, r

@@ -598,6 +598,13 @@ MUTANTS = [
            "          and issuer.wg is waiter.wg and waiter.last_waits.get(kind, (0,))[0]):",
            "          and False):",
            ("tests/test_race_causes.py",)),
+    Mutant("cause-second-barrier-off", "backends/sim/machine/observer.py",
+           "a buffer reused under one barrier, where waiting for the later phase "
+           "would deadlock, asks for a second barrier or buffer; the mutant calls "
+           "it a phase mistake",
+           "      elif self._next_arrival_needed(b, h, n):",
+           "      elif False:",
+           ("tests/test_race_causes.py",)),
     Mutant("cause-read-only-wait-off", "backends/sim/machine/observer.py",
            "a TMA store awaited with wait_read_only=True before a release is named; "
            "the mutant gives the generic advice",

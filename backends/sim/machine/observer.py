@@ -531,6 +531,20 @@ class HappensBefore:
                  f"({', '.join(sorted(arrivers))}): completion #{n} did not wait for "
                  f"the arrival that follows this {rsite.access}; with num_arrivals="
                  f"{len(arrivers)} each phase waits for all of them")
+      elif self._next_arrival_needed(b, h, n):
+        # Waiting for #carry would deadlock: it needs this thread's own next
+        # arrival, which comes after this access.
+        # The write that reuses the buffer is to wait for the read (where
+        # one of the two is a read).
+        first, then = ((rsite, csite) if rsite.access == "read" or csite.access != "read"
+                       else (csite, rsite))
+        cause = (f"{h.who} cannot wait for #{carry} here, since that completion "
+                 f"needs its own next arrival on {slot.name}: nothing tells "
+                 f"{then.who} that {first.who}'s {first.access} ({first.where}) is "
+                 f"done before its {then.access} ({then.where}). It takes a second "
+                 f"barrier, one that {first.who} arrives on after its {first.access} "
+                 f"and {then.who} waits on before its {then.access}, or a second "
+                 "buffer")
       else:
         cause = _PARITY
       return (f"{wait} observed completion #{n} ({self._made_by(b, n)}), but "
@@ -567,6 +581,14 @@ class HappensBefore:
               f"{csite.where} (a second barrier, the buffer's release), or a second "
               "buffer")
     return None
+
+  @staticmethod
+  def _next_arrival_needed(b, h, n):
+    """Whether `h` arrives on the barrier, but only in its first n phases."""
+    mine = f"{h.who}'s arrival"
+    phases = [i + 1 for i, by in enumerate(b.phase_by + [b.by])
+              if any(who == mine for who, _ in by)]
+    return bool(phases) and max(phases) <= n
 
   @staticmethod
   def _arrivers(b, strip=True):
