@@ -417,3 +417,41 @@ def test_a_cluster_buffer_reused_under_one_barrier_asks_for_a_second_barrier():
     assert names_line(r.advice, "reuse-read") and names_line(r.advice, "reuse-write"), r
     # One barrier is there, and waiting on a later phase would deadlock.
     assert "phase parity" not in r.advice, r
+
+
+# --- 10. reading a multicast tile before waiting for it ---------------------
+
+def multicast_read(wait_first):
+  """Each block of a 2-block cluster issues its half of a multicast TMA load
+  (both halves land in both blocks' SMEM). BUG: the read comes before the
+  barrier_wait, so the half the peer issued may not have landed. Twin: the
+  wait first."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 64, 32), F32), cluster=(2,),
+                cluster_names=("c",),
+                scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.Barrier(),
+                               plgpu.ClusterBarrier(collective_axes=("c",))])
+  def k(x_ref, o_ref, smem, bar, cbar):
+    c = lax.axis_index("c")
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar, collective_axes="c")  # mc-load
+    if wait_first:
+      plgpu.barrier_wait(bar)
+    o_ref[c] = smem[...]  # mc-read
+    if not wait_first:
+      plgpu.barrier_wait(bar)
+    plgpu.barrier_arrive(cbar)
+    plgpu.barrier_wait(cbar)
+  return k
+
+
+def test_a_multicast_read_before_its_wait_names_the_reading_block_s_own_barrier():
+  x = _x(64, 32)
+  assert_clean(multicast_read(True), x)
+  report = check(multicast_read(False), x)
+  peer = [r for r in report.races if r.first.block != r.second.block]
+  assert peer, text(report)
+  for r in peer:
+    reader = r.first if r.first.agent == "thread" else r.second
+    assert "completes on that block's own copy of its barrier" in r.advice, r
+    assert f"barrier_wait on it in {reader.who}" in r.advice, r
+    assert "ClusterBarrier" not in r.advice, r
+    assert names_line(r.advice, "mc-read") and names_line(r.advice, "mc-load"), r

@@ -605,6 +605,12 @@ MUTANTS = [
            "      elif self._next_arrival_needed(b, h, n):",
            "      elif False:",
            ("tests/test_race_causes.py",)),
+    Mutant("cause-multicast-own-barrier-off", "backends/sim/machine/observer.py",
+           "a read of a multicast (or a peer's async_store_smem) before this block's "
+           "wait names that block's own barrier; the mutant asks for a cluster barrier",
+           "          and ph.wg.block.member == owner):",
+           "          and False):",
+           ("tests/test_race_causes.py",)),
     Mutant("cause-read-only-wait-off", "backends/sim/machine/observer.py",
            "a TMA store awaited with wait_read_only=True before a release is named; "
            "the mutant gives the generic advice",

@@ -445,7 +445,7 @@ class HappensBefore:
 
   # --- what a report says ------------------------------------------------------------
 
-  def explain(self, rec, cur, h, vc, avc, swapped=False):
+  def explain(self, rec, cur, h, vc, avc, swapped=False, buf=None):
     """Why two accesses the tracker found unordered are, where the kernel
     has synchronization meant to order them: a wait that observed an
     earlier phase than the one that carries the other access, a barrier
@@ -455,8 +455,23 @@ class HappensBefore:
     says what to add). `rec`: the recorded access, (site, component,
     clock); `cur`: the current one, the same, made by `h`, which knew vc
     (and, for async work, avc) when it made or issued it; `swapped`: the
-    recorded access knew of the current one's issue (it is the later)."""
+    recorded access knew of the current one's issue (it is the later);
+    `buf`: the buffer both touched."""
     (rsite, c, k), (csite, cc, ck) = rec, cur
+    rh = self.owners.get(c)
+    # A TMA load another block issued into this block's SMEM (a multicast,
+    # async_store_smem to a peer) completes on this block's copy of its
+    # barrier: this block waits on that, not on a cluster barrier.
+    key = getattr(buf, "alloc_key", None)
+    owner = key[3] if key and len(key) > 3 else None
+    for load, plain, ph in ((rsite, csite, h), (csite, rsite, rh)):
+      if (load.agent == "tma_load" and load.access == "write" and plain.agent == "thread"
+          and ph is not None and load.block != plain.block
+          and ph.wg.block.member == owner):
+        return (f"the {load.prim} issued by {load.who} ({load.where}) writes the SMEM "
+                f"of {plain.who.split(' of ')[1]} too, and completes on that block's "
+                f"own copy of its barrier: barrier_wait on it in {plain.who} before "
+                f"the {plain.access} ({plain.where})")
     by_own = sorted(self.barriers, key=lambda sb: sb[1].comp != c)
     if not swapped:
       for slot, b in by_own:
@@ -465,7 +480,6 @@ class HappensBefore:
           return text
     # The current access is a TMA load (stamped with the completion it
     # makes): did the recorded thread wait on that barrier, for an earlier one?
-    rh = self.owners.get(c)
     if (csite.agent == "tma_load" and rsite.agent == "thread" and rh is not None
         and vc[c] < k):
       for slot, b in self.barriers:

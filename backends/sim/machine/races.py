@@ -766,6 +766,6 @@ class Tracker:
               "read-write" if a[0] == "read" else "write-read") + " race"
       comp, clock, vec, issued = stamp
       text = self.explain and self.explain((first, int(c), int(k)), (site, comp, clock),
-                                           agent, issued, vec, swapped)
+                                           agent, issued, vec, swapped, buf)
       self.events.append(("race", kind, a[1], b[1], block.index, rng,
                           text or advice(a[1], b[1]), timing_verdict(*spans)))
