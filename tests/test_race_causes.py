@@ -455,3 +455,55 @@ def test_a_multicast_read_before_its_wait_names_the_reading_block_s_own_barrier(
     assert f"barrier_wait on it in {reader.who}" in r.advice, r
     assert "ClusterBarrier" not in r.advice, r
     assert names_line(r.advice, "mc-read") and names_line(r.advice, "mc-load"), r
+
+
+# --- 11. a global-semaphore hand-off whose signal does not cover the write ---
+
+def early_signal(how):
+  """Block 0 writes out[0] and signals a global semaphore; block 1 waits on
+  it and reads out[0]. BUG (`how`): "before": the signal comes before the
+  plain store; "unawaited": the write is a TMA store never awaited before
+  the signal. Twin ("ok"): a plain store, then the signal."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 64, 32), F32), grid=(2,),
+                grid_names=("b",), scratch_types=[plgpu.SMEM((64, 32), F32)])
+  def k(x_ref, o_ref, smem):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    b = lax.axis_index("b")
+
+    @pl.when(b == 0)
+    def _():
+      if how == "before":
+        pl.semaphore_signal(sem, 1)  # sem-signal-early
+      if how == "unawaited":
+        smem[...] = x_ref[...]
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(smem, o_ref.at[0])  # sem-store
+        pl.semaphore_signal(sem, 1)  # sem-signal-unawaited
+        plgpu.wait_smem_to_gmem(0)
+      else:
+        o_ref[0] = x_ref[...]  # sem-write
+      if how == "ok":
+        pl.semaphore_signal(sem, 1)
+
+    @pl.when(b == 1)
+    def _():
+      pl.semaphore_wait(sem, 1)  # sem-wait
+      o_ref[1] = o_ref[0] * 2.0
+  return k
+
+
+@pytest.mark.parametrize("how", ["before", "unawaited"])
+def test_a_semaphore_signal_that_does_not_cover_the_write_is_named(how):
+  x = _x(64, 32)
+  assert_clean(early_signal("ok"), x)
+  report = check(early_signal(how), x)
+  found = [r for r in report.races if r.first.block != r.second.block]
+  assert found, text(report)
+  r = found[0]
+  assert names_line(r.advice, "sem-wait"), r
+  if how == "before":
+    assert "before its write" in r.advice and names_line(r.advice, "sem-signal-early"), r
+    assert "signal after the write" in r.advice, r
+  else:
+    assert names_line(r.advice, "sem-signal-unawaited"), r
+    assert "wait_smem_to_gmem(0)" in r.advice and "then signal" in r.advice, r

@@ -526,7 +526,7 @@ MUTANTS = [
            ("tests/test_warps.py",)),
     Mutant("semaphore-wait-acquires-nothing", "backends/sim/rules/semaphores.py",
            "a semaphore wait orders what its signals released; the mutant forgets",
-           "    wg.block.hb.sem_acquire(wg, r.buf)\n    wg.time += latency",
+           "    wg.block.hb.sem_acquire(wg, r.buf, where)\n    wg.time += latency",
            "    wg.time += latency",
            ("tests/test_semaphores.py",)),
     Mutant("atomics-race-each-other", RACES,
@@ -610,6 +610,12 @@ MUTANTS = [
            "wait names that block's own barrier; the mutant asks for a cluster barrier",
            "          and ph.wg.block.member == owner):",
            "          and False):",
+           ("tests/test_race_causes.py",)),
+    Mutant("cause-early-signal-off", "backends/sim/machine/observer.py",
+           "a semaphore signal that does not cover the write (made before it, or "
+           "before its TMA store was awaited) is named; the mutant gives generic advice",
+           "      mine = [(clock, where) for who, clock, where in sem.signals if who is rh]",
+           "      mine = []",
            ("tests/test_race_causes.py",)),
     Mutant("cause-read-only-wait-off", "backends/sim/machine/observer.py",
            "a TMA store awaited with wait_read_only=True before a release is named; "

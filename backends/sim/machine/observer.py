@@ -76,8 +76,8 @@ class NoObserver:
   def store_pending(self, op, src, where): pass
   def scope_end(self, wg, bufs, where): pass
   def thread_exit(self, wg, where): pass
-  def sem_signal(self, wg, sem): pass
-  def sem_acquire(self, wg, sem): pass
+  def sem_signal(self, wg, sem, where=None): pass
+  def sem_acquire(self, wg, sem, where=None): pass
   def fork(self, wg, warps): pass
   def join(self, wg, warps): pass
   def ready(self): pass
@@ -90,7 +90,7 @@ class _WgClock:
   it; `read_only_wait`: where it last waited for its TMA stores with
   wait_read_only=True (explain)."""
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
-               "warps", "wg", "warp", "read_only_wait", "last_waits")
+               "warps", "wg", "warp", "read_only_wait", "last_waits", "acquired")
 
   @property
   def who(self):
@@ -175,7 +175,7 @@ class HappensBefore:
     h.store_write = self.comp(("store_write",) + key)
     h.pos = len(self.threads)
     self.threads.append(h.thread)
-    h.wg, h.warp, h.read_only_wait, h.last_waits = wg, None, None, {}
+    h.wg, h.warp, h.read_only_wait, h.last_waits, h.acquired = wg, None, None, {}, {}
     self.owners[h.thread] = self.owners[h.store_write] = self.owners[h.wgmma] = h
     h.vc, h.avc = self.new_vector(), self.new_vector()
     h.vc[h.thread] = self.base + 1
@@ -187,7 +187,8 @@ class HappensBefore:
       hw.wgmma, hw.store_read, hw.store_write = h.wgmma, h.store_read, h.store_write
       hw.pos = len(self.threads)
       self.threads.append(hw.thread)
-      hw.wg, hw.warp, hw.read_only_wait, hw.last_waits = wg, w, None, h.last_waits
+      hw.wg, hw.warp, hw.read_only_wait = wg, w, None
+      hw.last_waits, hw.acquired = h.last_waits, h.acquired
       self.owners[hw.thread] = hw
       h.warps.append(hw)
     wg.hb = h
@@ -514,6 +515,11 @@ class HappensBefore:
                 f"{n} {what} in flight, and the {work.agent.replace('_', ' ')} at "
                 f"{work.where} is one of them: wait with n=0 there (wait_n=0 for "
                 "wgmma_accumulator_load), or issue the work earlier")
+    if rh is not None:
+      text = (self._signalled_early(rsite, rh, c, k, h, vc) if not swapped else
+              self._signalled_early(csite, h, cc, ck, rh, None))
+      if text:
+        return text
     if not swapped:
       for slot, b in by_own:
         text = self._no_arrival_after(slot, b, rsite, c, k, csite, h, vc)
@@ -572,6 +578,29 @@ class HappensBefore:
               f"comes between the {rsite.access} and the arrival: plain SMEM accesses "
               f"reach async work ({csite.where}) only through commit_smem before the "
               "arrival")
+    return None
+
+  @staticmethod
+  def _signalled_early(rsite, rh, c, k, h, vc):
+    """explain(): `h` acquired a semaphore `rh` signals, but the signal does
+    not cover `rh`'s access (rsite, stamped (c, k)): it came first, or the
+    access is a TMA store not awaited before it. `vc`: what `h` knew at its
+    access, where known."""
+    for sem, acquired_at in h.acquired.values():
+      mine = [(clock, where) for who, clock, where in sem.signals if who is rh]
+      if not mine:
+        continue
+      wait = f"{h.who} waits on {sem.name} ({acquired_at})"
+      if rsite.agent == "tma_store" and rsite.access == "write":
+        return (f"{wait}, which {rh.who} signals ({mine[-1][1]}), but a signal "
+                f"covers the GMEM writes of a TMA store ({rsite.where}) only once "
+                f"they are awaited: wait_smem_to_gmem(0) in {rh.who} (with "
+                "wait_read_only=False), then signal")
+      if (vc is not None and rsite.agent == "thread" and c == rh.thread
+          and all(clock < k for clock, _ in mine)):
+        return (f"{wait}, but {rh.who} signals it ({mine[-1][1]}) before its "
+                f"{rsite.access} ({rsite.where}): a signal releases only what its "
+                f"thread did before it; signal after the {rsite.access}")
     return None
 
   def _no_arrival_after(self, slot, b, rsite, c, k, csite, h, vc):
@@ -738,9 +767,11 @@ class HappensBefore:
 
   # --- semaphores -----------------------------------------------------------------
 
-  def sem_signal(self, wg, sem):
+  def sem_signal(self, wg, sem, where=None):
     """A signal releases what the signalling thread knows."""
     h = wg.hb
+    if hasattr(sem, "signals"):
+      sem.signals.append((h, int(h.vc[h.thread]), where))
     if sem.acc is None:
       sem.acc = (h.vc.copy(), h.avc.copy())
     else:
@@ -748,9 +779,11 @@ class HappensBefore:
       np.maximum(sem.acc[1], h.avc, out=sem.acc[1])
     self._tick(h)
 
-  def sem_acquire(self, wg, sem):
+  def sem_acquire(self, wg, sem, where=None):
     """A wait (or read) acquires every signal made so far (more than the
     hardware promises when a wait needed fewer of them)."""
+    if where is not None:
+      wg.hb.acquired[id(sem)] = (sem, where)
     if sem.acc is not None:
       h = wg.hb
       np.maximum(h.vc, sem.acc[0], out=h.vc)

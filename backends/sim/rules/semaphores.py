@@ -28,13 +28,15 @@ from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 class Semaphores(memory.Buffer):
   """A semaphore array (all zero when made); `res`: its waiters; `acc`: the
-  happens-before observer's join of its signals."""
-  __slots__ = ("res", "acc")
+  happens-before observer's join of its signals; `signals`: for reports,
+  who signalled it, where, and at what clock of theirs."""
+  __slots__ = ("res", "acc", "signals")
 
   def __init__(self, name, shape):
     super().__init__(name, "sem", np.zeros(shape, np.uint32))
     self.res = Resource(f"semaphore {name}")
     self.acc = None
+    self.signals = []
 
 
 def is_semaphore(aval):
@@ -82,24 +84,26 @@ def _get_global(eqn, cx):
   return get_global
 
 
-def _signal_one(wg, ref, transforms, inc, device_id, prim):
+def _signal_one(wg, ref, transforms, inc, device_id, prim, where=None):
   if device_id is not None:
     raise UnsupportedPrimitiveError(
         f"{prim} to another device or core: one GPU is simulated")
   r = _sem(ref, transforms, prim, wg)
   r.view[...] = r.view + np.uint32(np.int64(inc) & 0xFFFFFFFF)
-  wg.block.hb.sem_signal(wg, r.buf)
+  wg.block.hb.sem_signal(wg, r.buf, where)
   wg.sched.notify(r.buf.res, at=wg.time)
 
 
 @rule("semaphore_signal")
 def _signal(eqn, cx):
   tree = eqn.params["args_tree"]
+  where = cx.where(eqn)
 
   def signal(wg, *operands):
     ref, transforms, inc, device_id, core_index = tree_util.tree_unflatten(tree, operands)
     _signal_one(wg, ref, transforms, inc,
-                device_id if core_index is None else core_index, "semaphore_signal")
+                device_id if core_index is None else core_index, "semaphore_signal",
+                where)
     return []
   return signal
 
@@ -109,11 +113,12 @@ def _signal_parallel(eqn, cx):
   # Each signal releases what the thread did before it (one fence for all,
   # on the GPU); their arrivals are unordered there, in order here.
   tree = eqn.params["args_tree"]
+  where = cx.where(eqn)
 
   def signal_parallel(wg, *operands):
     refs, transforms, incs, device_ids = tree_util.tree_unflatten(tree, operands)
     for ref, tr, inc, dev in zip(refs, transforms, incs, device_ids):
-      _signal_one(wg, ref, tr, inc, dev, "semaphore_signal_parallel")
+      _signal_one(wg, ref, tr, inc, dev, "semaphore_signal_parallel", where)
     return []
   return signal_parallel
 
@@ -135,7 +140,7 @@ def _wait(eqn, cx):
       wg.stalled("barrier", start)
     if decrement:
       r.view[...] = r.view - want
-    wg.block.hb.sem_acquire(wg, r.buf)
+    wg.block.hb.sem_acquire(wg, r.buf, where)
     wg.time += latency
     return []
   return Gen(wait)
