@@ -132,3 +132,35 @@ def test_reading_before_the_async_store_lands_races():
   sim = ps.simulate(exchange(wait=False), x, init, on_race="report")
   text = "\n".join(str(r) for r in sim.report.races)
   assert "race on smem" in text and "async_store_smem" in text, text
+
+
+def atomic_then_plain_read(plain):
+  """Two blocks add their rows into out[0] atomically; block 1 then reads
+  out[0] with a plain load (`plain`, a race: the other block's add may come
+  later) or adds it once more atomically."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, M, N), jnp.int32), grid=(2,),
+                grid_names=("b",))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+    plgpu.atomic_add(o_ref.at[0], x_ref[pl.ds(b * M, M)])
+
+    @pl.when(b == 1)
+    def _():
+      if plain:
+        o_ref[1] = o_ref[0]
+      else:
+        plgpu.atomic_add(o_ref.at[1], x_ref[pl.ds(0, M)])
+  return k
+
+
+def test_a_plain_read_of_what_other_blocks_add_atomically_says_so():
+  x = _inputs(jnp.int32)
+  sim = ps.simulate(atomic_then_plain_read(False), x, on_uninitialized="report")
+  assert sim.report.races == []
+  sim = ps.simulate(atomic_then_plain_read(True), x, on_race="report",
+                    on_uninitialized="report")
+  found = [r for r in sim.report.races if "between blocks" in r.kind]
+  assert found, "\n".join(map(str, sim.report.races))
+  for r in found:
+    assert "atomic_add" in r.advice and "make it atomic too" in r.advice, str(r)
+    assert "or use atomics" not in r.advice, str(r)

@@ -26,15 +26,16 @@ def _elements(region):
 
 
 class Model:
-  """Per element: last plain writer, last atomic writer, first two distinct
-  reading blocks, each (block number + 1, site) or None; reads before the
+  """Per element: last plain writer, last atomic writer and the last atomic
+  writer of another block than that one, first two distinct reading blocks,
+  each (block number + 1, site) or None; reads before the
   buffer's first write logged per region (its first two blocks) and
   replayed at it."""
 
   def __init__(self, log, buf):
     self.log, self.buf = log, buf
     n = buf.data.size
-    self.w, self.a, self.r1, self.r2 = ([None] * n for _ in range(4))
+    self.w, self.a, self.a2, self.r1, self.r2 = ([None] * n for _ in range(5))
     self.written = self.any_xread = self.any_atomic = False
     self.read_log = {}
 
@@ -61,7 +62,7 @@ class Model:
           self._add_reader(_elements(reg), rme, rsite)
     checks = [(self.w, "write")]
     if self.any_atomic and (not atomic or not write):
-      checks.append((self.a, "write"))
+      checks += [(self.a, "write"), (self.a2, "write")]
     if write and self.any_xread:
       checks += [(self.r1, "read"), (self.r2, "read")]
     for slot, prior in checks:
@@ -79,6 +80,8 @@ class Model:
       self.any_atomic |= atomic
       slot = self.a if atomic else self.w
       for e in elems.reshape(-1):
+        if atomic and self.a[e] is not None and self.a[e][0] != me:
+          self.a2[e] = self.a[e]
         slot[e] = (me, site)
       return
     self.any_xread = True

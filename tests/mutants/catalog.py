@@ -617,6 +617,13 @@ MUTANTS = [
            "      mine = [(clock, where) for who, clock, where in sem.signals if who is rh]",
            "      mine = []",
            ("tests/test_race_causes.py",)),
+    Mutant("cross-block-one-atomic-writer", "backends/sim/machine/cross_block.py",
+           "a plain access checks the last two blocks that updated an element "
+           "atomically; the mutant keeps the last only (the reader's own atomic "
+           "then hides the other block's)",
+           "        if other.any():\n          V(sh.xa2)[other] = xa[other]",
+           "        if False:\n          V(sh.xa2)[other] = xa[other]",
+           ("tests/test_atomics.py",)),
     Mutant("cause-read-only-wait-off", "backends/sim/machine/observer.py",
            "a TMA store awaited with wait_read_only=True before a release is named; "
            "the mutant gives the generic advice",

@@ -17,8 +17,10 @@ from pallas_sim.backends.sim.machine.races import _view, advice, element_range
 class _Summary:
   """Per-element records of one GMEM buffer (arrays on first use): the
   record (CrossBlock.record: a block and a site) that last wrote each
-  element plainly (xw) or atomically (xa), and of the first two blocks that
-  read it (xr1, xr2); 0 is none. One array where a block's and a site's
+  element plainly (xw) or atomically (xa; xa2: the last atomic writer from
+  another block than xa's, so that a plain access by xa's block still finds
+  the others), and of the first two blocks that read it (xr1, xr2); 0 is
+  none. One array where a block's and a site's
   were two: an 8192^2 output's cost 256 MiB, now 128 while records fit in
   16 bits."""
 
@@ -37,7 +39,7 @@ class _Summary:
     return arr
 
   def widen(self):
-    for name in ("xw", "xa", "xr1", "xr2"):
+    for name in ("xw", "xa", "xa2", "xr1", "xr2"):
       if name in self.__dict__:
         setattr(self, name, self.__dict__[name].astype(np.int32))
 
@@ -115,7 +117,7 @@ class CrossBlock:
       sh.read_log = None
     checks = [(V(sh.xw), "write")]
     if sh.any_atomic and (not atomic or not write):
-      checks.append((V(sh.xa), "write"))
+      checks += [(V(sh.xa), "write"), (V(sh.xa2), "write")]
     if write and sh.any_xread:
       checks += [(V(sh.xr1), "read"), (V(sh.xr2), "read")]
     for rec, prior in checks:
@@ -132,6 +134,10 @@ class CrossBlock:
     if write:
       if atomic:
         sh.any_atomic = True
+        xa = V(sh.xa)
+        other = (xa != 0) & (self.rec_block[xa] != me)
+        if other.any():
+          V(sh.xa2)[other] = xa[other]
       V(sh.xa if atomic else sh.xw)[...] = r
       return
     sh.any_xread = True

@@ -195,6 +195,14 @@ def advice(first, second, same_block=True):
   wrong with the synchronization it does have)."""
   a, b = first, second
   if not same_block:
+    atomic = [x for x in (a, b) if x.prim.startswith("atomic_")]
+    if atomic:  # (an atomic and a plain access: "use atomics" is half there)
+      plain = b if atomic[0] is a else a
+      return (f"blocks of one launch are unordered, and atomic updates "
+              f"({atomic[0].prim} at {atomic[0].where}) are ordered only with other "
+              f"atomic updates of the same elements: the plain {plain.access} "
+              f"({plain.where}) may come before, between or after them; make it "
+              "atomic too, or do it in a later kernel")
     return ("blocks of one launch are unordered: give each block its own "
             "bytes, or use atomics / separate kernels")
   other = a.block != b.block  # (two blocks of one cluster, or of a semaphore group)
