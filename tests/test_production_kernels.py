@@ -203,3 +203,6 @@ def test_races_in_a_library_kernel_s_backward_pass_name_its_lines_and_the_call(
       assert side.where.rsplit(":", 1)[0].endswith("attention_mgpu.py"), str(r)
     assert r.library and r.call_site.endswith(f"test_production_kernels.py:{call}"), str(r)
     assert "commit_smem" in r.advice
+  with pytest.raises(ps.RaceError, match="the kernel was called from .*test_production"):
+    with ps.backend("sim", library_races="raise"):
+      jax.block_until_ready(jax.grad(loss, argnums=(0, 1, 2))(q, k, v))

@@ -129,6 +129,9 @@ def execute(launch, *arrays):
     with _ieee_subnormals():
       return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
   except Exception as e:
+    if launch.call_site and isinstance(e, SimError):  # (located in a library)
+      e.add_note(f"kernel {launch.name} ({launch.where}) was called from "
+                 f"{launch.call_site}")
     ex.record_error(e)
     return poisoned()
 

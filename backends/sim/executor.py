@@ -515,7 +515,7 @@ class Executor:
     cycles = np.zeros(len(blocks))
     totals = BlockStats()  # (summed over the launch's blocks)
     trace = []
-    init_log = initcheck.InitLog()
+    init_log = initcheck.InitLog(launch.call_site)
     recorder = profiler.Recorder(launch.profile) if launch.profile else None
     t1 = time.perf_counter()  # (the first groups' times decide on workers)
     runner.profile = recorder

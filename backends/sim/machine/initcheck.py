@@ -92,6 +92,7 @@ class Uninitialized:
     self.example = example  # (block, element range) of the first read
     self.count = 1
     self.cause = None
+    self.call_site = ""  # the user's call of a kernel defined outside their files
 
   @property
   def where(self):
@@ -117,8 +118,9 @@ class Uninitialized:
     block, rng = self.example
     times = f"; {self.count} occurrences" if self.count > 1 else ""
     text = self.text if self.cause is None else "nothing had written these elements yet"
+    called = f"\n    the kernel was called from {self.call_site}" if self.call_site else ""
     return (f"{self.kind} of {self.buffer} {rng} (block {block}{times}):\n"
-            f"    {self.site.describe()}\n    {text}" + self.cause_text())
+            f"    {self.site.describe()}\n    {text}" + self.cause_text() + called)
 
 
 def link_causes(findings, races):
@@ -167,9 +169,10 @@ def also_found(items, kind):
 class InitLog:
   """Sites and folded findings of one launch."""
 
-  def __init__(self):
+  def __init__(self, call_site=""):
     self.sites = {}
     self.found = {}
+    self.call_site = call_site  # (a kernel defined outside the user's files)
 
   def site(self, agent, prim, where, buffer, thread):
     key = (agent, prim, where, buffer, "read", thread)
@@ -183,10 +186,11 @@ class InitLog:
     if f is not None:
       f.count += 1
       return
-    self.found[site.id] = Uninitialized(
+    f = self.found[site.id] = Uninitialized(
         "uninitialized read", site.buffer,
         "nothing wrote these elements before this read in this launch (the "
         "hardware would read leftover bytes)", site, (block, rng))
+    f.call_site = self.call_site
 
   def unwritten_output(self, buf, grid):
     """A finding for an output that some elements of were never written."""
