@@ -164,3 +164,32 @@ def test_a_plain_read_of_what_other_blocks_add_atomically_says_so():
   for r in found:
     assert "atomic_add" in r.advice and "make it atomic too" in r.advice, str(r)
     assert "or use atomics" not in r.advice, str(r)
+
+
+@pytest.mark.parametrize("reader", [0, 1])
+def test_a_plain_read_after_both_threads_atomics_races_whichever_thread_reads(reader):
+  """Both threads add atomically into SMEM, then one reads it with no
+  barrier: the other thread's add is unordered with the read, whichever of
+  the two added last here (the reader's own add must not hide it)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((M, N), jnp.int32), num_threads=2,
+                thread_name="wg",
+                scratch_types=[plgpu.SMEM((M, N), jnp.int32), plgpu.Barrier(num_arrivals=2)])
+  def k(x_ref, o_ref, smem, bar):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      smem[...] = x_ref[2 * M:]
+    plgpu.barrier_arrive(bar)
+    plgpu.barrier_wait(bar)
+    plgpu.atomic_add(smem, x_ref[pl.ds(wg * M, M)])
+
+    @pl.when(wg == reader)
+    def _():
+      o_ref[...] = smem[...]
+  x = _inputs(jnp.int32)
+  sim = ps.simulate(k, x, on_race="report")
+  found = [r for r in sim.report.races if r.second.agent == "thread"
+           and r.second.prim == "load" or r.first.prim == "load"]
+  assert found, "\n".join(map(str, sim.report.races))
+  assert all("atomic_add" in str(r) for r in found)

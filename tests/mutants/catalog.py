@@ -624,6 +624,13 @@ MUTANTS = [
            "        if other.any():\n          V(sh.xa2)[other] = xa[other]",
            "        if False:\n          V(sh.xa2)[other] = xa[other]",
            ("tests/test_atomics.py",)),
+    Mutant("atomic-hides-unordered-atomic", RACES,
+           "an atomic write replacing an unordered atomic one as the last write "
+           "keeps the replaced one checked against plain accesses; the mutant drops "
+           "it (a thread's plain read after its own atomic then misses the other's)",
+           "        if was.any():\n          V(sh.a2c)[was] = wc[was]",
+           "        if False:\n          V(sh.a2c)[was] = wc[was]",
+           ("tests/test_atomics.py",)),
     Mutant("cause-read-only-wait-off", "backends/sim/machine/observer.py",
            "a TMA store awaited with wait_read_only=True before a release is named; "
            "the mutant gives the generic advice",

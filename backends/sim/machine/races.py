@@ -287,6 +287,9 @@ class Shadow:
     self.written = not gmem
     self.read_log = []
     self.any_atomic = False  # whether an atomic write was recorded (`wa`)
+    # whether an atomic write was kept in `a2c`/`a2k`: the last write before
+    # an unordered atomic one replaced it, itself atomic
+    self.any_atomic2 = False
     # What the last whole-view stamps left, by the view's rows (offset, d0,
     # d1, s0, s1) -> (component, clock, and the flat elements [lo, hi) the
     # rows span): every entry under them has that component and a clock no
@@ -324,7 +327,7 @@ class Shadow:
     self.group = 0
     self.written = False
     self.read_log = []
-    self.any_atomic = False
+    self.any_atomic = self.any_atomic2 = False
 
   def slot(self, i):
     """Read slot i's (components, clocks) arrays (allocated on first use)."""
@@ -690,7 +693,28 @@ class Tracker:
     if m is not None:
       self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue, agent, block,
                    span, (comp, clock, vec, issued))
+    if sh.any_atomic2 and not atomic:
+      # The atomic write an unordered atomic one replaced as the last write
+      # (below) races with a plain access too.
+      ac, ak = V(sh.a2c), V(sh.a2k)
+      m = _unordered(ac, ak, vec)
+      if m is not None:
+        self._report("write", m, ac, ak, sh, buf, off, estrides, site, issue, agent,
+                     block, span, (comp, clock, vec, issued))
+      if write:
+        ac[...] = NONE
     if write:
+      if atomic and sh.any_atomic:
+        # Atomic writes do not race with each other, but each races with
+        # plain accesses: the one this replaces stays checked where the two
+        # are unordered, or a plain access by this one's thread would not
+        # see it.
+        was = (V(sh.wa) != 0) & (wc != NONE)
+        was &= wk > vec[wc]
+        if was.any():
+          V(sh.a2c)[was] = wc[was]
+          V(sh.a2k)[was] = wk[was]
+          sh.any_atomic2 = True
       wc[...] = comp
       wk[...] = clock
       if atomic or sh.any_atomic:
