@@ -631,6 +631,13 @@ MUTANTS = [
            "        if was.any():\n          V(sh.a2c)[was] = wc[was]",
            "        if False:\n          V(sh.a2c)[was] = wc[was]",
            ("tests/test_atomics.py",)),
+    Mutant("read-only-wait-orders-writes", "backends/sim/machine/observer.py",
+           "wait_smem_to_gmem(..., wait_read_only=True) orders the store's SMEM reads "
+           "only; the mutant orders its GMEM writes too (silent when the conflicting "
+           "write comes after the store landed)",
+           "    if not read_only:\n      self._learn(wg.hb, wg.hb.store_write, done)",
+           "    if True:\n      self._learn(wg.hb, wg.hb.store_write, done)",
+           ("tests/test_race_orders.py",)),
     Mutant("cause-read-only-wait-off", "backends/sim/machine/observer.py",
            "a TMA store awaited with wait_read_only=True before a release is named; "
            "the mutant gives the generic advice",

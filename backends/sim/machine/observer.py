@@ -498,11 +498,15 @@ class HappensBefore:
     if (site.agent == "tma_store" and site.access == "write" and sh is not None
         and other is not None and sh.read_only_wait
         and (swapped or vc[sh.store_read] >= k)):
+      then = (f"so what it then releases to {other.who} does not include the "
+              "write: wait with wait_read_only=False before releasing"
+              if other.wg is not sh.wg else
+              "so the wait does not order the store's write before this access: "
+              "wait with wait_read_only=False before it")
       return (f"{sh.who} waited for the TMA store ({site.where}) with "
               f"wait_smem_to_gmem(..., wait_read_only=True) ({sh.read_only_wait}), "
               "which waits until the store has read its SMEM, not until its GMEM "
-              f"writes land, so what it then releases to {other.who} does not "
-              "include the write: wait with wait_read_only=False before releasing")
+              f"writes land, {then}")
     # Its own async work, awaited by a wait that leaves it in flight.
     # (the async one first, then the thread that should have awaited it)
     for work, issuer, plain, waiter in ((rsite, rh, csite, h), (csite, h, rsite, rh)):

@@ -1,0 +1,85 @@
+"""Each race check in every order the detector handles differently: the
+other access made before the async work lands and after it, an atomic
+before and after a plain access, a lost barrier completion seen by the
+simulated order and only by happens-before. Orders are drawn (hypothesis
+over pl.delay) where one kernel can take them all."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import pallas_sim as ps
+from pallas_sim.backends.sim.machine import races as races_mod
+
+F32 = jnp.float32
+X = jnp.arange(64 * 32, dtype=F32).reshape(64, 32)
+
+
+def _races(fn, *args):
+  return ps.simulate(fn, *args, on_race="report", on_uninitialized="report").report
+
+
+def store_then_write(read_only, rows):
+  """A TMA store to out, a wait for it, a TMA load of `rows` rows waited for
+  (0: none), then a plain store to the same out. wait_read_only=True waits
+  for the store's SMEM reads only: its GMEM write still races with the plain
+  one, whether the plain store comes before the TMA store lands (no load, a
+  short one) or after (the thread blocks on a long load first, and the
+  landing is applied before the plain store is)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 32), F32),
+                scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.SMEM((256, 32), F32),
+                               plgpu.Barrier()])
+  def k(x_ref, y_ref, o_ref, smem, smem2, bar):
+    smem[...] = x_ref[...]
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=read_only)
+    if rows:
+      plgpu.copy_gmem_to_smem(y_ref.at[pl.ds(0, rows)], smem2.at[pl.ds(0, rows)], bar)
+      plgpu.barrier_wait(bar)
+    o_ref[...] = x_ref[...] * 2.0
+    plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+Y = jnp.ones((256, 32), F32)
+ROWS = st.sampled_from([0, 8, 32, 64, 128, 256])
+
+
+@settings(max_examples=6, deadline=None)
+@given(ROWS)
+def test_a_read_only_wait_leaves_the_store_s_write_racing_in_either_order(rows):
+  report = _races(store_then_write(True, rows), X, Y)
+  found = [r for r in report.races if r.kind == "write-write race"]
+  assert found, "\n".join(map(str, report.races))
+  assert {found[0].first.agent, found[0].second.agent} == {"tma_store", "thread"}
+  assert _races(store_then_write(False, rows), X, Y).races == []
+
+
+def _found_by(rows):
+  """Which access's check reported the race: the TMA store's landing, or
+  the plain store."""
+  found = []
+  orig = races_mod.Tracker._report
+
+  def spy(self, *args):
+    found.append(args[8].agent)  # (the access being checked: its site)
+    return orig(self, *args)
+  races_mod.Tracker._report = spy
+  try:
+    report = _races(store_then_write(True, rows), X, Y)
+  finally:
+    races_mod.Tracker._report = orig
+  assert [r.kind for r in report.races] == ["write-write race"], report.races
+  return found
+
+
+def test_the_draws_take_both_orders_of_the_landing_and_the_plain_store():
+  """What the draws above span: no load, and the landing finds the plain
+  store; a long load, and the plain store finds the landed write."""
+  assert _found_by(0) == ["tma_store"]
+  assert _found_by(256) == ["thread"]
