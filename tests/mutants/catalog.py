@@ -405,6 +405,13 @@ MUTANTS = [
            "  for wg, (seen, where) in slot.waits.items():",
            "  for wg, (seen, where) in {}.items():",
            ("tests/test_races.py",)),
+    Mutant("races-lost-completion-hb-half-off", BAR,
+           "a completion made by arrivals that nothing orders after the waiter's "
+           "wait is lost even when the simulated order had the wait first; the "
+           "mutant checks the simulated order only",
+           "    elif hb.unordered_waiter(slot, wg):",
+           "    elif False:",
+           ("tests/test_race_causes.py", "tests/test_races.py")),
     Mutant("races-unawaited-store-unchecked", "backends/sim/group.py",
            "a warpgroup ending with TMA stores still reading SMEM is reported",
            "  if wg.open_group or wg.store_reads_awaited < wg.store_groups:",
