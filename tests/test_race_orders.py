@@ -83,3 +83,82 @@ def test_the_draws_take_both_orders_of_the_landing_and_the_plain_store():
   store; a long load, and the plain store finds the landed write."""
   assert _found_by(0) == ["tma_store"]
   assert _found_by(256) == ["thread"]
+
+
+M, N = 64, 32
+
+
+def atomic_and_plain(plain_write, atomic_rows, plain_rows):
+  """After a barrier, thread 0 adds into SMEM atomically and thread 1
+  stores to (or loads from) it plainly, each first blocking on a TMA load of
+  its own of that many rows (0: none), which decides which access the
+  simulation makes first: nothing orders the two, whichever it is."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((M, N), jnp.int32), num_threads=2,
+                thread_name="wg",
+                scratch_types=[plgpu.SMEM((M, N), jnp.int32), plgpu.Barrier(num_arrivals=2),
+                               plgpu.SMEM((2, 256, N), jnp.int32), plgpu.Barrier(num_barriers=2)])
+  def k(x_ref, y_ref, o_ref, smem, bar, scratch, loaded):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      smem[...] = x_ref[...]
+    plgpu.barrier_arrive(bar)
+    plgpu.barrier_wait(bar)
+
+    def first_load(i, rows):
+      if rows:
+        plgpu.copy_gmem_to_smem(y_ref.at[pl.ds(0, rows)],
+                                scratch.at[i, pl.ds(0, rows)], loaded.at[i])
+        plgpu.barrier_wait(loaded.at[i])
+
+    @pl.when(wg == 0)
+    def _():
+      first_load(0, atomic_rows)
+      plgpu.atomic_add(smem, x_ref[...])
+
+    @pl.when(wg == 1)
+    def _():
+      first_load(1, plain_rows)
+      if plain_write:
+        smem[...] = x_ref[...]
+      else:
+        o_ref[...] = smem[...]
+  return k
+
+
+XI = jnp.arange(M * N, dtype=jnp.int32).reshape(M, N)
+YI = jnp.ones((256, N), jnp.int32)
+LOAD_ROWS = st.sampled_from([0, 64, 256])
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.booleans(), LOAD_ROWS, LOAD_ROWS)
+def test_an_atomic_and_a_plain_access_race_in_either_order(plain_write, ra, rp):
+  report = _races(atomic_and_plain(plain_write, ra, rp), XI, YI)
+  found = [r for r in report.races if {r.first.prim, r.second.prim} ==
+           {"atomic_add", "store" if plain_write else "load"}]
+  assert found, "\n".join(map(str, report.races))
+
+
+def _order(plain_write, ra, rp):
+  seen = []
+  orig = races_mod.Tracker.access
+
+  def spy(self, buf, *args, **kw):
+    if buf.name == "smem":
+      seen.append(args[4].prim)  # (its site)
+    return orig(self, buf, *args, **kw)
+  races_mod.Tracker.access = spy
+  try:
+    _races(atomic_and_plain(plain_write, ra, rp), XI, YI)
+  finally:
+    races_mod.Tracker.access = orig
+  return seen[-2:]  # (after the first store, which fills the buffer)
+
+
+@pytest.mark.parametrize("plain_write", [False, True])
+def test_the_draws_take_the_atomic_first_and_the_plain_access_first(plain_write):
+  plain = "store" if plain_write else "load"
+  assert _order(plain_write, 0, 256) == ["atomic_add", plain]
+  assert _order(plain_write, 256, 0) == [plain, "atomic_add"]

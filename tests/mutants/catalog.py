@@ -412,6 +412,12 @@ MUTANTS = [
            "    elif hb.unordered_waiter(slot, wg):",
            "    elif False:",
            ("tests/test_race_causes.py", "tests/test_races.py")),
+    Mutant("races-atomic-masks-later-plain", RACES,
+           "only atomic writes are exempt from racing with an earlier atomic one; the "
+           "mutant exempts a plain access after an atomic one too",
+           "    if m is not None and atomic and sh.any_atomic:",
+           "    if m is not None and sh.any_atomic:",
+           ("tests/test_race_orders.py",)),
     Mutant("races-unawaited-store-unchecked", "backends/sim/group.py",
            "a warpgroup ending with TMA stores still reading SMEM is reported",
            "  if wg.open_group or wg.store_reads_awaited < wg.store_groups:",
