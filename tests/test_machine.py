@@ -208,10 +208,30 @@ def test_clock_components_are_sized_per_kernel_not_capped():
   np.testing.assert_array_equal(np.asarray(sim.outputs)[0], 2 * np.asarray(X)[0])
 
 
+def writes_twice_and_reads_back(cross=False):
+  """Block i writes its row twice (the second value must stay) and reads it
+  back into a second output; `cross`: it also copies the previous block's
+  row into a third (another group's write: a race between blocks, and a
+  launch that then runs in one process)."""
+  @plgpu.kernel(out_type=(jax.ShapeDtypeStruct((8, 128), F32),) * (3 if cross else 2),
+                grid=(8,), grid_names=("i",))
+  def k(x_ref, o_ref, p_ref, *q):
+    i = lax.axis_index("i")
+    o_ref[i] = x_ref[i]
+    o_ref[i] = x_ref[i] * 3
+    p_ref[i] = o_ref[i] + 1
+    if cross:
+      q[0][i] = o_ref[(i + 7) % 8]
+  return k
+
+
 DETACHED_CASES = [
     ("quickstart matmul", lambda a, b: matmul_mcs(a, b), "ab"),
     ("racy matmul (delay_release=0)", lambda a, b: matmul_mcs(a, b, delay_release=0), "ab"),
 ] + [(name, fn, make) for name, fn, make, _ in K.EXAMPLES if name not in K.NOT_LOWERABLE]
+DETACHED_CASES.append(("writes twice and reads back", writes_twice_and_reads_back(True),
+                       lambda seed: (jnp.asarray(np.random.default_rng(seed).standard_normal(
+                           (8, 128)), F32),)))
 
 
 @pytest.mark.parametrize("name,fn,args", DETACHED_CASES, ids=[c[0] for c in DETACHED_CASES])

@@ -21,7 +21,7 @@ import pallas_sim as ps
 from pallas_sim.backends.sim import parallel
 from pallas_sim.backends.sim.executor import Executor
 from test_clusters import multicast_kernel
-from test_machine import run_on
+from test_machine import run_on, writes_twice_and_reads_back
 from test_quickstart import matmul_mcs
 
 F32 = jnp.float32
@@ -111,6 +111,7 @@ CASES = [
     ("TMA reduction, f32", tma_reduction_rows(), (_x(),)),
     ("reads the previous block's row", reads_the_previous_block(), (_x(),)),
     ("the last block writes its input", writes_its_input(ROWS - 1), (_x(),)),
+    ("writes twice and reads back", writes_twice_and_reads_back(), (_x(),)),
     ("clusters of (2, 2), multicast", multicast_kernel(cluster=(2, 2), clusters=4),
      (jnp.asarray(np.random.default_rng(2).standard_normal((4, 128, 128)), F32),)),
 ]
@@ -184,6 +185,10 @@ def test_the_cases_run_over_workers_and_find_what_they_are_for():
   two, out = _run(atomic_rows(jnp.int32), (_x(dtype=jnp.int32),), 2)
   assert two.report.kernels[0].workers == 2
   np.testing.assert_array_equal(out[0][:ROWS], np.asarray(_x(dtype=jnp.int32)))
+  two, out = _run(writes_twice_and_reads_back(), (_x(),), 2)
+  assert two.report.kernels[0].workers == 2
+  np.testing.assert_array_equal(out[0], 3 * np.asarray(_x()))
+  np.testing.assert_array_equal(out[1], 3 * np.asarray(_x()) + 1)
   two, out = _run(tma_reduction_rows(), (_x(),), 2)
   assert two.report.kernels[0].workers == 2
   want = np.asarray(_x())[0].copy()

@@ -418,6 +418,13 @@ MUTANTS = [
            "    if m is not None and atomic and sh.any_atomic:",
            "    if m is not None and sh.any_atomic:",
            ("tests/test_race_orders.py",)),
+    Mutant("merge-writes-reversed", "backends/sim/executor.py",
+           "a group's GMEM writes are replayed at the merge in the order they were "
+           "made; the mutant replays them backwards (an element written twice keeps "
+           "its first value when its group ran in a worker or detached)",
+           "    for buf, off, estrides, shape, reduce, values in result.writes:",
+           "    for buf, off, estrides, shape, reduce, values in result.writes[::-1]:",
+           ("tests/test_parallel.py", "tests/test_machine.py")),
     Mutant("races-unawaited-store-unchecked", "backends/sim/group.py",
            "a warpgroup ending with TMA stores still reading SMEM is reported",
            "  if wg.open_group or wg.store_reads_awaited < wg.store_groups:",
