@@ -4,15 +4,23 @@ bit for bit with machine/tensor_core.py's model for several (K slice, align
 bits, result bits). Needs a Hopper GPU.
 
     python3 benchmarks/mma_numerics_probe.py
+    python3 benchmarks/mma_numerics_probe.py --golden tests/data/mma_sync_h200.npz
+
+--golden writes the H200's outputs for tests/test_wgmma.py to check the
+simulator against bit for bit (random and structured operands: one large
+product among small ones of many scales, where the summation's order and
+rounding show), with how it was made.
 """
 import itertools
+import json
 import os
 import sys
 
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "tests"),
+                os.path.dirname(os.path.abspath(__file__))]
 import pallas_sim as ps  # noqa: E402
 from pallas_sim.backends.sim.machine import tensor_core as tc  # noqa: E402
 from test_wgmma import mma_sync_kernel, mma_sync_operands  # noqa: E402
@@ -27,7 +35,46 @@ def model(a, bt, kslice, align, result):
   return out
 
 
+GOLDEN_DTYPES = (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float16, jnp.bfloat16)
+GOLDEN_ROWS = 16  # (an output row depends on its row of A alone: the test pads)
+
+
+def structured_operands(dtype, seed, m=128, k=128, n=8):
+  """One product of 2^e (e in 0..5) per row beside small ones of scales down
+  to 2^-11, and B of +-1, +-0.5, +-1.5."""
+  rng = np.random.default_rng(seed)
+  a = rng.uniform(-1, 1, (m, k)) * 2.0 ** -(np.arange(m)[:, None] % 12)
+  a[:, 0] = 2.0 ** rng.integers(0, 6, m)
+  bt = np.where(rng.random((n, k)) < 0.5, 1.0, -1.0) * rng.choice([1, 0.5, 1.5], (n, k))
+  return np.asarray(a, dtype), np.asarray(bt, dtype)
+
+
+def golden(path):
+  from wgmma_numerics_probe import provenance
+  keep = {}
+  for dtype in GOLDEN_DTYPES:
+    name = jnp.dtype(dtype).name
+    for kind, seed in (("random", 0), ("random", 1), ("structured", 2)):
+      a, bt = (mma_sync_operands(dtype, seed=seed) if kind == "random" else
+               structured_operands(dtype, seed))
+      real = np.asarray(ps.run(mma_sync_kernel(dtype), a, bt, backend="mosaic"))
+      key = f"{name}_{kind}_{seed}"
+      keep[key + "_a"] = np.asarray(a[:GOLDEN_ROWS], np.float32)
+      keep[key + "_b"] = np.asarray(bt, np.float32)
+      keep[key + "_out"] = real[:GOLDEN_ROWS].astype(np.float32)
+  meta = json.dumps(provenance(
+      "mosaic", "mma_numerics_probe.py",
+      "plgpu.mma (mma.sync) of A (128, 128) and B given (8, 128), f32 accumulator "
+      "from zeros (tests/test_wgmma.py mma_sync_kernel); kept: rows 0..15 of A, all "
+      "of B, rows 0..15 of the output"))
+  np.savez_compressed(path, provenance=meta, **keep)
+  print("saved", path, meta)
+
+
 def main():
+  if "--golden" in sys.argv:
+    golden(sys.argv[sys.argv.index("--golden") + 1])
+    return
   for dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.float16, jnp.bfloat16):
     rows = []
     for seed in range(3):

@@ -53,7 +53,8 @@ GOLDEN = [("random", 64, 0), ("random", 128, 1), ("structured", 128, 0)]
 GOLDEN_ROWS_A, GOLDEN_ROWS_B = 8, 16
 
 
-def provenance(backend):
+def provenance(backend, script="wgmma_numerics_probe.py", what=None):
+  """How a golden file was made (GPU, driver, jax, command, commit, date)."""
   def cmd(*c):
     try:
       return subprocess.run(c, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -67,11 +68,11 @@ def provenance(backend):
       gpu=cmd("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"),
       jax=jax.__version__, jaxlib=jaxlib.__version__,
       devices=[str(d) for d in jax.devices()],
-      command="python3 benchmarks/wgmma_numerics_probe.py " + " ".join(sys.argv[1:]),
+      command=f"python3 benchmarks/{script} " + " ".join(sys.argv[1:]),
       commit=commit, date=cmd("date", "-u", "+%Y-%m-%dT%H:%M:%SZ"),
-      what=("wgmma (tm=64, tn=64, swizzle=32, B stored (N, K), f32 accumulator) "
-            "of a (64, K) and a (64, K) operand; kept: rows 0..7 of A, rows 0..15 "
-            "of B and the (8, 16) corner of the output"))
+      what=what or ("wgmma (tm=64, tn=64, swizzle=32, B stored (N, K), f32 accumulator) "
+                    "of a (64, K) and a (64, K) operand; kept: rows 0..7 of A, rows "
+                    "0..15 of B and the (8, 16) corner of the output"))
 
 
 def main():

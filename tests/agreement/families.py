@@ -251,23 +251,86 @@ REDUCE_LAX = {"sum": lax.reduce_sum, "max": lax.reduce_max, "min": lax.reduce_mi
 
 
 def reduction_reference(x, *, op, axis, dt, api):
+  """max/min: exact, as max.NaN/min.NaN (what the lowering emits, f32, f16
+  and bf16): NaN propagates, -0 < +0. Sums: NaN where a NaN or both
+  infinities are summed, the infinity where one is."""
   dtype = DTYPES[dt]
   ax = 1 + axis
-  if op == "max":
-    return Iv(np.max(x, axis=ax))
-  if op == "min":
-    return Iv(np.min(x, axis=ax))
+  if op in ("max", "min"):
+    pick = tol.maximum if op == "max" else tol.minimum
+    return Iv(functools.reduce(pick, np.moveaxis(x, ax, 0)))
   if dt == "i32":
     return Iv(np.sum(x, axis=ax))
   # Register sums: the order on the GPU is not modelled (tolerance.py).
   # jnp.sum upcasts f16/bf16 to f32 and rounds once; lax.reduce_sum sums in
   # the half type itself.
-  s, n, mag = np.sum(x, axis=ax), x.shape[ax], np.sum(np.abs(x), axis=ax)
-  if api == "lax" and dt != "f32":
-    err = tol.sum_error(n, mag, dtype)
-    return Iv(s - err, s + err).rnd(dtype)
-  err = tol.sum_error(n, mag, F32)
-  return Iv(s - err, s + err).rnd(F32).rnd(dtype)
+  with np.errstate(invalid="ignore"):
+    s, n, mag = np.sum(x, axis=ax), x.shape[ax], np.sum(np.abs(x), axis=ax)
+    if api == "lax" and dt != "f32":
+      err = tol.sum_error(n, mag, dtype)
+      r = Iv(s - err, s + err).rnd(dtype)
+    else:
+      err = tol.sum_error(n, mag, F32)
+      r = Iv(s - err, s + err).rnd(F32).rnd(dtype)
+  fin = np.isfinite(s)  # (NaN, or an infinity: exact)
+  return Iv(np.where(fin, r.lo, s), np.where(fin, r.hi, s))
+
+
+# What a reduced line of a `specials` reduction holds (each line one kind).
+LINE_KINDS = ["plain", "nan", "+inf", "-inf", "+-inf", "zeros", "signed_zeros",
+              "extreme"]
+
+
+def _wide(r, n, dtype, hi_exp=None):
+  """n values of random sign and mantissa, exponents drawn over the whole
+  range of `dtype` (subnormals included) up to hi_exp, rounded to it."""
+  p, emin, big = tol._FORMATS[np.dtype(dtype)]
+  emax = int(np.floor(np.log2(big)))
+  e = r.integers(emin - p + 1, (emax if hi_exp is None else hi_exp) + 1, n)
+  v = np.ldexp(r.uniform(1.0, 2.0, n), e) * r.choice([-1.0, 1.0], n)
+  return np.clip(tol.round_to(v, dtype), -big, big)
+
+
+def _reduction_inputs(seed, shape, dtype, axis, op):
+  """Every line reduced over (axis 1 + axis of shape (grid, rows, cols)) one
+  of LINE_KINDS: a NaN, infinities, zeros of both signs where they decide a
+  max/min (-|x| and zeros for max, |x| and zeros for min), lines of zeros
+  only, or exponents over the type's whole range (below 1/(2n) of its
+  largest value for sums, which then cannot overflow in any order)."""
+  r = np.random.default_rng(seed)
+  if np.dtype(dtype) == np.dtype(np.int32):
+    return jnp.asarray(r.integers(-1000, 1000, shape), I32)
+  ax = 1 + axis
+  x = np.moveaxis(r.uniform(-2.0, 2.0, shape), ax, -1).copy()  # lines last
+  n = x.shape[-1]
+  lines = x.reshape(-1, n)
+  kinds = r.choice(len(LINE_KINDS), lines.shape[0])
+  kinds[:len(LINE_KINDS)] = r.permutation(len(LINE_KINDS))  # each at least once
+  _, _, big = tol._FORMATS[np.dtype(dtype)]
+  for line, k in zip(lines, kinds):
+    kind = LINE_KINDS[k]
+    pos = r.choice(n, size=4, replace=False)
+    if kind == "nan":
+      line[pos[0]] = np.nan
+      line[pos[1]] = r.choice([np.inf, -np.inf, 0.0])
+    elif kind in ("+inf", "-inf"):
+      line[pos[:2]] = np.inf if kind == "+inf" else -np.inf
+    elif kind == "+-inf":
+      line[pos[0]], line[pos[1]] = np.inf, -np.inf
+    elif kind == "zeros":  # -|x| (|x| for min) and a zero of each sign
+      line[:] = np.abs(line) * (1.0 if op == "min" else -1.0)
+      line[pos[0]], line[pos[1]] = -0.0, 0.0
+      line[pos[2]] = r.choice([0.0, -0.0, line[pos[2]]])
+    elif kind == "signed_zeros":  # only zeros, of both signs
+      line[:] = r.choice([0.0, -0.0], n)
+      line[pos[0]], line[pos[1]] = 0.0, -0.0
+    elif kind == "extreme":
+      hi = None if op != "sum" else int(np.floor(np.log2(big / (2 * n))))
+      line[:] = _wide(r, n, dtype, hi)
+      if op != "sum":
+        line[pos[0]] = r.choice([big, -big])
+  x = np.moveaxis(lines.reshape(x.shape), -1, ax)
+  return jnp.asarray(x, dtype)
 
 
 @st.composite
@@ -291,6 +354,8 @@ def reduction(draw, **fixed):
   # optimized=False) on 0.12), keeps 16-bit stores to GMEM covered on both.
   store = p("store", ["assign", "plain"])
   grid = p.integer("grid", 1, 3)
+  # NaN, infinities, signed zeros, extreme exponents (LINE_KINDS)
+  specials = p("specials", [False, True] if dt != "i32" else [False])
   seed = p.integer("seed", 0, 2 ** 16)
   config = p.done()
   jf = REDUCE[op] if api == "jnp" else (
@@ -321,9 +386,10 @@ def reduction(draw, **fixed):
       plgpu.copy_smem_to_gmem(o_s, o_ref.at[g])
       plgpu.wait_smem_to_gmem(0)
 
-  x = _inputs(seed, (grid, rows, cols), dtype)
+  x = (_reduction_inputs(seed, (grid, rows, cols), dtype, axis, op) if specials
+       else _inputs(seed, (grid, rows, cols), dtype))
   desc = (f"{api}.{op} axis={axis} {dt} ({rows},{cols}) grid={grid} layout={layout} "
-          f"out={out_path} store={store} seed={seed}")
+          f"out={out_path} store={store} specials={specials} seed={seed}")
   exact = op != "sum" or dt == "i32"
   return Case("reduction", desc, kernel, (x,),
               lambda x: [reduction_reference(x, op=op, axis=axis, dt=dt, api=api)],
@@ -779,7 +845,7 @@ AXES = {
                         specials=[False, True]),
     "reduction": dict(dt=sorted(DTYPES), op=sorted(REDUCE), api=["jnp", "lax"], axis=[0, 1],
                       layout=["load", "cast", "inferred"], out=["gmem", "smem"],
-                      store=["assign", "plain"]),
+                      store=["assign", "plain"], specials=[False, True]),
     "pipeline": dict(dt=sorted(DTYPES), delay_release=[0, 1], n_major=[False, True],
                      mcs=[1, 2, 3, 4], blocks=[1, 2]),
     "matmul": dict(kind=["quickstart", "tma_wgmma"], dt=sorted(MMA_DTYPES),
@@ -798,7 +864,8 @@ AXES = {
 # against what is computed with it (a reduction's accumulator, a cast).
 AXES_PAIRS = {
     "elementwise": [("dt", "out_dt"), ("dt", "binary"), ("binary", "specials")],
-    "reduction": [("dt", "op"), ("dt", "api"), ("dt", "store")],
+    "reduction": [("dt", "op"), ("dt", "api"), ("dt", "store"), ("op", "specials"),
+                  ("dt", "specials")],
 }
 
 
@@ -819,6 +886,8 @@ def _valid(family, row):
   g = row.get
   if family == "elementwise" and g("dt") == "i32":
     return g("unary", "neg") in ("neg", "abs", "square") and not g("specials", False)
+  if family == "reduction" and g("dt") == "i32":
+    return not g("specials", False)
   if family == "pipeline":
     return g("mcs", 4) > g("delay_release", 0)
   if family == "matmul":

@@ -46,6 +46,10 @@ _FORMATS = {
     np.dtype(np.float32): (24, -126, float(np.finfo(np.float32).max)),
     np.dtype(np.float16): (11, -14, 65504.0),
     np.dtype(ml_dtypes.bfloat16): (8, -126, float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)),
+    # (fp8: the GPU converts to them only with .satfinite: round_to(...,
+    # satfinite=True))
+    np.dtype(ml_dtypes.float8_e4m3fn): (4, -6, 448.0),
+    np.dtype(ml_dtypes.float8_e5m2): (3, -14, 57344.0),
 }
 
 
@@ -61,10 +65,13 @@ def ulp(x, dtype):
   return np.ldexp(1.0, np.maximum(e, emin) - (p - 1))
 
 
-def round_to(x, dtype):
+def round_to(x, dtype, satfinite=False):
   """x (float64) rounded to nearest-even in `dtype`, as float64. Written
   from the formats' parameters, not through numpy/ml_dtypes casts
-  (ml_dtypes rounds float64 -> bfloat16 through float32: twice)."""
+  (ml_dtypes rounds float64 -> bfloat16 through float32: twice).
+  satfinite: PTX cvt's .satfinite (the only fp8 conversion the lowering
+  emits): a result beyond the largest finite value, +-inf included, is that
+  value with its sign; NaN stays NaN."""
   dtype = np.dtype(dtype)
   x = np.asarray(x, np.float64)
   if not is_float(dtype):
@@ -73,8 +80,55 @@ def round_to(x, dtype):
   with np.errstate(all="ignore"):
     q = ulp(x, dtype)
     r = np.rint(x / q) * q  # x / q is exact (a power of two) and < 2^p
-    r = np.where(np.abs(r) > big, np.copysign(np.inf, x), r)
-    return np.where(np.isfinite(x), r, x)
+    r = np.where(np.abs(r) > big, np.copysign(big if satfinite else np.inf, x), r)
+    return np.where(np.isfinite(x) | (satfinite & ~np.isnan(x)), r, x)
+
+
+def round_half_away(x):
+  """lax.round(x) (AWAY_FROM_ZERO) of float64 x holding f32/f16/bf16 values:
+  exact (|x| + 0.5 is exact in float64 below 2^52), the sign of a zero
+  result kept (-0.3 -> -0.0), as PTX's expansion of llvm.round gives."""
+  x = np.asarray(x, np.float64)
+  with np.errstate(all="ignore"):
+    return np.copysign(np.floor(np.abs(x) + 0.5), x)
+
+
+def round_half_even(x):
+  """lax.round(x, TO_NEAREST_EVEN) (cvt.rni): exact, zeros keep their sign."""
+  return np.rint(np.asarray(x, np.float64))
+
+
+def div_full(x, y, dtype):
+  """The range of x / y (f32, f16, bf16 operands held in float64) as the
+  GPU computes it: PTX div.full.f32 (halves in f32, the quotient rounded
+  to `dtype`) is RN(x' * rcp.approx(y')), with (x', y') = (x, y) / 4 for
+  |y| > 2^126 and (x, y) * 2^24 for subnormal y (machine/division.py,
+  fitted on the H200), and rcp.approx.f32 within one ulp of the correctly
+  rounded reciprocal (measured on the H200 for every mantissa): the range
+  is RN(x' * r) for r from one ulp below RN(1/y') to one above. Exact where
+  the reciprocal is 0 or inf (y' = +-inf, +-0) and for NaN."""
+  x = np.asarray(x, np.float64)
+  y = np.asarray(y, np.float64)
+  f32 = np.dtype(np.float32)
+  with np.errstate(all="ignore"):
+    scale = np.where(np.abs(y) > 2.0 ** 126, 0.25,
+                     np.where(np.abs(y) < 2.0 ** -126, 2.0 ** 24, 1.0))
+    xs, ys = round_to(x * scale, f32), round_to(y * scale, f32)
+    r0 = round_to(1.0 / ys, f32).astype(np.float32)
+    r_lo = np.nextafter(r0, np.float32(0)).astype(np.float64)
+    r_hi = np.nextafter(r0, np.copysign(np.float32(np.inf), r0)).astype(np.float64)
+    fixed = ~np.isfinite(r0) | (r0 == 0)
+    r_lo = np.where(fixed, r0, r_lo)
+    r_hi = np.where(fixed, r0, r_hi)
+    a, b = round_to(xs * r_lo, f32), round_to(xs * r_hi, f32)
+    lo, hi = np.fmin(a, b), np.fmax(a, b)
+    # (0 * r of either sign: fmin/fmax pick a zero's sign arbitrarily)
+    zero = (xs == 0) & ~np.isnan(lo)
+    z = np.copysign(0.0, xs) * np.copysign(1.0, r0)
+    lo, hi = np.where(zero, z, lo), np.where(zero, z, hi)
+    nan = np.isnan(a) | np.isnan(b)
+    lo, hi = np.where(nan, np.nan, lo), np.where(nan, np.nan, hi)
+  return Iv(lo, hi) if np.dtype(dtype) == f32 else Iv(lo, hi).rnd(dtype)
 
 
 def round_to_odd_sum(a, b):
