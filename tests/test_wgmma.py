@@ -189,3 +189,38 @@ def test_mma_sync_computes_acc_plus_a_b(dtype):
     # (fp8 sums keep 13 fraction bits between slices of K)
     assert rel_err(out, want) < (1e-3 if jnp.dtype(dtype).itemsize == 1 else 1e-5)
     # (the tensor core truncates: not numpy's rounded f32 sum, bit for bit)
+
+
+MMA_GOLDEN = os.path.join(os.path.dirname(__file__), "data", "mma_sync_h200.npz")
+
+
+def mma_golden():
+  """(key, rows of A, B (N, K), the H200's output rows) of tests/data/
+  mma_sync_h200.npz, and its provenance."""
+  d = np.load(MMA_GOLDEN)
+  keys = sorted({k.rsplit("_", 1)[0] for k in d.files if k != "provenance"})
+  return [(k, d[k + "_a"], d[k + "_b"], d[k + "_out"]) for k in keys], json.loads(
+      str(d["provenance"]))
+
+
+def test_mma_sync_golden_data_says_how_it_was_made():
+  cases, prov = mma_golden()
+  assert len(cases) == 12
+  assert "H200" in prov["gpu"] and prov["backend"] == "mosaic"
+  assert prov["jax"] == "0.11.2" and len(prov["commit"]) == 40
+  assert prov["command"].startswith("python3 benchmarks/mma_numerics_probe.py --golden")
+
+
+@pytest.mark.parametrize("key", [c[0] for c in mma_golden()[0]])
+def test_mma_sync_sums_as_the_h200_does_bit_for_bit(key):
+  """plgpu.mma (mma.sync) against the H200's own outputs: every bit, for fp8,
+  f16 and bf16 operands, random and structured (a large product among
+  small ones, where the order and rounding of the sum show)."""
+  (case,) = [c for c in mma_golden()[0] if c[0] == key]
+  _, a_rows, bt, hw = case
+  dtype = jnp.dtype(key.rsplit("_", 2)[0])
+  a = np.zeros((128, 128), np.float32)
+  a[:len(a_rows)] = a_rows  # (an output row depends on its row of A alone)
+  out = np.asarray(ps.run(mma_sync_kernel(dtype), jnp.asarray(a, dtype),
+                          jnp.asarray(bt, dtype), backend="sim"))
+  np.testing.assert_array_equal(out[:len(hw)].view(np.int32), hw.view(np.int32))

@@ -46,6 +46,11 @@ def test_rejected(case):
   assert_agree(case)
 
 
+@given(F.edges())
+def test_edges(case):
+  assert_agree(case)
+
+
 COVERING = [(f, i, row) for f in F.FAMILIES for i, row in enumerate(F.covering_rows(f))]
 
 
