@@ -6,6 +6,7 @@ over pl.delay) where one kernel can take them all."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 from jax import lax
@@ -162,3 +163,71 @@ def test_the_draws_take_the_atomic_first_and_the_plain_access_first(plain_write)
   plain = "store" if plain_write else "load"
   assert _order(plain_write, 0, 256) == ["atomic_add", plain]
   assert _order(plain_write, 256, 0) == [plain, "atomic_add"]
+
+
+def async_then_plain(kind, rows):
+  """Async work, then (after blocking on a TMA load of `rows` rows, 0: not)
+  a plain access it races with, the work unawaited: `kind` "tma_load" (a
+  load into smem, then a plain read of it), "tma_store" (a store from smem,
+  then a plain write of it), "wgmma" (a wgmma reading a_s, then a plain
+  write of a_s)."""
+  T = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(
+      (64, 64), jnp.float16 if kind == "tma_store" else F32),
+                scratch_types=[plgpu.SMEM((64, 64), jnp.float16, transforms=T),
+                               plgpu.SMEM((64, 64), jnp.float16, transforms=T),
+                               plgpu.SMEM((256, 32), F32), plgpu.Barrier(),
+                               plgpu.Barrier(), plgpu.ACC((64, 64), F32)])
+  def k(a_ref, y_ref, o_ref, a_s, b_s, other, bar, bar2, acc):
+    plgpu.copy_gmem_to_smem(a_ref, b_s, bar2)
+    plgpu.barrier_wait(bar2)
+    if kind == "tma_load":
+      plgpu.copy_gmem_to_smem(a_ref, a_s, bar)
+    else:
+      a_s[...] = b_s[...]
+      plgpu.commit_smem()
+      if kind == "tma_store":
+        plgpu.copy_smem_to_gmem(a_s, o_ref)
+      else:
+        plgpu.wgmma(acc, a_s, b_s)
+    if rows:
+      plgpu.copy_gmem_to_smem(y_ref.at[pl.ds(0, rows)], other.at[pl.ds(0, rows)], bar2)
+      plgpu.barrier_wait(bar2)
+    if kind == "tma_load":
+      o_ref[...] = a_s[...].astype(F32)  # (the race: the load may not have landed)
+      plgpu.barrier_wait(bar)
+    else:
+      a_s[...] = jnp.zeros((64, 64), jnp.float16)  # (the race: still being read)
+      if kind == "tma_store":
+        plgpu.wait_smem_to_gmem(0)
+      else:
+        plgpu.wgmma_wait(0)
+        o_ref[...] = acc[...]
+  return k
+
+
+A16 = jnp.asarray(np.random.default_rng(0).standard_normal((64, 64)), jnp.float16)
+
+
+@pytest.mark.parametrize("kind", ["tma_load", "tma_store", "wgmma"])
+@pytest.mark.parametrize("rows,landing_finds_it", [(0, True), (256, False)])
+def test_async_work_and_a_later_plain_access_race_landing_before_or_after(
+    kind, rows, landing_finds_it):
+  """Both of the detector's paths: the work lands after the plain access
+  (its landing finds the access) or before it (the access finds the landed
+  work); which one happens is what `rows` decides."""
+  found = []
+  orig = races_mod.Tracker._report
+
+  def spy(self, *args):
+    found.append(args[8].agent)  # (the access being checked: its site)
+    return orig(self, *args)
+  races_mod.Tracker._report = spy
+  try:
+    report = _races(async_then_plain(kind, rows), A16, Y)
+  finally:
+    races_mod.Tracker._report = orig
+  pairs = [{r.first.agent, r.second.agent} for r in report.races]
+  assert {kind, "thread"} in pairs, "\n".join(map(str, report.races))
+  assert found[0] == (kind if landing_finds_it else "thread"), found

@@ -400,6 +400,19 @@ MUTANTS = [
            "        rc, rk = map(V, sh.slot(i))\n        m = _unordered(rc, rk, vec)",
            "        rc, rk = map(V, sh.slot(i))\n        m = None",
            ("tests/test_races.py", "tests/test_races_jax_scenarios.py")),
+    Mutant("races-landing-finds-nothing", RACES,
+           "async work's landing (a TMA load's write, a store's or wgmma's read) is "
+           "checked against the plain accesses made before it; the mutant checks "
+           "only plain accesses (an access made before the work lands is missed)",
+           '        if m is not None:\n          self._report("read", m, rc, rk',
+           '        if m is not None and issued is vec:\n          self._report("read", m, rc, rk',
+           ("tests/test_race_orders.py",)),
+    Mutant("races-access-finds-no-landed-work", RACES,
+           "a plain access is checked against async work that landed before it; the "
+           "mutant checks only async work's own landing",
+           '    if m is not None:\n      self._report("write", m, wc, wk',
+           '    if m is not None and issued is not vec:\n      self._report("write", m, wc, wk',
+           ("tests/test_race_orders.py",)),
     Mutant("races-lost-completion-unchecked", BAR,
            "a barrier completing again before its waiter observed the last is reported",
            "  for wg, (seen, where) in slot.waits.items():",
