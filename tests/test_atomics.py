@@ -13,9 +13,10 @@ import pallas_sim as ps
 M, N = 128, 64
 
 
-def two_thread_atomic(op="add", dtype=jnp.int32, plain_second=False):
+def two_thread_atomic(op="add", dtype=jnp.int32, plain_second=False, unsynced_reader=None):
   """Both warpgroups combine their half of the input into one SMEM tile
-  (thread 1 with a plain store instead, with `plain_second`)."""
+  (thread 1 with a plain store instead, with `plain_second`); thread 0
+  stores the tile after a barrier, or `unsynced_reader` with none."""
   fn = getattr(plgpu, f"atomic_{op}")
 
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((M, N), dtype), num_threads=2,
@@ -40,10 +41,11 @@ def two_thread_atomic(op="add", dtype=jnp.int32, plain_second=False):
         smem[...] = val
     else:
       fn(smem, val)
-    plgpu.barrier_arrive(bar)
-    plgpu.barrier_wait(bar)
+    if unsynced_reader is None:
+      plgpu.barrier_arrive(bar)
+      plgpu.barrier_wait(bar)
 
-    @pl.when(wg == 0)
+    @pl.when(wg == (0 if unsynced_reader is None else unsynced_reader))
     def _():
       o_ref[...] = smem[...]
   return k
@@ -171,24 +173,8 @@ def test_a_plain_read_after_both_threads_atomics_races_whichever_thread_reads(re
   """Both threads add atomically into SMEM, then one reads it with no
   barrier: the other thread's add is unordered with the read, whichever of
   the two added last here (the reader's own add must not hide it)."""
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((M, N), jnp.int32), num_threads=2,
-                thread_name="wg",
-                scratch_types=[plgpu.SMEM((M, N), jnp.int32), plgpu.Barrier(num_arrivals=2)])
-  def k(x_ref, o_ref, smem, bar):
-    wg = lax.axis_index("wg")
-
-    @pl.when(wg == 0)
-    def _():
-      smem[...] = x_ref[2 * M:]
-    plgpu.barrier_arrive(bar)
-    plgpu.barrier_wait(bar)
-    plgpu.atomic_add(smem, x_ref[pl.ds(wg * M, M)])
-
-    @pl.when(wg == reader)
-    def _():
-      o_ref[...] = smem[...]
-  x = _inputs(jnp.int32)
-  sim = ps.simulate(k, x, on_race="report")
+  sim = ps.simulate(two_thread_atomic(unsynced_reader=reader), _inputs(jnp.int32),
+                    on_race="report")
   found = [r for r in sim.report.races if r.second.agent == "thread"
            and r.second.prim == "load" or r.first.prim == "load"]
   assert found, "\n".join(map(str, sim.report.races))

@@ -61,20 +61,26 @@ def test_a_read_only_wait_leaves_the_store_s_write_racing_in_either_order(rows):
   assert _races(store_then_write(False, rows), X, Y).races == []
 
 
-def _found_by(rows):
-  """Which access's check reported the race: the TMA store's landing, or
-  the plain store."""
+def _checked_by(fn, *args):
+  """The report, and the agent of each access whose check reported a race
+  (a landing of async work, or a thread's access), in order."""
   found = []
   orig = races_mod.Tracker._report
 
-  def spy(self, *args):
-    found.append(args[8].agent)  # (the access being checked: its site)
-    return orig(self, *args)
+  def spy(self, *a):
+    found.append(a[8].agent)  # (the access being checked: its site)
+    return orig(self, *a)
   races_mod.Tracker._report = spy
   try:
-    report = _races(store_then_write(True, rows), X, Y)
+    return _races(fn, *args), found
   finally:
     races_mod.Tracker._report = orig
+
+
+def _found_by(rows):
+  """Which access's check reported the race: the TMA store's landing, or
+  the plain store."""
+  report, found = _checked_by(store_then_write(True, rows), X, Y)
   assert [r.kind for r in report.races] == ["write-write race"], report.races
   return found
 
@@ -217,17 +223,7 @@ def test_async_work_and_a_later_plain_access_race_landing_before_or_after(
   """Both of the detector's paths: the work lands after the plain access
   (its landing finds the access) or before it (the access finds the landed
   work); which one happens is what `rows` decides."""
-  found = []
-  orig = races_mod.Tracker._report
-
-  def spy(self, *args):
-    found.append(args[8].agent)  # (the access being checked: its site)
-    return orig(self, *args)
-  races_mod.Tracker._report = spy
-  try:
-    report = _races(async_then_plain(kind, rows), A16, Y)
-  finally:
-    races_mod.Tracker._report = orig
+  report, found = _checked_by(async_then_plain(kind, rows), A16, Y)
   pairs = [{r.first.agent, r.second.agent} for r in report.races]
   assert {kind, "thread"} in pairs, "\n".join(map(str, report.races))
   assert found[0] == (kind if landing_finds_it else "thread"), found
