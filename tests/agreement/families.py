@@ -727,15 +727,6 @@ def producer_consumer(draw, **fixed):
 
 EDGE_OPS = ["div", "round_away", "round_even", "cast"]
 CAST_TO = {**DTYPES, "f8e4m3": jnp.float8_e4m3fn, "f8e5m2": jnp.float8_e5m2}
-# Known simulator bugs (tests/test_numerics_edges.py holds a strict xfail
-# test for each): the family leaves out the inputs that show them until
-# backends/ is fixed. lax_math._round adds 0.5 in the operand's own type
-# (0.49999997 + 0.5 rounds to 1, an odd integer in [2^23, 2^24) + 0.5 to
-# the next even one) and takes -0.0 to +0.0; _cast_fn converts to fp8 with
-# ml_dtypes (NaN or inf past the largest finite value) where the GPU's
-# cvt.rn.satfinite saturates.
-ROUND_BUG = True
-FP8_SATFINITE_BUG = True
 
 
 def _edge_pool(r, role, dtype, out_dtype=None):
@@ -756,9 +747,10 @@ def _edge_pool(r, role, dtype, out_dtype=None):
     k = r.integers(-64, 64, 24).astype(np.float64)
     pool += list(k + 0.5) + list(k + 0.5 + r.choice([-1, 1], 24) * 2.0 ** (4 - p))
     pool += [-0.3, -0.5, 0.5, 1.5, 2.5, -2.5, 2.0 ** (p - 1) - 0.5, 2.0 ** p]
-    if not ROUND_BUG:
-      pool += [0.5 - 2.0 ** -(p + 1), -(0.5 - 2.0 ** -(p + 1)), -0.0,
-               2.0 ** (p - 1) + 1, -(2.0 ** (p - 1) + 3)]
+    # (where x + 0.5 in x's own type rounds wrong: below a half, odd integers
+    # in [2^(p-1), 2^p); and -0.0, whose sign round keeps)
+    pool += [0.5 - 2.0 ** -(p + 1), -(0.5 - 2.0 ** -(p + 1)), -0.0,
+             2.0 ** (p - 1) + 1, -(2.0 ** (p - 1) + 3)]
   elif role == "cast":
     od = np.dtype(out_dtype)
     if od == np.dtype(np.int32):
@@ -767,18 +759,14 @@ def _edge_pool(r, role, dtype, out_dtype=None):
     else:
       op_, oemin, obig = tol._FORMATS[od]
       oulp = 2.0 ** (np.floor(np.log2(obig)) - op_ + 1)
-      fp8 = od.itemsize == 1
-      near = [0.5, 0.99, 1.0] + ([] if fp8 and FP8_SATFINITE_BUG else [1.001, 1.5, 2.0])
+      near = [0.5, 0.99, 1.0, 1.001, 1.5, 2.0]
       pool += [s * obig * f for f in near for s in (1, -1)]
       # halfway to the next (infinite) value: ties to even go up
-      if not (fp8 and FP8_SATFINITE_BUG):
-        pool += [obig + oulp / 2, -(obig + oulp / 2), obig + oulp / 4]
+      pool += [obig + oulp / 2, -(obig + oulp / 2), obig + oulp / 4]
       osub = 2.0 ** (oemin - op_ + 1)
       pool += [s * osub * f for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 3.5)
                for s in (1, -1)]
       pool += [s * 2.0 ** oemin * f for f in (0.999, 1.0, 1.001) for s in (1, -1)]
-    if out_dtype is not None and np.dtype(out_dtype).itemsize == 1 and FP8_SATFINITE_BUG:
-      pool = [v for v in pool if not np.isinf(v) and not abs(v) > 400]
   pool = np.asarray(pool, np.float64)
   return pool[np.abs(np.nan_to_num(pool)) <= big]
 
@@ -793,19 +781,10 @@ def _edge_inputs(seed, shape, dtype, role, out_dtype=None):
   x = _wide(r, n, dtype)
   if role == "round":  # mostly moderate values: the halves are where it matters
     x = np.where(r.random(n) < 0.7, r.uniform(-40, 40, n), x)
-  if role == "cast" and np.dtype(out_dtype).itemsize == 1 and FP8_SATFINITE_BUG:
-    x = np.where(np.abs(x) > 400, r.uniform(-400, 400, n), x)
   pool = _edge_pool(r, role, dtype, out_dtype)
   pick = r.random(n) < 0.5
   x = np.where(pick, r.choice(pool, n), x)
   x[:pool.size] = r.permutation(pool)[:n]  # each at least once
-  if role == "round" and ROUND_BUG:  # (see ROUND_BUG: not those inputs)
-    prec = tol._FORMATS[np.dtype(dtype)][0]
-    x = tol.round_to(x, dtype) + 0.0  # (-0.0 -> +0.0)
-    with np.errstate(invalid="ignore"):
-      odd = (np.abs(x) >= 2.0 ** (prec - 1)) & (np.abs(x) < 2.0 ** prec) & (x % 2 == 1)
-    x = np.where(odd, x + 1, x)
-    x = np.where(np.abs(x) == 0.5 - 2.0 ** -(prec + 1), 0.5, x)
   return jnp.asarray(tol.round_to(x, dtype).reshape(shape), dtype)
 
 

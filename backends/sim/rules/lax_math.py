@@ -106,9 +106,14 @@ def _logistic(x):
 
 
 def _round(x, rounding_method=0):
+  """lax.round, exactly, as the GPU rounds (a zero result keeps its sign):
+  halves away from zero by default. In float64: x + 0.5 in x's own type
+  rounds 0.49999997 up to 1, and an odd integer in [2^(p-1), 2^p) to the
+  next even one (H200: tests/test_numerics_edges.py)."""
   if int(rounding_method) == 1:  # TO_NEAREST_EVEN
     return np.round(x)
-  return np.where(x >= 0, np.floor(x + 0.5), np.ceil(x - 0.5)).astype(x.dtype)
+  x64 = np.asarray(x, np.float64)
+  return np.copysign(np.floor(np.abs(x64) + 0.5), x64).astype(x.dtype)
 
 
 for _name, _f in {
@@ -250,6 +255,13 @@ def _cast_fn(new_dtype):
       y = x != 0
     else:
       y = x.astype(nd)
+      if nd.itemsize == 1 and is_float(nd) and is_float(x.dtype):
+        # cvt.rn.satfinite (what the lowering emits for fp8): +-inf and values
+        # past the largest finite one become it, with their sign; NaN stays.
+        over = ~np.isfinite(y.astype(np.float32)) & ~np.isnan(x)
+        if over.any():
+          top = np.asarray(ml_dtypes.finfo(nd).max, np.float32)
+          y = np.where(over, np.copysign(top, x.astype(np.float32)).astype(nd), y)
     return y if y.ndim else y[()]
   return cast
 
