@@ -5,7 +5,7 @@ branches, loop bodies and nested scopes, with drawn sizes. The report's
 bytes and blocks per SM follow from that figure."""
 import jax
 import jax.numpy as jnp
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 import jax.experimental.mosaic.gpu as mgpu
 from jax import lax
 from jax.experimental import pallas as pl
@@ -41,10 +41,11 @@ def lowering_smem_bytes(fn, *args):
   return rs.smem_scratch_bytes
 
 
-def kernel(rows_a, rows_b, loop_rows):
+def kernel(rows_a, rows_b, loop_rows, while_rows):
   """A pl.when branch allocating rows_a x 128 f32, a cond whose other branch
-  allocates rows_b, a fori_loop whose body allocates loop_rows, each scope
-  inside an outer one of 8 x 128."""
+  allocates rows_b, a fori_loop (a scan) whose body allocates loop_rows, a
+  while loop whose body allocates while_rows, each scope inside an outer
+  one of 8 x 128."""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((8, 128), F32),
                 scratch_types=[plgpu.SMEM((8, 128), F32)])
   def k(x_ref, o_ref, outer):
@@ -70,6 +71,14 @@ def kernel(rows_a, rows_b, loop_rows):
       pl.run_scoped(inner, plgpu.SMEM((loop_rows, 128), F32))
       return carry
     lax.fori_loop(0, 2, step, 0)
+
+    def again(i):
+      def inner(s):
+        s[pl.ds(0, 8)] = outer[...]
+        outer[...] = s[pl.ds(0, 8)] * 0.5
+      pl.run_scoped(inner, plgpu.SMEM((while_rows, 128), F32))
+      return i + 1
+    lax.while_loop(lambda i: i < 2, again, 0)
     o_ref[...] = outer[...]
   return k
 
@@ -78,12 +87,16 @@ ROWS = st.sampled_from([8, 64, 128, 200, 256])
 
 
 @settings(max_examples=10, deadline=None)
-@given(ROWS, ROWS, ROWS)
-def test_smem_in_branches_and_loops_is_counted_as_the_lowering_counts_it(a, b, c):
-  k = kernel(a, b, c)
+@given(ROWS, ROWS, ROWS, ROWS)
+@example(256, 8, 8, 8)  # (each scope the biggest once, whatever is drawn)
+@example(8, 256, 8, 8)
+@example(8, 8, 256, 8)
+@example(8, 8, 8, 256)
+def test_smem_in_branches_and_loops_is_counted_as_the_lowering_counts_it(a, b, c, d):
+  k = kernel(a, b, c, d)
   want = lowering_smem_bytes(k, X)
   sim = ps.estimate(k, X)
   (rep,) = sim.kernels
   assert rep.smem_bytes == want, (rep.smem_bytes, want)
   # The branches, not their sum: the biggest of them, beside the outer scope.
-  assert want == 4096 + 1024 * -(-max(a, b, c) * 512 // 1024)
+  assert want == 4096 + 1024 * -(-max(a, b, c, d) * 512 // 1024)
