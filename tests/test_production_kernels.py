@@ -169,6 +169,19 @@ def test_estimate_gives_simulates_times_on_jaxs_kernels(name):
     assert k_est.block_cycles_max == k_full.block_cycles_max
 
 
+def attention_backward_case(compute_wgs):
+  """(the loss, q, k, v) of attention at block sizes 64, f16, seq 256, with
+  `compute_wgs` compute warpgroups in its backward kernels."""
+  from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
+                        block_kv_dkv=64, block_q_dq=64, block_kv_dq=64,
+                        compute_wgs_bwd=compute_wgs)
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, 256, 1, 64)), jnp.float16)
+             for _ in range(3))
+  return (lambda q, k, v: am.attention(q, k, v, cfg).astype(jnp.float32).sum()), q, k, v
+
+
 @pytest.mark.parametrize("compute_wgs", [1, 2])
 def test_races_in_a_library_kernel_s_backward_pass_name_its_lines_and_the_call(
     compute_wgs):
@@ -179,13 +192,7 @@ def test_races_in_a_library_kernel_s_backward_pass_name_its_lines_and_the_call(
   JAX's own) are reported, not raised."""
   import inspect
   from jax.experimental.pallas.ops.gpu import attention_mgpu as am
-  cfg = am.TuningConfig(block_q=64, block_kv=64, max_concurrent_steps=2, block_q_dkv=64,
-                        block_kv_dkv=64, block_q_dq=64, block_kv_dq=64,
-                        compute_wgs_bwd=compute_wgs)
-  rng = np.random.default_rng(0)
-  q, k, v = (jnp.asarray(rng.standard_normal((1, 256, 1, 64)), jnp.float16)
-             for _ in range(3))
-  loss = lambda q, k, v: am.attention(q, k, v, cfg).astype(jnp.float32).sum()
+  loss, q, k, v = attention_backward_case(compute_wgs)
   call = inspect.currentframe().f_lineno + 4  # (the jax.grad line)
   with warnings.catch_warnings(record=True) as warned:
     warnings.simplefilter("always")
