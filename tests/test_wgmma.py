@@ -102,10 +102,10 @@ GOLDEN_DTYPES = {"f8e4m3": jnp.float8_e4m3fn, "f8e5m2": jnp.float8_e5m2,
                  "f16": jnp.float16, "bf16": jnp.bfloat16, "f32": jnp.float32}
 
 
-def golden():
-  """(key, A rows, B rows (N, K), the H200's outputs) of tests/data/
-  wgmma_h200.npz, and its provenance."""
-  d = np.load(GOLDEN)
+def golden(path=GOLDEN):
+  """(key, A rows, B rows (N, K), the H200's outputs) of a golden file
+  (tests/data/wgmma_h200.npz by default), and its provenance."""
+  d = np.load(path)
   keys = sorted({k.rsplit("_", 1)[0] for k in d.files if k != "provenance"})
   return [(k, d[k + "_a"], d[k + "_b"], d[k + "_out"]) for k in keys], json.loads(
       str(d["provenance"]))
@@ -195,12 +195,9 @@ MMA_GOLDEN = os.path.join(os.path.dirname(__file__), "data", "mma_sync_h200.npz"
 
 
 def mma_golden():
-  """(key, rows of A, B (N, K), the H200's output rows) of tests/data/
-  mma_sync_h200.npz, and its provenance."""
-  d = np.load(MMA_GOLDEN)
-  keys = sorted({k.rsplit("_", 1)[0] for k in d.files if k != "provenance"})
-  return [(k, d[k + "_a"], d[k + "_b"], d[k + "_out"]) for k in keys], json.loads(
-      str(d["provenance"]))
+  """golden() of tests/data/mma_sync_h200.npz: rows of A, all of B, the
+  H200's output rows."""
+  return golden(MMA_GOLDEN)
 
 
 def test_mma_sync_golden_data_says_how_it_was_made():
