@@ -252,11 +252,11 @@ MUTANTS = [
            "      raise\n",
            ("tests/test_machine.py",)),
     Mutant("scope-end-shortcut-always", "backends/sim/machine/observer.py",
-           "a scope's end looks for unobserved async entries unless all are ordered "
-           "before the thread; the mutant always skips the look",
-           "        if races.all_ordered(comps, clocks, h.vc):",
-           "        if True:",
-           ("tests/test_races.py",)),
+           "a scope's end (and a cluster block's) looks for unobserved entries unless "
+           "all are ordered before it; the mutant always skips the look",
+           "      if races.all_ordered(comps, clocks, vc):",
+           "      if True:",
+           ("tests/test_races.py", "tests/test_clusters.py")),
     Mutant("weak-type-convert-costs", "backends/sim/machine/timing.py",
            "a convert that only drops a weak type emits no instruction; the mutant "
            "charges it as an equation",

@@ -42,6 +42,15 @@ def block_words(blk):
   return "cluster block" if blk.cluster else "block"
 
 
+def _names(threads):
+  """The threads (_WgClock), as reports name them, in order."""
+  return ", ".join(sorted(h.who for h in threads))
+
+
+def _arrivals(n):
+  return f"{n} arrival{'s' if n > 1 else ''}"
+
+
 _CLUSTER_END = ("Before the kernel ends, a cluster barrier that each block arrives "
                 "on after its last access to a peer's SMEM and waits on (every "
                 "block then knows its peers are done with its SMEM)")
@@ -105,8 +114,9 @@ class _BarrierClock:
   """A barrier's component, clock base, the vectors arrived in the pending
   phase, those of each completed phase, and each waiter's clock after it
   observed its last completion. For reports: what made the pending phase
-  and each completed one (`by`, `phase_by`: (who, where) of its arrivals
-  and TMA loads), and where each thread observed each completion
+  and each completed one (`by`, `phase_by`: (the arriving or issuing
+  thread's _WgClock, where, whether an arrival: else a TMA load), named only
+  when a report needs them), and where each thread observed each completion
   (`seen_at`: (thread component, completion) -> where)."""
   __slots__ = ("comp", "base", "acc", "phases", "waits", "by", "phase_by", "seen_at")
 
@@ -296,7 +306,7 @@ class HappensBefore:
     op.comp, op.clock = b.comp, b.base + slot.completions + 1
     op.atomic = atomic
     self._accumulate(b, op.vc, op.avc)
-    b.by.append((f"the TMA load issued by {wg.hb.who}", where))
+    b.by.append((wg.hb, where, False))
     op.sites = [(dst, self._site(wg, "tma_load", prim, where, dst.buf.name, "write"))]
     if src is not None:
       op.sites.append((src, self._site(wg, "tma_load", prim, where, src.buf.name,
@@ -397,7 +407,7 @@ class HappensBefore:
     h = wg.hb
     b = self._barrier(slot)
     self._accumulate(b, h.vc, h.avc)
-    b.by.append((f"{h.who}'s arrival", where))
+    b.by.append((h, where, True))
     self._tick(h)
 
   def phase_completed(self, slot):
@@ -418,15 +428,13 @@ class HappensBefore:
   def arrival_count_note(self, slot):
     """A sentence for a report when more threads arrive on `slot` than its
     phases wait for; else ""."""
-    b = self._barrier(slot)
-    arrivers = self._arrivers(b)
+    arrivers = self._arrivers(self._barrier(slot))
     if len(arrivers) <= slot.num_arrivals:
       return ""
     return (f". Note that {len(arrivers)} threads arrive on {slot.name} "
-            f"({', '.join(sorted(arrivers))}) while a phase completes after "
-            f"{slot.num_arrivals} arrival{'s' if slot.num_arrivals > 1 else ''} "
-            "(its num_arrivals): if each phase is meant to wait for all of them, "
-            f"num_arrivals={len(arrivers)} is the fix")
+            f"({_names(arrivers)}) while a phase completes after "
+            f"{_arrivals(slot.num_arrivals)} (its num_arrivals): if each phase is meant "
+            f"to wait for all of them, num_arrivals={len(arrivers)} is the fix")
 
   def unordered_waiter(self, slot, wg):
     """Whether the completion just made is not known to happen after `wg`
@@ -470,7 +478,7 @@ class HappensBefore:
           and ph is not None and load.block != plain.block
           and ph.wg.block.member == owner):
         return (f"the {load.prim} issued by {load.who} ({load.where}) writes the SMEM "
-                f"of {plain.who.split(' of ')[1]} too, and completes on that block's "
+                f"of {plain.block_name} too, and completes on that block's "
                 f"own copy of its barrier: barrier_wait on it in {plain.who} before "
                 f"the {plain.access} ({plain.where})")
     by_own = sorted(self.barriers, key=lambda sb: sb[1].comp != c)
@@ -531,29 +539,36 @@ class HappensBefore:
           return text
     return None
 
-  def _missed_phase(self, slot, b, rsite, c, k, csite, h, vc, avc):
-    """explain() for one barrier the current access's agent observed."""
+  @staticmethod
+  def _observed(slot, b, h, vc):
+    """(the completion of `slot` that `h`, knowing vc, last observed, words
+    for that wait), or None where it observed none of this slot's."""
     n = int(vc[b.comp]) - b.base
     if not 0 < n <= len(b.phases):
       return None
+    seen = b.seen_at.get((h.thread, n))
+    return n, (f"{h.who}'s wait on {slot.name} ({seen})" if seen else
+               f"what {h.who} knows of {slot.name}")
+
+  def _missed_phase(self, slot, b, rsite, c, k, csite, h, vc, avc):
+    """explain() for one barrier the current access's agent observed."""
+    observed = self._observed(slot, b, h, vc)
+    if observed is None:
+      return None
+    n, wait = observed
     asynchronous = csite.agent != "thread"
     phases = b.phases + ([b.acc] if b.acc is not None else [])
     carry = next((i + 1 for i, (pv, _) in enumerate(phases) if pv[c] >= k), None)
-    seen = b.seen_at.get((h.thread, n))
-    wait = (f"{h.who}'s wait on {slot.name} ({seen})" if seen else
-            f"what {h.who} knows of {slot.name}")
     if vc[c] >= k:  # (known to it: only the async proxy's view misses it)
       carry = None
     if carry is not None and carry > n:
       arrivers = self._arrivers(b)
       if len(arrivers) > slot.num_arrivals and all(
-          sum(1 for who, _ in by if who.endswith("arrival")) == slot.num_arrivals
-          for by in b.phase_by):
-        cause = (f"{slot.name} completes a phase after {slot.num_arrivals} "
-                 f"arrival{'s' if slot.num_arrivals > 1 else ''} (its num_arrivals), "
-                 f"but {len(arrivers)} threads arrive on it "
-                 f"({', '.join(sorted(arrivers))}): completion #{n} did not wait for "
-                 f"the arrival that follows this {rsite.access}; with num_arrivals="
+          sum(arrival for _, _, arrival in by) == slot.num_arrivals for by in b.phase_by):
+        cause = (f"{slot.name} completes a phase after {_arrivals(slot.num_arrivals)} "
+                 f"(its num_arrivals), but {len(arrivers)} threads arrive on it "
+                 f"({_names(arrivers)}): completion #{n} did not wait for the arrival "
+                 f"that follows this {rsite.access}; with num_arrivals="
                  f"{len(arrivers)} each phase waits for all of them")
       elif self._next_arrival_needed(b, h, n):
         # Waiting for #carry would deadlock: it needs this thread's own next
@@ -610,17 +625,13 @@ class HappensBefore:
   def _no_arrival_after(self, slot, b, rsite, c, k, csite, h, vc):
     """explain(): the recorded thread arrives on a barrier the current one
     observed, but only before its access."""
-    n = int(vc[b.comp]) - b.base
-    if not 0 < n <= len(b.phases):
-      return None
+    observed = self._observed(slot, b, h, vc)
     phases = b.phases + ([b.acc] if b.acc is not None else [])
-    if any(pv[c] >= k for pv, _ in phases):
+    if observed is None or any(pv[c] >= k for pv, _ in phases):
       return None
-    seen = b.seen_at.get((h.thread, n))
-    wait = (f"{h.who}'s wait on {slot.name} ({seen})" if seen else
-            f"what {h.who} knows of {slot.name}")
+    n, wait = observed
     rh = self.owners.get(c)
-    if rh is not None and f"{rh.who}'s arrival" in self._arrivers(b, False):
+    if rh is not None and rh in self._arrivers(b):
       return (f"{wait} observed completion #{n} ({self._made_by(b, n)}); {rh.who} "
               f"arrives on {slot.name} only before its {rsite.access} "
               f"({rsite.where}), so nothing tells {h.who} that it is done: it takes "
@@ -632,23 +643,23 @@ class HappensBefore:
   @staticmethod
   def _next_arrival_needed(b, h, n):
     """Whether `h` arrives on the barrier, but only in its first n phases."""
-    mine = f"{h.who}'s arrival"
     phases = [i + 1 for i, by in enumerate(b.phase_by + [b.by])
-              if any(who == mine for who, _ in by)]
+              if any(who is h and arrival for who, _, arrival in by)]
     return bool(phases) and max(phases) <= n
 
   @staticmethod
-  def _arrivers(b, strip=True):
-    """The threads that arrived on the barrier so far."""
-    out = {who for by in b.phase_by + [b.by] for who, _ in by if who.endswith("arrival")}
-    return {w[:-len("'s arrival")] for w in out} if strip else out
+  def _arrivers(b):
+    """The threads (_WgClock) that arrived on the barrier so far."""
+    return {who for by in b.phase_by + [b.by] for who, _, arrival in by if arrival}
 
   @staticmethod
   def _made_by(b, n):
     by = b.phase_by[n - 1] if n <= len(b.phase_by) else b.by
     done = "made by " if n <= len(b.phase_by) else "pending: "
-    return done + (" and ".join(f"{who}{f' at {where}' if where else ''}"
-                                for who, where in by) or "no arrival")
+    return done + (" and ".join(
+        (f"{who.who}'s arrival" if arrival else f"the TMA load issued by {who.who}")
+        + (f" at {where}" if where else "") for who, where, arrival in by)
+        or "no arrival")
 
   # --- run_scoped -----------------------------------------------------------------
 
@@ -665,27 +676,31 @@ class HappensBefore:
         site = self._site(wg, agent, prim, opwhere, ref.buf.name,
                           "write" if write else "read")
         blk.zombies.append((ref.buf, key, op.comp, op.clock, site, None, where))
-    tracker = self.tracker
     h = wg.hb
     for buf in bufs:
-      sh = buf.shadow
-      if sh is None or sh.group != tracker.group or not buf.smem_range:
+      if not buf.smem_range:
         continue
-      for comps, clocks in [(sh.wc, sh.wk)] + [sh.slot(i) for i in range(sh.read_slots)]:
-        if races.all_ordered(comps, clocks, h.vc):  # (the common case, in one call)
-          continue
-        late = (clocks > h.vc[comps]) & (comps != 0)
-        if len(blk.group.blocks) == 1:
-          late &= ~np.isin(comps, self.threads)
-        if not late.any():
-          continue
-        for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
-          entry = tracker.sites.get((sh.uid, c, k))
-          # (its own thread's async work, or a cluster peer's access)
-          if entry is not None and (
-              entry[0].block not in (None, block_of(blk))
-              or entry[0].thread == wg.index and entry[0].agent != "thread"):
-            blk.zombies.append((buf, None, c, k, entry[0], entry[3], where))
+      for c, k, entry in self._not_before(buf, h.vc):
+        # (its own thread's async work, or a cluster peer's access)
+        if (entry[0].block not in (None, block_of(blk))
+            or entry[0].thread == wg.index and entry[0].agent != "thread"):
+          blk.zombies.append((buf, None, c, k, entry[0], entry[3], where))
+
+  def _not_before(self, buf, vc):
+    """(component, clock, tracker.sites entry) of each access this group
+    recorded in `buf`'s shadow that vc does not know of."""
+    tracker = self.tracker
+    sh = buf.shadow
+    if sh is None or sh.group != tracker.group:
+      return
+    for comps, clocks in [(sh.wc, sh.wk)] + [sh.slot(i) for i in range(sh.read_slots)]:
+      if races.all_ordered(comps, clocks, vc):  # (the common case, in one call)
+        continue
+      late = (clocks > vc[comps]) & (comps != 0)
+      for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
+        entry = tracker.sites.get((sh.uid, c, k))
+        if entry is not None:
+          yield c, k, entry
 
   def thread_exit(self, wg, where):
     """`wg` ran to its end; once every thread of its block has, the block
@@ -700,7 +715,6 @@ class HappensBefore:
     end_vc = self.new_vector()
     for w in blk.warpgroups:
       np.maximum(end_vc, w.hb.vc, out=end_vc)
-    tracker = self.tracker
     bufs = {id(b): b for bb in blk.shared.values() for b in bb
             if b is not None and b.space == "smem" and b.data.dtype != object}
     for b in bufs.values():
@@ -713,19 +727,10 @@ class HappensBefore:
                            "write" if write else "read")
         self._ended_under(blk, first, self.gone[id(ref.buf)][1], None)
     for b in bufs.values():
-      sh = b.shadow
-      if sh is None or sh.group != tracker.group:
-        continue
-      for comps, clocks in [(sh.wc, sh.wk)] + [sh.slot(i) for i in range(sh.read_slots)]:
-        if races.all_ordered(comps, clocks, end_vc):
-          continue
-        late = (clocks > end_vc[comps]) & (comps != 0)
-        for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
-          entry = tracker.sites.get((sh.uid, c, k))
-          if entry is not None and entry[0].block not in (None, block_of(blk)):
-            first, _, _, first_span = entry
-            self._ended_under(blk, first, self.gone[id(b)][1],
-                              timing_verdict(first_span, (now, now)))
+      for _, _, (first, _, _, first_span) in self._not_before(b, end_vc):
+        if first.block not in (None, block_of(blk)):
+          self._ended_under(blk, first, self.gone[id(b)][1],
+                            timing_verdict(first_span, (now, now)))
 
   def _ended_under(self, blk, first, end, timing):
     self.tracker.events.append((

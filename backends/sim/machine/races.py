@@ -54,11 +54,16 @@ class Site:
             self.block, self.in_cluster)
 
   @property
+  def block_name(self):
+    """"block (1, 0)", "cluster block (1,)", or None (the group's only block)."""
+    if self.block is None:
+      return None
+    return f"{'cluster ' if self.in_cluster else ''}block {self.block}"
+
+  @property
   def who(self):
     """The thread that made (or issued) it: "thread 1", "thread 0 of block (1, 0)"."""
-    if self.block is None:
-      return f"thread {self.thread}"
-    return f"thread {self.thread} of {'cluster ' if self.in_cluster else ''}block {self.block}"
+    return f"thread {self.thread}" + (f" of {self.block_name}" if self.block_name else "")
 
   def describe(self):
     if self.access in ("end", "wait"):
@@ -211,8 +216,8 @@ def advice(first, second, same_block=True):
     return (f"nothing orders {a.who}'s {kind} {a.access} "
             f"({a.where}) before {b.who}'s {b.access} ({b.where}): a block's own "
             "barrier waits and fences order its own threads only; it takes a "
-            f"ClusterBarrier (or a semaphore) that {a.who.split(' of ')[1]} arrives "
-            f"on (signals) after it and {b.who.split(' of ')[1]} waits on before "
+            f"ClusterBarrier (or a semaphore) that {a.block_name} arrives "
+            f"on (signals) after it and {b.block_name} waits on before "
             "its access"
             + (" (wait_smem_to_gmem with wait_read_only=False first: copies can only "
                "be awaited by the thread that issued them)"
@@ -565,8 +570,9 @@ class Tracker:
     self.gmem_spans = {}  # GMEM shadow -> the flat elements [lo, hi) touched
     self.dirty = {}  # GMEM shadow -> [lo, hi) touched since its last release
     self.rows = {}  # (shape, element strides) -> rows_of() or () (access's common case)
-    # (recorded, current, agent, vc, avc) -> text or None: what is wrong with
-    # the synchronization the kernel has (observer.HappensBefore.explain)
+    # (recorded, current, agent, vc, avc, swapped, buffer) -> text or None:
+    # what is wrong with the synchronization the kernel has
+    # (observer.HappensBefore.explain)
     self.explain = None
 
   def start_group(self, events):
