@@ -1,18 +1,20 @@
 """What a refactor of the simulator must not change: runs test files with
-every ps.simulate call recorded (outputs, as a hash of their bytes; race
-reports, in order, as text; errors) and writes them as JSON, or compares them
-with an earlier run.
+every ps.simulate and ps.estimate call recorded (outputs, as a hash of their
+bytes; race reports, in order, as text; uninitialized-memory findings;
+each kernel's report without its wall time, predicted times included;
+errors) and writes them as JSON, or compares them with an earlier run.
 
     ./dev python benchmarks/snapshot.py --out before.json
     ./dev python benchmarks/snapshot.py --compare before.json   # after the change
 
-Default files: the race tests, the agreement suite's CI profile, the examples
-and the semantics tests.
+Default files: the race tests, the agreement suite's CI profile, the examples,
+the semantics, quickstart, estimate, timing-model and production-kernel tests.
 """
 import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,7 +25,14 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = ["tests/test_races.py", "tests/test_races_jax_scenarios.py",
          "tests/agreement/test_agreement.py", "tests/test_examples.py",
-         "tests/test_semantics.py", "tests/test_quickstart.py"]
+         "tests/test_semantics.py", "tests/test_quickstart.py", "tests/test_estimate.py",
+         "tests/test_timing_model.py", "tests/test_production_kernels.py"]
+
+
+def kernels(report):
+  """Each kernel's summary with the wall time (which varies) left out."""
+  return [re.sub(r"; simulated in [0-9.]+ s( on \d+ processes)?", "", k.summary())
+          for k in report.kernels]
 
 
 class Recorder:
@@ -38,28 +47,40 @@ class Recorder:
     import pallas_sim as ps
     from pallas_sim import api
     self.current = item.nodeid
-    orig = api.simulate
+    orig, orig_estimate = api.simulate, api.estimate
     rec = self
 
-    def simulate(*args, **kwargs):
+    def recorded(call, *args, **kwargs):
       entry = {}
       rec.calls.setdefault(rec.current, []).append(entry)
       try:
-        sim = orig(*args, **kwargs)
+        return call(entry, *args, **kwargs)
       except Exception as e:
         entry["error"] = f"{type(e).__name__}: {e}"
         raise
+
+    def simulate_into(entry, *args, **kwargs):
+      sim = orig(*args, **kwargs)
       import jax
       entry["outputs"] = [hashlib.sha1(np.ascontiguousarray(np.asarray(x)).tobytes()).hexdigest()
                           for x in jax.tree.leaves(sim.outputs)]
       entry["races"] = [str(r) for r in sim.report.races]
+      entry["uninitialized"] = [str(u) for u in sim.report.uninitialized]
+      entry["kernels"] = kernels(sim.report)
       return sim
 
-    api.simulate = ps.simulate = simulate
+    def estimate_into(entry, *args, **kwargs):
+      report = orig_estimate(*args, **kwargs)
+      entry["estimate"] = kernels(report)
+      return report
+
+    api.simulate = ps.simulate = lambda *a, **k: recorded(simulate_into, *a, **k)
+    api.estimate = ps.estimate = lambda *a, **k: recorded(estimate_into, *a, **k)
     try:
       return (yield)
     finally:
       api.simulate = ps.simulate = orig
+      api.estimate = ps.estimate = orig_estimate
 
 
 def main(argv=None):
