@@ -24,7 +24,7 @@ it.
 Small rows are timed 32 calls chained in one program (chain_per_kernel_s),
 which hides the host's dispatch (timing_suite.measured_seconds).
 
-The model predicts that clock (power.py). Where the power study measured a
+The model predicts that clock (timing/power.py). Where the power study measured a
 kernel's (power_study_suite in the measured file: its median SM clock over 1.5
 s of a sustained run; for a row timed in a chain, the chain's clock), the
 kernel is predicted again at it (ps.Options clock_mhz): that column is the

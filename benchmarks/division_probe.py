@@ -9,7 +9,7 @@ far from correctly rounded it is.
     python3 benchmarks/division_probe.py [OUT] [--table]   # on a Hopper GPU
 
 --table measures rcp.approx.f32 for every f32 mantissa and writes the table
-the simulator uses (OUT/rcp_delta.npz: backends/sim/machine/rcp_approx_sm90.npz).
+the simulator uses (OUT/rcp_delta.npz: pallas_sim/backends/sim/machine/numerics/rcp_approx_sm90.npz).
 """
 import os
 import sys
@@ -163,7 +163,7 @@ def main():
 
 
 def full_range(out_dir):
-  """The simulator's model (machine/division.py) against the GPU on operands
+  """The simulator's model (machine/numerics/division.py) against the GPU on operands
   of every exponent (random bit patterns, NaN excluded), f32 and halves;
   saves pinned samples for tests/test_numerics.py."""
   rng = np.random.default_rng(2)

@@ -26,7 +26,7 @@ import sys, time
 import numpy as np, jax, jax.numpy as jnp
 sys.path.insert(0, {examples!r})
 import pallas_sim as ps
-from pallas_sim.backends.sim import parallel
+from pallas_sim.backends.sim.execute import parallel
 from quickstart import matmul
 n, workers, races, uninit = {n}, {workers}, {races}, {uninit}
 if not {fresh}:  # (--no-fresh: workers that last the launch, whatever its size)

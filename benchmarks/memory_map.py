@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import pallas_sim as ps
-from pallas_sim.backends.sim import executor, parallel
+from pallas_sim.backends.sim.execute import executor, parallel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from quickstart import matmul  # noqa: E402

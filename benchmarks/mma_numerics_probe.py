@@ -1,6 +1,6 @@
 """Which tensor-core summation model `plgpu.mma` (mma.sync) follows on this
 GPU, per operand dtype: runs the real kernel and compares its f32 results
-bit for bit with machine/tensor_core.py's model for several (K slice, align
+bit for bit with machine/numerics/tensor_core.py's model for several (K slice, align
 bits, result bits). Needs a Hopper GPU.
 
     python3 benchmarks/mma_numerics_probe.py
@@ -22,7 +22,7 @@ import numpy as np
 sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "tests"),
                 os.path.dirname(os.path.abspath(__file__))]
 import pallas_sim as ps  # noqa: E402
-from pallas_sim.backends.sim.machine import tensor_core as tc  # noqa: E402
+from pallas_sim.backends.sim.machine.numerics import tensor_core as tc  # noqa: E402
 from test_wgmma import mma_sync_kernel, mma_sync_operands  # noqa: E402
 
 

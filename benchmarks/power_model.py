@@ -1,5 +1,5 @@
 """The SM clock that the 700 W limit sets (issue 9): the fit whose figures
-gpus.GPU.power_* hold (backends/sim/machine/power.py predicts the clock with
+gpus.GPU.power_* hold (pallas_sim/backends/sim/timing/power.py predicts the clock with
 them), and its checks.
 
     ./dev python benchmarks/power_model.py dump [--out build/power_features.json]
@@ -36,7 +36,7 @@ import sys
 import numpy as np
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim.machine import power
+from pallas_sim.backends.sim.timing import power
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -138,7 +138,7 @@ def _gpu(coef, beta):
 
 
 def _predict_clock(r, coef, beta):
-  """The clock the model would predict with this fit (machine/power.py's
+  """The clock the model would predict with this fit (timing/power.py's
   search), and the model's time there."""
   mhz = power.next_guess(_gpu(coef, beta), [(c, r["model_s"][str(c)]) for c in CLOCKS],
                          (r["flops"], r["l2_bytes"], r["hbm_bytes"]))

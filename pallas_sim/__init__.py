@@ -1,16 +1,6 @@
 """pallas-sim: write a Pallas Mosaic GPU kernel once; simulate it on a CPU
 (catching resource overflows and predicting its speed) or run it on a Hopper
 GPU through the real lowering, with the same code."""
-import os as _os
-
-# `backends/` sits beside this package in a source checkout and is installed
-# as pallas_sim.backends (pyproject's package-dir). When the checkout itself is
-# on sys.path (running from the repo root) make the same name resolve.
-_src_backends = _os.path.join(_os.path.dirname(_os.path.dirname(__file__)), "backends")
-if (not _os.path.isdir(_os.path.join(_os.path.dirname(__file__), "backends"))
-    and _os.path.isdir(_src_backends)):
-  __path__.append(_os.path.dirname(_os.path.dirname(__file__)))  # noqa: F821
-
 # Before anything reads JAX's internals: a JAX outside the tested window
 # gets one clear message (jax_window.UnsupportedJaxError, an ImportError).
 from pallas_sim import jax_window  # noqa: E402

@@ -6,8 +6,8 @@ import functools
 import jax
 
 from pallas_sim.backends import mosaic
-from pallas_sim.backends.sim import capture, device, shapes_only
-from pallas_sim.backends.sim.executor import Executor
+from pallas_sim.backends.sim.frontend import capture, device, shapes_only
+from pallas_sim.backends.sim.execute.executor import Executor
 from pallas_sim.backends.sim.report import Report
 from pallas_sim.errors import BackendError, SimError, SimInternalError
 from pallas_sim.options import Options, take
@@ -112,7 +112,7 @@ def estimate(fn, *args, options=None, **kwargs):
 
   `args` may be jax.ShapeDtypeStructs (zeros stand in for them) or arrays.
   The tensor cores' sums are skipped, and blocks whose work is the same are
-  simulated once (backends/sim/block_classes.py): a kernel whose control
+  simulated once (pallas_sim/backends/sim/analysis/block_classes.py): a kernel whose control
   flow depends on the block's index or on data runs every block, and its
   report says so (report.kernels[i].classes); where it depends on data and
   arrays were given, the values are computed too, so that blocks take the

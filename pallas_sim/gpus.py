@@ -1,5 +1,5 @@
 """Hardware models: the figures the timing model (backends/sim/machine/
-timing.py) and the resource checks read, as data. Figures marked 'calibrate'
+timing/model.py) and the resource checks read, as data. Figures marked 'calibrate'
 are leads to be measured on a real Hopper GPU (benchmarks/), not trusted."""
 import dataclasses
 import numbers
@@ -107,7 +107,7 @@ class GPU:
   # SM streaming tiles of 32-byte rows reached 94.6% of it (152 G a second:
   # 0.58 rows a cycle an SM at 1980 MHz), of 64-byte rows 90.9% (146 G), and
   # the quickstart matmuls with tile_k 16 and 32, whose A and B tiles load
-  # in 32- and 64-byte rows (smem_swizzle.py), 82-89% over the whole kernel,
+  # in 32- and 64-byte rows (analysis/smem_swizzle.py), 82-89% over the whole kernel,
   # tail included; 128-byte rows that blocks share at once merge, and stay
   # with l2_shared_bytes_per_s. Rows under 128 bytes share this rate among
   # the busy SMs, per second: at a lower SM clock each gets more a cycle
@@ -185,13 +185,13 @@ class GPU:
   # adds/multiplies (a v * 0.999 + 0.001 stream) all but stop, 10.8 and 12
   # times; transcendental functions (exp) 1.9 and 2.1; conversions and the
   # rest (int8 -> bf16 and a max) 1.8 and 2.0 (H200, beside_* micro-
-  # benchmarks; machine/timing.py tensor_overlap). The mechanism is not
+  # benchmarks; timing/model.py tensor_overlap). The mechanism is not
   # measured (the register file's ports, which the tensor cores' operands
   # and accumulators share, is a lead).
   beside_tensor_fma: float = 11.0
   beside_tensor_other: float = 2.0
   # A lane's registers beyond its arrays (addresses, indices, loop counters),
-  # for the register estimate (machine/occupancy.py): the spill cliff lies
+  # for the register estimate (timing/occupancy.py): the spill cliff lies
   # between 128x224 f32 accumulators (224 registers: no cliff) and 128x256
   # (H200), so it is at most 31; 24 is a lead within that.
   register_base: int = 24
@@ -214,7 +214,7 @@ class GPU:
   l1_smem_bytes: int = 256 * 1024
   smem_carveouts_kib: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
   local_l2_bytes_per_clk: float = 44.5
-  # The board's power, which sets the SM clock (machine/power.py): fitted
+  # The board's power, which sets the SM clock (timing/power.py): fitted
   # by benchmarks/power_model.py to 66 kernels of benchmarks/timing_suite.py
   # (the suite and the held-out kernels) whose sustained clock and power were
   # measured (H200: power_study_suite, power_study_holdout in
@@ -271,7 +271,7 @@ def at_clock(gpu, mhz):
   """The model with its SMs at `mhz` for the whole kernel: the clock an
   H100/H200 holds at the board's power limit (1035-1905 MHz for the large
   matmuls of benchmarks/timing_suite.py on an H200, which the executor
-  predicts: backends/sim/machine/power.py), or any clock to ask "what if".
+  predicts: pallas_sim/backends/sim/timing/power.py), or any clock to ask "what if".
 
   What the SM does, per cycle of its clock, stays: issue, ALU, barrier and
   wgmma latencies, its TMA engine's and L1's bytes a cycle, and the tensor

@@ -1,7 +1,7 @@
 """ps.estimate where a TMA box's start depends on the block: a box that
 reaches past the array's end in some blocks (TMA cuts it, or moves nothing)
 makes those blocks differ, and block_classes must see it
-(backends/sim/congruence.py says which starts are multiples of the box,
+(pallas_sim/backends/sim/analysis/congruence.py says which starts are multiples of the box,
 and within which bounds)."""
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim import block_classes, congruence
+from pallas_sim.backends.sim.analysis import block_classes, congruence
 from test_estimate import _full, _times
 
 F32 = jnp.float32

@@ -140,10 +140,10 @@ def _quickstart(n, **kw):
 def test_by_default_a_matmul_runs_at_the_clock_its_power_allows():
   """The quickstart's 4096 128x128x64 mcs=4 held 1350-1365 MHz on the H200
   at its 700 W limit (power_study, the suite's sustained runs): the model
-  predicts its clock from the power its work draws (machine/power.py), the
+  predicts its clock from the power its work draws (timing/power.py), the
   highest on the 15 MHz steps at which that power is within the limit, and
   its time is the model's at that clock."""
-  from pallas_sim.backends.sim.machine import power
+  from pallas_sim.backends.sim.timing import power
   k = _quickstart(4096, tile_n=128, max_concurrent_steps=4)
   assert k.sm_mhz == pytest.approx(1358, rel=0.1)
   assert k.sm_mhz % 15 == 0 and k.power_w <= H.power_limit_w
@@ -165,7 +165,7 @@ def test_the_power_model_is_the_fitted_law():
   """P = P0 + s(f) (e_tc FLOP/s + e_l2 L2 B/s) + e_hbm HBM B/s, s(f) = (1 -
   beta (1 - f / 1980))^2 (benchmarks/power_model.py fit); an fp8 FLOP is half
   an f16 one (the same loop at twice the FLOP/s drew the same power)."""
-  from pallas_sim.backends.sim.machine import power, timing
+  from pallas_sim.backends.sim.timing import power, model as timing
   s = (1 - 0.70 * (1 - 1500 / 1980)) ** 2
   assert power.watts(H, 1500, 1e-3, 1e12, 1e10, 1e9) == pytest.approx(
       468.3 + s * (449.7 * 1.0 + 51.4 * 1.0) + 413.1 * 0.1)

@@ -1,13 +1,14 @@
-"""Cross-block race detection (machine/cross_block.py) against a model that
+"""Cross-block race detection (checks/cross_block.py) against a model that
 keeps, per element, Python tuples of (block, site) where the machine keeps
 one 16-bit record number per element and array: the same reports, in the
 same order, for random sequences of GMEM accesses."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from pallas_sim.backends.sim.machine import memory, races
-from pallas_sim.backends.sim.machine.cross_block import CrossBlock
-from pallas_sim.backends.sim.machine.races import advice, element_range
+from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.checks import races
+from pallas_sim.backends.sim.checks.cross_block import CrossBlock
+from pallas_sim.backends.sim.checks.races import advice, element_range
 
 SHAPE = (4, 8)
 # (offset, element strides, shape) of the views accessed: rows, half rows,

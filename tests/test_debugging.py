@@ -212,8 +212,8 @@ def test_reading_what_an_earlier_block_wrote_is_not_uninitialized():
 
 
 def test_detached_groups_find_the_same():
-  from pallas_sim.backends.sim import capture
-  from pallas_sim.backends.sim.executor import Executor
+  from pallas_sim.backends.sim.frontend import capture
+  from pallas_sim.backends.sim.execute.executor import Executor
   k = _tail_kernel(200, 64)
   texts = []
   for detached in (False, True):
@@ -311,7 +311,7 @@ def test_max_cycles_ends_a_runaway_loop_at_its_line():
 
 
 def test_progress_line_shows_the_block_cycles_and_line_being_run(monkeypatch):
-  from pallas_sim.backends.sim import executor, progress
+  from pallas_sim.backends.sim.execute import executor, progress
 
   class TTY:
     text = ""
@@ -416,10 +416,10 @@ def test_debug_check_stops_the_kernel_with_its_message_when_checks_are_on():
 
 
 def test_the_estimate_check_prints_nothing_twice(capsys, monkeypatch, tmp_path):
-  """With PALLAS_SIM_CHECK_ESTIMATE (backends/sim/estimate_check.py) each
+  """With PALLAS_SIM_CHECK_ESTIMATE (pallas_sim/backends/sim/execute/estimate_check.py) each
   launch runs again as an estimate: its debug_print lines are not shown
   again."""
-  from pallas_sim.backends.sim import estimate_check
+  from pallas_sim.backends.sim.execute import estimate_check
   log = tmp_path / "checks.jsonl"
   monkeypatch.setenv(estimate_check.ENV, str(log))
   test_an_array_prints_one_line_per_element(capsys)

@@ -187,7 +187,7 @@ def test_kernel_parameter_names_follow_the_source_text(tmp_path, monkeypatch):
   source (parsed once per text of the file: an edited file is read again)."""
   import linecache
 
-  from pallas_sim.backends.sim import capture
+  from pallas_sim.backends.sim.frontend import capture
   path = tmp_path / "k.py"
   path.write_text("@deco\ndef kernel(a_ref, o_ref):\n  pass\n")
   monkeypatch.setattr(capture, "_kernel_source", lambda jaxpr: (str(path), 1))

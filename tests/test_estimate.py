@@ -1,5 +1,5 @@
 """ps.estimate: predicted times without values, from one block per class of
-blocks that do the same work (backends/sim/block_classes.py); equal to the
+blocks that do the same work (pallas_sim/backends/sim/analysis/block_classes.py); equal to the
 full simulation's wherever both run."""
 import dataclasses
 import json
@@ -15,7 +15,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 from pallas_sim import gpus
-from pallas_sim.backends.sim import block_classes
+from pallas_sim.backends.sim.analysis import block_classes
 from test_machine import copy_kernel
 from test_quickstart import matmul_mcs
 
@@ -83,7 +83,7 @@ def _data_loop(x):
 
 def test_control_flow_on_the_block_index_is_followed_block_by_block():
   """Block 0 takes a branch the others do not: two paths, one block of
-  each simulated (backends/sim/paths.py), the same times as all eight."""
+  each simulated (pallas_sim/backends/sim/analysis/paths.py), the same times as all eight."""
   x = jnp.arange(8 * 128, dtype=F32).reshape(8, 128)
   est = ps.estimate(_when_first, S(x.shape, F32))
   [k] = est.kernels
@@ -216,7 +216,7 @@ def test_control_flow_on_the_block_index_inside_a_scope_is_seen():
 def test_load_sites_know_which_grid_axes_their_address_depends_on():
   """The quickstart matmul: A's tiles follow the grid's m axis, B's its n
   axis (through emit_pipeline's index maps)."""
-  from pallas_sim.backends.sim.executor import Executor
+  from pallas_sim.backends.sim.execute.executor import Executor
   seen = {}
   real = Executor.prepare
 
@@ -234,7 +234,7 @@ def test_load_sites_know_which_grid_axes_their_address_depends_on():
 
 
 def test_l2_serves_what_the_blocks_of_a_wave_share():
-  from pallas_sim.backends.sim.machine.timing import Timing
+  from pallas_sim.backends.sim.timing.model import Timing
   h = gpus.H200
   lt = Timing(h).launch(4 * SMS, 150 * 1024, 1)  # one block per SM: 4 waves
   index = np.array([(i // 8, i % 8) for i in range(4 * SMS)])
@@ -264,7 +264,7 @@ def test_l2_serves_what_the_blocks_of_a_wave_share():
 def test_traced_l2_reads_each_source_once_while_it_stays():
   """Where the L2 model follows loads: a wave's loads in issue order through
   an LRU L2; a source read again while it is there costs no HBM bytes."""
-  from pallas_sim.backends.sim.machine.timing import Timing
+  from pallas_sim.backends.sim.timing.model import Timing
   h = gpus.H200
   lt = Timing(h).launch(2 * SMS, 150 * 1024, 1)  # one per SM: two waves
   tile, own = 2 ** 20, 2 ** 16
@@ -381,8 +381,8 @@ def test_without_numerics_float_math_is_not_computed():
   """An estimate (numerics off, no decision on data) skips float math: no
   time depends on it. Integer math, which addresses and trip counts use,
   is still computed."""
-  from pallas_sim.backends.sim.interpret import Compiler
-  from pallas_sim.backends.sim.machine.timing import Timing
+  from pallas_sim.backends.sim.interpret.compiler import Compiler
+  from pallas_sim.backends.sim.timing.model import Timing
   from pallas_sim import gpus as _gpus
   jaxpr = jax.make_jaxpr(lambda x, i: (jnp.exp(x) + 1.0, i * 3 + 1))(
       S((4, 128), F32), S((), jnp.int32))
@@ -461,12 +461,12 @@ def test_float_math_that_decides_is_computed():
 
 
 def test_the_estimate_check_compares_every_simulated_launch(tmp_path, monkeypatch):
-  """PALLAS_SIM_CHECK_ESTIMATE (backends/sim/estimate_check.py, which
+  """PALLAS_SIM_CHECK_ESTIMATE (pallas_sim/backends/sim/execute/estimate_check.py, which
   benchmarks/jax_suite.py --check-estimate turns on for JAX's suite): each
   simulated launch is estimated again; a line per launch says both times,
   or what the estimate raised, which does not disturb the simulation."""
-  from pallas_sim.backends.sim import estimate_check
-  from pallas_sim.backends.sim.executor import Executor
+  from pallas_sim.backends.sim.execute import estimate_check
+  from pallas_sim.backends.sim.execute.executor import Executor
   log = tmp_path / "checks.jsonl"
   monkeypatch.setenv(estimate_check.ENV, str(log))
   rng = np.random.default_rng(1)
@@ -507,9 +507,9 @@ def test_the_estimate_check_compares_every_simulated_launch(tmp_path, monkeypatc
 
 def test_the_estimate_check_times_at_the_clock_the_simulation_took(tmp_path, monkeypatch):
   """A launch over the power limit at the boost clock is timed at the clock
-  its power allows (machine/power.py); the estimate check's estimate goes the
+  its power allows (timing/power.py); the estimate check's estimate goes the
   same way, as ps.estimate does: the two times are equal."""
-  from pallas_sim.backends.sim import estimate_check
+  from pallas_sim.backends.sim.execute import estimate_check
   log = tmp_path / "checks.jsonl"
   monkeypatch.setenv(estimate_check.ENV, str(log))
   a = jnp.asarray(np.random.default_rng(2).standard_normal((2048, 2048)), F16)

@@ -1,6 +1,6 @@
 """plgpu.inline_mgpu: Mosaic GPU code (FragmentedArrays, raw MLIR) inside a
 kernel, built as the lowering builds it and evaluated lane by lane
-(rules/inline_mgpu.py, machine/mlir_eval.py). The kernels here also run on
+(interpret/rules/inline_mgpu.py, mlir/evaluator.py). The kernels here also run on
 the H200 in test_gpu.py."""
 import math
 
@@ -20,7 +20,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 from conftest import store_unoptimized
-from pallas_sim.backends.sim.rules.inline_mgpu import cuda_place, physical_order
+from pallas_sim.backends.sim.interpret.rules.inline_mgpu import cuda_place, physical_order
 
 
 def scaled_rows(x, s, layout=plgpu.Layout.WGMMA):
@@ -197,7 +197,7 @@ def test_inside_a_warp_the_body_runs_on_that_warps_lanes():
 @hypothesis.given(dtype=st.sampled_from([np.float32, np.float16, jnp.bfloat16]),
                   seed=st.integers(0, 2**31 - 1))
 def test_float_ops_round_once_products_contract_and_divide_as_the_gpu(dtype, seed):
-  from pallas_sim.backends.sim.machine import division, rounding
+  from pallas_sim.backends.sim.machine.numerics import division, rounding
   r = np.random.default_rng(seed)
   x, y, z = (r.uniform(-4, 4, (128, 128)).astype(dtype) for _ in range(3))
   got = [np.asarray(v) for v in ps.run(float_ops, x, y, z, backend="sim")]
@@ -288,7 +288,7 @@ def test_evaluator_integer_ops_follow_arith_semantics(xs, d):
   # index_cast / extsi sign-extend (an i1 true extends to -1).
   from jax._src.interpreters import mlir as jax_mlir
   from jax._src.lib.mlir.dialects import func
-  from pallas_sim.backends.sim.machine import mlir_eval as E
+  from pallas_sim.backends.sim.mlir import evaluator as E
   with jax_mlir.make_ir_context(), ir.Location.unknown():
     m = ir.Module.create()
     i32, idx = ir.IntegerType.get_signless(32), ir.IndexType.get()
@@ -324,8 +324,8 @@ def _evaluate(build, arg_types, args, lanes=128):
   arguments, in order); returns the arrays after it ran."""
   from jax._src.interpreters import mlir as jax_mlir
   from jax._src.lib.mlir.dialects import func
-  from pallas_sim.backends.sim.machine import mlir_eval as E
-  from pallas_sim.backends.sim.rules.inline_mgpu import _memref
+  from pallas_sim.backends.sim.mlir import evaluator as E
+  from pallas_sim.backends.sim.interpret.rules.inline_mgpu import _memref
   ctx = jax_mlir.make_ir_context()
   mgpu.dialect.register_dialect(ctx)
   with ctx, ir.Location.unknown():

@@ -17,9 +17,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 from pallas_sim import jax_window
-from pallas_sim.backends.sim import jax_internals as jx
-from pallas_sim.backends.sim import rules  # noqa: F401  (registers them)
-from pallas_sim.backends.sim.interpret import RULES
+from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.interpret import rules  # noqa: F401  (registers them)
+from pallas_sim.backends.sim.interpret.compiler import RULES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WINDOW = f"{jax_window.OLDEST} to {jax_window.NEWEST}"
@@ -113,13 +113,14 @@ def test_pytest_beside_an_untested_jax_runs_and_refuses_only_pallas_sim(tmp_path
 
 def test_only_the_frontend_imports_jax_private_modules():
   """Every `jax._src` import of the simulator and the public API is in
-  backends/sim/jax_internals.py: a new release's changes land there."""
+  pallas_sim/backends/sim/frontend/jax_internals.py: a new release's changes
+  land there."""
   found = []
-  for top in ("backends", "pallas_sim"):
+  for top in ("pallas_sim",):
     for d, _, files in os.walk(os.path.join(ROOT, top)):
       for name in files:
         path = os.path.join(d, name)
-        if not name.endswith(".py") or path.endswith(os.path.join("sim", "jax_internals.py")):
+        if not name.endswith(".py") or path.endswith(os.path.join("frontend", "jax_internals.py")):
           continue
         for i, line in enumerate(open(path), 1):
           if re.match(r"\s*(from jax\._src\b|import jax\._src\b)", line):
@@ -137,7 +138,7 @@ def test_rules_speak_the_newest_names_and_the_frontend_maps_the_old():
 def test_every_primitive_the_lowering_accepts_has_a_rule_or_a_named_refusal():
   """What a kernel the GPU runs may contain, in the installed release: each
   primitive is simulated, or refused by name with its reason
-  (rules/unsupported.py), never 'not modelled'."""
+  (interpret/rules/unsupported.py), never 'not modelled'."""
   names = jx.lowerable_primitive_names()
   assert len(names) > 100
   missing = sorted(n for n in names if jx.RENAMED.get(n, n) not in RULES)

@@ -1,4 +1,4 @@
-"""The L2 as the TMA loads see it (machine/timing.py): what several blocks of
+"""The L2 as the TMA loads see it (timing/model.py): what several blocks of
 a wave read at one site it serves again at its shared rate, in boxes of
 rows of 128 bytes and more; and its latency grows as an SM's share of it
 fills."""
@@ -10,7 +10,7 @@ import pytest
 
 import pallas_sim as ps
 from pallas_sim import gpus
-from pallas_sim.backends.sim.machine.timing import Engines, Timing
+from pallas_sim.backends.sim.timing.model import Engines, Timing
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import timing_suite  # noqa: E402
@@ -135,7 +135,7 @@ def test_the_far_share_grows_past_half_the_l2():
   """A launch whose inputs and outputs fit in one L2 partition (half the
   L2) reads all of them near; past the half, the far share ramps to all
   over l2_far_ramp of the L2; an unknown footprint counts as far."""
-  from pallas_sim.backends.sim.machine.timing import far_share
+  from pallas_sim.backends.sim.timing.model import far_share
   half = H.l2_bytes / 2
   ramp = H.l2_far_ramp * H.l2_bytes
   assert far_share(H, None) == 1.0

@@ -154,7 +154,7 @@ def test_a_kernel_run_again_is_lowered_once_and_a_rejected_one_every_time(monkey
   """The real lowering's acceptance is kept per process for a kernel given
   the same everything (its jaxpr, operands, parameters); a kernel that
   differs in any of them, and a rejected one, are lowered again."""
-  from pallas_sim.backends.sim import capture
+  from pallas_sim.backends.sim.frontend import capture
   calls = []
   real = capture.real_lowering_error
   monkeypatch.setattr(capture, "real_lowering_error",

@@ -14,9 +14,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import kernels as K
 import pallas_sim as ps
 from pallas_sim import gpus
-from pallas_sim.backends.sim import capture
-from pallas_sim.backends.sim.executor import Executor
-from pallas_sim.backends.sim.machine.timing import Engines, Timing
+from pallas_sim.backends.sim.frontend import capture
+from pallas_sim.backends.sim.execute.executor import Executor
+from pallas_sim.backends.sim.timing.model import Engines, Timing
 from test_quickstart import matmul_mcs
 
 F32 = jnp.float32
@@ -169,7 +169,7 @@ def copy_kernel(nblocks, smem_floats):
 
 
 def test_a_last_wave_that_does_not_fill_the_sms_shares_less():
-  from pallas_sim.backends.sim.machine.timing import Timing
+  from pallas_sim.backends.sim.timing.model import Timing
   sms = gpus.H100.num_sms
   lt = Timing(gpus.H100).launch(2 * sms + 10, 100 * 1024, 1)  # 2 per SM, 2 waves
   assert (lt.per_sm, lt.waves) == (2, 2)
@@ -287,8 +287,9 @@ def test_cross_block_records_widen_when_they_pass_16_bits():
   16 bits while they fit (a quarter of the memory of a 32-bit block and a
   site, for an 8192^2 output); the record numbered past that widens them,
   and the race still names both sites and the block."""
-  from pallas_sim.backends.sim.machine import memory, races
-  from pallas_sim.backends.sim.machine.cross_block import CrossBlock
+  from pallas_sim.backends.sim.machine import memory
+  from pallas_sim.backends.sim.checks import races
+  from pallas_sim.backends.sim.checks.cross_block import CrossBlock
   log = races.RaceLog("k")
   cross = CrossBlock(log)
   buf = memory.Buffer("out", "gmem", np.zeros((4, 8), np.float32))
@@ -311,7 +312,7 @@ def test_cross_block_records_widen_when_they_pass_16_bits():
 def test_released_shadow_elements_read_zero_and_the_rest_is_kept(dtype):
   """races.release: the elements of [lo, hi) read 0 (their whole pages go
   back to the OS on Linux), every other element keeps its value."""
-  from pallas_sim.backends.sim.machine.races import release
+  from pallas_sim.backends.sim.checks.races import release
   arr = np.arange(1, 3_000_001, dtype=np.int64).astype(dtype).reshape(1000, 3000)
   want = arr.copy()
   for lo, hi in [(5, 17), (12_345, 1_234_567), (2_999_000, 3_000_000), (0, 1)]:
@@ -347,7 +348,7 @@ def test_large_shadows_are_zeroed_lazily_in_base_pages():
   each touch after a release would zero 2 MiB), which release() gives back
   as it does numpy's."""
   from pallas_sim.backends.sim.machine.memory import base_pages
-  from pallas_sim.backends.sim.machine.races import release
+  from pallas_sim.backends.sim.checks.races import release
   arr = base_pages(8 << 20, np.int32)  # 32 MiB
   assert arr.dtype == np.int32 and arr.shape == (8 << 20,) and not arr.any()
   arr[:] = 5  # (every page touched)
@@ -363,7 +364,7 @@ def _groups_made(monkeypatch):
   """Weak references to every Group made from now on."""
   import weakref
 
-  from pallas_sim.backends.sim import group as group_mod
+  from pallas_sim.backends.sim.execute import group as group_mod
   made = []
   init = group_mod.Group.__init__
 
@@ -409,7 +410,8 @@ def test_large_gmem_arrays_are_in_base_pages():
   by a worker and by the parent after the fork counts as private to every
   worker (issue 10); small ones stay numpy's own. Their values are as
   before: NaN poison, a False mask, an equal copy."""
-  from pallas_sim.backends.sim.machine import initcheck, memory
+  from pallas_sim.backends.sim.checks import initcheck
+  from pallas_sim.backends.sim.machine import memory
   out = memory.poison((1024, 1024), np.float32)
   assert np.isnan(out).all() and out.flags.writeable
   buf = memory.Buffer("o", "gmem", memory.poison((2048, 1024), np.int8))

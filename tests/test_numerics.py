@@ -124,7 +124,7 @@ def test_f32_division_is_the_h200s_div_full():
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2 ** 32 - 1))
 def test_division_is_within_two_ulp_and_halves_round_the_f32_quotient(seed):
-  from pallas_sim.backends.sim.machine import division
+  from pallas_sim.backends.sim.machine.numerics import division
   r = np.random.default_rng(seed)
   x = (r.uniform(-2, 2, 256) * 2.0 ** r.integers(-60, 60, 256)).astype(np.float32)
   y = (r.uniform(-2, 2, 256) * 2.0 ** r.integers(-60, 60, 256)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""A launch's groups over worker processes (backends/sim/parallel.py): the
+"""A launch's groups over worker processes (pallas_sim/backends/sim/execute/parallel.py): the
 same outputs bit for bit, the same race reports and uninitialized-memory
 findings in the same order, the same predicted times, block cycles and
 trace, and the same errors, as one process running them in block order."""
@@ -18,8 +18,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernels as K
 import pallas_sim as ps
-from pallas_sim.backends.sim import parallel
-from pallas_sim.backends.sim.executor import Executor
+from pallas_sim.backends.sim.execute import parallel
+from pallas_sim.backends.sim.execute.executor import Executor
 from test_clusters import multicast_kernel
 from test_machine import run_on, writes_twice_and_reads_back
 from test_quickstart import matmul_mcs
@@ -326,7 +326,8 @@ def test_workers_option_is_checked():
 def test_gmem_unwritten_in_a_workers_copy_but_written_by_an_earlier_group_is_no_finding():
   """A worker's copy of an output knows only its own groups' writes; at the
   merge, elements an earlier group wrote are taken out of its findings."""
-  from pallas_sim.backends.sim.machine import initcheck, memory
+  from pallas_sim.backends.sim.checks import initcheck
+  from pallas_sim.backends.sim.machine import memory
   buf = memory.Buffer("out", "gmem", np.zeros((4, 8), np.float32))
   initcheck.track(buf)
   initcheck.mark_view(buf, 8, (1,), (8,))  # an earlier group wrote row 1

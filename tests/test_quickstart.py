@@ -31,7 +31,7 @@ def test_simulate_gives_outputs_and_report(rng):
   assert rel_err(sim.outputs, want) < 1e-3
   [k] = sim.report.kernels
   assert k.grid == (2, 2) and k.num_blocks == 4
-  assert k.smem_bytes == 98320  # what the real lowering allocates (see resources.py)
+  assert k.smem_bytes == 98320  # what the real lowering allocates (see analysis/resources.py)
   assert k.wgmma_flops == 2 * 256 ** 3
   assert k.tma_load_bytes == 4 * (128 * 256 * 2 * 2)  # each block: A and B panels
   assert k.time_s > 0 and "quickstart.py" in k.where

@@ -14,7 +14,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim.machine import races as races_mod
+from pallas_sim.backends.sim.checks import races as races_mod
 
 F32 = jnp.float32
 X = jnp.arange(64 * 32, dtype=F32).reshape(64, 32)

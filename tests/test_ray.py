@@ -1,4 +1,4 @@
-"""A launch's blocks as Ray tasks (engine="ray", backends/sim/ray_engine.py)
+"""A launch's blocks as Ray tasks (engine="ray", pallas_sim/backends/sim/execute/ray_engine.py)
 on a local Ray instance this module starts: the same outputs, reports,
 times and errors as one process."""
 import os
@@ -11,7 +11,7 @@ import pytest
 import ray
 
 import pallas_sim as ps
-from pallas_sim.backends.sim import parallel
+from pallas_sim.backends.sim.execute import parallel
 from test_parallel import (_kernel_fields, _x, atomic_rows, deadlocks_in_block,
                            reads_the_previous_block)
 from test_quickstart import matmul_mcs

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from jax import tree_util
 from jax._src.state import indexing as jax_indexing
 
-from pallas_sim.backends.sim import refview
+from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.errors import OutOfBoundsError
 

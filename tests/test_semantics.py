@@ -325,7 +325,7 @@ def test_max_and_min_order_signed_zeros_as_the_gpu():
 
 @pytest.mark.parametrize("dtype,big", [(jnp.float16, 2048.0), (jnp.bfloat16, 256.0)])
 def test_direct_half_sums_are_summed_in_f32_and_rounded_once(dtype, big):
-  # The simulator's documented approximation (rules/lax_math.py _reduce): on
+  # The simulator's documented approximation (interpret/rules/lax_math.py _reduce): on
   # an H200 this lax.reduce_sum gave 2288 (f16) and 496 (bf16), rounding in
   # the half type in its own order; f32 then one rounding gives 2304 and
   # 512, in index order in the half type 2048 and 256.

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pallas_sim.backends.sim.machine import races
+from pallas_sim.backends.sim.checks import races
 
 
 def tracker():

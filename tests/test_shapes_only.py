@@ -1,5 +1,5 @@
 """ps.estimate given shapes walks the function's jaxpr and hands its kernels
-to the simulator with no XLA program run (backends/sim/shapes_only.py): the
+to the simulator with no XLA program run (pallas_sim/backends/sim/frontend/shapes_only.py): the
 same report as running it on zeros, the same errors, and the ordinary run
 wherever the walk cannot go."""
 import os
@@ -11,7 +11,7 @@ from jax import lax
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim import capture
+from pallas_sim.backends.sim.frontend import capture
 from test_errors import line_of, pipeline_copy
 from test_estimate import _times
 from test_quickstart import matmul_mcs

@@ -1,4 +1,4 @@
-"""SMEM the simulator counts for a kernel (backends/sim/resources.py) against
+"""SMEM the simulator counts for a kernel (pallas_sim/backends/sim/analysis/resources.py) against
 the real lowering's own estimate (jax/_src/pallas/mosaic_gpu/lowering.py
 `_estimate_resources`), for kernels that fit: allocations in pl.when / cond
 branches, loop bodies and nested scopes, with drawn sizes. The report's
@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim import jax_internals as jx
+from pallas_sim.backends.sim.frontend import jax_internals as jx
 
 F32 = jnp.float32
 X = jnp.ones((8, 128), F32)

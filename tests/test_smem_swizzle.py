@@ -1,5 +1,5 @@
 """The swizzle the lowering infers for a wgmma's untransformed SMEM operands
-(backends/sim/smem_swizzle.py), as the timing model sees it: the rows of
+(pallas_sim/backends/sim/analysis/smem_swizzle.py), as the timing model sees it: the rows of
 the TMA boxes that fill them."""
 import collections
 import re
@@ -12,8 +12,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim import capture, smem_swizzle
-from pallas_sim.backends.sim.machine import timing
+from pallas_sim.backends.sim.frontend import capture
+from pallas_sim.backends.sim.analysis import smem_swizzle
+from pallas_sim.backends.sim.timing import model as timing
 from test_quickstart import matmul_mcs
 
 F16 = jax.ShapeDtypeStruct((256, 256), jnp.float16)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import tensor_core_ref
-from pallas_sim.backends.sim.machine import tensor_core as tc
+from pallas_sim.backends.sim.machine.numerics import tensor_core as tc
 
 # name -> (numpy dtype, bits of its encoding)
 OPERANDS = {"f16": (np.float16, np.uint16), "bf16": (ml_dtypes.bfloat16, np.uint16),

@@ -16,9 +16,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 from pallas_sim import gpus
-from pallas_sim.backends.sim.machine import bound, occupancy
+from pallas_sim.backends.sim.timing import bound, occupancy
 from pallas_sim.backends.sim.machine.state import BlockStats
-from pallas_sim.backends.sim.machine.timing import Engines, KernelTime, Timing
+from pallas_sim.backends.sim.timing.model import Engines, KernelTime, Timing
 from test_quickstart import matmul_mcs
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -220,7 +220,7 @@ def test_summary_reports_bound_units_and_time():
 def test_co_residents_take_the_unit_as_busy_as_this_block_keeps_it():
   """Blocks sharing an SM are alike: a block that keeps the TMA engine busy
   gets 1/share of it, one that rarely uses it has it nearly alone."""
-  from pallas_sim.backends.sim.machine.timing import Engines, Timing
+  from pallas_sim.backends.sim.timing.model import Engines, Timing
   t = Timing(gpus.H200)
   busy, idle = Engines(share=2, l2_rate=100.0), Engines(share=2, l2_rate=100.0)
   s, e, _ = t.tma(busy, 0.0, 10_000)     # (first: all blocks load at once)
@@ -260,7 +260,7 @@ def test_block_slots_take_blocks_as_they_free_up():
   """As the GPU's block scheduler: long blocks on half the SMs, and the
   short ones run on the others meanwhile (static waves would queue them
   behind the long ones: 1200 cycles)."""
-  from pallas_sim.backends.sim.machine.timing import Timing
+  from pallas_sim.backends.sim.timing.model import Timing
   sms = gpus.H200.num_sms
   lt = Timing(gpus.H200).launch(3 * sms, 200 * 1024, 1)  # one block per SM
   cycles = [1000.0] * (sms // 2) + [100.0] * (sms // 2 + 2 * sms)
@@ -390,7 +390,7 @@ def test_alu_work_beside_another_warpgroups_wgmma_is_slower():
 
 
 def test_tensor_overlap_slows_what_runs_beside_busy_tensor_cores():
-  from pallas_sim.backends.sim.machine.timing import tensor_overlap
+  from pallas_sim.backends.sim.timing.model import tensor_overlap
   assert tensor_overlap(100, 0, 2.0) == 100          # (idle tensor cores)
   assert tensor_overlap(100, 500, 2.0) == 200        # (busy throughout)
   assert tensor_overlap(100, 50, 2.0) == 50 + 75     # (busy for 50 cycles)

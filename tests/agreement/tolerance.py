@@ -102,7 +102,7 @@ def div_full(x, y, dtype):
   """The range of x / y (f32, f16, bf16 operands held in float64) as the
   GPU computes it: PTX div.full.f32 (halves in f32, the quotient rounded
   to `dtype`) is RN(x' * rcp.approx(y')), with (x', y') = (x, y) / 4 for
-  |y| > 2^126 and (x, y) * 2^24 for subnormal y (machine/division.py,
+  |y| > 2^126 and (x, y) * 2^24 for subnormal y (machine/numerics/division.py,
   fitted on the H200), and rcp.approx.f32 within one ulp of the correctly
   rounded reciprocal (measured on the H200 for every mantissa): the range
   is RN(x' * r) for r from one ulp below RN(1/y') to one above. Exact where

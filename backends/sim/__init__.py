@@ -1,1 +1,0 @@
-"""The simulator backend: capture -> interpret (rules call into machine) -> report."""

@@ -1,1 +1,0 @@
-"""The simulated machine: memory, scheduler, cost model. No JAX imports here."""

@@ -1,0 +1,602 @@
+"""The path each block takes, for ps.estimate of a kernel whose control flow
+depends on the grid index (a persistent kernel's loop over tiles, causal
+attention's loop bound, a predicated copy): blocks that take the same path,
+sharing their SMs alike, take the same time, so one of them is simulated
+for all.
+
+A block's path is read off the kernel, not guessed: the kernel's jaxpr is
+sliced down to what its control decisions (cond branches, while trip
+counts, pl.delay, a copy's or an arrive's predicate, which barrier a wait
+or an arrive uses, a TMA box cut at the array's ends) and its TMA loads'
+addresses depend on, and that slice runs with the simulator's own rules
+(integer index math, no data, no waits), for all the blocks at once where
+it can (see "running the slice"): a few equations a loop step, once per
+path, where the full simulation runs every block. It gives each block its
+decisions (the classes) and the source of every TMA load it issues, for
+the L2 model's trace of the launch (timing/model.py, hbm_reads_traced): a
+block not simulated takes its class's issue cycles, load for load.
+
+Where the slice would need a value read from memory, or a primitive it does
+not know to be pure, there is no slice (`SliceError`) and every block is
+simulated, as before."""
+import collections
+
+import numpy as np
+from jax.extend import core as jax_extend_core
+
+from pallas_sim.backends.sim.interpret import refview
+from pallas_sim.backends.sim.timing.model import Engines
+from pallas_sim.backends.sim.analysis.resources import inner, scan_counts, sub_jaxprs
+from pallas_sim.errors import SimError
+
+
+class SliceError(Exception):
+  """The kernel cannot be sliced: why, in words."""
+
+
+# Primitives whose bodies just run (their jaxpr's inputs are the equation's,
+# by position).
+CALLS = frozenset(("pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
+                   "custom_vjp_call", "checkpoint", "remat"))
+# Equations that do something besides giving values: never in a slice as values.
+EFFECTS = frozenset(("delay", "debug_print", "debug_callback"))
+
+
+def _is_ref(v):
+  return hasattr(v.aval, "inner_aval")
+
+
+def kernel_slice(jaxpr):
+  """{id(equation): which of its operands the slice needs} for the
+  equations of `jaxpr` (nested ones included) that the kernel's control
+  decisions and TMA load addresses depend on. Raises SliceError where one
+  depends on something a slice cannot compute."""
+  keep = {}
+  _need(jaxpr, [False] * len(jaxpr.outvars), keep)
+  return keep
+
+
+def _need(jaxpr, out_need, keep):
+  """Marks in `keep` the equations of `jaxpr` needed for its outputs where
+  out_need says so, and for every decision and load inside it; returns,
+  for its constvars then its invars, whether each is needed, and whether
+  any of its equations is."""
+  need = {v for v, n in zip(jaxpr.outvars, out_need)
+          if n and not isinstance(v, jax_extend_core.Literal)}
+  kept = False
+  for eqn in reversed(jaxpr.eqns):
+    outs = [v in need for v in eqn.outvars]
+    ins = _eqn(eqn, outs, keep)
+    if ins is None:
+      continue
+    prev = keep.get(id(eqn))  # (a loop's body is sliced again as its needs grow)
+    keep[id(eqn)] = ins if prev is None else _any(prev, ins)
+    kept = True
+    for v, n in zip(eqn.invars, ins):
+      if n and not isinstance(v, jax_extend_core.Literal):
+        need.add(v)
+  return [v in need for v in list(jaxpr.constvars) + list(jaxpr.invars)], kept
+
+
+def _sub(jaxpr, out_need, keep, consts=False):
+  """_need of a nested jaxpr whose inputs are the equation's operands (its
+  invars; its constvars where `consts`, a run_scoped body's): the need of
+  each operand, and whether anything inside is kept."""
+  flags, kept = _need(jaxpr, out_need, keep)
+  nc = len(jaxpr.constvars)
+  return (flags[:nc] if consts else flags[nc:]), kept
+
+
+def _any(*lists):
+  return [any(t) for t in zip(*lists)]
+
+
+def _eqn(eqn, outs, keep):
+  """Whether each operand of `eqn` is needed, or None when eqn is not."""
+  name = eqn.primitive.name
+  p = eqn.params
+  n = len(eqn.invars)
+  if name == "cond":  # (a decision: which branch's work the block does)
+    ins = [False] * (n - 1)
+    for b in p["branches"]:
+      ins = _any(ins, _sub(inner(b), outs, keep)[0])
+    return [True] + ins
+  if name == "while":
+    return _while(eqn, outs, keep)
+  if name == "scan":
+    return _scan(eqn, outs, keep)
+  if name == "copy_gmem_to_smem":
+    # (its source and destination with their indices: a multicast's part
+    # depends on the destination's box; the barrier does not matter)
+    ns = refview.num_leaves(p["src_transforms_treedef"])
+    nd = refview.num_leaves(p["dst_transforms_treedef"])
+    nb = refview.num_leaves(p["barrier_transforms_treedef"])
+    return [True, True, False] + [True] * (n - 3)  # (indices, barrier's too; predicate)
+  if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
+    return [False] + [True] * (n - 1)
+  if name == "copy_smem_to_gmem":  # (its destination: a box past the ends is cut)
+    return [False, True] + [True] * (n - 2)
+  if name == "delay":
+    return [True] * n
+  if name == "run_state":
+    return _run_state(eqn, outs, keep)
+  if name == "get" and eqn.invars[0] in _BOXES[-1]:
+    return [True] * n if any(outs) else None
+  subs = [sub for v in p.values() for sub in sub_jaxprs(v)]
+  if name == "run_scoped" or name in CALLS:
+    if len(subs) != 1:
+      raise SliceError(f"'{name}' with {len(subs)} bodies")
+    flags, kept = _sub(subs[0], outs, keep, consts=name == "run_scoped")
+    if len(flags) != n:
+      raise SliceError(f"'{name}' whose body does not take its operands")
+    return flags if kept or any(outs) else None
+  if subs:  # (core maps, warp maps...: left out only where nothing inside matters)
+    for sub in subs:
+      _, kept = _sub(sub, [False] * len(sub.outvars), keep)
+      if kept or any(outs):
+        raise SliceError(f"a decision or a TMA load inside '{name}'")
+  if not any(outs):
+    return None
+  if name in EFFECTS or any(_is_ref(v) for v in list(eqn.invars) + list(eqn.outvars)):
+    raise SliceError(f"a decision or a TMA load address depends on '{name}'")
+  return [True] * n
+
+
+def _while(eqn, outs, keep):
+  p = eqn.params
+  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+  cond, body = inner(p["cond_jaxpr"]), inner(p["body_jaxpr"])
+  carry = list(outs)
+  bflags, _ = _sub(body, carry, keep)
+  cflags, _ = _sub(cond, [True], keep)  # (its trip count is a decision)
+  while True:
+    grown = _any(carry, cflags[cn:], bflags[bn:])
+    if grown == carry:
+      break
+    carry = grown
+    bflags, _ = _sub(body, carry, keep)
+  return cflags[:cn] + bflags[:bn] + carry
+
+
+# Per run_state body being sliced: its refs that box a value the body only
+# reads (a read of one is the value given: the slice may need it).
+_BOXES = [frozenset()]
+
+
+def _run_state(eqn, outs, keep):
+  """pl.run_state: its body's refs box the operands (refs pass through);
+  a value it only reads may be in the slice, through its reads."""
+  sub = inner(eqn.params["jaxpr"])
+  if any(outs) or not all(eqn.params["is_initialized"]):
+    if any(outs) or _need(sub, [False] * len(sub.outvars), keep)[1]:
+      raise SliceError("a decision or a TMA load depends on what a run_state "
+                       "returns")
+    return None
+  uses = collections.defaultdict(set)
+  for e in sub.eqns:
+    for v in e.invars:
+      if not isinstance(v, jax_extend_core.Literal):
+        uses[v].add(e.primitive.name)
+  _BOXES.append(frozenset(v for v, o in zip(sub.invars, eqn.invars)
+                          if not _is_ref(o) and uses[v] <= {"get"}))
+  try:
+    flags, kept = _sub(sub, [False] * len(sub.outvars), keep)
+  finally:
+    _BOXES.pop()
+  return flags if kept else None
+
+
+def _scan(eqn, outs, keep):
+  p = eqn.params
+  body = inner(p["jaxpr"])
+  nc, ncar = scan_counts(eqn)
+  n = len(eqn.invars)
+  carry = list(outs[:ncar])
+  flags, kept = _sub(body, carry + list(outs[ncar:]), keep)
+  if not kept and not any(outs):
+    return None
+  while True:
+    grown = _any(carry, flags[nc:nc + ncar])
+    if grown == carry:
+      break
+    carry = grown
+    flags, _ = _sub(body, carry + list(outs[ncar:]), keep)
+  return flags[:nc] + _any(carry, flags[nc:nc + ncar]) + flags[nc + ncar:]
+
+
+# --- running the slice --------------------------------------------------
+#
+# The slice runs for many blocks at once: each grid index is a vector over
+# the blocks (lanes), and so is every value computed from it; the
+# simulator's integer rules are numpy's, elementwise. Where the lanes decide
+# alike, the run goes on as one; where they do not, the run stops and starts
+# again for each set of lanes that decided alike (`Diverged`), so one run
+# per path in all. A lane count that no shape in the kernel has keeps a
+# vector of lanes from passing for an array of the kernel's own (numpy
+# would broadcast it silently); anything the vectors cannot do (`NotLanes`)
+# sends the launch to one run per block.
+
+# The slice's own rules for what it records (the others are the
+# simulator's): decisions go to the path, loads to the loads: (thread,
+# site, source key, bytes), or for lanes (thread, site, [per lane]).
+OVERRIDES = {}
+
+
+def _override(name):
+  def deco(builder):
+    OVERRIDES[name] = builder
+    return builder
+  return deco
+
+
+# A slice that runs this many decisions in one block is not cheaper than the
+# block: every block is simulated instead.
+MAX_DECISIONS = 2_000_000
+
+
+class TooLong(SimError):
+  pass
+
+
+class NotLanes(SimError):
+  """The slice cannot run its blocks as lanes: run it block by block."""
+
+
+class Diverged(SimError):
+  """The lanes decided apart: the sets of lanes (positions) that agree."""
+
+  def __init__(self, parts):
+    super().__init__(f"{len(parts)} ways")
+    self.parts = parts
+
+
+class _Lanes:
+  __slots__ = ("n", "total")
+
+  def __init__(self, n, total):
+    self.n, self.total = n, total   # real lanes, and with the padding
+
+
+def _one(wg, x):
+  """x, a decision's value, as the one value every lane takes."""
+  a = np.asarray(x)
+  if a.ndim == 0:
+    return a[()]
+  lanes = wg.block.engines.lanes
+  if lanes is None or a.shape != (lanes.total,):
+    raise NotLanes(f"a decision of shape {a.shape}")
+  real = a[:lanes.n]
+  if (real == real[0]).all():
+    return real[0]
+  raise Diverged([np.flatnonzero(real == v) for v in np.unique(real)])
+
+
+def lanes_checked(fn, eqn):
+  """fn, checking that with lanes every value it gives has its own shape,
+  or one value per lane where it is a scalar: numpy broadcasts a vector of
+  lanes against an axis of size 1 (or of the lanes' count) silently, and
+  the lanes would pass for the array's elements."""
+  shapes = [None if _is_ref(v) else tuple(getattr(v.aval, "shape", ())) for v in eqn.outvars]
+  multi = eqn.primitive.multiple_results
+
+  def checked(wg, *args):
+    out = fn(wg, *args)
+    lanes = wg.block.engines.lanes
+    if lanes is not None:
+      for v, shape in zip(out if multi else (out,), shapes):
+        if v is None or shape is None:  # (a value the slice does not compute; a ref)
+          continue
+        got = np.shape(v)
+        if got != shape and not (shape == () and got == (lanes.total,)):
+          raise NotLanes(f"a value of shape {got} where the kernel's is {shape}")
+    return out
+  return checked
+
+
+def _decided(wg, value):
+  path = wg.block.engines.path
+  path.append(value)
+  if len(path) > MAX_DECISIONS:
+    raise TooLong(f"a block's path runs past {MAX_DECISIONS} decisions")
+
+
+@_override("cond")
+def _cond(eqn, cx):
+  from pallas_sim.backends.sim.interpret.compiler import run_plain
+  branches = [cx.compile(b) for b in eqn.params["branches"]]
+  last = len(branches) - 1
+
+  def cond(wg, i, *args):
+    i = min(max(int(_one(wg, i)), 0), last)
+    _decided(wg, i)
+    return run_plain(branches[i], list(args), wg)
+  return cond
+
+
+@_override("while")
+def _while_rule(eqn, cx):
+  from pallas_sim.backends.sim.interpret.compiler import run_plain
+  p = eqn.params
+  cond, body = cx.compile(p["cond_jaxpr"]), cx.compile(p["body_jaxpr"])
+  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+
+  def loop(wg, *args):
+    cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
+    trips = 0
+    while _one(wg, run_plain(cond, cc + carry, wg)[0]):
+      carry = run_plain(body, bc + carry, wg)
+      trips += 1
+      if trips > MAX_DECISIONS:
+        raise TooLong(f"a loop runs past {MAX_DECISIONS} iterations")
+    _decided(wg, ("trips", trips))
+    return carry
+  return loop
+
+
+@_override("delay")
+def _delay(eqn, cx):
+  def delay(wg, nanos):
+    _decided(wg, ("delay", float(_one(wg, nanos))))
+    return []
+  return delay
+
+
+def _lane(x, k):
+  return x[k] if np.ndim(x) else x
+
+
+def _boxes(wg, at, ref, leaves, plans, site):
+  """The boxes of a TMA copy through `ref` for every lane: [(source key,
+  bytes)] per lane, or one (key, bytes) where the indices are the same in
+  every lane; a box cut at the array's ends is a decision (its shape)."""
+  lanes = wg.block.engines.lanes
+  if lanes is None or all(np.ndim(x) == 0 for x in leaves):
+    got = at(ref, leaves)
+    if got[2]:
+      _decided(wg, ("cut", site, got[0][2]))
+    return got[:2]
+  if plans is None:
+    raise NotLanes("a TMA box whose transforms are not plain indexers")
+  # Plain indexers over the ref's view: the box's offset, lane by lane; its
+  # cut, if any (a lane whose box reaches past the ends), a decision.
+  view = ref.view
+  base = view.__array_interface__["data"][0] - ref.buf.data.__array_interface__["data"][0]
+  offset = np.full(lanes.total, base, np.int64)
+  box = [(n, 0, n) for n in view.shape]   # per axis: size, in-bounds [lo, hi)
+  strides = list(view.strides)
+  for plan in plans:
+    out, kept_strides = [], []
+    for (i, static, size, stride), (n, lo, hi), st in zip(plan, box, strides):
+      v = np.asarray(static if i is None else leaves[i], np.int64)
+      if size is None:  # (an integer index: the axis goes)
+        if not ((lo <= v) & (v < hi)).all():
+          raise NotLanes("an integer index off the array in a TMA box")
+        offset = offset + (v - lo) * st
+        continue
+      if stride != 1:
+        raise NotLanes("a strided TMA box")
+      new_lo = np.clip(lo - v, 0, size)
+      new_hi = np.maximum(np.clip(hi - v, 0, size), new_lo)
+      offset = offset + (v + new_lo - lo) * st
+      out.append((size, new_lo, new_hi))
+      kept_strides.append(st)
+    box = out + box[len(plan):]
+    strides = kept_strides + strides[len(plan):]
+  shape = np.stack([np.broadcast_to(hi - lo, (lanes.total,)) for _, lo, hi in box])
+  kinds, which = np.unique(shape[:, :lanes.n], axis=1, return_inverse=True)
+  if kinds.shape[1] > 1:  # (boxes cut apart: each shape a path of its own)
+    raise Diverged([np.flatnonzero(which.ravel() == c) for c in range(kinds.shape[1])])
+  dims = tuple(int(d) for d in shape[:, 0])
+  if dims != tuple(n for n, _, _ in box):
+    _decided(wg, ("cut", site, dims))
+  nbytes = int(np.prod(dims)) * view.itemsize
+  name = ref.buf.name
+  return [((name, int(offset[k]), dims), nbytes) for k in range(lanes.n)]
+
+
+def _clipped_key(src_at):
+  """(ref, leaves) -> (source key, bytes, cut) of a TMA box, one block's."""
+  from pallas_sim.backends.sim.interpret.rules import tma
+
+  def at(ref, leaves):
+    s, _, inb = src_at(ref, leaves)
+    return tma.source_key(s), s.view.nbytes, inb is not None
+  return at
+
+
+@_override("copy_gmem_to_smem")
+def _load(eqn, cx):
+  from pallas_sim.backends.sim.interpret.rules import tma
+  p = eqn.params
+  src_tree = p["src_transforms_treedef"]
+  src_at = refview.compile_clipped(src_tree)
+  dst_at = refview.compile_transforms(p["dst_transforms_treedef"])
+  ns = refview.num_leaves(src_tree)
+  nd = refview.num_leaves(p["dst_transforms_treedef"])
+  nb = refview.num_leaves(p["barrier_transforms_treedef"])
+  collective = tuple(p.get("collective_axes") or ())
+  has_pred = p.get("has_user_predicate", False)
+  site = cx.site(eqn)
+  plans = refview.index_plans(src_tree)
+  key_of = _clipped_key(src_at)
+  # (source, its indices) -> (key, bytes, cut): blocks load the same tiles
+  # over and over (a matmul's), and a box's view costs ~20 us to build
+  seen = {}
+
+  def memo(ref, leaves):
+    at = (id(ref.view), tuple(int(i) for i in leaves))
+    hit = seen.get(at)
+    if hit is None or hit[0] is not ref.view:  # (it holds the view: ids stay apart)
+      hit = seen[at] = (ref.view,) + key_of(ref, leaves)
+    return hit[1:]
+
+  def load(wg, src, dst, bar, *leaves):
+    pred = bool(_one(wg, leaves[ns + nd + nb])) if has_pred else True
+    if has_pred:
+      _decided(wg, pred)
+    if nb:
+      _decided(wg, ("barrier",) + tuple(int(_one(wg, x)) for x in leaves[ns + nd:ns + nd + nb]))
+    if not pred:
+      return []
+    blk = wg.block
+    if collective:
+      if blk.engines.lanes is not None:
+        raise NotLanes("a multicast")
+      s, _, _ = src_at(src, leaves[:ns])
+      d = dst_at(dst, leaves[ns:ns + nd])
+      peers = blk.group.peers(blk, collective)
+      s, _ = tma.partition(s, d, peers.index(blk), len(peers))
+      got = tma.source_key(s), s.view.nbytes
+    else:
+      got = _boxes(wg, memo, src, leaves[:ns], plans, site)
+    blk.engines.loads.append((wg.index, site, got))
+    return []
+  return load
+
+
+def _barrier_use(eqn, cx):
+  """barrier_wait / barrier_arrive in the slice: which barrier (and an
+  arrive's predicate) is the decision; nothing waits or arrives."""
+  def use(wg, ref, *leaves):
+    _decided(wg, (eqn.primitive.name,) + tuple(int(_one(wg, x)) for x in leaves))
+    return []
+  return use
+
+
+OVERRIDES["barrier_wait"] = OVERRIDES["barrier_arrive"] = _barrier_use
+
+
+@_override("copy_smem_to_gmem")
+def _store(eqn, cx):
+  p = eqn.params
+  dst_tree = p["dst_transforms_treedef"]
+  key_of = _clipped_key(refview.compile_clipped(dst_tree))
+  plans = refview.index_plans(dst_tree)
+  ns = refview.num_leaves(p["src_transforms_treedef"])
+  nd = refview.num_leaves(dst_tree)
+  has_pred = p.get("has_user_predicate", False)
+  site = ("store", id(eqn))
+
+  def store(wg, src, dst, *leaves):
+    if has_pred:
+      _decided(wg, bool(_one(wg, leaves[ns + nd])))
+    _boxes(wg, key_of, dst, leaves[ns:ns + nd], plans, site)  # (its cut, if any)
+    return []
+  return store
+
+
+class Paths:
+  """Every block's path and loads, and from them the classes."""
+
+  def __init__(self, decisions, loads):
+    self.decisions = decisions  # block number -> tuple of its decisions
+    self.loads = loads          # block number -> [(thread, site, key, bytes)]
+
+  def key(self, number):
+    return self.decisions[number]
+
+  def joined(self, number, rep_events):
+    """Block `number`'s loads at the issue cycles of its class's simulated
+    block (`rep_events`: its (cycle, key, bytes, thread, site), as the TMA
+    rule traced them): load for load, per thread and site in order."""
+    cycles = collections.defaultdict(list)
+    for ev in rep_events:
+      cycles[ev[3], ev[4]].append(ev[0])
+    seen = collections.Counter()
+    out = []
+    for thread, site, key, nbytes in self.loads[number]:
+      k = seen[thread, site]
+      seen[thread, site] += 1
+      out.append((cycles[thread, site][k], key, nbytes, thread, site))
+    if sum(seen.values()) != len(rep_events):
+      raise SimError(f"block {number}'s path issues {sum(seen.values())} TMA loads, "
+                     f"its class's simulated block {len(rep_events)}")
+    return out
+
+
+class _Recorder:
+  """A launch placement for the slice's run: engines that record the path
+  and the loads (their timing is not used); `lanes`, when the blocks run
+  as lanes."""
+
+  def __init__(self, lanes=None):
+    self.lanes = lanes
+
+  def engines(self, number):
+    e = _Recording(loads=True)
+    e.path = []
+    e.lanes = self.lanes
+    return e
+
+
+class _Recording(Engines):
+  """Engines with the lanes they run for (None: one block)."""
+
+
+def follow(make_runner, groups, launch, jaxpr):
+  """Every block's path and loads: a Paths. `make_runner(placement)`: a
+  GroupRunner of the sliced program over that placement."""
+  members = [m for g in groups for m in g]
+  if len(groups) == len(members) > 1:  # (no clusters: blocks as lanes)
+    try:
+      return _as_lanes(make_runner, members, _shapes(jaxpr))
+    except TooLong:
+      raise
+    except SimError:  # (NotLanes, or a rule that cannot take lanes: block by block)
+      pass
+  runner = make_runner(_Recorder())
+  decisions, loads = {}, {}
+  for group in groups:
+    result = runner.run(group)
+    for number, st in zip(result.numbers, result.stats):
+      decisions[number] = tuple(st.path)
+      loads[number] = [(t, site) + got for t, site, got in st.loads]
+  return Paths(decisions, loads)
+
+
+def _as_lanes(make_runner, members, dims):
+  decisions, loads = {}, {}
+  todo = [np.arange(len(members))]
+  while todo:
+    part = todo.pop()
+    total = len(part) + 1
+    while total in dims:  # (a lane count no array of the kernel has)
+      total += 1
+    lanes = _Lanes(len(part), total)
+    pad = np.concatenate([part, np.full(total - len(part), part[0])])
+    idx = tuple(np.array([members[k][1][d] for k in pad], np.int32)
+                for d in range(len(members[0][1])))
+    runner = make_runner(_Recorder(lanes))
+    try:
+      result = runner.run([(members[part[0]][0], idx, ())])
+    except Diverged as e:
+      todo.extend(part[p] for p in e.parts)
+      continue
+    [st] = result.stats
+    path = tuple(st.path)
+    per = [[] for _ in part]
+    for thread, site, got in st.loads:
+      if isinstance(got, list):
+        for k, g in enumerate(got):
+          per[k].append((thread, site) + g)
+      else:
+        for lst in per:
+          lst.append((thread, site) + got)
+    for k, j in enumerate(part):
+      number = members[j][0]
+      decisions[number], loads[number] = path, per[k]
+  return Paths(decisions, loads)
+
+
+def _shapes(jaxpr):
+  """Every dimension of every array shape in the kernel (nested too)."""
+  dims, stack = {1}, [jaxpr]
+  while stack:
+    j = stack.pop()
+    for v in list(j.invars) + list(j.constvars) + [v for e in j.eqns for v in e.outvars]:
+      aval = getattr(v.aval, "inner_aval", v.aval)
+      dims.update(getattr(aval, "shape", ()))
+    for e in j.eqns:
+      for val in e.params.values():
+        stack.extend(sub_jaxprs(val))
+  return dims

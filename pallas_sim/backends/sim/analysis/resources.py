@@ -1,0 +1,208 @@
+"""Static resource checks, before anything runs, with the real lowering's
+rules and numbers (jax 0.11.2, jax/_src/pallas/mosaic_gpu/lowering.py
+`_estimate_resources`, and mosaic/gpu/core.py `_launch`):
+
+- each SMEM allocation of a run_scoped is rounded up to 1024 bytes;
+- a run_scoped needs its own allocations plus the most its body needs;
+  equations in sequence, cond branches and loop bodies reuse the same bytes
+  (max), nested scopes add up;
+- barriers are counted apart, 8 bytes each; identical barrier allocations of
+  scopes in sequence share space (a multiset union), nested ones add up;
+- reductions (reduce_sum/max/min) need `reduction_scratch_bytes` (2048);
+- ACC (registers) and GMEM take no SMEM; tiling and swizzle change no size.
+The error message is the lowering's, word for word.
+"""
+import collections
+import math
+import re
+
+from pallas_sim.backends.sim.frontend.jax_internals import primitive_name
+from pallas_sim.errors import LoweringError, SmemOverflowError
+
+SMEM_ALIGNMENT = 1024
+MBARRIER_BYTES = 8
+REDUCTION_SCRATCH_BYTES = 2048
+
+
+def _align(x, a=SMEM_ALIGNMENT):
+  return -(-x // a) * a
+
+
+class _Need:
+  __slots__ = ("smem", "barriers")
+
+  def __init__(self, smem=0, barriers=None):
+    self.smem = _align(smem)
+    self.barriers = barriers if barriers is not None else collections.Counter()
+
+  def __add__(self, o):
+    return _Need(self.smem + o.smem, self.barriers + o.barriers)
+
+  def union(self, o):
+    return _Need(max(self.smem, o.smem), self.barriers | o.barriers)
+
+
+def inner(j):
+  """The open Jaxpr of a ClosedJaxpr (or the Jaxpr itself)."""
+  return j.jaxpr if hasattr(j, "consts") else j
+
+
+def _alloc_need(aval):
+  dt = aval.inner_aval.dtype if hasattr(aval, "inner_aval") else aval.dtype
+  shape = aval.inner_aval.shape if hasattr(aval, "inner_aval") else aval.shape
+  if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
+    return _Need(barriers=collections.Counter({(dt, math.prod(shape)): 1}))
+  if str(getattr(aval, "memory_space", "")) == "smem":
+    return _Need(smem=math.prod(shape) * dt.itemsize)
+  return _Need()
+
+
+def scope_layout(avals, base):
+  """Where a run_scoped's SMEM allocations lie, as the lowering lays them
+  out: one after another from `base`, each rounded up to 1024 bytes (a
+  nested scope starts after them; scopes in sequence start at the same
+  base). Returns ([(start, end) or None per allocation], the next base)."""
+  ranges, top = [], base
+  for aval in avals:
+    size = _alloc_need(aval).smem
+    ranges.append((top, top + size) if size else None)
+    top += size
+  return ranges, top
+
+
+def _jaxpr_need(jaxpr, reduction_bytes):
+  need = _Need()
+  for eqn in jaxpr.eqns:
+    need = need.union(_eqn_need(eqn, reduction_bytes))
+  return need
+
+
+def _eqn_need(eqn, reduction_bytes):
+  name = eqn.primitive.name
+  p = eqn.params
+  if name == "run_scoped":
+    body = inner(p["jaxpr"])
+    own = _Need()
+    for v in body.invars:
+      own = own + _alloc_need(v.aval)
+    return own + _jaxpr_need(body, reduction_bytes)
+  if name in ("reduce_sum", "reduce_max", "reduce_min"):
+    return _Need(smem=reduction_bytes)
+  need = _Need()
+  # Only these are looked into by the real estimator (custom_jvp_call etc.
+  # are not: their allocations count for nothing there, and so here).
+  for key in _SUBJAXPRS.get(name, ()):
+    sub = p[key]
+    for j in (sub if isinstance(sub, (tuple, list)) else (sub,)):
+      need = need.union(_jaxpr_need(inner(j), reduction_bytes))
+  return need
+
+
+_SUBJAXPRS = {"cond": ("branches",), "scan": ("jaxpr",), "jit": ("jaxpr",),
+              "pjit": ("jaxpr",), "run_state": ("jaxpr",),
+              "while": ("cond_jaxpr", "body_jaxpr")}
+
+
+def smem_bytes(kernel_jaxpr, reduction_bytes=REDUCTION_SCRATCH_BYTES):
+  """The `smem_bytes` the real lowering requests for this kernel body."""
+  need = _jaxpr_need(kernel_jaxpr, reduction_bytes)
+  size = need.smem
+  for (_, count), times in need.barriers.items():
+    size += times * count * MBARRIER_BYTES
+  return size
+
+
+def check_smem(nbytes, gpu, where=None):
+  if nbytes > gpu.max_smem_per_block:
+    raise SmemOverflowError(
+        "Mosaic GPU kernel exceeds available shared memory: "
+        f"smem_bytes={nbytes} > max_smem_bytes={gpu.max_smem_per_block}",
+        smem_bytes=nbytes, max_smem_bytes=gpu.max_smem_per_block, where=where)
+
+
+_SMEM_MSG = re.compile(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)")
+_UNIMPLEMENTED = re.compile(r"Unimplemented primitive in Pallas Mosaic GPU lowering: (\w+)")
+
+
+def lowering_error(exc, where=None):
+  """Our error for an exception from JAX's real Mosaic GPU lowering: an SMEM
+  overflow keeps its numbers; anything else is a LoweringError with the
+  lowering's own message (its first lines: the rest is JAX's traceback)."""
+  msg = str(exc).strip()
+  m = _SMEM_MSG.search(msg)
+  if m:
+    return SmemOverflowError(
+        f"Mosaic GPU kernel exceeds available shared memory: {m.group(0)}",
+        smem_bytes=int(m.group(1)), max_smem_bytes=int(m.group(2)), where=where)
+  lines = []
+  for line in msg.splitlines():
+    if line.startswith("-----") or len(lines) == 6:  # JAX's traceback follows
+      break
+    lines.append(line.replace(" Please file an issue at "
+                              "https://github.com/jax-ml/jax/issues/new/choose.", ""))
+  m = _UNIMPLEMENTED.search(msg)
+  return LoweringError.of(
+      exc, f"the Mosaic GPU lowering rejects this kernel "
+      f"({type(exc).__name__}): " + "\n".join(lines).strip(),
+      primitive=m.group(1) if m else None, where=where)
+
+
+def scan_counts(eqn):
+  """(consts, carries) of a lax.scan equation's inputs (the xs follow), or
+  None where its parameters say neither (jax 0.11 packs the three groups
+  in a flat tree, ft_in; older ones count them)."""
+  p = eqn.params
+  if "num_consts" in p:
+    return p["num_consts"], p["num_carry"]
+  ft = p.get("ft_in")
+  groups = ft.unpack() if hasattr(ft, "unpack") else ()
+  if len(groups) != 3 or sum(map(len, groups)) != len(eqn.invars):
+    return None
+  return len(groups[0]), len(groups[1])
+
+
+def sub_jaxprs(value):
+  """The jaxprs an equation parameter holds (nested in tuples or lists)."""
+  if hasattr(value, "eqns"):
+    yield value
+  elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+    yield value.jaxpr
+  elif isinstance(value, (tuple, list)):
+    for v in value:
+      yield from sub_jaxprs(v)
+
+
+def primitive_names(kernel_jaxpr):
+  """The names of every primitive in the kernel body, nested bodies included."""
+  names, seen, stack = set(), set(), [kernel_jaxpr]
+  while stack:
+    j = stack.pop()
+    if id(j) in seen:
+      continue
+    seen.add(id(j))
+    for eqn in j.eqns:
+      names.add(primitive_name(eqn))
+      for p in eqn.params.values():
+        stack.extend(sub_jaxprs(p))
+  return names
+
+
+def barrier_count(kernel_jaxpr):
+  """How many mbarriers the kernel body's scopes allocate, each scope
+  counted once (however often it runs): the barriers a block can have."""
+  seen, count = set(), 0
+  stack = [kernel_jaxpr]
+  while stack:
+    j = stack.pop()
+    for eqn in j.eqns:
+      if id(eqn) in seen:
+        continue
+      seen.add(id(eqn))
+      if eqn.primitive.name == "run_scoped":
+        for v in inner(eqn.params["jaxpr"]).invars:
+          dt = getattr(getattr(v.aval, "inner_aval", None), "dtype", None)
+          if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
+            count += math.prod(v.aval.inner_aval.shape)
+      for p in eqn.params.values():
+        stack.extend(sub_jaxprs(p))
+  return count

@@ -1,0 +1,819 @@
+"""Happens-before, as an observer the rules call at every event that orders
+or accesses memory, whether race checking is on or not: `NoObserver` does
+nothing; `HappensBefore` keeps vector clocks and checks every access against
+the element shadows of checks/races.py.
+
+Agents and their clock components, by key (per group of blocks):
+- each warpgroup: ("wg", block, i), ticking at every release it makes and
+  at each of its plain accesses;
+- the async work a warpgroup issues, as channels whose clock is a sequence
+  number, because waits observe them in order: ("wgmma", block, i) (wgmma_wait
+  (n) observes all but the newest n), ("store_read", block, i) and
+  ("store_write", block, i) for TMA store groups (wait_smem_to_gmem(n,
+  wait_read_only=...));
+- each barrier: ("barrier", block, allocation, index), whose clock is its
+  phase; a TMA load that completes phase k is stamped with it, and a wait
+  that observed phase k learns everything that arrived in it.
+An access is ordered after an earlier one stamped (c, k) iff the accessing
+agent's vector V has V[c] >= k. Async work sees its warpgroup's plain SMEM
+accesses only up to its last commit_smem (the async-proxy fence): its vector
+takes warpgroup components from the warpgroup's `avc`. The number of
+components is known before a group runs (clock_components), so vectors never
+grow.
+"""
+import numpy as np
+
+from pallas_sim.backends.sim.checks import races
+from pallas_sim.backends.sim.checks.races import timing_verdict
+
+INF = np.iinfo(np.int64).max
+
+def block_of(blk):
+  """How reports tell a block from the others of its group: its coordinates
+  in its cluster, in a cluster (so that reports fold over the clusters of
+  the grid); its grid index in a group of blocks that wait on each other's
+  semaphores; None when the group is the block alone."""
+  if len(blk.group.blocks) == 1:
+    return None
+  return blk.cluster if blk.cluster else blk.index
+
+
+def block_words(blk):
+  return "cluster block" if blk.cluster else "block"
+
+
+def _names(threads):
+  """The threads (_WgClock), as reports name them, in order."""
+  return ", ".join(sorted(h.who for h in threads))
+
+
+def _arrivals(n):
+  return f"{n} arrival{'s' if n > 1 else ''}"
+
+
+_CLUSTER_END = ("Before the kernel ends, a cluster barrier that each block arrives "
+                "on after its last access to a peer's SMEM and waits on (every "
+                "block then knows its peers are done with its SMEM)")
+
+_PARITY = ("the wait is for an earlier phase: mbarrier waits go by phase "
+           "parity, so each thread waits once for each completion it needs (or "
+           "give each buffer its own barrier)")
+
+
+class NoObserver:
+  """Race checking off: every hook does nothing."""
+
+  def warpgroup(self, wg): pass
+  def plain(self, wg, ref, write, prim, where, atomic=False): pass
+  def commit_smem(self, wg): pass
+  def tma_load(self, wg, slot, src, dst, where, prim="copy_gmem_to_smem",
+               atomic=False): return None
+  def tma_load_lands(self, op): pass
+  def store_group(self, wg): return None
+  def store_read(self, op, src, where): pass
+  def store_write(self, op, dst, where, atomic): pass
+  def stores_awaited(self, wg, n, read_only, where=None): pass
+  def wgmma(self, wg, operands, where): return None
+  def wgmma_done(self, op): pass
+  def wgmma_awaited(self, wg, n, where=None): pass
+  def arrive(self, wg, slot, where=None): pass
+  def phase_completed(self, slot): pass
+  def waited(self, wg, slot, n, where=None): pass
+  def unordered_waiter(self, slot, wg): return False
+  def made_by(self, slot, n): return ""
+  def arrival_count_note(self, slot): return ""
+  def store_pending(self, op, src, where): pass
+  def scope_end(self, wg, bufs, where): pass
+  def thread_exit(self, wg, where): pass
+  def sem_signal(self, wg, sem, where=None): pass
+  def sem_acquire(self, wg, sem, where=None): pass
+  def fork(self, wg, warps): pass
+  def join(self, wg, warps): pass
+  def ready(self): pass
+  def end_group(self): pass
+
+
+class _WgClock:
+  """A warpgroup's (or a warp's) vectors and components; a warpgroup's
+  `warps`: the clocks its warps take in warp_map; `who`: how reports name
+  it; `read_only_wait`: where it last waited for its TMA stores with
+  wait_read_only=True (explain)."""
+  __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
+               "warps", "wg", "warp", "read_only_wait", "last_waits", "acquired")
+
+  @property
+  def who(self):
+    wg = self.wg
+    block = block_of(wg.block)
+    return (f"thread {wg.index}" + (f" of {block_words(wg.block)} {block}"
+                                    if block is not None else "")
+            + (f" warp {self.warp}" if self.warp is not None else ""))
+
+
+class _BarrierClock:
+  """A barrier's component, clock base, the vectors arrived in the pending
+  phase, those of each completed phase, and each waiter's clock after it
+  observed its last completion. For reports: what made the pending phase
+  and each completed one (`by`, `phase_by`: (the arriving or issuing
+  thread's _WgClock, where, whether an arrival: else a TMA load), named only
+  when a report needs them), and where each thread observed each completion
+  (`seen_at`: (thread component, completion) -> where)."""
+  __slots__ = ("comp", "base", "acc", "phases", "waits", "by", "phase_by", "seen_at")
+
+  def __init__(self, comp, base):
+    self.comp, self.base = comp, base
+    self.acc = None
+    self.phases = []
+    self.waits = {}
+    self.by = []
+    self.phase_by = []
+    self.seen_at = {}
+
+
+class _Op:
+  __slots__ = ("wg", "vc", "avc", "comp", "clock", "sites", "atomic", "t")
+
+
+class HappensBefore:
+  """Vector clocks for one group of blocks at a time; shadows and reports in
+  `tracker` (races.Tracker, reused by the groups of a launch)."""
+
+  def __init__(self, tracker, size, events, comps=None, warps=0):
+    self.tracker = tracker
+    self.warps = warps        # warps per warpgroup with clocks (warp_map), 0 or 4
+    self.size = size          # clock components (clock_components)
+    self.base = tracker.base  # every clock of earlier groups is below this
+    # key -> component; keys name a block by its place in the group, so
+    # groups of one shape can share the table (`comps`)
+    self.comps = {} if comps is None else comps
+    self.wgs = []
+    self.threads = []         # thread components, by `pos` (warpgroups and warps)
+    self.barriers = []
+    self.top = {}             # barrier component -> clock base for its next slot
+    # Async work not yet done, by the SMEM it will touch: (id(op), id(ref))
+    # -> (op, ref, agent, primitive, where, writes it), for scope_end.
+    self.pending = {}
+    self.owners = {}          # thread or TMA-store-write component -> _WgClock
+    # SMEM buffers of blocks that ended (their SMEM is gone): id -> (block,
+    # the site of its end); threads of each block that ended
+    self.gone = {}
+    self.ended = {}
+    tracker.start_group(events)
+    tracker.explain = self.explain
+
+  def comp(self, key):
+    c = self.comps.get(key)
+    if c is None:
+      c = self.comps[key] = len(self.comps) + 1
+      if c >= self.size:
+        raise AssertionError(f"clock components: {key} is over {self.size}")
+    return c
+
+  def new_vector(self):
+    v = np.full(self.size, self.base, np.int64)
+    v[0] = INF  # component 0: "no access"
+    return v
+
+  # --- warpgroups -----------------------------------------------------------
+
+  def warpgroup(self, wg):
+    key = (wg.block.member, wg.index)
+    h = _WgClock()
+    h.thread = self.comp(("wg",) + key)
+    h.wgmma = self.comp(("wgmma",) + key)
+    h.store_read = self.comp(("store_read",) + key)
+    h.store_write = self.comp(("store_write",) + key)
+    h.pos = len(self.threads)
+    self.threads.append(h.thread)
+    h.wg, h.warp, h.read_only_wait, h.last_waits, h.acquired = wg, None, None, {}, {}
+    self.owners[h.thread] = self.owners[h.store_write] = self.owners[h.wgmma] = h
+    h.vc, h.avc = self.new_vector(), self.new_vector()
+    h.vc[h.thread] = self.base + 1
+    # A warp's own component; its async channels are the warpgroup's.
+    h.warps = []
+    for w in range(self.warps):
+      hw = _WgClock()
+      hw.thread = self.comp(("warp",) + key + (w,))
+      hw.wgmma, hw.store_read, hw.store_write = h.wgmma, h.store_read, h.store_write
+      hw.pos = len(self.threads)
+      self.threads.append(hw.thread)
+      hw.wg, hw.warp, hw.read_only_wait = wg, w, None
+      hw.last_waits, hw.acquired = h.last_waits, h.acquired
+      self.owners[hw.thread] = hw
+      h.warps.append(hw)
+    wg.hb = h
+    self.wgs.append(wg)
+
+  def ready(self):
+    """Every warpgroup of the group is known: the tracker gets the thread
+    components (warpgroups' and warps')."""
+    self.tracker.thread_comps = np.array(self.threads)
+
+  def fork(self, wg, warps):
+    """warp_map: each warp starts knowing what its warpgroup knows."""
+    h = wg.hb
+    for warp in warps:
+      hw = warp.hb = h.warps[warp.warp]
+      hw.vc, hw.avc = h.vc.copy(), h.avc.copy()
+      hw.vc[hw.thread] += 1  # (above its clocks of an earlier warp_map)
+    self._tick(h)
+
+  def join(self, wg, warps):
+    """The end of warp_map: the warpgroup knows what every warp knew."""
+    h = wg.hb
+    for warp in warps:
+      np.maximum(h.vc, warp.hb.vc, out=h.vc)
+      np.maximum(h.avc, warp.hb.avc, out=h.avc)
+    self._tick(h)
+
+  @staticmethod
+  def _tick(h):
+    """After a release: later accesses are not covered by what it published."""
+    h.vc[h.thread] += 1
+
+  def _op(self, wg, **own):
+    """Vectors for async work issued now (ticks before and after): what it
+    is ordered after; `own` sets the warpgroup's channel components for
+    in-order work."""
+    h = wg.hb
+    self._tick(h)
+    op = _Op()
+    op.wg, op.vc, op.avc = wg, h.vc.copy(), h.avc.copy()
+    op.t = wg.time  # (issued: from then on it may touch its memory)
+    for comp, clock in own.values():
+      op.vc[comp] = op.avc[comp] = clock
+    self._tick(h)
+    return op
+
+  @staticmethod
+  def _learn(h, comp, clock):
+    if h.vc[comp] < clock:
+      h.vc[comp] = h.avc[comp] = clock
+
+  def _site(self, wg, agent, prim, where, buffer, access):
+    blk = wg.block
+    return self.tracker.log.site(agent, prim, where, buffer, access, wg.index,
+                                 block_of(blk), bool(blk.cluster))
+
+  def _access(self, wg, buf, view, vec, comp, clock, site, write, atomic=False,
+              issued=None, since=None):
+    """`since`: for async work, when it was issued; it takes effect now (the
+    event's time). A plain access takes effect at the thread's clock."""
+    now = wg.block.sched.now if since is not None else wg.time
+    span = (now if since is None else since, now)
+    if wg.block.zombies and buf.smem_range:
+      self._zombies(wg, buf, vec, site, span)
+    if self.gone and id(buf) in self.gone:
+      owner, end = self.gone[id(buf)]
+      self.tracker.events.append((
+          "race", "SMEM access after its block ended", end, site, wg.block.index, "",
+          f"{block_words(owner)} {block_of(owner)} had ended ({end.where}) when "
+          f"{site.describe()} "
+          "touched its SMEM: on hardware the launch fails "
+          "(CUDA_ERROR_LAUNCH_FAILED). " + _CLUSTER_END, None))
+    self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
+                        wg.block, atomic=atomic, issued=issued, span=span)
+
+  def plain(self, wg, ref, write, prim, where, atomic=False):
+    """A load or store by the thread; `atomic`: an atomic read-modify-write
+    (recorded as a write that does not race with other atomic ones)."""
+    buf = ref.buf
+    if buf.data.dtype == object:  # barriers
+      return
+    h = wg.hb
+    c = h.thread
+    h.vc[c] += 1
+    site = self._site(wg, "thread", prim, where, buf.name, "write" if write else "read")
+    self._access(wg, buf, ref.view, h.vc, c, h.vc[c], site, write, atomic)
+
+  def commit_smem(self, wg):
+    """The plain SMEM accesses this warpgroup knows of (its own and, fences
+    being cumulative, those of warpgroups it synchronized with) become
+    visible to the async work it issues from now on."""
+    h = wg.hb
+    tc = self.tracker.thread_comps
+    h.avc[tc] = np.maximum(h.avc[tc], h.vc[tc])
+    self._tick(h)
+
+  # --- TMA --------------------------------------------------------------------
+
+  def tma_load(self, wg, slot, src, dst, where, prim="copy_gmem_to_smem",
+               atomic=False):
+    """A load completing the pending phase of `slot`: stamped with it. `src`
+    None: from registers (async_store_smem); `atomic`: a reduction into dst."""
+    b = self._barrier(slot)
+    op = self._op(wg)
+    op.comp, op.clock = b.comp, b.base + slot.completions + 1
+    op.atomic = atomic
+    self._accumulate(b, op.vc, op.avc)
+    b.by.append((wg.hb, where, False))
+    op.sites = [(dst, self._site(wg, "tma_load", prim, where, dst.buf.name, "write"))]
+    if src is not None:
+      op.sites.append((src, self._site(wg, "tma_load", prim, where, src.buf.name,
+                                       "read")))
+    self.pending[(id(op), id(dst))] = (op, dst, "tma_load", prim, where, True)
+    return op
+
+  def tma_load_lands(self, op):
+    (dst, w_site), *read = op.sites
+    self.pending.pop((id(op), id(dst)), None)
+    self._access(op.wg, dst.buf, dst.view, op.avc, op.comp, op.clock, w_site, True,
+                 atomic=op.atomic, issued=op.vc, since=op.t)
+    for src, r_site in read:
+      self._access(op.wg, src.buf, src.view, op.vc, op.comp, op.clock, r_site, False,
+                   issued=op.vc, since=op.t)
+
+  def store_group(self, wg):
+    op = self._op(wg)
+    op.comp, op.clock = wg.hb.store_read, self.base + wg.store_groups
+    return op
+
+  def store_pending(self, op, src, where):
+    """A TMA store of `op`'s group will read `src`."""
+    self.pending[(id(op), id(src))] = (op, src, "tma_store", "copy_smem_to_gmem",
+                                       where, False)
+
+  def store_read(self, op, src, where):
+    self.pending.pop((id(op), id(src)), None)
+    wg = op.wg
+    site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, src.buf.name, "read")
+    self._access(wg, src.buf, src.view, op.avc, wg.hb.store_read, op.clock, site, False,
+                 issued=op.vc, since=op.t)
+
+  def store_write(self, op, dst, where, atomic):
+    wg = op.wg
+    site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, dst.buf.name, "write")
+    self._access(wg, dst.buf, dst.view, op.vc, wg.hb.store_write, op.clock, site, True,
+                 atomic=atomic, since=op.t)
+
+  def stores_awaited(self, wg, n, read_only, where=None):
+    done = self.base + wg.store_groups - n
+    wg.hb.last_waits["store"] = (n, where)
+    self._learn(wg.hb, wg.hb.store_read, done)
+    if not read_only:
+      self._learn(wg.hb, wg.hb.store_write, done)
+    else:
+      wg.hb.read_only_wait = where
+
+  # --- wgmma --------------------------------------------------------------------
+
+  def wgmma(self, wg, operands, where):
+    """Group s of a warpgroup is ordered after its group s-1 (they retire in
+    order). `operands`: (ref, "read" | "write") pairs."""
+    h = wg.hb
+    s = self.base + wg.wg_issued
+    op = self._op(wg, prev=(h.wgmma, s - 1))
+    op.comp, op.clock = h.wgmma, s
+    op.sites = [(r, self._site(wg, "wgmma", "wgmma", where, r.buf.name, access))
+                for r, access in operands]
+    for r, access in operands:
+      if r.buf.space == "smem":
+        self.pending[(id(op), id(r))] = (op, r, "wgmma", "wgmma", where,
+                                         access == "write")
+    return op
+
+  def wgmma_done(self, op):
+    for r, site in op.sites:
+      self.pending.pop((id(op), id(r)), None)
+      vec = op.vc if r.buf.space == "regs" else op.avc
+      self._access(op.wg, r.buf, r.view, vec, op.comp, op.clock, site,
+                   site.access == "write", issued=op.vc, since=op.t)
+
+  def wgmma_awaited(self, wg, n, where=None):
+    self._learn(wg.hb, wg.hb.wgmma, self.base + wg.wg_issued - n)
+    wg.hb.last_waits["wgmma"] = (n, where)
+
+  # --- barriers -------------------------------------------------------------------
+
+  def _barrier(self, slot):
+    """A barrier's clock state; a slot allocated again (a scope in a loop)
+    continues its component's clocks above the last slot's."""
+    b = slot.hb
+    if b is None:
+      comp = self.comp(("barrier", slot.block.member, slot.key))
+      b = slot.hb = _BarrierClock(comp, self.top.get(comp, self.base))
+      self.barriers.append((slot, b))
+    return b
+
+  @staticmethod
+  def _accumulate(b, vc, avc):
+    if b.acc is None:
+      b.acc = (vc.copy(), avc.copy())
+    else:
+      np.maximum(b.acc[0], vc, out=b.acc[0])
+      np.maximum(b.acc[1], avc, out=b.acc[1])
+
+  def arrive(self, wg, slot, where=None):
+    h = wg.hb
+    b = self._barrier(slot)
+    self._accumulate(b, h.vc, h.avc)
+    b.by.append((h, where, True))
+    self._tick(h)
+
+  def phase_completed(self, slot):
+    b = self._barrier(slot)
+    vc, avc = b.acc if b.acc is not None else (self.new_vector(), self.new_vector())
+    clock = b.base + slot.completions
+    vc[b.comp] = avc[b.comp] = clock
+    b.phases.append((vc, avc))
+    b.phase_by.append(b.by)
+    b.by = []
+    b.acc = None
+    self.top[b.comp] = max(self.top.get(b.comp, self.base), clock)
+
+  def made_by(self, slot, n):
+    """What made completion n of `slot`, for a report."""
+    return self._made_by(self._barrier(slot), n)
+
+  def arrival_count_note(self, slot):
+    """A sentence for a report when more threads arrive on `slot` than its
+    phases wait for; else ""."""
+    arrivers = self._arrivers(self._barrier(slot))
+    if len(arrivers) <= slot.num_arrivals:
+      return ""
+    return (f". Note that {len(arrivers)} threads arrive on {slot.name} "
+            f"({_names(arrivers)}) while a phase completes after "
+            f"{_arrivals(slot.num_arrivals)} (its num_arrivals): if each phase is meant "
+            f"to wait for all of them, num_arrivals={len(arrivers)} is the fix")
+
+  def unordered_waiter(self, slot, wg):
+    """Whether the completion just made is not known to happen after `wg`
+    observed the one before (a lost completion, by happens-before)."""
+    b = self._barrier(slot)
+    clock = b.waits.get(wg)
+    return clock is not None and b.phases[-1][0][wg.hb.thread] < clock
+
+  def waited(self, wg, slot, n, where=None):
+    b = self._barrier(slot)
+    h = wg.hb
+    b.seen_at[(h.thread, n)] = where
+    np.maximum(h.vc, b.phases[n - 1][0], out=h.vc)
+    np.maximum(h.avc, b.phases[n - 1][1], out=h.avc)
+    b.waits[wg] = int(h.vc[h.thread])
+    self._tick(h)
+
+  # --- what a report says ------------------------------------------------------------
+
+  def explain(self, rec, cur, h, vc, avc, swapped=False, buf=None):
+    """Why two accesses the tracker found unordered are, where the kernel
+    has synchronization meant to order them: a wait that observed an
+    earlier phase than the one that carries the other access, a barrier
+    whose phases complete before every arriving thread arrived, an arrival
+    without commit_smem before it, a read-only wait for a TMA store, an
+    arrival made only before the access. Text, or None (then races.advice
+    says what to add). `rec`: the recorded access, (site, component,
+    clock); `cur`: the current one, the same, made by `h`, which knew vc
+    (and, for async work, avc) when it made or issued it; `swapped`: the
+    recorded access knew of the current one's issue (it is the later);
+    `buf`: the buffer both touched."""
+    (rsite, c, k), (csite, cc, ck) = rec, cur
+    rh = self.owners.get(c)
+    # A TMA load another block issued into this block's SMEM (a multicast,
+    # async_store_smem to a peer) completes on this block's copy of its
+    # barrier: this block waits on that, not on a cluster barrier.
+    key = getattr(buf, "alloc_key", None)
+    owner = key[3] if key and len(key) > 3 else None
+    for load, plain, ph in ((rsite, csite, h), (csite, rsite, rh)):
+      if (load.agent == "tma_load" and load.access == "write" and plain.agent == "thread"
+          and ph is not None and load.block != plain.block
+          and ph.wg.block.member == owner):
+        return (f"the {load.prim} issued by {load.who} ({load.where}) writes the SMEM "
+                f"of {plain.block_name} too, and completes on that block's "
+                f"own copy of its barrier: barrier_wait on it in {plain.who} before "
+                f"the {plain.access} ({plain.where})")
+    by_own = sorted(self.barriers, key=lambda sb: sb[1].comp != c)
+    if not swapped:
+      for slot, b in by_own:
+        text = self._missed_phase(slot, b, rsite, c, k, csite, h, vc, avc)
+        if text:
+          return text
+    # The current access is a TMA load (stamped with the completion it
+    # makes): did the recorded thread wait on that barrier, for an earlier one?
+    if (csite.agent == "tma_load" and rsite.agent == "thread" and rh is not None
+        and vc[c] < k):
+      for slot, b in self.barriers:
+        seen = [n for (t, n) in b.seen_at if t == rh.thread]
+        m = ck - b.base
+        if b.comp == cc and seen and max(seen) < m:
+          n = max(seen)
+          return (f"{rh.who}'s wait on {slot.name} ({b.seen_at[(rh.thread, n)]}) "
+                  f"observed completion #{n} ({self._made_by(b, n)}), but this TMA "
+                  f"load ({csite.where}) completes #{m}: {rh.who}'s "
+                  f"{rsite.access} ({rsite.where}) needs a wait for #{m} first: "
+                  + _PARITY)
+    store = (rsite, rh, h) if not swapped else (csite, h, rh)
+    site, sh, other = store
+    if (site.agent == "tma_store" and site.access == "write" and sh is not None
+        and other is not None and sh.read_only_wait
+        and (swapped or vc[sh.store_read] >= k)):
+      then = (f"so what it then releases to {other.who} does not include the "
+              "write: wait with wait_read_only=False before releasing"
+              if other.wg is not sh.wg else
+              "so the wait does not order the store's write before this access: "
+              "wait with wait_read_only=False before it")
+      return (f"{sh.who} waited for the TMA store ({site.where}) with "
+              f"wait_smem_to_gmem(..., wait_read_only=True) ({sh.read_only_wait}), "
+              "which waits until the store has read its SMEM, not until its GMEM "
+              f"writes land, {then}")
+    # Its own async work, awaited by a wait that leaves it in flight.
+    # (the async one first, then the thread that should have awaited it)
+    for work, issuer, plain, waiter in ((rsite, rh, csite, h), (csite, h, rsite, rh)):
+      kind = {"wgmma": "wgmma", "tma_store": "store"}.get(work.agent)
+      if (kind and plain.agent == "thread" and issuer is not None and waiter is not None
+          and issuer.wg is waiter.wg and waiter.last_waits.get(kind, (0,))[0]):
+        n, where = waiter.last_waits[kind]
+        what = "wgmma groups" if kind == "wgmma" else "TMA store groups"
+        return (f"the last wait before this {plain.access} ({where}) leaves the newest "
+                f"{n} {what} in flight, and the {work.agent.replace('_', ' ')} at "
+                f"{work.where} is one of them: wait with n=0 there (wait_n=0 for "
+                "wgmma_accumulator_load), or issue the work earlier")
+    if rh is not None:
+      text = (self._signalled_early(rsite, rh, c, k, h, vc) if not swapped else
+              self._signalled_early(csite, h, cc, ck, rh, None))
+      if text:
+        return text
+    if not swapped:
+      for slot, b in by_own:
+        text = self._no_arrival_after(slot, b, rsite, c, k, csite, h, vc)
+        if text:
+          return text
+    return None
+
+  @staticmethod
+  def _observed(slot, b, h, vc):
+    """(the completion of `slot` that `h`, knowing vc, last observed, words
+    for that wait), or None where it observed none of this slot's."""
+    n = int(vc[b.comp]) - b.base
+    if not 0 < n <= len(b.phases):
+      return None
+    seen = b.seen_at.get((h.thread, n))
+    return n, (f"{h.who}'s wait on {slot.name} ({seen})" if seen else
+               f"what {h.who} knows of {slot.name}")
+
+  def _missed_phase(self, slot, b, rsite, c, k, csite, h, vc, avc):
+    """explain() for one barrier the current access's agent observed."""
+    observed = self._observed(slot, b, h, vc)
+    if observed is None:
+      return None
+    n, wait = observed
+    asynchronous = csite.agent != "thread"
+    phases = b.phases + ([b.acc] if b.acc is not None else [])
+    carry = next((i + 1 for i, (pv, _) in enumerate(phases) if pv[c] >= k), None)
+    if vc[c] >= k:  # (known to it: only the async proxy's view misses it)
+      carry = None
+    if carry is not None and carry > n:
+      arrivers = self._arrivers(b)
+      if len(arrivers) > slot.num_arrivals and all(
+          sum(arrival for _, _, arrival in by) == slot.num_arrivals for by in b.phase_by):
+        cause = (f"{slot.name} completes a phase after {_arrivals(slot.num_arrivals)} "
+                 f"(its num_arrivals), but {len(arrivers)} threads arrive on it "
+                 f"({_names(arrivers)}): completion #{n} did not wait for the arrival "
+                 f"that follows this {rsite.access}; with num_arrivals="
+                 f"{len(arrivers)} each phase waits for all of them")
+      elif self._next_arrival_needed(b, h, n):
+        # Waiting for #carry would deadlock: it needs this thread's own next
+        # arrival, which comes after this access.
+        # The write that reuses the buffer is to wait for the read (where
+        # one of the two is a read).
+        first, then = ((rsite, csite) if rsite.access == "read" or csite.access != "read"
+                       else (csite, rsite))
+        cause = (f"{h.who} cannot wait for #{carry} here, since that completion "
+                 f"needs its own next arrival on {slot.name}: nothing tells "
+                 f"{then.who} that {first.who}'s {first.access} ({first.where}) is "
+                 f"done before its {then.access} ({then.where}). It takes a second "
+                 f"barrier, one that {first.who} arrives on after its {first.access} "
+                 f"and {then.who} waits on before its {then.access}, or a second "
+                 "buffer")
+      else:
+        cause = _PARITY
+      return (f"{wait} observed completion #{n} ({self._made_by(b, n)}), but "
+              f"{rsite.describe()} reaches {slot.name} only with completion "
+              f"#{carry} ({self._made_by(b, carry)}): {cause}")
+    carry = next((i + 1 for i, (pv, _) in enumerate(b.phases[:n]) if pv[c] >= k), None)
+    if (asynchronous and rsite.agent == "thread" and carry is not None
+        and b.phases[carry - 1][1][c] < k and self.owners.get(c) is not h):
+      return (f"{rsite.who} arrives on {slot.name} after its plain {rsite.access} "
+              f"({rsite.where}), and {wait} observed that arrival, but no commit_smem "
+              f"comes between the {rsite.access} and the arrival: plain SMEM accesses "
+              f"reach async work ({csite.where}) only through commit_smem before the "
+              "arrival")
+    return None
+
+  @staticmethod
+  def _signalled_early(rsite, rh, c, k, h, vc):
+    """explain(): `h` acquired a semaphore `rh` signals, but the signal does
+    not cover `rh`'s access (rsite, stamped (c, k)): it came first, or the
+    access is a TMA store not awaited before it. `vc`: what `h` knew at its
+    access, where known."""
+    for sem, acquired_at in h.acquired.values():
+      mine = [(clock, where) for who, clock, where in sem.signals if who is rh]
+      if not mine:
+        continue
+      wait = f"{h.who} waits on {sem.name} ({acquired_at})"
+      if rsite.agent == "tma_store" and rsite.access == "write":
+        return (f"{wait}, which {rh.who} signals ({mine[-1][1]}), but a signal "
+                f"covers the GMEM writes of a TMA store ({rsite.where}) only once "
+                f"they are awaited: wait_smem_to_gmem(0) in {rh.who} (with "
+                "wait_read_only=False), then signal")
+      if (vc is not None and rsite.agent == "thread" and c == rh.thread
+          and all(clock < k for clock, _ in mine)):
+        return (f"{wait}, but {rh.who} signals it ({mine[-1][1]}) before its "
+                f"{rsite.access} ({rsite.where}): a signal releases only what its "
+                f"thread did before it; signal after the {rsite.access}")
+    return None
+
+  def _no_arrival_after(self, slot, b, rsite, c, k, csite, h, vc):
+    """explain(): the recorded thread arrives on a barrier the current one
+    observed, but only before its access."""
+    observed = self._observed(slot, b, h, vc)
+    phases = b.phases + ([b.acc] if b.acc is not None else [])
+    if observed is None or any(pv[c] >= k for pv, _ in phases):
+      return None
+    n, wait = observed
+    rh = self.owners.get(c)
+    if rh is not None and rh in self._arrivers(b):
+      return (f"{wait} observed completion #{n} ({self._made_by(b, n)}); {rh.who} "
+              f"arrives on {slot.name} only before its {rsite.access} "
+              f"({rsite.where}), so nothing tells {h.who} that it is done: it takes "
+              f"an arrival after the {rsite.access} that {h.who} waits for before "
+              f"{csite.where} (a second barrier, the buffer's release), or a second "
+              "buffer")
+    return None
+
+  @staticmethod
+  def _next_arrival_needed(b, h, n):
+    """Whether `h` arrives on the barrier, but only in its first n phases."""
+    phases = [i + 1 for i, by in enumerate(b.phase_by + [b.by])
+              if any(who is h and arrival for who, _, arrival in by)]
+    return bool(phases) and max(phases) <= n
+
+  @staticmethod
+  def _arrivers(b):
+    """The threads (_WgClock) that arrived on the barrier so far."""
+    return {who for by in b.phase_by + [b.by] for who, _, arrival in by if arrival}
+
+  @staticmethod
+  def _made_by(b, n):
+    by = b.phase_by[n - 1] if n <= len(b.phase_by) else b.by
+    done = "made by " if n <= len(b.phase_by) else "pending: "
+    return done + (" and ".join(
+        (f"{who.who}'s arrival" if arrival else f"the TMA load issued by {who.who}")
+        + (f" at {where}" if where else "") for who, where, arrival in by)
+        or "no arrival")
+
+  # --- run_scoped -----------------------------------------------------------------
+
+  def scope_end(self, wg, bufs, where):
+    """`wg` leaves a run_scoped whose SMEM is `bufs`. The lowering hands
+    those bytes to later scopes (resources.scope_layout), so async work that
+    `wg` issued on them and has not observed (still in flight, or landed
+    but not awaited) may clash with whatever a later scope puts there: it
+    is remembered, and checked at every access to those bytes (_zombies)."""
+    ids = {id(b): b for b in bufs}
+    blk = wg.block
+    for key, (op, ref, agent, prim, opwhere, write) in self.pending.items():
+      if op.wg is wg and id(ref.buf) in ids and ref.buf.smem_range:
+        site = self._site(wg, agent, prim, opwhere, ref.buf.name,
+                          "write" if write else "read")
+        blk.zombies.append((ref.buf, key, op.comp, op.clock, site, None, where))
+    h = wg.hb
+    for buf in bufs:
+      if not buf.smem_range:
+        continue
+      for c, k, entry in self._not_before(buf, h.vc):
+        # (its own thread's async work, or a cluster peer's access)
+        if (entry[0].block not in (None, block_of(blk))
+            or entry[0].thread == wg.index and entry[0].agent != "thread"):
+          blk.zombies.append((buf, None, c, k, entry[0], entry[3], where))
+
+  def _not_before(self, buf, vc):
+    """(component, clock, tracker.sites entry) of each access this group
+    recorded in `buf`'s shadow that vc does not know of."""
+    tracker = self.tracker
+    sh = buf.shadow
+    if sh is None or sh.group != tracker.group:
+      return
+    for comps, clocks in [(sh.wc, sh.wk)] + [sh.slot(i) for i in range(sh.read_slots)]:
+      if races.all_ordered(comps, clocks, vc):  # (the common case, in one call)
+        continue
+      late = (clocks > vc[comps]) & (comps != 0)
+      for c, k in set(zip(comps[late].tolist(), clocks[late].tolist())):
+        entry = tracker.sites.get((sh.uid, c, k))
+        if entry is not None:
+          yield c, k, entry
+
+  def thread_exit(self, wg, where):
+    """`wg` ran to its end; once every thread of its block has, the block
+    ends and its SMEM is released. In a cluster, a peer block's access to
+    that SMEM (cluster_ref, a multicast, async_store_smem into it) must be
+    ordered before the end: one that is not, or that comes after, fails the
+    launch on hardware."""
+    blk = wg.block
+    done = self.ended[blk.member] = self.ended.get(blk.member, 0) + 1
+    if done < len(blk.warpgroups) or len(blk.group.blocks) == 1:
+      return
+    end_vc = self.new_vector()
+    for w in blk.warpgroups:
+      np.maximum(end_vc, w.hb.vc, out=end_vc)
+    bufs = {id(b): b for bb in blk.shared.values() for b in bb
+            if b is not None and b.space == "smem" and b.data.dtype != object}
+    for b in bufs.values():
+      self.gone[id(b)] = (blk, self._site(wg, "thread", "end of kernel", where,
+                                          b.name, "end"))
+    now = blk.sched.now
+    for key, (op, ref, agent, prim, opwhere, write) in self.pending.items():
+      if id(ref.buf) in bufs and op.wg.block is not blk:
+        first = self._site(op.wg, agent, prim, opwhere, ref.buf.name,
+                           "write" if write else "read")
+        self._ended_under(blk, first, self.gone[id(ref.buf)][1], None)
+    for b in bufs.values():
+      for _, _, (first, _, _, first_span) in self._not_before(b, end_vc):
+        if first.block not in (None, block_of(blk)):
+          self._ended_under(blk, first, self.gone[id(b)][1],
+                            timing_verdict(first_span, (now, now)))
+
+  def _ended_under(self, blk, first, end, timing):
+    self.tracker.events.append((
+        "race", "block ends while a peer may access its SMEM", first, end,
+        blk.index, "",
+        f"{block_words(blk)} {block_of(blk)} ends ({end.where}) with nothing ordering "
+        f"{first.describe()} before its end: on hardware the launch fails "
+        "(CUDA_ERROR_LAUNCH_FAILED) when the access comes after it. " + _CLUSTER_END,
+        timing))
+
+  def _zombies(self, wg, buf, vec, site, span):
+    """An access to SMEM bytes that async work of an ended scope may still
+    touch, unobserved by the accessing agent: a race with that work."""
+    lo, hi = buf.smem_range
+    blk = wg.block
+    keep = []
+    for z in blk.zombies:
+      old, pending, comp, clock, first, first_span, end_where = z
+      zlo, zhi = old.smem_range
+      if old is buf or zhi <= lo or hi <= zlo:
+        keep.append(z)
+        continue
+      in_flight = pending in self.pending
+      if not in_flight and vec[comp] >= clock:
+        continue  # (observed: those bytes are free now)
+      timing = (True, 0.0) if in_flight else (
+          timing_verdict(first_span, span) if first_span else (False, 0.0))
+      peer = first.block not in (None, block_of(blk))
+      self.tracker.events.append((
+          "race", "SMEM reused while a peer block may access it" if peer else
+          "async work outlives its run_scoped", first, site, blk.index,
+          f"(bytes {max(lo, zlo)}..{min(hi, zhi)} of SMEM)",
+          (f"{first.describe()} (a peer block's access to this block's SMEM) is "
+           f"not ordered before this block's run_scoped ended ({end_where}), and "
+           f"the lowering gives those bytes to {buf.name}: a cluster barrier that "
+           "the peer arrives on after its access, waited for before the scope ends"
+           if peer else
+           f"{first.describe()} was not awaited before its run_scoped ended "
+           f"({end_where}), and the lowering gives those bytes to {buf.name}: "
+           "await it (barrier_wait, wgmma_wait or wait_smem_to_gmem) before the "
+           "scope ends"), timing))
+    blk.zombies = keep
+
+  # --- semaphores -----------------------------------------------------------------
+
+  def sem_signal(self, wg, sem, where=None):
+    """A signal releases what the signalling thread knows."""
+    h = wg.hb
+    if hasattr(sem, "signals"):
+      sem.signals.append((h, int(h.vc[h.thread]), where))
+    if sem.acc is None:
+      sem.acc = (h.vc.copy(), h.avc.copy())
+    else:
+      np.maximum(sem.acc[0], h.vc, out=sem.acc[0])
+      np.maximum(sem.acc[1], h.avc, out=sem.acc[1])
+    self._tick(h)
+
+  def sem_acquire(self, wg, sem, where=None):
+    """A wait (or read) acquires every signal made so far (more than the
+    hardware promises when a wait needed fewer of them)."""
+    if where is not None:
+      wg.hb.acquired[id(sem)] = (sem, where)
+    if sem.acc is not None:
+      h = wg.hb
+      np.maximum(h.vc, sem.acc[0], out=h.vc)
+      np.maximum(h.avc, sem.acc[1], out=h.avc)
+      self._tick(h)
+
+  def end_group(self):
+    """The next group's clocks start above every clock this one used."""
+    top = self.base
+    for wg in self.wgs:
+      top = max(top, int(wg.hb.vc[1:].max()), self.base + wg.wg_issued,
+                self.base + wg.store_groups)
+    for slot, b in self.barriers:
+      top = max(top, b.base + slot.completions)
+    self.tracker.end_group(top + 1)
+
+
+def clock_components(blocks, warpgroups, barriers_per_block, warps=0):
+  """How many clock components a group needs: per warpgroup four (itself and
+  its wgmma, TMA-store-read and TMA-store-write channels) and one per warp
+  when the kernel has a warp_map (`warps`), per block one per barrier the
+  kernel allocates (a scope entered again reuses its barrier's component);
+  0 is "no access"."""
+  return 1 + blocks * ((4 + warps) * warpgroups + barriers_per_block)

@@ -1,0 +1,251 @@
+"""A group of blocks run by one scheduler: a block, or the blocks of a
+cluster (they share barriers and multicast). Groups of a launch are
+unordered with each other; each returns a GroupResult that the executor
+merges in block order."""
+import dataclasses
+
+import numpy as np
+
+from pallas_sim.backends.sim.interpret import refview
+from pallas_sim.backends.sim.interpret.compiler import run_gen
+from pallas_sim.backends.sim.machine import aliasing, memory
+from pallas_sim.backends.sim.checks import initcheck
+from pallas_sim.backends.sim.checks.observer import (HappensBefore, NoObserver,
+                                                      clock_components)
+from pallas_sim.backends.sim.checks.races import Tracker, element_map
+from pallas_sim.backends.sim.machine.scheduler import Scheduler
+from pallas_sim.backends.sim.machine.state import Block, Warpgroup
+
+
+@dataclasses.dataclass
+class GroupResult:
+  numbers: list     # the blocks' positions in the launch
+  cycles: list      # per block: when its last warpgroup or async work ended
+  stats: list       # per block: machine.state.BlockStats
+  # In order: ("race", kind, first site, second site, block, elements,
+  # advice), ("gmem", number, block, buffer, offset, element strides,
+  # shape, site, write, atomic) for the cross-block check, and ("uninit",
+  # agent, primitive, where, buffer name, thread, block, elements). A
+  # detached or logged group also has ("uninit_gmem", agent, primitive,
+  # where, thread, buffer, block, offset, element strides, shape, mask of
+  # elements unwritten in its copy) and ("gmem_read", buffer, offset,
+  # element strides, shape).
+  events: list
+  # Detached or logged groups: (GMEM buffer, offset, element strides, shape,
+  # reduction or None, values: written, or the reduction's operand).
+  writes: list
+
+
+class Group:
+  """What the blocks of a group share: the scheduler, the timing model, the
+  happens-before observer and the event list; and, when detached, the log
+  of its GMEM writes. `check_init`: SMEM it allocates is tracked for
+  uninitialized reads (checks/initcheck.py)."""
+
+  def __init__(self, timing, log, events, detached, check_init=False):
+    self.sched = Scheduler()
+    self.timing = timing
+    self.log = log        # races.RaceLog: the launch's sites
+    self.events = events
+    self.hb = NoObserver()
+    self.writes = [] if detached else None
+    self.check_init = check_init
+    self.blocks = []
+    self.by_cluster = {}  # cluster coordinates -> Block
+    self.number = 0       # the group's number in the launch (its first block's)
+    self.makers = {}      # run_scoped equation id -> its allocators (peer lookups)
+    self.cluster_axes = {}  # cluster axis name -> (dimension, size)
+    self.globals = {}       # get_global's semaphores (the launch's)
+    self.profile = None     # profiler.Recorder, when the kernel is profiled
+
+  def peers(self, block, axes, line=False):
+    """The blocks of this group whose cluster coordinates equal `block`'s
+    except along the cluster axes `axes` (names or tuples of names): all
+    of them (line=False, a multicast), or those differing along at most
+    one of the axes (line=True, a cluster barrier's arrival)."""
+    groups = [[self.cluster_axes[n][0] for n in (a if isinstance(a, tuple) else (a,))]
+              for a in axes]
+    free = {d for g in groups for d in g}
+    out = []
+    for c, blk in self.by_cluster.items():
+      diff = {d for d, (x, y) in enumerate(zip(c, block.cluster)) if x != y}
+      if line:
+        if not diff or any(diff <= set(g) for g in groups):
+          out.append(blk)
+      elif diff <= free:
+        out.append(blk)
+    return out
+
+  def read(self, ref, agent, prim, where, thread, block, replayed=False):
+    """A read through `ref` by `agent` ("thread", "tma_load", "tma_store",
+    "wgmma"): elements nothing wrote before it are an event. `replayed`: the
+    read of a reduction, which the merge replays (its value is not used)."""
+    if ref.buf.aliases is not None:
+      aliasing.read(ref)
+    elif ref.buf.packed is not None:
+      aliasing.read_packed(ref.buf)
+    if self.writes is not None and ref.buf.space == "gmem":
+      if ref.view.size and not ref.buf.lent:  # (a lent input: never written)
+        emap = element_map(ref.buf, ref.view)
+        if not replayed:  # (what it read, for parallel.Visibility)
+          self.events.append(("gmem_read", ref.buf) + emap)
+        # (Elements an earlier group wrote count as written: decided at the
+        # merge, against the launch's buffers, executor._merge.)
+        m = initcheck.unwritten_at(ref.buf, *emap)
+        if m is not None:
+          self.events.append(("uninit_gmem", agent, prim, where, thread, ref.buf,
+                              block.index) + emap + (m,))
+      return
+    rng = initcheck.unwritten_in(ref)
+    if rng is not None:
+      self.events.append(("uninit", agent, prim, where, ref.buf.name, thread,
+                          block.index, rng))
+
+  def misuse(self, kind, site, block, text):
+    self.events.append(("race", kind, None, site, block.index, "", text))
+
+  def wrote(self, ref, reduce=None, operand=None):
+    """A write through `ref` happened: its elements count as written. GMEM
+    writes are logged when the group is detached or logged, as the values
+    written, or for a reduction (atomics, TMA reductions: combine(old,
+    operand), applied already) as the reduction, to be replayed on the
+    launch's buffer at the merge."""
+    buf = ref.buf
+    logged = self.writes is not None and buf.space == "gmem"
+    if logged or (buf.written is not None and ref.view.size):
+      emap = element_map(buf, ref.view)
+      initcheck.mark_view(buf, *emap)
+    if buf.aliases is not None:
+      aliasing.wrote(ref)
+    if buf.packed is not None:
+      aliasing.pack(buf)
+    if logged:
+      values = np.array(ref.view if reduce is None else operand, ref.view.dtype)
+      self.writes.append((buf.origin,) + emap + (reduce, values))
+
+
+class GroupRunner:
+  """Runs the groups of one launch. `io_bufs`: the kernel's GMEM operands,
+  inputs then outputs (each group copies them first when detached). With
+  race checking, its `tracker` holds the launch's element shadows."""
+
+  def __init__(self, prep, io_bufs, launch, timing, placement, log, check_races,
+               group_size=1, detached=False, check_init=False):
+    self.prep, self.launch, self.timing = prep, launch, timing
+    self.placement, self.log = placement, log
+    self.io_bufs = io_bufs
+    self.detached = detached
+    # Log GMEM writes without copying GMEM (a worker process, whose GMEM is
+    # its own: pallas_sim/backends/sim/execute/parallel.py).
+    self.log_writes = False
+    self.check_init = check_init
+    self.group = None  # the group running now (for a Ctrl-C backtrace)
+    self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
+    nt = launch.num_threads
+    self.clocks = clock_components(1, nt, prep.barriers, prep.warps)
+    self.comps = {}  # clock components by key, for the groups of one block
+    most = clock_components(group_size, nt, prep.barriers, prep.warps)
+    self.tracker = Tracker(log, np.uint8 if most <= 256 else np.int32
+                           ) if check_races else None
+    self.globals = {}  # get_global's semaphores: one per call site, per launch
+    self.profile = None  # profiler.Recorder when the kernel asks for a profile
+    self.cluster_axes = {n: (d, c) for d, (n, c) in enumerate(
+        zip(launch.cluster_names, launch.cluster))}
+    names = tuple(launch.grid_names)
+    self.axis_keys = [((names[d],) if d < len(names) else ()) + (("grid", d),)
+                      for d in range(len(launch.grid))]
+    self.thread_axes = [({launch.thread_name: (w, nt)} if launch.thread_name is not None
+                         else {}) for w in range(nt)]
+    self.suffix = [f" thread {w}" if nt > 1 else "" for w in range(nt)]
+
+  def run(self, members, trace=None):
+    """Runs the blocks `members` ((launch position, grid index, cluster
+    index) triples: a block, or the blocks of one cluster) to completion as
+    one group."""
+    launch = self.launch
+    events = []
+    group = self.group = Group(self.timing, self.log, events,
+                               self.detached or self.log_writes, self.check_init)
+    group.number = members[0][0]
+    group.cluster_axes = self.cluster_axes
+    group.globals = self.globals
+    group.profile = self.profile
+    if self.tracker is not None:
+      one = len(members) == 1
+      size = self.clocks if one else clock_components(
+          len(members), launch.num_threads, self.prep.barriers, self.prep.warps)
+      group.hb = HappensBefore(self.tracker, size, events, self.comps if one else None,
+                               self.prep.warps)
+    refs = self.refs
+    if refs is None:
+      copies = {id(b): memory.Buffer(b.name, "gmem", b.data.copy(), origin=b)
+                for b in self.io_bufs}
+      for b in self.io_bufs:
+        initcheck.copy_state(b, copies[id(b)])
+      refs = [refview.root_ref(copies[id(b)]) for b in self.io_bufs]
+    program = self.prep.program
+    in_cluster = len(members) > 1
+    for num, idx, cidx in members:
+      blk = Block(idx + cidx if in_cluster else idx, num, group,
+                  self.placement.engines(num), trace, cidx)
+      axes = {}
+      for keys, i, g in zip(self.axis_keys, idx, launch.grid):
+        for key in keys:
+          axes[key] = (i, g)
+      for name, i, c in zip(launch.cluster_names, cidx, launch.cluster):
+        axes[name] = (i, c)
+      for w, thread_axes in enumerate(self.thread_axes):
+        wg = Warpgroup(blk, w, {**axes, **thread_axes}, f"block {blk.index}{self.suffix[w]}")
+        group.sched.spawn(wg, _warpgroup(program, refs, wg, launch, group))
+    group.hb.ready()
+    try:
+      group.sched.run()
+      group.hb.end_group()
+    except KeyboardInterrupt:  # (kept whole: the backtrace shows every thread)
+      raise
+    except BaseException:  # (a deadlock, a rule's error: freed all the same)
+      _free(group)
+      raise
+    blocks = group.blocks
+    result = GroupResult([b.number for b in blocks], [b.finish() for b in blocks],
+                         [b.stats for b in blocks], events, group.writes or [])
+    _free(group)
+    return result
+
+
+def _free(group):
+  """Blocks, warpgroups and their buffers reference each other: free the
+  SMEM now rather than at some later cyclic collection (a launch of
+  thousands of blocks would hold all of theirs until then). A barrier names
+  its buffer, whose object array holds it: numpy arrays are invisible to the
+  cyclic collector, so that cycle (and through the barrier's block, the
+  whole group) was never freed."""
+  for b in group.blocks:
+    for bufs in b.shared.values():
+      for buf in bufs:
+        if buf is not None and buf.data.dtype == object:
+          buf.data.fill(None)
+    b.shared.clear()
+    b.zombies.clear()
+    b.warpgroups.clear()
+  group.by_cluster.clear()
+  group.makers.clear()
+
+
+def _warpgroup(prog, refs, wg, launch, group):
+  """A warpgroup's coroutine; at its end, TMA stores whose SMEM reads it
+  never awaited are reported: the lowering does not wait for them at the end
+  (jax 0.11.2 awaits only in wait_smem_to_gmem), and the SMEM they read may
+  be freed. (Their GMEM writes still land: seen on an H200,
+  benchmarks/gpu_probes.py, so an unawaited write side is not reported.)"""
+  if group.profile is not None:  # (the kernel's prologue: its profile's first range)
+    group.profile.event(wg, "Init", True)
+    group.profile.event(wg, "Init", False)
+  yield from run_gen(prog, refs, wg)
+  group.hb.thread_exit(wg, launch.where)
+  if wg.open_group or wg.store_reads_awaited < wg.store_groups:
+    site = group.log.site("thread", "end of kernel", launch.where, "TMA stores", "end",
+                          wg.index)
+    group.misuse("unawaited TMA store", site, wg.block,
+                 f"thread {wg.index} ends with TMA stores still reading SMEM: "
+                 "wait_smem_to_gmem(0) before the kernel ends")

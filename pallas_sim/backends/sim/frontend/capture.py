@@ -1,0 +1,579 @@
+"""User function -> kernel launches. The one module that hooks into JAX.
+
+How kernels reach the simulator (every release of the window): kernels traced while
+`config.pallas_tpu_interpret_mode_context_manager` holds an InterpretGPUParams
+carry `interpret=params`. Off a real Mosaic lowering, `_pallas_call_lowering`
+then calls `interpret_pallas_call.interpret_pallas_call(*args, jaxpr=...,
+grid_mapping=..., mesh=..., interpret_params=...)`, looked up at lowering time.
+We wrap that function: for our own `SimParams` it lowers to one ordered
+`io_callback` into the simulator, so plain `plgpu` code runs simulated under
+`jax.jit` too; any other params go to JAX's own interpreter unchanged.
+"""
+import ast
+import collections
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import linecache
+import os
+import site
+import sys
+import sysconfig
+import threading
+import traceback
+import types
+import warnings
+
+import jax
+import jaxlib
+import numpy as np
+
+import pallas_sim.errors as _errors
+from pallas_sim.errors import SimError
+from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.report import profiler
+from pallas_sim.backends.sim.analysis import smem_swizzle
+from pallas_sim.backends.sim.machine import memory
+
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimParams(jx.interpret_params_module.InterpretGPUParams):
+  """Marks kernels traced for the simulator. The interpret params are part of
+  the jit cache key, so a function traced for one backend is re-traced for
+  the other."""
+
+
+SIM_PARAMS = SimParams()
+
+
+@contextlib.contextmanager
+def force_sim():
+  """Context manager: kernels traced inside are routed to the simulator,
+  their equations located where they are traced (jx.real_tracebacks)."""
+  with jx.interpret_params_module.force_gpu_interpret_mode(SIM_PARAMS), \
+      jx.real_tracebacks():
+    yield
+
+
+@dataclasses.dataclass
+class KernelLaunch:
+  """Everything the simulator needs about one kernel launch."""
+  name: str
+  jaxpr: object                 # the kernel body (jax.core.Jaxpr)
+  grid: tuple
+  grid_names: tuple
+  cluster: tuple
+  cluster_names: tuple
+  num_threads: int
+  thread_name: object
+  num_inputs: int
+  num_outputs: int
+  out_avals: tuple
+  aliases: tuple               # (input index, output index) pairs
+  block_mappings: tuple = ()   # pallas_call BlockSpecs (grid_mapping), if any
+  where: str = ""              # user file:line of the kernel body
+  # Where the user's own code (not a library's) launched it, when the kernel
+  # body lies outside the user's files (JAX's ops/gpu, an installed library)
+  call_site: str = ""
+  arg_names: tuple = ()        # the body's parameter names, where recoverable
+  profile: object = None       # profiler.Spec when compiler_params ask for a profile
+  approx_math: bool = False     # CompilerParams(approx_math=True): the timing model's
+  # allocation var -> the swizzle the lowering infers for an untransformed
+  # wgmma operand (analysis/smem_swizzle.py): the rows its TMA loads move
+  smem_swizzle: dict = dataclasses.field(default_factory=dict)
+
+
+# --- executing launches: the active executor receives them ----------------
+# io_callbacks may run on an XLA runtime thread, so the active executor is
+# process-wide (a stack), not thread-local: one simulation at a time.
+
+_active = []
+
+
+def push_executor(ex):
+  _active.append(ex)
+
+
+def pop_executor(ex):
+  _active.remove(ex)
+
+
+def active_gpu():
+  """The GPU model of the simulation running now (an H100 outside one)."""
+  from pallas_sim import gpus
+  return _active[-1].gpu if _active else gpus.get("h100")
+
+
+def _active_executor(launch):
+  if not _active:
+    raise SimError(f"kernel {launch.name} was traced for the simulator but runs "
+                   "outside ps.simulate / ps.backend('sim'): re-trace it there "
+                   "(a jitted function keeps the backend it was traced for)",
+                   where=launch.where)
+  return _active[-1]
+
+
+def execute(launch, *arrays):
+  """Runs in the io_callback (or, for ps.estimate given shapes, straight
+  from frontend/shapes_only.py). Never raises: an exception escaping a callback
+  leaves the runtime's ordered-effects token in error on a GPU, failing every
+  later kernel. Errors are recorded for the API to raise; outputs are poison."""
+  poisoned = lambda: tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
+  try:
+    ex = _active_executor(launch)
+  except SimError as e:
+    warnings.warn(f"{e} Its outputs are poison (NaN / sentinel).", stacklevel=2)
+    return poisoned()
+  try:
+    with _ieee_subnormals():
+      return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
+  except Exception as e:
+    if launch.call_site and isinstance(e, SimError):  # (located in a library)
+      e.add_note(f"kernel {launch.name} ({launch.where}) was called from "
+                 f"{launch.call_site}")
+    ex.record_error(e)
+    return poisoned()
+
+
+# XLA:CPU runs host callbacks on threads that flush subnormals to zero (x86's
+# FTZ and DAZ bits): numpy there would too. A Hopper GPU keeps f32 subnormals
+# (PTX without .ftz), so the simulation runs in the floating-point
+# environment the main thread had when pallas-sim was imported.
+try:
+  _libm = ctypes.CDLL(ctypes.util.find_library("m"))
+  _MAIN_FENV = ctypes.create_string_buffer(1024)  # (larger than any fenv_t)
+  if _libm.fegetenv(_MAIN_FENV) != 0:
+    _libm = None
+except (OSError, AttributeError, TypeError):
+  _libm = None
+
+
+@contextlib.contextmanager
+def _ieee_subnormals():
+  if _libm is None:
+    yield
+    return
+  saved = ctypes.create_string_buffer(1024)
+  if _libm.fegetenv(saved) != 0 or _libm.fesetenv(_MAIN_FENV) != 0:
+    yield  # (left as it is: restoring an unread environment would be worse)
+    return
+  try:
+    yield
+  finally:
+    _libm.fesetenv(saved)
+
+
+def force_real():
+  """Context manager: kernels traced inside use the real lowering."""
+  return jx.interpret_params_module.force_gpu_interpret_mode(None)
+
+
+def _mesh_info(mesh, grid_mapping):
+  if mesh is not None:
+    nt = mesh.num_threads or 1
+    return (tuple(mesh.grid), tuple(mesh.grid_names), tuple(mesh.cluster),
+            tuple(mesh.cluster_names), nt, mesh.thread_name)
+  grid = tuple(grid_mapping.grid)
+  names = tuple(grid_mapping.grid_names or ())
+  return grid, names, (), (), 1, None
+
+
+def _mosaic_params(kw):
+  """The kernel's plgpu.CompilerParams (passed alone or under "mosaic_gpu")."""
+  params = kw.get("compiler_params")
+  return params.get("mosaic_gpu") if isinstance(params, dict) else params
+
+
+def _lane_semantics(kw):
+  """Whether the kernel asks for Lane lowering semantics, which infers no
+  SMEM transforms (the default, Warpgroup, does: analysis/smem_swizzle.py)."""
+  sem = getattr(_mosaic_params(kw), "lowering_semantics", None)
+  return getattr(sem, "name", str(sem)).lower() == "lane"
+
+
+def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
+                  out_avals, name=None, **kw):
+  """The KernelLaunch of one kernel given its operands (arrays, tracers or
+  avals), checked as it is lowered: the static checks (shared memory,
+  unsupported primitives) raise here, where an exception reaches the caller
+  as it is. Ours first (they name the primitive and line), then the real
+  lowering's, which has the final say. `grid_mapping` may be None for a
+  kernel on a mesh (plgpu.kernel), whose operands are its inputs."""
+  grid, grid_names, cluster, cluster_names, nt, thread_name = _mesh_info(
+      mesh, grid_mapping)
+  block_mappings = ()
+  if mesh is None:
+    block_mappings = tuple(grid_mapping.block_mappings)
+  launch = KernelLaunch(
+      name=name or "kernel", jaxpr=jaxpr, grid=grid, grid_names=grid_names,
+      cluster=cluster, cluster_names=cluster_names, num_threads=nt,
+      thread_name=thread_name,
+      num_inputs=len(args) if grid_mapping is None else grid_mapping.num_inputs,
+      num_outputs=len(out_avals) if grid_mapping is None else grid_mapping.num_outputs,
+      out_avals=tuple(out_avals),
+      aliases=tuple(input_output_aliases), block_mappings=block_mappings,
+      where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr),
+      call_site=_call_site(jaxpr),
+      profile=profiler.spec_of(kw.get("compiler_params")),
+      approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
+      smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)))
+  if _active:
+    lower = lambda timeout=None: lowering_error_once(
+        args, timeout=timeout, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
+        input_output_aliases=input_output_aliases, out_avals=out_avals,
+        name=name, **kw)
+    try:
+      _active[-1].prepare(launch)
+    except _errors.UnsupportedPrimitiveError as e:
+      # A primitive we have no rule for, in a kernel the GPU rejects too: the
+      # GPU's reason (its lowering's error) says more than ours.
+      if getattr(e, "unmodelled", False):  # (at the equation's line: ours is exact)
+        _active[-1].check_lowering(launch, lower, where=e.where)
+      raise
+    _active[-1].check_lowering(launch, lower)
+  return launch
+
+
+def is_sim_kernel(eqn):
+  """Whether a jaxpr equation is a kernel traced for the simulator that
+  equation_launch can launch: a pallas_call, or plgpu.kernel's mpmd_map on
+  one mesh (several meshes, or external ones, the lowering refuses)."""
+  if not isinstance(eqn.params.get("interpret"), SimParams):
+    return False
+  if eqn.primitive is jx.pallas_call.pallas_call_p:
+    return True
+  return (eqn.primitive is jx.mpmd.mpmd_map_p and len(eqn.params["jaxprs"]) == 1
+          and not eqn.params["external_meshes"])
+
+
+def equation_launch(eqn, operands):
+  """kernel_launch for a kernel equation (is_sim_kernel) and its operands."""
+  p = dict(eqn.params)
+  del p["interpret"]
+  if eqn.primitive is jx.mpmd.mpmd_map_p:  # (as its lowering turns it into a
+    # pallas_call on the mesh, whose operands are its inputs)
+    [p["jaxpr"]], [p["mesh"]] = p.pop("jaxprs"), p.pop("meshes")
+    p["input_output_aliases"] = tuple(p.pop("input_output_aliases").items())
+    p["grid_mapping"] = None
+    del p["external_meshes"]
+  return kernel_launch(operands, **p)
+
+
+def _sim_interpret_pallas_call(*args, out_avals, **params):
+  launch = kernel_launch(args, out_avals=out_avals, **params)
+  shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
+  outs = jx.callback.io_callback(
+      lambda *xs: execute(launch, *xs), shapes, *args, ordered=True)
+  return list(outs)
+
+
+# Kernels the real lowering accepted in this process, by a text of all it
+# was given (lowering_key): a kernel run again (a debugging loop, or a
+# property test's examples) is lowered once, not at every call (~80 ms).
+# Only acceptances are kept: a rejection is raised afresh, at its own lines.
+_LOWERED = collections.OrderedDict()
+_LOWERED_MAX = 512
+
+
+def lowering_error_once(args, timeout=None, **params):
+  """real_lowering_error, or None at once for a kernel accepted before."""
+  key = lowering_key(args, **params)
+  if key in _LOWERED:
+    _LOWERED.move_to_end(key)
+    return None
+  err = real_lowering_error(args, timeout=timeout, **params)
+  if err is None:
+    _LOWERED[key] = True
+    if len(_LOWERED) > _LOWERED_MAX:
+      _LOWERED.popitem(last=False)
+  return err
+
+
+def lowering_key(args, **params):
+  """Everything the real lowering sees, as text: the kernel's jaxprs (their
+  printed form names every equation, its params and avals), the operands'
+  shapes and dtypes, and every other parameter, field by field (a
+  GridMapping's repr leaves out its index maps). A value printed with its
+  address (a function) makes the key new at every call: a miss, never a
+  false hit."""
+  ops = tuple((tuple(a.shape), str(a.dtype)) for a in args)
+  # and what outside the kernel steers the lowering: its flags, and the
+  # SMEM bound that JAX's tests lower (jax.experimental.mosaic.gpu.core)
+  from jax.experimental.mosaic.gpu import core as mgpu_core
+  flags = sorted((k, v) for k, v in jax.config.values.items() if "mosaic" in k or "pallas" in k)
+  env = repr((flags, getattr(mgpu_core, "_SMEM_SIZE_BOUND", None)))
+  return (repr(ops) + "|" + env + "|"
+          + "|".join(f"{k}={_as_text(v)}" for k, v in sorted(params.items())))
+
+
+def _as_text(v):
+  if isinstance(v, jx.Jaxpr):
+    return str(v)
+  if dataclasses.is_dataclass(v) and not isinstance(v, type):
+    fields = ",".join(f"{f.name}={_as_text(getattr(v, f.name))}"
+                      for f in dataclasses.fields(v))
+    return f"{type(v).__name__}({fields})"
+  if isinstance(v, (tuple, list)):
+    return "(" + ",".join(map(_as_text, v)) + ")"
+  if isinstance(v, (dict, jx.FrozenDict)):
+    return "{" + ",".join(f"{k!r}:{_as_text(x)}" for k, x in sorted(v.items(), key=repr)) + "}"
+  return repr(v)
+
+
+def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
+                        input_output_aliases, out_avals, name, timeout=None, **kw):
+  """Lowers the kernel with JAX's own Mosaic GPU lowering (the one a Hopper
+  GPU runs; it needs no GPU: `jax.export` for platform "cuda"). Returns
+  (the exception it raises, the user's file:line), or None when it lowers;
+  past `timeout` seconds, (LoweringTimedOut, None). Lowering-time checks
+  only: what fails later, in ptxas or at run time, shows only on a GPU."""
+  if mesh is not None:  # plgpu.kernel / core_map: an mpmd_map
+    fn = lambda *xs: jx.mpmd.mpmd_map_p.bind(
+        *xs, meshes=(mesh,), jaxprs=(jaxpr,), external_meshes=(),
+        out_avals=tuple(out_avals),
+        input_output_aliases=jx.FrozenDict(dict(input_output_aliases)),
+        interpret=False, name=name, **kw)
+  else:
+    fn = lambda *xs: jx.pallas_call.pallas_call_p.bind(
+        *xs, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=None,
+        input_output_aliases=input_output_aliases, out_avals=tuple(out_avals),
+        interpret=False, name=name, **kw)
+  jaxpr = _uninterpreted(jaxpr)
+  if "compiler_params" in kw:
+    kw["compiler_params"] = profiler.without_profiler(kw["compiler_params"])
+  avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+  try:
+    with _time_limit(timeout):
+      jax.export.export(jax.jit(fn), platforms=["cuda"])(*avals)
+  except LoweringTimedOut as e:
+    return e, None
+  except Exception as e:  # the lowering raises ValueError, NotImplementedError...
+    return e, lowering_location(e)
+  return None
+
+
+class LoweringTimedOut(BaseException):
+  """Raised inside the lowering when its time is up. A BaseException, so
+  that the lowering's own `except Exception` blocks let it through."""
+
+  def where(self):
+    """Which pass of the lowering it was in: the outermost frame in Mosaic
+    GPU's own passes (layout inference...), else the innermost in JAX."""
+    jax_dir = os.sep + "jax" + os.sep
+    frames = [f for f in traceback.extract_tb(self.__traceback__) if jax_dir in f.filename]
+    passes = [f for f in frames if f"mosaic{os.sep}gpu{os.sep}" in f.filename
+              and not f.filename.endswith(f"gpu{os.sep}core.py")]
+    f = (passes or frames[-1:] or [None])[0]
+    return f and f"{f.filename.rpartition(jax_dir)[2]}, {f.name}"
+
+
+@contextlib.contextmanager
+def _time_limit(seconds):
+  """Interrupts the Python code run inside after `seconds`: a timer thread
+  raises LoweringTimedOut in this thread (CPython's asynchronous exception,
+  delivered at its next bytecode). JAX's layout inference is Python, so
+  its searches end there; a call stuck in C ends at its return."""
+  if seconds is None:
+    yield
+    return
+  ident = ctypes.c_ulong(threading.get_ident())
+  lock, state = threading.Lock(), {"done": False, "fired": False}
+
+  def fire():
+    with lock:
+      if not state["done"]:
+        state["fired"] = True
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, ctypes.py_object(LoweringTimedOut))
+
+  timer = threading.Timer(seconds, fire)
+  timer.daemon = True
+  timer.start()
+  try:
+    yield
+  finally:
+    with lock:
+      state["done"] = True
+    timer.cancel()
+    if state["fired"]:  # (raised but not yet delivered: withdraw it)
+      ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, None)
+
+
+def _uninterpreted(jaxpr):
+  """The kernel body as the GPU backend sees it: an mpmd_map nested in it
+  (plgpu.warp_map) traced under the simulator carries our interpret params
+  and their IO effect, which the real lowering would refuse."""
+  ours = jx.pallas_core.get_interpret_effects(SIM_PARAMS)
+  changed = False
+  eqns = []
+  for eqn in jaxpr.eqns:
+    params = {k: _uninterpreted_param(v) for k, v in eqn.params.items()}
+    if isinstance(params.get("interpret"), SimParams):
+      params["interpret"] = False
+    if any(params[k] is not v for k, v in eqn.params.items()):
+      changed = True
+      eqn = eqn.replace(params=params, effects=eqn.effects - ours)
+    eqns.append(eqn)
+  return jaxpr.replace(eqns=eqns, effects=jaxpr.effects - ours) if changed else jaxpr
+
+
+def _uninterpreted_param(v):
+  if isinstance(v, jx.Jaxpr):  # (closed or open: consts ride along in replace)
+    return _uninterpreted(v)
+  if isinstance(v, tuple) and any(isinstance(x, jx.Jaxpr) for x in v):
+    new = tuple(_uninterpreted_param(x) for x in v)
+    return v if all(a is b for a, b in zip(new, v)) else new
+  return v
+
+
+_orig_interpret = jx.interpret_pallas_call.interpret_pallas_call
+
+
+def _dispatch(*args, interpret_params, **kw):
+  if isinstance(interpret_params, SimParams):
+    return _sim_interpret_pallas_call(*args, **kw)
+  return _orig_interpret(*args, interpret_params=interpret_params, **kw)
+
+
+jx.interpret_pallas_call.interpret_pallas_call = _dispatch
+
+
+# --- source locations --------------------------------------------------------
+
+# Frames inside pallas-sim itself are never "the user's".
+_OUR_DIRS = (os.path.dirname(os.path.abspath(_errors.__file__)) + os.sep,)
+
+
+_JAXLIB_DIR = os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep
+
+
+def eqn_location(eqn):
+  """The user's file:line that created a jaxpr equation, or None when its
+  recorded traceback stops inside JAX (equations traced by JAX helpers such
+  as emit_pipeline): the caller then uses the enclosing equation's."""
+  tb = getattr(eqn.source_info, "traceback", None)
+  for fr in jx.source_info_util.user_frames(tb):
+    if not fr.file_name.startswith(_OUR_DIRS):
+      return _short(fr.file_name) + f":{fr.start_line}"
+  return None
+
+
+def lowering_location(exc):
+  """The user's file:line an exception from the real lowering points at (its
+  cause carries the failing equation's traceback), or None."""
+  for e in (exc.__cause__, exc):
+    frames = [f for f in traceback.extract_tb(getattr(e, "__traceback__", None))
+              if jx.source_info_util.is_user_filename(f.filename)
+              and not f.filename.startswith(_OUR_DIRS + (_JAXLIB_DIR,))]
+    if frames:
+      return f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
+  return None
+
+
+def user_tail(tb):
+  """The trailing frames of traceback `tb` outside JAX, jaxlib and
+  pallas-sim (where the lowering's error points into the user's kernel:
+  MLIR locations of the op it rejected) as a new traceback chain, or None."""
+  tail = []
+  while tb is not None:
+    name = tb.tb_frame.f_code.co_filename
+    user = (jx.source_info_util.is_user_filename(name)
+            and not name.startswith(_OUR_DIRS + (_JAXLIB_DIR,)))
+    tail = tail + [tb] if user else []
+    tb = tb.tb_next
+  chain = None
+  for t in reversed(tail):
+    chain = types.TracebackType(chain, t.tb_frame, t.tb_lasti, t.tb_lineno)
+  return chain
+
+
+def _kernel_source(jaxpr):
+  """(path, line) where the user's kernel body is defined, from the jaxpr's
+  debug info (plgpu.kernel wraps the body; its scratch run_scoped traces the
+  user's function), or None."""
+  candidates = [jaxpr] + [e.params["jaxpr"] for e in jaxpr.eqns[:1]
+                          if e.primitive.name == "run_scoped"]
+  for j in candidates:
+    src = getattr(getattr(j, "debug_info", None), "func_src_info", None) or ""
+    _, _, loc = src.rpartition(" at ")
+    path, _, line = loc.rpartition(":")
+    if path and line.isdigit() and jx.source_info_util.is_user_filename(path) and (
+        not path.startswith(_OUR_DIRS)):
+      return path, int(line)
+  return None
+
+
+_LIBRARY_DIRS = tuple({
+    os.path.abspath(p) + os.sep for p in
+    site.getsitepackages() + [site.getusersitepackages(), sysconfig.get_path("purelib"),
+                              sysconfig.get_path("platlib")] if p})
+
+
+def is_own_file(path):
+  """Whether `path` is the user's own code: not JAX's, not pallas-sim's, not
+  an installed library's (site-packages), not the standard library's."""
+  path = os.path.abspath(path)
+  return (jx.source_info_util.is_user_filename(path) and not path.startswith(_OUR_DIRS)
+          and not path.startswith(_LIBRARY_DIRS))
+
+
+def _call_site(jaxpr):
+  """For a kernel whose body lies outside the user's own files: the user's
+  innermost frame on the stack now (the kernel is traced from their call),
+  as file:line; else ""."""
+  src = _kernel_source(jaxpr)
+  if src is None or is_own_file(src[0]):
+    return ""
+  f = sys._getframe(1)  # pylint: disable=protected-access
+  while f is not None:
+    if is_own_file(f.f_code.co_filename):
+      return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
+    f = f.f_back
+  return ""
+
+
+def kernel_location(jaxpr):
+  src = _kernel_source(jaxpr)
+  return f"{_short(src[0])}:{src[1]}" if src else "<unknown location>"
+
+
+def kernel_arg_names(jaxpr):
+  """The kernel body's parameter names (a_gmem, o_ref, ...), read from its
+  source, so that reports name buffers as the user does; () if unknown."""
+  src = _kernel_source(jaxpr)
+  if src is None:
+    return ()
+  path, line = src
+  text = "".join(linecache.getlines(path))
+  known = _ARG_NAMES.get(path)
+  if known is None or known[0] != text:  # (parsed once per file's text: ~4 ms)
+    known = _ARG_NAMES[path] = (text, _parameter_names(text))
+  return known[1].get(line, ())
+
+
+_ARG_NAMES = {}  # source path -> (its text, {def or decorator line: parameter names})
+
+
+def _parameter_names(text):
+  try:
+    tree = ast.parse(text)
+  except SyntaxError:
+    return {}
+  names = {}
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      args = node.args
+      for line in [node.lineno] + [d.lineno for d in node.decorator_list]:
+        names.setdefault(line, tuple(a.arg for a in args.posonlyargs + args.args))
+  return names
+
+
+def _short(path):
+  try:
+    rel = os.path.relpath(path)
+  except ValueError:
+    return path
+  return rel if not rel.startswith("..") else path
+
+

@@ -1,0 +1,146 @@
+"""Every JAX internal the simulator reads, in one module, and what differs
+between the releases of the window (pallas_sim/jax_window.py).
+
+The rest of the simulator imports JAX's private modules from here and
+never spells a release: rules, the machine and timing see one API. A new
+JAX release is a checklist:
+
+1. Widen the window (jax_window.NEWEST, pyproject's bounds, tox.ini's
+   newest environment) and run `tox -e jax-newest` (or `./dev test`).
+2. Every name imported below must still exist with the meaning noted; a
+   module moved or a class renamed gets a per-release branch here.
+3. Primitives renamed since the oldest release: list the old name in
+   RENAMED; rules register the newest name only (tests/test_jax_window.py).
+4. New primitives: a rule, or a named rejection in interpret/rules/unsupported.py
+   (test_jax_window checks that every primitive the installed release's
+   Mosaic GPU lowering has a rule for has one or the other), and a test of
+   its documented semantics (tests/test_plgpu_012.py for 0.12's).
+5. The interpreter hook (frontend/capture.py): `interpret_pallas_call`'s keyword
+   arguments, and InterpretGPUParams' fields (interpret_params below).
+6. What the real lowering accepts may change (0.12 stores registers to GMEM
+   through an optimised path that needs 4 bytes a thread): tests use kernels
+   valid on both ends (conftest.store_unoptimized), or name the release they
+   expect a rejection from (agreement/families.py STORE_16_BIT_REJECTED).
+
+What each release needs (0.11.2 / 0.12.0.1):
+- jax._src.core.Jaxpr: one class for open and closed jaxprs (consts
+  attached). 0.11.2 also calls it ClosedJaxpr; 0.12 removed that alias.
+- Primitive names: 0.12 dropped the "_p" that eight primitives carried in
+  0.11.2 (RENAMED), and added plgpu.store ("store"), barrier_arrive_and_wait,
+  the reductions mosaic_gpu_reduce_{sum,max,min,prod}, alloc_semaphore (a
+  GMEM Ref made outside the kernel) and im2col_ref (a transform of a TMA
+  load's source, Im2ColTransform).
+- InterpretGPUParams: 0.12 adds on_race ("raise" by default).
+- Unchanged in both: interpret_pallas_call's signature; mpmd_map_p's and
+  pallas_call_p's params; the Mosaic GPU core classes imported by name
+  (transforms, barrier types, WarpMesh, TraceScope, RefType).
+"""
+import contextlib
+import dataclasses
+
+import jax
+import jaxlib
+
+from pallas_sim import jax_window
+
+jax_window.check()
+
+# pylint: disable=g-import-not-at-top,unused-import
+from jax._src import callback  # noqa: E402
+from jax._src import core  # noqa: E402
+from jax._src import debugging  # noqa: E402
+from jax._src import dtypes  # noqa: E402
+from jax._src import lib  # noqa: E402
+from jax._src import source_info_util  # noqa: E402
+from jax._src.checkify import FailedCheckError  # noqa: E402
+from jax._src.frozen_dict import FrozenDict  # noqa: E402
+from jax._src.interpreters import mlir  # noqa: E402
+from jax._src.lib.mlir import ir  # noqa: E402
+from jax._src.lib.mlir.dialects import arith, func, memref  # noqa: E402
+from jax._src.pallas import core as pallas_core  # noqa: E402
+from jax._src.pallas import mpmd  # noqa: E402
+from jax._src.pallas import pallas_call  # noqa: E402
+from jax._src.pallas import primitives as pallas_primitives  # noqa: E402
+from jax._src.pallas.mosaic_gpu import core as gpu_core  # noqa: E402
+from jax._src.pallas.mosaic_gpu import lowering as gpu_lowering  # noqa: E402
+from jax._src.pallas.mosaic_gpu import primitives as gpu_primitives  # noqa: E402
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call  # noqa: E402
+from jax._src.pallas.mosaic_gpu.interpret import params as interpret_params_module  # noqa: E402
+from jax._src.state import indexing  # noqa: E402
+from jax._src.state import types as state_types  # noqa: E402
+
+JAX_VERSION = jax_window.parse(jax.__version__)
+JAXLIB_VERSION = jax_window.parse(jaxlib.__version__)
+
+# One class for open and closed jaxprs in every release of the window.
+Jaxpr = core.Jaxpr
+
+# plgpu.im2col_ref's transform (0.12; None before).
+Im2ColTransform = getattr(gpu_core, "Im2ColTransform", None)
+
+# 0.11.2's name -> the name 0.12 gave the same primitive. The simulator
+# speaks the newer names (primitive_name); rules register those alone.
+RENAMED = {
+    "inline_mgpu_p": "inline_mgpu",
+    "set_max_registers_p": "set_max_registers",
+    "wgmma_accumulator_deref_p": "wgmma_accumulator_deref",
+    "wgmma_accumulator_store_p": "wgmma_accumulator_store",
+    "debug_barrier_p": "debug_barrier",
+    "elementwise_inline_asm_p": "elementwise_inline_asm",
+    "reduced_vary_cast_p": "reduced_vary_cast",
+    "vary_unreduced_cast_p": "vary_unreduced_cast",
+}
+
+
+def primitive_name(eqn):
+  """The name of an equation's primitive, as the newest release spells it."""
+  name = eqn.primitive.name
+  return RENAMED.get(name, name)
+
+
+def lowerable_primitive_names():
+  """The names of every primitive the Mosaic GPU lowering has a rule for,
+  in any lowering semantics: what a kernel the GPU accepts may contain."""
+  return {p.name for rules in gpu_lowering.mosaic_lowering_rules.values()
+          for p in rules}
+
+
+def _has_field(cls, name):
+  return any(f.name == name for f in dataclasses.fields(cls))
+
+
+def interpret_params(**kw):
+  """JAX's own InterpretGPUParams. On releases whose interpreter raises on a
+  race by default (on_race, 0.12), races are logged and counted instead,
+  as 0.11.2 does: a comparison asks races_found, and a racy kernel is not
+  one the interpreter "does not support"."""
+  cls = interpret_params_module.InterpretGPUParams
+  if _has_field(cls, "on_race"):
+    kw.setdefault("on_race", "warn")
+  return cls(**kw)
+
+
+@contextlib.contextmanager
+def real_tracebacks():
+  """Equations traced inside keep the Python stack they were traced at.
+  JAX's autodiff traces a backward pass (a custom_vjp's bwd, a transpose)
+  under `user_context(<the forward call's traceback>)`, so every equation
+  of a kernel traced there is located at the user's jax.grad line, and a
+  report on, say, attention's backward kernels would name no line of the
+  kernel. The simulator reads locations from these tracebacks (capture.
+  eqn_location), so while it traces, user_context keeps its name stack and
+  error notes but not its traceback."""
+  cls = source_info_util.UserContextManager
+  enter = cls.__enter__
+
+  def enter_keeping_the_stack(self):
+    enter(self)
+    ctx = source_info_util._source_info_context  # pylint: disable=protected-access
+    # (SourceInfo.replace keeps a traceback it is given as None)
+    ctx.context = source_info_util.SourceInfo(None, ctx.context.name_stack)
+
+  cls.__enter__ = enter_keeping_the_stack
+  try:
+    yield
+  finally:
+    cls.__enter__ = enter

@@ -1,0 +1,436 @@
+"""Evaluates one Pallas thread's jaxpr.
+
+A jaxpr is compiled once per launch shape into a `Program`: a flat list of
+steps, each holding the rule's closure, the env slots it reads and writes, and
+its issue cost. Rules are registered per primitive name by the modules in
+`rules/`; a rule is a *builder* `(eqn, cx) -> fn`, so that parameters are
+decoded once, not at every block. A step whose rule may block (barrier waits,
+async waits, control flow around them) runs as a generator that yields wait
+requests to the scheduler; all other steps are plain calls.
+"""
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core as jax_extend_core
+
+from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
+from pallas_sim.options import MAX_CYCLES
+from pallas_sim.backends.sim.frontend import capture
+from pallas_sim.backends.sim.report import profiler
+from pallas_sim.backends.sim.frontend.jax_internals import primitive_name
+from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.timing.model import alu_stretch, tensor_overlap
+
+RULES = {}
+
+
+def rule(*names):
+  """Registers a builder for the given primitive names."""
+  def deco(builder):
+    for n in names:
+      RULES[n] = builder
+    return builder
+  return deco
+
+
+class Gen:
+  """Marks a rule function that is a generator (may block)."""
+  __slots__ = ("fn",)
+
+  def __init__(self, fn):
+    self.fn = fn
+
+
+class Step:
+  # cost: cycles of the SM's ALUs (shared with the warpgroups beside it:
+  # alu_stretch); lat: cycles of the equation's own issue latency, which a
+  # warpgroup spends alone (others issue meanwhile: timing/model.py).
+  # beside: how much slower its ALU work goes while a wgmma is in flight on
+  # the SM (Timing.beside_tensor).
+  __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "cost", "lat", "where",
+               "beside")
+
+
+class Program:
+  __slots__ = ("steps", "invars", "outvars", "template", "blocking", "jaxpr")
+
+
+def literal_value(v):
+  aval = v.aval
+  return np.asarray(v.val, dtype=aval.dtype) if aval.shape else (
+      np.asarray(v.val, dtype=aval.dtype)[()])
+
+
+class Compiler:
+  """Compiles jaxprs to Programs; one per launch (rules may close over launch
+  facts, and ask the timing model, timing/model.py, for costs)."""
+
+  def __init__(self, timing, launch=None, max_cycles=MAX_CYCLES, numerics=True):
+    self.timing = timing
+    self.launch = launch
+    self.numerics = numerics  # False: the tensor cores' sums are skipped
+    # True (executor.prepare): float elementwise math gives zeros, uncomputed
+    self.skip_float_values = False
+    self.sites = {}  # id(eqn) -> its number, for equations a rule asks to number
+    self.max_cycles = max_cycles  # loops end a runaway block past this
+    self._cache = {}
+    self._where = [launch.where if launch is not None else "<unknown location>"]
+    # Byte offset in SMEM where the scope being compiled starts its
+    # allocations (interpret/rules/refs.py, run_scoped; resources.scope_layout).
+    self.smem_base = 0
+    # Named scopes open and close regions of the kernel's profile (report/profiler.py)
+    self.profile = launch is not None and getattr(launch, "profile", None) is not None
+    # A slice of the kernel (pallas_sim/backends/sim/analysis/paths.py): only these equations
+    # ({id: which operands it needs}; zeros stand for the values it does
+    # not), with these rules in place of the simulator's where given.
+    self.keep = None
+    self.overrides = {}
+    self.wrap = None  # (fn, eqn) -> fn: a check around every plain step (analysis/paths.py)
+
+  def site(self, eqn):
+    """A number for `eqn`, in the order rules ask (the same in every process
+    that compiles the same kernel: a Ray task's tallies key by it)."""
+    return self.sites.setdefault(id(eqn), len(self.sites))
+
+  def where(self, eqn):
+    """The user's file:line for `eqn`; equations JAX helpers traced for the
+    user take the location of the user's call that contains them."""
+    return capture.eqn_location(eqn) or self._where[-1]
+
+  def compile(self, jaxpr, consts=None):
+    """A ClosedJaxpr's consts are baked in; an open Jaxpr's constvars must be
+    none (use compile_open)."""
+    if hasattr(jaxpr, "consts"):
+      jaxpr, consts = jaxpr.jaxpr, [np.asarray(c) for c in jaxpr.consts]
+    return self._cached(jaxpr, consts or (), False)
+
+  def compile_open(self, jaxpr):
+    """Compiles a Jaxpr whose constvars are bound at run time, before its
+    invars (run_scoped's closed-over operands)."""
+    return self._cached(jaxpr, (), True)
+
+  def _cached(self, jaxpr, consts, open_consts):
+    key = (id(jaxpr), open_consts, self.smem_base)
+    hit = self._cache.get(key)
+    if hit is not None and hit[0] is jaxpr:
+      return hit[1]
+    prog = self._compile(jaxpr, consts, open_consts)
+    self._cache[key] = (jaxpr, prog)
+    return prog
+
+  def _compile(self, jaxpr, consts, open_consts):
+    slots = {}
+    template = []
+
+    def slot(v):
+      s = slots.get(v)
+      if s is None:
+        s = slots[v] = len(template)
+        template.append(None)
+      return s
+
+    def read(v):
+      if isinstance(v, jax_extend_core.Literal):
+        template.append(literal_value(v))
+        return len(template) - 1
+      return slot(v)
+
+    if not open_consts:
+      if len(consts) != len(jaxpr.constvars):
+        raise SimError(f"jaxpr has {len(jaxpr.constvars)} constvars, "
+                       f"{len(consts)} values given")
+      for v, c in zip(jaxpr.constvars, consts):
+        template[slot(v)] = c
+    prog = Program()
+    prog.jaxpr = jaxpr
+    leading = list(jaxpr.constvars) if open_consts else []
+    prog.invars = [slot(v) for v in leading + list(jaxpr.invars)]
+    prog.steps = []
+    blocking = False
+    fused = contractions(jaxpr)
+    folded = _folded_products(jaxpr, fused)
+    scopes = []  # (the profile's open regions, as the lowering tracks them)
+    for eqn in jaxpr.eqns:
+      if self.keep is not None and id(eqn) not in self.keep:
+        continue
+      where = self.where(eqn)
+      name = primitive_name(eqn)
+      builder = self.overrides.get(name) or RULES.get(name)
+      if id(eqn) in fused:
+        builder = RULES["fma"]
+      if builder is None:
+        err = UnsupportedPrimitiveError(
+            f"primitive '{eqn.primitive.name}' is not modelled by the simulator "
+            "(see README: supported primitives)", primitive=eqn.primitive.name,
+            where=where)
+        err.unmodelled = True  # (frontend/capture.py: the lowering's verdict comes first)
+        raise err
+      self._where.append(where)
+      try:
+        fn = builder(eqn, self)
+      except SimError as e:
+        raise _located(e, eqn, where)
+      finally:
+        self._where.pop()
+      if self.skip_float_values and _float_math(eqn, builder):
+        fn = _zeros_of(eqn.outvars[0].aval)
+      if self.wrap is not None and not isinstance(fn, Gen):
+        fn = self.wrap(fn, eqn)
+      st = Step()
+      st.eqn = eqn
+      st.where = where
+      st.gen = isinstance(fn, Gen)
+      st.fn = fn.fn if st.gen else fn
+      blocking |= st.gen
+      if id(eqn) in fused:  # (x, y, c, product sign, addend sign)
+        mul, sp, sc, c = fused[id(eqn)]
+        st.ins = tuple(read(v) for v in (*mul.invars, c)) + (
+            len(template), len(template) + 1)
+        template.extend([sp, sc])
+      elif self.keep is not None:
+        st.ins = tuple(read(v) if n or hasattr(v.aval, "inner_aval") else
+                       _constant(template, np.zeros(v.aval.shape, v.aval.dtype))
+                       for v, n in zip(eqn.invars, self.keep[id(eqn)]))
+      else:
+        st.ins = tuple(read(v) for v in eqn.invars)
+      st.outs = tuple(slot(v) for v in eqn.outvars)
+      st.multi = eqn.primitive.multiple_results
+      # (a product used only by the adds it is fused into costs nothing apart)
+      st.lat, st.cost = (0.0, 0.0) if id(eqn) in folded else self.timing.issue_split(
+          eqn, getattr(self.launch, "approx_math", False))
+      st.beside = self.timing.beside_tensor(eqn)
+      if self.profile:
+        names = [sc.name for sc in eqn.source_info.name_stack.stack]
+        _profiled(st, *profiler.scope_changes(scopes, names), scopes)
+        scopes = names
+      prog.steps.append(st)
+    if self.profile and scopes:  # (what is open closes at the jaxpr's end)
+      end = Step()
+      end.eqn, end.where, end.gen, end.fn = None, self._where[-1], False, lambda wg: None
+      end.ins, end.outs, end.multi, end.cost, end.lat, end.beside = (), (), False, 0, 0, 1
+      _profiled(end, len(scopes), [], scopes)
+      prog.steps.append(end)
+    prog.outvars = [read(v) for v in jaxpr.outvars]
+    prog.template = template
+    prog.blocking = blocking
+    return prog
+
+
+def _constant(template, value):
+  template.append(value)
+  return len(template) - 1
+
+
+def _float_math(eqn, builder):
+  """Whether eqn is pure math (a lax_math rule) with one float array out."""
+  if eqn.primitive.multiple_results or len(eqn.outvars) != 1:
+    return False
+  if not builder.__module__.endswith("rules.lax_math"):
+    return False
+  aval = eqn.outvars[0].aval
+  dtype = getattr(aval, "dtype", None)
+  return (not hasattr(aval, "inner_aval") and dtype is not None
+          and jnp.issubdtype(dtype, jnp.floating) and bool(getattr(aval, "shape", ())))
+
+
+def _zeros_of(aval):
+  shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+  return lambda wg, *args: np.zeros(shape, dtype)
+
+
+def _profiled(st, closes, opens, open_names):
+  """Wraps step `st` so that it first closes `closes` of the regions
+  `open_names` and opens `opens` in the warpgroup's profile."""
+  if not closes and not opens:
+    return
+  events = [(n, False) for n in reversed(open_names[len(open_names) - closes:])]
+  events += [(n, True) for n in opens]
+  fn = st.fn
+
+  def record(wg):
+    rec = wg.block.group.profile
+    for name, begin in events:
+      rec.event(wg, name, begin)
+
+  if st.gen:
+    def gen(wg, *args):
+      record(wg)
+      return (yield from fn(wg, *args))
+    st.fn = gen
+  else:
+    def plain(wg, *args):
+      record(wg)
+      return fn(wg, *args)
+    st.fn = plain
+
+
+def contractions(jaxpr):
+  """Float `add`/`sub` equations with an operand computed by a `mul`: the GPU
+  compiler (LLVM's NVPTX backend, which fuses aggressively: even a product
+  with other uses) contracts them into one fused multiply-add, rounded once.
+  Measured on an H200 for f32, f16 and bf16 (benchmarks/contraction_probe.py);
+  with two products, the first operand's is fused. Returns {id(add eqn):
+  (mul eqn, product sign, addend sign, addend)}."""
+  muls = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive.name == "mul"
+          and memory.is_float(e.outvars[0].aval.dtype)}
+  zeros = _known_zeros(jaxpr)
+  fused = {}
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name not in ("add", "sub"):
+      continue
+    a, b = eqn.invars
+    # p + 0 with a zero the compiler knows (a literal, zeros_like, an iota
+    # along an axis of size 1): the add folds away and the product stays
+    # unrounded for the next add (measured on an H200,
+    # benchmarks/register_numerics_probe.py).
+    if _is_zero(b, zeros) and _in(a, muls):
+      muls[eqn.outvars[0]] = muls[a]
+    elif name == "add" and _is_zero(a, zeros) and _in(b, muls):
+      muls[eqn.outvars[0]] = muls[b]
+    for i, v in enumerate((a, b)):
+      if not _in(v, muls):
+        continue
+      if muls[v].outvars[0].aval.shape != eqn.outvars[0].aval.shape:
+        continue
+      other = b if i == 0 else a
+      # add: p + c; sub(p, c): p - c; sub(c, p): -p + c
+      sp = -1.0 if (name == "sub" and i == 1) else 1.0
+      sc = -1.0 if (name == "sub" and i == 0) else 1.0
+      fused[id(eqn)] = (muls[v], sp, sc, other)
+      break
+  return fused
+
+
+def _folded_products(jaxpr, fused):
+  """ids of the `mul` equations whose every use is an add fused with them
+  (contractions): the GPU computes them inside the FMA, not apart."""
+  fused_muls = {id(m) for m, _, _, _ in fused.values()}
+  uses = {}
+  for eqn in jaxpr.eqns:
+    for v in eqn.invars:
+      if not isinstance(v, jax_extend_core.Literal):
+        uses.setdefault(v, []).append(eqn)
+  outs = set(v for v in jaxpr.outvars if not isinstance(v, jax_extend_core.Literal))
+  folded = set()
+  for eqn in jaxpr.eqns:
+    if id(eqn) not in fused_muls:
+      continue
+    [v] = eqn.outvars
+    if v not in outs and all(id(u) in fused and fused[id(u)][0] is eqn
+                             for u in uses.get(v, ())):
+      folded.add(id(eqn))
+  return folded
+
+
+def _in(v, table):
+  """v (a Var; Literals are unhashable and never in `table`) in table."""
+  return not isinstance(v, jax_extend_core.Literal) and v in table
+
+
+def _is_zero(v, zeros):
+  """Whether v is 0 everywhere at compile time (a literal, or in `zeros`)."""
+  if isinstance(v, jax_extend_core.Literal):
+    return bool(np.all(np.asarray(v.val) == 0))
+  return v in zeros
+
+
+def _known_zeros(jaxpr):
+  """Vars whose every element is 0 at compile time: an iota along an axis
+  of size 1, and casts, broadcasts and reshapes of zeros (jnp.zeros_like is
+  a broadcast of a literal 0)."""
+  zeros = set()
+  for eqn in jaxpr.eqns:
+    p = eqn.params
+    if eqn.primitive.name == "iota":
+      if p["shape"][p["dimension"]] == 1:
+        zeros.add(eqn.outvars[0])
+    elif eqn.primitive.name in ("convert_element_type", "broadcast_in_dim", "reshape",
+                                "squeeze", "expand_dims") and eqn.invars:
+      if _is_zero(eqn.invars[0], zeros):
+        zeros.add(eqn.outvars[0])
+  return zeros
+
+
+def _located(e, eqn, where, wg=None):
+  """Attach the user's file:line (and the warpgroup, at run time) to an
+  error raised inside a rule; anything that is not a SimError is a bug of
+  ours, kept as the cause."""
+  if isinstance(e, SimError):
+    if e.where is None:
+      e.where = where
+      e.primitive = e.primitive or eqn.primitive.name
+      who = f" (in {wg.name})" if wg is not None else ""
+      e.args = (f"{e.where}: [{e.primitive}] {e.args[0]}{who}",)
+    e.__suppress_context__ = True
+    return e
+  err = SimInternalError(
+      f"internal error while simulating this equation: {type(e).__name__}: {e}",
+      primitive=eqn.primitive.name, where=where)
+  err.__cause__ = e
+  return err
+
+
+# run_plain and run_gen are the same loop: a generator costs a frame switch
+# per step, and most programs (and most loop bodies) never block.
+def run_plain(prog, args, wg):
+  """Evaluates a non-blocking program for warpgroup wg; returns its outputs."""
+  env = prog.template.copy()
+  for i, a in zip(prog.invars, args):
+    env[i] = a
+  wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
+  stretch = alu_stretch(wg)  # (the SM's ALUs, shared: timing/model.py)
+  eng = wg.block.engines  # (its tensor cores: ALU work beside them is slower)
+  st = None
+  try:
+    for st in prog.steps:
+      out = st.fn(wg, *[env[i] for i in st.ins])
+      wg.alu += st.cost
+      t = wg.time + st.lat
+      d = st.cost * stretch
+      wg.time = t + (d if d <= 0 or eng.tc_free <= t else
+                     tensor_overlap(d, eng.tc_free - t, st.beside))
+      if st.multi:
+        for o, v in zip(st.outs, out):
+          env[o] = v
+      elif st.outs:
+        env[st.outs[0]] = out
+  except Exception as e:
+    raise _located(e, st.eqn, st.where, wg)
+  return [env[i] for i in prog.outvars]
+
+
+def run_gen(prog, args, wg):
+  """Evaluates a program that may block: a generator yielding wait requests
+  (`outs = yield from run_gen(...)`); a program that cannot block runs
+  straight through."""
+  if not prog.blocking:
+    return run_plain(prog, args, wg)
+  env = prog.template.copy()
+  for i, a in zip(prog.invars, args):
+    env[i] = a
+  wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
+  stretch = alu_stretch(wg)
+  eng = wg.block.engines
+  st = None
+  try:
+    for st in prog.steps:
+      if st.gen:
+        out = yield from st.fn(wg, *[env[i] for i in st.ins])
+        stretch = alu_stretch(wg)  # (it waited: the others moved on)
+      else:
+        out = st.fn(wg, *[env[i] for i in st.ins])
+      wg.alu += st.cost
+      t = wg.time + st.lat
+      d = st.cost * stretch
+      wg.time = t + (d if d <= 0 or eng.tc_free <= t else
+                     tensor_overlap(d, eng.tc_free - t, st.beside))
+      if st.multi:
+        for o, v in zip(st.outs, out):
+          env[o] = v
+      elif st.outs:
+        env[st.outs[0]] = out
+  except GeneratorExit:
+    raise
+  except Exception as e:
+    raise _located(e, st.eqn, st.where, wg)
+  return [env[i] for i in prog.outvars]

@@ -1,0 +1,142 @@
+"""Control flow inside kernels: scan / fori_loop, while, cond, and the call
+wrappers (jit, custom_jvp/vjp, checkpoint) that just run their body.
+
+Each rule compiles its bodies once; when no body can block, the loop runs as
+a plain function, otherwise as a generator that forwards the body's waits.
+"""
+import numpy as np
+
+from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
+from pallas_sim.backends.sim.analysis.resources import scan_counts
+from pallas_sim.errors import RunawayKernelError
+
+
+def _maybe_gen(blocking, plain, gen):
+  return Gen(gen) if blocking else plain
+
+
+# Loops check the block's simulated time once per iteration (a loop is the
+# only way a block runs without end: waits that never complete are
+# deadlocks). Their counters are named `iteration`: progress reports and
+# Ctrl-C backtraces (pallas_sim/backends/sim/execute/progress.py) read them from the frames.
+def _runaway(wg, iteration, limit):
+  return RunawayKernelError(
+      f"ran past max_cycles={limit:.0f} simulated cycles in this loop "
+      f"(at iteration {iteration}; {wg.steps} equations run): a loop that does "
+      "not end? Pass max_cycles= to simulate longer")
+
+
+@rule("scan")
+def _scan(eqn, cx):
+  p = eqn.params
+  body = cx.compile(p["jaxpr"])
+  length, reverse = p["length"], p["reverse"]
+  nc, ncarry = scan_counts(eqn)
+  order = range(length - 1, -1, -1) if reverse else range(length)
+
+  def split(args):
+    return list(args[:nc]), list(args[nc:nc + ncarry]), args[nc + ncarry:]
+
+  nys = len(body.outvars) - ncarry
+
+  def collect(outs, ys):
+    """Appends this iteration's ys; returns the new carry."""
+    for acc, y in zip(ys, outs[ncarry:]):
+      acc.append(y)
+    return outs[:ncarry]
+
+  def finish(carry, ys):
+    return carry + [np.stack(y[::-1] if reverse else y) for y in ys]
+
+  limit = cx.max_cycles
+
+  # plain and gen are the same loop; gen forwards the body's waits.
+  def plain(wg, *args):
+    consts, carry, xs = split(args)
+    ys = [[] for _ in range(nys)]
+    for iteration in order:
+      carry = collect(run_plain(
+          body, consts + carry + [x[iteration] for x in xs], wg), ys)
+      if wg.time > limit:
+        raise _runaway(wg, iteration, limit)
+    return finish(carry, ys)
+
+  def gen(wg, *args):
+    consts, carry, xs = split(args)
+    ys = [[] for _ in range(nys)]
+    for iteration in order:
+      carry = collect((yield from run_gen(
+          body, consts + carry + [x[iteration] for x in xs], wg)), ys)
+      if wg.time > limit:
+        raise _runaway(wg, iteration, limit)
+    return finish(carry, ys)
+
+  return _maybe_gen(body.blocking, plain, gen)
+
+
+@rule("while")
+def _while(eqn, cx):
+  p = eqn.params
+  cond = cx.compile(p["cond_jaxpr"])
+  body = cx.compile(p["body_jaxpr"])
+  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+  limit = cx.max_cycles
+
+  def plain(wg, *args):
+    cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
+    iteration = 0
+    while run_plain(cond, cc + carry, wg)[0]:
+      carry = run_plain(body, bc + carry, wg)
+      iteration += 1
+      if wg.time > limit:
+        raise _runaway(wg, iteration, limit)
+    return carry
+
+  def gen(wg, *args):
+    cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
+    iteration = 0
+    while (yield from run_gen(cond, cc + carry, wg))[0]:
+      carry = yield from run_gen(body, bc + carry, wg)
+      iteration += 1
+      if wg.time > limit:
+        raise _runaway(wg, iteration, limit)
+    return carry
+
+  return _maybe_gen(cond.blocking or body.blocking, plain, gen)
+
+
+@rule("cond")
+def _cond(eqn, cx):
+  branches = [cx.compile(b) for b in eqn.params["branches"]]
+  last = len(branches) - 1
+
+  def pick(i):
+    return branches[min(max(int(i), 0), last)]  # lax.switch clamps
+
+  def plain(wg, i, *args):
+    return run_plain(pick(i), list(args), wg)
+
+  def gen(wg, i, *args):
+    return (yield from run_gen(pick(i), list(args), wg))
+
+  return _maybe_gen(any(b.blocking for b in branches), plain, gen)
+
+
+def _call(param):
+  def build(eqn, cx):
+    body = cx.compile(eqn.params[param])
+
+    def plain(wg, *args):
+      return run_plain(body, list(args), wg)
+
+    def gen(wg, *args):
+      return (yield from run_gen(body, list(args), wg))
+    return _maybe_gen(body.blocking, plain, gen)
+  return build
+
+
+rule("pjit", "jit")(_call("jaxpr"))
+rule("closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+     "custom_vjp_call_jaxpr",
+     "eval_jaxpr")(_call("call_jaxpr"))  # (0.12's one call primitive)
+rule("checkpoint", "remat")(_call("jaxpr"))

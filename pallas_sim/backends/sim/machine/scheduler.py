@@ -1,0 +1,124 @@
+"""Discrete-event scheduler for one group of blocks (a block, or the blocks
+of a cluster).
+
+Agents that run code (warpgroups: Pallas threads) are tasks, coroutines that
+run until they block and yield a `Wait`. Async work (TMA copies, wgmma
+groups) is scheduled as events at its completion time. A task that yields is
+re-queued at its own local time, so every async event that completes earlier
+is applied before its wait is checked. When nothing is queued and a task is
+still blocked, no event can ever unblock it: that is a deadlock, reported at
+once, never a hang.
+"""
+import heapq
+
+from pallas_sim.errors import DeadlockError
+
+
+class Resource:
+  """Something tasks wait on (a barrier slot, a warpgroup's async queue)."""
+  __slots__ = ("name", "waiters")
+
+  def __init__(self, name):
+    self.name = name
+    self.waiters = []
+
+
+class Wait:
+  """A wait request: blocks until `ready()`; `resources` are notified when
+  their state changes; `what` and `where` describe it for deadlock reports."""
+  __slots__ = ("ready", "resources", "what", "where")
+
+  def __init__(self, ready, resources, what, where):
+    self.ready = ready
+    self.resources = resources
+    self.what = what
+    self.where = where
+
+
+class Task:
+  """A coroutine with a local clock (cycles). Subclassed by the warpgroup
+  state (machine/state.py), which adds what the rules keep per warpgroup."""
+  __slots__ = ("name", "gen", "time", "waiting", "queued", "done", "sched", "steps",
+               "alu")
+
+  def __init__(self, name, sched):
+    self.name = name
+    self.steps = 0  # equations run (counted per program run, for progress)
+    self.alu = 0.0  # cycles of issue work, as if alone on its SM (timing/model.py)
+    self.gen = None
+    self.sched = sched
+    self.time = 0.0
+    self.waiting = None
+    self.queued = False
+    self.done = False
+
+  def step(self):
+    self.queued = False
+    sched = self.sched
+    w = self.waiting
+    if w is not None:
+      if not w.ready():
+        for r in w.resources:
+          r.waiters.append(self)
+        return
+      self.waiting = None
+      if sched.now > self.time:
+        self.time = sched.now
+    try:
+      req = self.gen.send(None)
+    except StopIteration:
+      self.done = True
+      return
+    self.waiting = req
+    sched.wake(self, self.time)
+
+
+class Scheduler:
+  def __init__(self):
+    self._heap = []
+    self._seq = 0
+    self.now = 0.0
+    self.tasks = []
+
+  def at(self, time, fn):
+    self._seq += 1
+    heapq.heappush(self._heap, (time, self._seq, fn))
+
+  def wake(self, th, time):
+    if not th.queued and not th.done:
+      th.queued = True
+      self.at(time, th.step)
+
+  def notify(self, res, at=None):
+    """`res` changed at time `at` (default: the current event's time; a task
+    that changes it passes its own local clock, which runs ahead of the
+    event that resumed it): its waiters resume no earlier than that."""
+    ws = res.waiters
+    if ws:
+      res.waiters = []
+      t = self.now if at is None else at
+      for th in ws:
+        self.wake(th, max(t, th.time))
+
+  def spawn(self, th, gen):
+    th.gen = gen
+    self.tasks.append(th)
+    self.wake(th, th.time)
+
+  def run(self):
+    heap = self._heap
+    while heap:
+      time, _, fn = heapq.heappop(heap)
+      if time > self.now:
+        self.now = time
+      fn()
+    blocked = [th for th in self.tasks if not th.done]
+    if blocked:
+      lines = [f"  {th.name}: blocked in {th.waiting.what} at {th.waiting.where}"
+               for th in blocked]
+      raise DeadlockError(
+          "no thread can make progress (nothing left in flight that could "
+          "unblock them):\n" + "\n".join(lines),
+          blocked=[(th.name, th.waiting.what, th.waiting.where) for th in blocked],
+          where=blocked[0].waiting.where)
+    return max([th.time for th in self.tasks] + [self.now])

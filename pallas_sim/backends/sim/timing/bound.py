@@ -1,0 +1,78 @@
+"""What limits a kernel, in words, from the timing model's tallies: the
+utilisation of each unit over the predicted time, and where the warpgroups'
+time went. Read by the report (pallas_sim/backends/sim/report/__init__.py); it changes no
+prediction."""
+
+# Thresholds for naming a bound (fractions). A unit busy this much of the
+# kernel's time is what it waits for; below, the largest stall names it.
+BUSY = 0.6
+LAUNCH = 0.5
+TAIL = 0.25
+SPILL = 0.25
+
+
+def utilisation(kt, totals, gpu, hbm):
+  """Fractions of the kernel's predicted time each unit was busy, over the
+  whole chip: tensor cores, TMA engines, HBM."""
+  chip = gpu.num_sms * kt.seconds * gpu.clock_hz
+  if not chip:
+    return {"tensor core": 0.0, "TMA": 0.0, "HBM": 0.0}
+  return {"tensor core": totals.tensor_cycles / chip,
+          "TMA": totals.tma_cycles / chip,
+          "HBM": hbm / (kt.seconds * gpu.hbm_bytes_per_s)}
+
+
+def clock_note(gpu, mhz, asked, watts, boost_watts=None):
+  """Where the SMs' clock, `mhz`, came from: asked for (Options.clock_mhz),
+  or the power limit's (timing/power.py): the boost clock when the kernel's
+  power stays within the limit there, else the clock that brings it down to
+  it."""
+  if asked is not None:
+    return f"SMs at {mhz:g} MHz throughout (clock_mhz)"
+  if boost_watts is None:
+    return (f"SMs at the {mhz:g} MHz boost clock: ~{watts:.0f} W, within the "
+            f"{gpu.power_limit_w} W limit")
+  return (f"SMs at {mhz:g} MHz, the {gpu.power_limit_w} W limit's clock (~{boost_watts:.0f} W "
+          f"at the {gpu.boost_mhz:g} MHz boost clock; predicted, timing/power.py: pass "
+          f"clock_mhz=, the clock nvidia-smi shows while it runs, to predict at that)")
+
+
+def stall_shares(totals):
+  """Of the warpgroups' time, the share stalled on each kind of wait
+  (machine/state.STALLS), and the rest (issuing: "issue")."""
+  t = totals.thread_cycles
+  if not t:
+    return {}
+  out = {k: v / t for k, v in totals.stalls.items()}
+  out["issue"] = max(0.0, 1.0 - sum(out.values()))
+  return out
+
+
+def name(kt, totals, util, regs):
+  """The bound, in words, with its reason."""
+  if kt.launch_s >= LAUNCH * kt.seconds:
+    return "launch overhead", f"{kt.launch_s * 1e6:.1f} us of launch in {kt.seconds * 1e6:.1f} us"
+  if kt.memory_s >= kt.compute_s:
+    return "HBM", f"{util['HBM']:.0%} of HBM bandwidth"
+  if kt.tail_s >= TAIL * kt.compute_s:
+    return "tail wave", (f"the last wave is {kt.last_wave_fill:.0%} full and takes "
+                         f"{kt.tail_s / kt.compute_s:.0%} of the time")
+  t = totals.thread_cycles
+  if regs is not None and regs.spilled and t and totals.stalls["spill"] >= SPILL * t:
+    return "register spills", (f"{regs.spilled} registers per lane spill "
+                               f"({regs.per_thread} needed, {regs.limit} allowed)")
+  # (the busier of the two, where both are; a TMA engine saturated is what
+  # its SM's share of L2/HBM bandwidth lets through)
+  unit = max(("tensor core", "TMA"), key=lambda u: util[u])
+  if util[unit] >= BUSY:
+    if unit == "TMA":
+      return "TMA bandwidth", f"TMA engines busy {util['TMA']:.0%}"
+    return "tensor core", f"tensor cores busy {util['tensor core']:.0%}"
+  shares = stall_shares(totals)
+  if not shares:
+    return "launch overhead", "no work"
+  kind = max(shares, key=shares.get)
+  words = {"TMA": "TMA latency", "TMA store": "TMA latency", "barrier": "barrier stalls",
+           "tensor core": "tensor core", "spill": "register spills",
+           "issue": "ALU"}[kind]
+  return words, f"warpgroups {'issue' if kind == 'issue' else 'wait on ' + kind} {shares[kind]:.0%} of their time"
