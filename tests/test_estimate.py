@@ -388,8 +388,7 @@ def test_without_numerics_float_math_is_not_computed():
       S((4, 128), F32), S((), jnp.int32))
   x, i = np.full((4, 128), 0.5, np.float32), np.int32(5)
   for skip in (False, True):
-    cx = Compiler(Timing(_gpus.H200), None, numerics=not skip)
-    cx.skip_float_values = skip
+    cx = Compiler(Timing(_gpus.H200), None, numerics=not skip, skip_float_values=skip)
     prog = cx.compile(jaxpr)
     env = list(prog.template)
     for s_, v in zip(prog.invars, (x, i)):

@@ -164,12 +164,12 @@ class Executor:
     numerics = self.options.numerics or (
         p.variation is not None and p.variation[0] == block_classes.DATA
         and not self.shapes_only)
-    cx = Compiler(self.timing, launch, self.options.max_cycles, numerics)
     # Without numerics, and with no control decision on data nor any
     # decision or address on float math, no value a float operation
     # computes can change a time: estimate skips them.
-    cx.skip_float_values = not numerics and not found.float_matters and (
-        p.variation is None or p.variation[0] != block_classes.DATA)
+    cx = Compiler(self.timing, launch, self.options.max_cycles, numerics,
+                  skip_float_values=not numerics and not found.float_matters and (
+                      p.variation is None or p.variation[0] != block_classes.DATA))
     p.program = cx.compile(jaxpr)
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
     p.sites = dict(cx.sites)
@@ -648,9 +648,9 @@ class Executor:
       return hit[1]
     try:
       keep = paths.kernel_slice(prep.jaxpr)
-      cx = Compiler(self.timing, launch, self.options.max_cycles, numerics=False)
-      cx.keep, cx.overrides, cx.sites = keep, paths.OVERRIDES, dict(prep.sites)
-      cx.wrap = paths.lanes_checked
+      cx = Compiler(self.timing, launch, self.options.max_cycles, numerics=False,
+                    keep=keep, overrides=paths.OVERRIDES, sites=prep.sites,
+                    wrap=paths.lanes_checked)
       sliced = copy.copy(prep)
       sliced.program = cx.compile(prep.jaxpr)
       found = paths.follow(

@@ -64,13 +64,15 @@ class Compiler:
   """Compiles jaxprs to Programs; one per launch (rules may close over launch
   facts, and ask the timing model, timing/model.py, for costs)."""
 
-  def __init__(self, timing, launch=None, max_cycles=MAX_CYCLES, numerics=True):
+  def __init__(self, timing, launch=None, max_cycles=MAX_CYCLES, numerics=True, *,
+               skip_float_values=False, sites=None, keep=None, overrides=None, wrap=None):
     self.timing = timing
     self.launch = launch
     self.numerics = numerics  # False: the tensor cores' sums are skipped
-    # True (executor.prepare): float elementwise math gives zeros, uncomputed
-    self.skip_float_values = False
-    self.sites = {}  # id(eqn) -> its number, for equations a rule asks to number
+    # True (execute/prepare.py): float elementwise math gives zeros, uncomputed
+    self.skip_float_values = skip_float_values
+    # id(eqn) -> its number, for equations a rule asks to number
+    self.sites = {} if sites is None else dict(sites)
     self.max_cycles = max_cycles  # loops end a runaway block past this
     self._cache = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]
@@ -79,12 +81,12 @@ class Compiler:
     self.smem_base = 0
     # Named scopes open and close regions of the kernel's profile (report/profiler.py)
     self.profile = launch is not None and getattr(launch, "profile", None) is not None
-    # A slice of the kernel (pallas_sim/backends/sim/analysis/paths.py): only these equations
+    # A slice of the kernel (analysis/paths.py): only these equations
     # ({id: which operands it needs}; zeros stand for the values it does
     # not), with these rules in place of the simulator's where given.
-    self.keep = None
-    self.overrides = {}
-    self.wrap = None  # (fn, eqn) -> fn: a check around every plain step (analysis/paths.py)
+    self.keep = keep
+    self.overrides = overrides or {}
+    self.wrap = wrap  # (fn, eqn) -> fn: a check around every plain step (analysis/paths.py)
 
   def site(self, eqn):
     """A number for `eqn`, in the order rules ask (the same in every process
