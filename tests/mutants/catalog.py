@@ -190,11 +190,11 @@ MUTANTS = [
     Mutant("gmem-replay-keeps-one-read", RACES,
            "GMEM reads logged before a buffer's first write all go into the read "
            "slots at that write; the mutant keeps the last read of each element",
-           "        self._read(sh, lambda arr: _view(arr, off, shape, estrides), vec, comp, "
+           "        self._read(sh, lambda arr: element_view(arr, off, shape, estrides), vec, comp, "
            "clock)\n",
            "        sh.any_read, sh.read_slots = True, max(sh.read_slots, 1)\n"
-           "        _view(sh.r1c, off, shape, estrides)[...] = comp\n"
-           "        _view(sh.r1k, off, shape, estrides)[...] = clock\n",
+           "        element_view(sh.r1c, off, shape, estrides)[...] = comp\n"
+           "        element_view(sh.r1k, off, shape, estrides)[...] = clock\n",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
     Mutant("tc-operand-table-off-by-one", TC,
            "wgmma operands of f16 and fp8 take each bit pattern's own value; the "
@@ -560,7 +560,7 @@ MUTANTS = [
     Mutant("uninit-candidates-unfiltered", "pallas_sim/backends/sim/checks/initcheck.py",
            "a detached group's read of GMEM unwritten in its copy is a finding only if "
            "no earlier group wrote it either; the mutant reports it as is",
-           "    mask = mask & ~_view(buf.written, off, shape, estrides)\n",
+           "    mask = mask & ~element_view(buf.written, off, shape, estrides)\n",
            "    mask = mask & True\n",
            ("tests/test_parallel.py",)),
     Mutant("misuse-only-with-races", "pallas_sim/backends/sim/execute/group.py",

@@ -11,7 +11,7 @@ replayed.
 """
 import numpy as np
 
-from pallas_sim.backends.sim.checks.races import _view, advice, element_range
+from pallas_sim.backends.sim.checks.races import element_view, advice, element_range
 
 
 class _Summary:
@@ -97,7 +97,7 @@ class CrossBlock:
     checked inside the group)."""
     me = number + 1
     sh = self._summary(buf)
-    V = lambda arr: _view(arr, off, shape, estrides)
+    V = lambda arr: element_view(arr, off, shape, estrides)
     if not sh.written:
       if not write:
         # Per region read, its first two reading blocks: what _add_reader
@@ -113,7 +113,7 @@ class CrossBlock:
       for (roff, rest, rshape), readers in sh.read_log.items():
         for rme, rsite in readers:
           r = self.record(rme, rsite)
-          self._add_reader(sh, lambda arr: _view(arr, roff, rshape, rest), rme, r)
+          self._add_reader(sh, lambda arr: element_view(arr, roff, rshape, rest), rme, r)
       sh.read_log = None
     checks = [(V(sh.xw), "write")]
     if sh.any_atomic and (not atomic or not write):

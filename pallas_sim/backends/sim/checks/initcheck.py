@@ -9,8 +9,8 @@ dropped (`written = None`), so a fully written buffer costs nothing more.
 Untracked buffers (inputs, outputs aliased to inputs, accumulators, barriers)
 have `written = None` from the start: they count as written.
 
-Reads found here go to the group's event list, in order, as ("uninit",
-site, block, element range) and fold per site when the executor merges
+Reads found here go to the group's event list, in order, as
+execute/events.py's Uninit, and fold per site when the executor merges
 them (InitLog), like race reports. Decisions: a plain store (`swap`) only
 writes (its old value is almost always dropped); `addupdate`, and a TMA
 store with a reduction, read the destination first.
@@ -18,7 +18,7 @@ store with a reduction, read the destination first.
 import numpy as np
 
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.checks.races import Site, _view, element_map, element_range
+from pallas_sim.backends.sim.checks.races import Site, element_view, element_map, element_range
 
 
 def track(buf):
@@ -41,7 +41,7 @@ def _mark(buf, m):
 def mark_view(buf, off, estrides, shape):
   """A write of buf's elements under an element map."""
   if buf.written is not None:
-    _mark(buf, _view(buf.written, off, shape, estrides))
+    _mark(buf, element_view(buf.written, off, shape, estrides))
 
 
 def unwritten_at(buf, off, estrides, shape):
@@ -49,7 +49,7 @@ def unwritten_at(buf, off, estrides, shape):
   (as far as this buffer knows), or None."""
   if buf.written is None:
     return None
-  m = _view(buf.written, off, shape, estrides)
+  m = element_view(buf.written, off, shape, estrides)
   return None if m.all() else ~m
 
 
@@ -57,7 +57,7 @@ def unwritten_of(buf, off, estrides, shape, mask):
   """Text naming the elements of `mask` (under an element map of `buf`)
   that are unwritten in `buf` too, or None."""
   if buf.written is not None:
-    mask = mask & ~_view(buf.written, off, shape, estrides)
+    mask = mask & ~element_view(buf.written, off, shape, estrides)
     if mask.any():
       return element_range(buf, off, estrides, mask)
   return None

@@ -24,6 +24,7 @@ grow.
 import numpy as np
 
 from pallas_sim.backends.sim.checks import races
+from pallas_sim.backends.sim.execute.events import RaceFound
 from pallas_sim.backends.sim.checks.races import timing_verdict
 
 INF = np.iinfo(np.int64).max
@@ -265,8 +266,8 @@ class HappensBefore:
       self._zombies(wg, buf, vec, site, span)
     if self.gone and id(buf) in self.gone:
       owner, end = self.gone[id(buf)]
-      self.tracker.events.append((
-          "race", "SMEM access after its block ended", end, site, wg.block.index, "",
+      self.tracker.events.append(RaceFound(
+          "SMEM access after its block ended", end, site, wg.block.index, "",
           f"{block_words(owner)} {block_of(owner)} had ended ({end.where}) when "
           f"{site.describe()} "
           "touched its SMEM: on hardware the launch fails "
@@ -733,8 +734,8 @@ class HappensBefore:
                             timing_verdict(first_span, (now, now)))
 
   def _ended_under(self, blk, first, end, timing):
-    self.tracker.events.append((
-        "race", "block ends while a peer may access its SMEM", first, end,
+    self.tracker.events.append(RaceFound(
+        "block ends while a peer may access its SMEM", first, end,
         blk.index, "",
         f"{block_words(blk)} {block_of(blk)} ends ({end.where}) with nothing ordering "
         f"{first.describe()} before its end: on hardware the launch fails "
@@ -759,8 +760,8 @@ class HappensBefore:
       timing = (True, 0.0) if in_flight else (
           timing_verdict(first_span, span) if first_span else (False, 0.0))
       peer = first.block not in (None, block_of(blk))
-      self.tracker.events.append((
-          "race", "SMEM reused while a peer block may access it" if peer else
+      self.tracker.events.append(RaceFound(
+          "SMEM reused while a peer block may access it" if peer else
           "async work outlives its run_scoped", first, site, blk.index,
           f"(bytes {max(lo, zlo)}..{min(hi, zhi)} of SMEM)",
           (f"{first.describe()} (a peer block's access to this block's SMEM) is "

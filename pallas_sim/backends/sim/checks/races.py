@@ -23,6 +23,7 @@ import jax
 import numba
 import numpy as np
 
+from pallas_sim.backends.sim.execute.events import GmemAccess, RaceFound
 from pallas_sim.backends.sim.machine import memory
 
 NONE = 0                        # "no access": its clock is +inf in every vector
@@ -383,7 +384,7 @@ def release(arr, lo, hi):
     flat[(first - base) // isz:(last - base) // isz] = 0
 
 
-def _view(arr, off, shape, estrides):
+def element_view(arr, off, shape, estrides):
   """The shadow elements under a data view (same offset and strides)."""
   isz = arr.itemsize
   return np.ndarray(shape, arr.dtype, arr, off * isz, [e * isz for e in estrides])
@@ -548,10 +549,8 @@ def element_range(buf, off, estrides, mask):
 class Tracker:
   """Element shadows of one launch's buffers, checked against the vector
   clocks of the group of blocks running now. Race reports and GMEM accesses
-  go, in order, to the group's event list (`events`): ("race", kind, first
-  site, second site, block, element range, advice) and ("gmem", block
-  number, block, buffer, offset, element strides, shape, site, write,
-  atomic)."""
+  go, in order, to the group's event list (`events`) as
+  execute/events.py's RaceFound and GmemAccess."""
 
   def __init__(self, log, comp_dtype=np.uint8):
     self.log = log               # the launch's sites (reports fold at merge)
@@ -640,8 +639,8 @@ class Tracker:
     sh = self.shadow(buf)
     off, estrides, shape = element_map(buf, view)
     if buf.space == "gmem":  # (checked against other groups when they merge)
-      self.events.append(("gmem", block.group.number, block.index, buf, off, estrides,
-                          shape, site, write, atomic))
+      self.events.append(GmemAccess(block.group.number, block.index, buf, off, estrides,
+                                    shape, site, write, atomic))
       lo = off + sum((n - 1) * e for n, e in zip(shape, estrides) if e < 0)
       hi = off + sum((n - 1) * e for n, e in zip(shape, estrides) if e > 0) + 1
       was = self.gmem_spans.get(sh)
@@ -689,7 +688,7 @@ class Tracker:
             sh.read_slots = 1
           return
     sh.forget()  # (the arrays change below, element by element)
-    V = lambda arr: _view(arr, off, shape, estrides)
+    V = lambda arr: element_view(arr, off, shape, estrides)
     wc, wk = V(sh.wc), V(sh.wk)
     m = _unordered(wc, wk, vec)
     if m is not None and atomic and sh.any_atomic:
@@ -782,7 +781,7 @@ class Tracker:
       if group == self.group:
         if sh.group != group:
           sh.group, sh.any_read, sh.read_slots = group, False, 0
-        self._read(sh, lambda arr: _view(arr, off, shape, estrides), vec, comp, clock)
+        self._read(sh, lambda arr: element_view(arr, off, shape, estrides), vec, comp, clock)
 
   def _report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site,
               issue, agent, block, span, stamp):
@@ -805,5 +804,5 @@ class Tracker:
       comp, clock, vec, issued = stamp
       text = self.explain and self.explain((first, int(c), int(k)), (site, comp, clock),
                                            agent, issued, vec, swapped, buf)
-      self.events.append(("race", kind, a[1], b[1], block.index, rng,
-                          text or advice(a[1], b[1]), timing_verdict(*spans)))
+      self.events.append(RaceFound(kind, a[1], b[1], block.index, rng,
+                                   text or advice(a[1], b[1]), timing_verdict(*spans)))

@@ -365,21 +365,11 @@ class Executor:
       totals.add(st)
       if st.loads is not None:
         loads[number] = st.loads
+    m = types.SimpleNamespace(log=log, init_log=init_log, cross=cross)
     for ev in result.events:
-      kind = ev[0]
-      if kind == "race":
-        log.add(*ev[1:])
-      elif kind == "uninit":
-        init_log.add(init_log.site(*ev[1:6]), *ev[6:])
-      elif kind == "uninit_gmem":  # (unwritten in the group's copy: and here?)
-        _, agent, prim, where, thread, buf, block, *emap = ev
-        rng = initcheck.unwritten_of(buf.origin, *emap)
-        if rng is not None:
-          init_log.add(init_log.site(agent, prim, where, buf.name, thread), block, rng)
-      elif kind == "gmem":
-        cross.access(*ev[1:])
+      ev.merge(m)
     for buf, off, estrides, shape, reduce, values in result.writes:
-      view = races._view(buf.data, off, shape, estrides)
+      view = races.element_view(buf.data, off, shape, estrides)
       view[...] = values if reduce is None else reduce(view, values)
       initcheck.mark_view(buf, off, estrides, shape)
 

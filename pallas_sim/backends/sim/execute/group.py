@@ -6,6 +6,8 @@ import dataclasses
 
 import numpy as np
 
+from pallas_sim.backends.sim.execute.events import (GmemRead, GmemWrite, RaceFound, Uninit,
+                                                  UninitGmem)
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import run_gen
 from pallas_sim.backends.sim.machine import aliasing, memory
@@ -22,18 +24,11 @@ class GroupResult:
   numbers: list     # the blocks' positions in the launch
   cycles: list      # per block: when its last warpgroup or async work ended
   stats: list       # per block: machine.state.BlockStats
-  # In order: ("race", kind, first site, second site, block, elements,
-  # advice), ("gmem", number, block, buffer, offset, element strides,
-  # shape, site, write, atomic) for the cross-block check, and ("uninit",
-  # agent, primitive, where, buffer name, thread, block, elements). A
-  # detached or logged group also has ("uninit_gmem", agent, primitive,
-  # where, thread, buffer, block, offset, element strides, shape, mask of
-  # elements unwritten in its copy) and ("gmem_read", buffer, offset,
-  # element strides, shape).
+  # In order (execute/events.py): RaceFound, GmemAccess (for the
+  # cross-block check) and Uninit; a detached or logged group also has
+  # UninitGmem and GmemRead.
   events: list
-  # Detached or logged groups: (GMEM buffer, offset, element strides, shape,
-  # reduction or None, values: written, or the reduction's operand).
-  writes: list
+  writes: list      # detached or logged groups: events.GmemWrite
 
 
 class Group:
@@ -88,21 +83,21 @@ class Group:
       if ref.view.size and not ref.buf.lent:  # (a lent input: never written)
         emap = element_map(ref.buf, ref.view)
         if not replayed:  # (what it read, for parallel.Visibility)
-          self.events.append(("gmem_read", ref.buf) + emap)
+          self.events.append(GmemRead(ref.buf, *emap))
         # (Elements an earlier group wrote count as written: decided at the
         # merge, against the launch's buffers, executor._merge.)
         m = initcheck.unwritten_at(ref.buf, *emap)
         if m is not None:
-          self.events.append(("uninit_gmem", agent, prim, where, thread, ref.buf,
-                              block.index) + emap + (m,))
+          self.events.append(UninitGmem(agent, prim, where, thread, ref.buf,
+                                        block.index, *emap, m))
       return
     rng = initcheck.unwritten_in(ref)
     if rng is not None:
-      self.events.append(("uninit", agent, prim, where, ref.buf.name, thread,
-                          block.index, rng))
+      self.events.append(Uninit(agent, prim, where, ref.buf.name, thread, block.index,
+                                rng))
 
   def misuse(self, kind, site, block, text):
-    self.events.append(("race", kind, None, site, block.index, "", text))
+    self.events.append(RaceFound(kind, None, site, block.index, "", text))
 
   def wrote(self, ref, reduce=None, operand=None):
     """A write through `ref` happened: its elements count as written. GMEM
@@ -121,7 +116,7 @@ class Group:
       aliasing.pack(buf)
     if logged:
       values = np.array(ref.view if reduce is None else operand, ref.view.dtype)
-      self.writes.append((buf.origin,) + emap + (reduce, values))
+      self.writes.append(GmemWrite(buf.origin, *emap, reduce, values))
 
 
 class GroupRunner:

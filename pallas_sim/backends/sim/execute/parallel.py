@@ -31,6 +31,7 @@ import warnings
 
 import numpy as np
 
+from pallas_sim.backends.sim.execute.events import GmemRead
 from pallas_sim.backends.sim.execute.group import GroupResult
 from pallas_sim.backends.sim.checks import races
 
@@ -78,40 +79,20 @@ class Job:
     self.buf_index = {id(b): i for i, b in enumerate(runner.io_bufs)}
 
 
-# Where an event holds a GMEM buffer, and sites (group.GroupResult.events).
-_BUF_AT = {"gmem": 3, "uninit_gmem": 5, "gmem_read": 1}
-_SITES_AT = {"race": (2, 3), "gmem": (7,)}
-
-
-def _map(result, buf, site):
-  """result with each event's buffers and sites, and each write's buffer,
-  passed through buf() and site()."""
-  events = []
-  for ev in result.events:
-    kind = ev[0]
-    if kind in _BUF_AT or kind in _SITES_AT:
-      ev = list(ev)
-      if kind in _BUF_AT:
-        ev[_BUF_AT[kind]] = buf(ev[_BUF_AT[kind]])
-      for i in _SITES_AT.get(kind, ()):
-        ev[i] = site(ev[i])
-      ev = tuple(ev)
-    events.append(ev)
-  writes = [(buf(w[0]),) + tuple(w[1:]) for w in result.writes]
-  return GroupResult(result.numbers, result.cycles, result.stats, events, writes)
-
-
 def _portable(result, job):
   """A GroupResult that pickles small: sites as their keys, GMEM buffers as
-  their operand index."""
-  return _map(result, lambda b: job.buf_index[id(b.origin)],
-              lambda s: None if s is None else s.key)
+  their operand index (events.py)."""
+  index = lambda b: job.buf_index[id(b.origin)]
+  return GroupResult(result.numbers, result.cycles, result.stats,
+                     [ev.portable(index) for ev in result.events],
+                     [w.portable(index) for w in result.writes])
 
 
 def restore(result, io_bufs, log):
   """The parent's side of _portable."""
-  return _map(result, io_bufs.__getitem__,
-              lambda key: None if key is None else log.site(*key))
+  return GroupResult(result.numbers, result.cycles, result.stats,
+                     [ev.restored(io_bufs, log) for ev in result.events],
+                     [w.restored(io_bufs, log) for w in result.writes])
 
 
 def _init_worker(workers):
@@ -264,17 +245,17 @@ class Visibility:
     if w is None:
       w = self.writer[id(buf)] = np.zeros(buf.data.shape, np.int32)
       for me, (off, estrides, shape) in self.listed.pop(id(buf), ()):
-        races._view(w, off, shape, estrides)[...] = me
+        races.element_view(w, off, shape, estrides)[...] = me
     return w
 
   def check(self, g, result):
     """Group g's reads, then its writes (merged in group order)."""
     me = g + 1
     for ev in result.events:
-      if ev[0] == "gmem_read":
-        buf = ev[1].origin
+      if type(ev) is GmemRead:
+        buf = ev.buffer.origin
         if id(buf) in self.writer or id(buf) in self.listed:
-          seen = races._view(self._writer(buf), ev[2], ev[4], ev[3])
+          seen = races.element_view(self._writer(buf), ev.offset, ev.shape, ev.estrides)
           if ((seen != 0) & (seen != me)).any():
             return False
     for buf, off, estrides, shape, _, _ in result.writes:
@@ -282,7 +263,7 @@ class Visibility:
       if w is None:
         self.listed.setdefault(id(buf), []).append((me, (off, estrides, shape)))
       else:
-        races._view(w, off, shape, estrides)[...] = me
+        races.element_view(w, off, shape, estrides)[...] = me
     return True
 
 

@@ -10,7 +10,7 @@ from pallas_sim.backends.sim.frontend import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.checks import initcheck
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.checks.races import _view, element_map
+from pallas_sim.backends.sim.checks.races import element_view, element_map
 from pallas_sim.backends.sim.interpret.rules import semaphores
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
@@ -183,7 +183,7 @@ def peer_ref(peer, ref):
   """The same elements of `ref`'s allocation in cluster peer `peer`'s SMEM."""
   buf = peer_buffer(peer, ref.buf)
   off, estrides, shape = element_map(ref.buf, ref.view)
-  return refview.Ref(buf, _view(buf.data, off, shape, estrides))
+  return refview.Ref(buf, element_view(buf.data, off, shape, estrides))
 
 
 @rule("run_scoped")

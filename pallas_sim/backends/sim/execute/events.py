@@ -1,0 +1,152 @@
+"""What a group of blocks hands the merge, in order (group.GroupResult):
+findings and GMEM traffic as typed events, and the writes of a detached
+group. The merge applies each event through `merge(m)` (merge.Merge), in
+block order, whether the group ran here or in a worker process.
+
+An event that crosses a process boundary holds two kinds of objects a
+worker cannot send as they are: GMEM buffers (sent as their position among
+the launch's operands) and race sites (sent as their key in the launch's
+RaceLog). `portable` and `restored` do that, naming the fields they map:
+adding a field to an event needs no index table anywhere else."""
+from typing import NamedTuple
+
+
+class RaceFound(NamedTuple):
+  """A race or a misuse within a group (checks/races.py, checks/observer.py,
+  group.Group.misuse): `first` is None for a misuse with one site."""
+  kind: str
+  first: object       # races.Site or None
+  second: object      # races.Site
+  block: tuple
+  elements: str
+  advice: str
+  timing: object = None
+
+  def merge(self, m):
+    m.log.add(self.kind, self.first, self.second, self.block, self.elements, self.advice,
+              self.timing)
+
+  def portable(self, buf_index):
+    return self._replace(first=_key(self.first), second=_key(self.second))
+
+  def restored(self, bufs, log):
+    return self._replace(first=_site(self.first, log), second=_site(self.second, log))
+
+
+class GmemAccess(NamedTuple):
+  """An access to GMEM, for the races between blocks (checks/cross_block.py)."""
+  group: int
+  block: tuple
+  buffer: object      # memory.Buffer
+  offset: int
+  estrides: tuple
+  shape: tuple
+  site: object        # races.Site
+  write: bool
+  atomic: bool
+
+  def merge(self, m):
+    if m.cross is not None:
+      m.cross.access(self.group, self.block, self.buffer, self.offset, self.estrides,
+                     self.shape, self.site, self.write, self.atomic)
+
+  def portable(self, buf_index):
+    return self._replace(buffer=buf_index(self.buffer), site=_key(self.site))
+
+  def restored(self, bufs, log):
+    return self._replace(buffer=bufs[self.buffer], site=_site(self.site, log))
+
+
+class Uninit(NamedTuple):
+  """A read of SMEM (or of GMEM in a group that shares the launch's) that
+  nothing wrote before it (checks/initcheck.py)."""
+  agent: str
+  primitive: str
+  where: str
+  buffer_name: str
+  thread: int
+  block: tuple
+  elements: str
+
+  def merge(self, m):
+    m.init_log.add(m.init_log.site(self.agent, self.primitive, self.where,
+                                   self.buffer_name, self.thread), self.block, self.elements)
+
+  def portable(self, buf_index):
+    return self
+
+  def restored(self, bufs, log):
+    return self
+
+
+class UninitGmem(NamedTuple):
+  """A detached group's read of GMEM elements its own copy did not have
+  written: the merge decides against the launch's buffers, which earlier
+  groups' writes reached."""
+  agent: str
+  primitive: str
+  where: str
+  thread: int
+  buffer: object
+  block: tuple
+  offset: int
+  estrides: tuple
+  shape: tuple
+  unwritten: object   # mask of the elements unwritten in the group's copy
+
+  def merge(self, m):
+    from pallas_sim.backends.sim.checks import initcheck
+    rng = initcheck.unwritten_of(self.buffer.origin, self.offset, self.estrides, self.shape,
+                                 self.unwritten)
+    if rng is not None:
+      m.init_log.add(m.init_log.site(self.agent, self.primitive, self.where,
+                                     self.buffer.name, self.thread), self.block, rng)
+
+  def portable(self, buf_index):
+    return self._replace(buffer=buf_index(self.buffer))
+
+  def restored(self, bufs, log):
+    return self._replace(buffer=bufs[self.buffer])
+
+
+class GmemRead(NamedTuple):
+  """What a detached group read of GMEM (parallel.Visibility)."""
+  buffer: object
+  offset: int
+  estrides: tuple
+  shape: tuple
+
+  def merge(self, m):
+    pass
+
+  def portable(self, buf_index):
+    return self._replace(buffer=buf_index(self.buffer))
+
+  def restored(self, bufs, log):
+    return self._replace(buffer=bufs[self.buffer])
+
+
+class GmemWrite(NamedTuple):
+  """A detached group's write to GMEM: the values written or, for a
+  reduction (atomics, TMA reductions), the reduction and its operand,
+  replayed on the launch's buffer at the merge."""
+  buffer: object
+  offset: int
+  estrides: tuple
+  shape: tuple
+  reduce: object      # combine(old, operand) or None
+  values: object
+
+  def portable(self, buf_index):
+    return self._replace(buffer=buf_index(self.buffer))
+
+  def restored(self, bufs, log):
+    return self._replace(buffer=bufs[self.buffer])
+
+
+def _key(site):
+  return None if site is None else site.key
+
+
+def _site(key, log):
+  return None if key is None else log.site(*key)
