@@ -36,13 +36,13 @@ def _wait(out):
 
 
 @contextlib.contextmanager
-def _simulating(options):
+def _simulating(options, **executor_args):
   """Routes kernels traced inside to a fresh Executor. Static errors (shared
   memory, unsupported primitives) raise while tracing; errors found while
   running (deadlocks, out-of-bounds accesses) are raised when the block ends,
   as the simulator's own exception with the user's file:line."""
   __tracebackhide__ = True  # pytest: show the user's frames, not ours
-  ex = Executor(options=options)
+  ex = Executor(options, **executor_args)
   capture.push_executor(ex)
   try:
     try:
@@ -99,8 +99,7 @@ def simulate(fn, *args, options=None, **kwargs):
   check_lowering=False skips lowering each kernel with the real Mosaic GPU
   lowering first (then only the simulator's own checks reject kernels)."""
   opts = take(kwargs, options)
-  with _simulating(opts) as ex:
-    ex.recipe = (fn, args, kwargs)  # (what a Ray task runs again)
+  with _simulating(opts, recipe=(fn, args, kwargs)) as ex:  # (what a Ray task runs again)
     out = _wait(fn(*args, **kwargs))
   return Simulation(out, ex.report)
 
@@ -122,8 +121,7 @@ def estimate(fn, *args, options=None, **kwargs):
                              check_races=False, check_uninitialized=False)
   is_shape = lambda a: isinstance(a, jax.ShapeDtypeStruct)
   given_shapes = any(map(is_shape, jax.tree.leaves((args, kwargs))))
-  with _simulating(opts) as ex:
-    ex.shapes_only = given_shapes
+  with _simulating(opts, shapes_only=given_shapes) as ex:
     if given_shapes:  # (no XLA program: its kernels straight to the executor)
       try:
         _wait(shapes_only.run(fn, args, kwargs))

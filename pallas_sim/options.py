@@ -2,6 +2,7 @@
 plugin) takes, as one value: the GPU model, what is checked, and what a
 finding does."""
 import dataclasses
+import os
 
 from pallas_sim import gpus
 
@@ -12,6 +13,16 @@ MAX_CYCLES = 2 ** 32
 
 _ON = ("raise", "report")
 ENGINES = ("processes", "ray")
+
+
+def _env_progress():
+  """Options.progress's default: PALLAS_SIM_PROGRESS=1 on, =0 off, else None."""
+  return {"1": True, "0": False}.get(os.environ.get("PALLAS_SIM_PROGRESS", ""))
+
+
+def _env_check_estimate():
+  """Options.check_estimate's default: PALLAS_SIM_CHECK_ESTIMATE's path."""
+  return os.environ.get("PALLAS_SIM_CHECK_ESTIMATE") or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +73,14 @@ class Options:
   block_classes: simulate one block per class of blocks that do the same
     work, and give the others its times (pallas_sim/backends/sim/analysis/block_classes.py;
     kernels whose control flow depends on the block's index or on data run
-    every block: ps.estimate)."""
+    every block: ps.estimate).
+  progress: a progress line on stderr for launches that run longer than a
+    few seconds (True, False; None: on a terminal, not under CI). Its
+    default comes from the environment: PALLAS_SIM_PROGRESS=1 or 0.
+  check_estimate: a developer's check: a path to which every launch
+    simulated appends a JSON line comparing ps.estimate with the full
+    simulation (execute/estimate_check.py). Its default comes from the
+    environment: PALLAS_SIM_CHECK_ESTIMATE=<path>."""
   gpu: str = "h100"
   check_races: bool = True
   on_race: str = "raise"
@@ -77,6 +95,8 @@ class Options:
   numerics: bool = True
   block_classes: bool = False
   clock_mhz: float | None = None
+  progress: bool | None = dataclasses.field(default_factory=_env_progress)
+  check_estimate: str | None = dataclasses.field(default_factory=_env_check_estimate)
 
   def __post_init__(self):
     gpus.get(self.gpu, self.clock_mhz)  # raises on an unknown model or clock

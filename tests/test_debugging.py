@@ -214,10 +214,11 @@ def test_reading_what_an_earlier_block_wrote_is_not_uninitialized():
 def test_detached_groups_find_the_same():
   from pallas_sim.backends.sim.frontend import capture
   from pallas_sim.backends.sim.execute.executor import Executor
+  from pallas_sim.backends.sim.execute.tuning import Tuning
   k = _tail_kernel(200, 64)
   texts = []
   for detached in (False, True):
-    ex = Executor(on_uninitialized="report", detached_groups=detached)
+    ex = Executor(on_uninitialized="report", tuning=Tuning(detached_groups=detached))
     capture.push_executor(ex)
     try:
       with capture.force_sim():
@@ -331,8 +332,8 @@ def test_progress_line_shows_the_block_cycles_and_line_being_run(monkeypatch):
   assert not progress.Progress("k", 1, stream=TTY()).on  # nor under CI
   monkeypatch.delenv("CI")
   tty = TTY()
-  monkeypatch.setattr(executor, "Progress", lambda name, total: progress.Progress(
-      name, total, after_s=0.2, every_s=0.1, stream=tty))
+  monkeypatch.setattr(executor, "Progress", lambda name, total, on=None: progress.Progress(
+      name, total, after_s=0.2, every_s=0.1, stream=tty, on=on))
   with pytest.raises(ps.RunawayKernelError):
     ps.run(_spinning_kernel(1_000_000), jnp.ones((128,), F32), backend="sim",
            max_cycles=2e6)

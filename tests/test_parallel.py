@@ -4,6 +4,7 @@ findings in the same order, the same predicted times, block cycles and
 trace, and the same errors, as one process running them in block order."""
 import dataclasses
 import inspect
+import sys
 import multiprocessing.pool
 import threading
 import time
@@ -18,8 +19,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernels as K
 import pallas_sim as ps
-from pallas_sim.backends.sim.execute import parallel
+from pallas_sim.backends.sim.execute import dispatch, executor as executor_mod, parallel
 from pallas_sim.backends.sim.execute.executor import Executor
+from pallas_sim.backends.sim.execute.tuning import Tuning
 from test_clusters import multicast_kernel
 from test_machine import run_on, writes_twice_and_reads_back
 from test_quickstart import matmul_mcs
@@ -119,10 +121,13 @@ CASES += [(name, fn, make(0)) for name, fn, make, _ in K.EXAMPLES
           if name not in K.NOT_LOWERABLE]
 
 
+# Over workers whatever the size; the `fresh` fixture changes it.
+TUNING = Tuning(parallel_after_s=0.0)
+
+
 def _run(fn, args, workers):
   ex = Executor(check_races=True, on_race="report", on_uninitialized="report",
-                workers=workers)
-  ex.parallel_after_s = 0.0  # (over workers whatever the size)
+                workers=workers, tuning=TUNING)
   out = run_on(ex, fn, *args)
   return ex, [np.asarray(x) for x in jax.tree.leaves(out)]
 
@@ -148,8 +153,8 @@ def fresh(request, monkeypatch):
     real(self, *args, **kw)
   monkeypatch.setattr(multiprocessing.pool.Pool, "__init__", init)
   if request.param == "a worker per task":
-    monkeypatch.setattr(parallel, "FRESH_MIN_BYTES", 0)
-    monkeypatch.setattr(parallel, "FRESH_TASK_S", 0.0)
+    monkeypatch.setattr(sys.modules[__name__], "TUNING", dataclasses.replace(
+        TUNING, fresh_min_bytes=0, fresh_task_s=0.0))
   return request.param, made
 
 
@@ -213,13 +218,13 @@ def test_a_block_that_reads_another_s_writes_runs_the_launch_in_one_process(fres
 def _lent(monkeypatch):
   """[(copy_inputs, whether each input buffer is the callback's array)] of
   every launch attempt."""
-  seen, real = [], Executor._buffers
+  seen, real = [], executor_mod.gmem_buffers
 
-  def buffers(self, launch, arrays, prep, copy_inputs=False):
-    ins, outs = real(self, launch, arrays, prep, copy_inputs)
+  def buffers(launch, arrays, prep, options, shapes_only, copy_inputs=False):
+    ins, outs = real(launch, arrays, prep, options, shapes_only, copy_inputs)
     seen.append((copy_inputs, [b.data is a for b, a in zip(ins, arrays)]))
     return ins, outs
-  monkeypatch.setattr(Executor, "_buffers", buffers)
+  monkeypatch.setattr(executor_mod, "gmem_buffers", buffers)
   return seen
 
 
@@ -300,8 +305,7 @@ def test_an_error_in_a_worker_is_raised_as_one_process_raises_it(monkeypatch, fr
   monkeypatch.setattr(parallel, "run", run)
   errors = []
   for workers in (1, 2):
-    ex = Executor(workers=workers)
-    ex.parallel_after_s = 0.0
+    ex = Executor(workers=workers, tuning=TUNING)
     try:
       run_on(ex, deadlocks_in_block(5), _x())
     except Exception:  # noqa: BLE001 (the executor keeps what it raised)
@@ -343,19 +347,18 @@ def test_workers_are_taken_once_the_groups_so_far_show_the_rest_is_long():
   or more and the rest would take twice parallel_after_s (once, when it is
   long itself); later, groups of a millisecond or more whose rest would
   take parallel_after_s here."""
-  ex = Executor()
-  after = ex.parallel_after_s
-  assert ex._go_parallel(1, 64, 0.016)           # 16 ms x 63 to come
-  assert not ex._go_parallel(1, 20, 0.016)       # 304 ms: not twice
-  assert not ex._go_parallel(1, 10**4, 0.003)    # warm-up may be all of it
-  assert ex._go_parallel(1, 6, after / 4)        # long: once is enough
-  assert ex._go_parallel(2, 64, 0.012)           # 12 ms x 62 to come
-  assert not ex._go_parallel(2, 10, 0.012)       # 96 ms to come
-  assert not ex._go_parallel(2, 10**5, 0.0005)   # groups of 0.5 ms
+  after = Tuning().parallel_after_s
+  go = lambda g, n, per: dispatch.go_parallel(g, n, per, after)
+  assert go(1, 64, 0.016)           # 16 ms x 63 to come
+  assert not go(1, 20, 0.016)       # 304 ms: not twice
+  assert not go(1, 10**4, 0.003)    # warm-up may be all of it
+  assert go(1, 6, after / 4)        # long: once is enough
+  assert go(2, 64, 0.012)           # 12 ms x 62 to come
+  assert not go(2, 10, 0.012)       # 96 ms to come
+  assert not go(2, 10**5, 0.0005)   # groups of 0.5 ms
   # (what the groups so far took: the first alone, then those after it)
-  import time
-  assert 0.012 <= ex._group_seconds(1, time.perf_counter() - 0.012) < 0.1
-  assert 0.006 <= ex._group_seconds(3, time.perf_counter() - 0.012) < 0.05
+  assert 0.012 <= dispatch.group_seconds(1, time.perf_counter() - 0.012) < 0.1
+  assert 0.006 <= dispatch.group_seconds(3, time.perf_counter() - 0.012) < 0.05
 
 
 class SuiteTimeout(Exception):
@@ -387,8 +390,7 @@ def test_an_interrupted_run_stops_its_workers_and_does_not_wait_on_them(monkeypa
       hung.wait(60)  # (as a shutdown stuck on a torn message would)
     return real_terminate(self)
   monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", terminate)
-  ex = Executor(workers=2)
-  ex.parallel_after_s = 0.0
+  ex = Executor(workers=2, tuning=TUNING)
   t0 = time.monotonic()
   run_on(ex, atomic_rows(F32), _x())  # (errors are kept for the API to raise)
   assert time.monotonic() - t0 < 30

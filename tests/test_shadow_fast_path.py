@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pallas_sim.backends.sim.checks import races
+from pallas_sim.backends.sim.execute.events import RaceFound
 
 
 def tracker():
@@ -56,7 +57,7 @@ def run(ops, fast):
       races._plain = PLAIN
   sh = buf.shadow
   arrays = {k: v.copy() for k, v in vars(sh).items() if isinstance(v, np.ndarray)}
-  events = [(e[1], e[2].id, e[3].id, e[5]) for e in tr.events]
+  events = [(e.kind, e.first.id, e.second.id, e.elements) for e in tr.events]
   return arrays, events, sh.read_slots
 
 
@@ -87,8 +88,7 @@ def test_rows_of_views():
 def run_groups(groups, release_bytes, monkeypatch):
   """Groups of (agent, write, view, learn) accesses to one GMEM buffer, each
   group's clocks above the last's: the race reports of each group."""
-  monkeypatch.setattr(races, "RELEASE_BYTES", release_bytes)
-  tr, buf = races.Tracker(log=None), buffer((6, 8))
+  tr, buf = races.Tracker(log=None, release_bytes=release_bytes), buffer((6, 8))
   buf.space = "gmem"
   sites, reports, base = {}, [], 0
   for number, ops in enumerate(groups, 1):
@@ -112,7 +112,8 @@ def run_groups(groups, release_bytes, monkeypatch):
                                       group=types.SimpleNamespace(number=number)))
     base += 1000
     tr.end_group(base)
-    reports.append([(e[1], e[2].id, e[3].id, e[5]) for e in events if e[0] == "race"])
+    reports.append([(e.kind, e.first.id, e.second.id, e.elements) for e in events
+                    if isinstance(e, RaceFound)])
   return reports
 
 

@@ -350,11 +350,6 @@ class Shadow:
 
 
 _PAGE = mmap.PAGESIZE
-# GMEM shadow bytes touched and not yet given back, per shadow, above which
-# they are (a worker's private memory: pages faulted in again after a
-# release cost ~1 us each, which released every group was 10% of a 1024^3
-# matmul's time).
-RELEASE_BYTES = 16 << 20
 _MADV_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 _madvise = None
 if sys.platform == "linux" and _MADV_DONTNEED is not None:
@@ -552,9 +547,12 @@ class Tracker:
   go, in order, to the group's event list (`events`) as
   execute/events.py's RaceFound and GmemAccess."""
 
-  def __init__(self, log, comp_dtype=np.uint8):
+  def __init__(self, log, comp_dtype=np.uint8, release_bytes=16 << 20):
     self.log = log               # the launch's sites (reports fold at merge)
     self.comp_dtype = comp_dtype
+    # GMEM shadow bytes touched and not yet given back, per shadow, above
+    # which they are (execute/tuning.py's Tuning.release_bytes)
+    self.release_bytes = release_bytes
     self.base = 0       # the current group's clocks start above this
     self.group = 0      # 1-based number of the group running now
     self.events = None
@@ -596,13 +594,13 @@ class Tracker:
     # output's shadows, in every worker process (a tile's rows touch a page
     # each: some 30 times the tile's own bytes): so the span touched since
     # the last release (consecutive blocks share their rows) is zeroed and
-    # its whole pages given back once it passes RELEASE_BYTES.
+    # its whole pages given back once it passes release_bytes.
     for sh, (lo, hi) in self.gmem_spans.items():
       was = self.dirty.get(sh)
       if was is not None:
         lo, hi = min(lo, was[0]), max(hi, was[1])
       arrays = [a for a in vars(sh).values() if isinstance(a, np.ndarray)]
-      if (hi - lo) * sum(a.itemsize for a in arrays) < RELEASE_BYTES:
+      if (hi - lo) * sum(a.itemsize for a in arrays) < self.release_bytes:
         self.dirty[sh] = (lo, hi)
         continue
       for arr in arrays:

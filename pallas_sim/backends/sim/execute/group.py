@@ -125,14 +125,12 @@ class GroupRunner:
   race checking, its `tracker` holds the launch's element shadows."""
 
   def __init__(self, prep, io_bufs, launch, timing, placement, log, check_races,
-               group_size=1, detached=False, check_init=False):
+               group_size=1, detached=False, check_init=False, profile=None,
+               release_bytes=16 << 20):
     self.prep, self.launch, self.timing = prep, launch, timing
     self.placement, self.log = placement, log
     self.io_bufs = io_bufs
     self.detached = detached
-    # Log GMEM writes without copying GMEM (a worker process, whose GMEM is
-    # its own: pallas_sim/backends/sim/execute/parallel.py).
-    self.log_writes = False
     self.check_init = check_init
     self.group = None  # the group running now (for a Ctrl-C backtrace)
     self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
@@ -140,10 +138,10 @@ class GroupRunner:
     self.clocks = clock_components(1, nt, prep.barriers, prep.warps)
     self.comps = {}  # clock components by key, for the groups of one block
     most = clock_components(group_size, nt, prep.barriers, prep.warps)
-    self.tracker = Tracker(log, np.uint8 if most <= 256 else np.int32
-                           ) if check_races else None
+    self.tracker = Tracker(log, np.uint8 if most <= 256 else np.int32,
+                           release_bytes) if check_races else None
     self.globals = {}  # get_global's semaphores: one per call site, per launch
-    self.profile = None  # profiler.Recorder when the kernel asks for a profile
+    self.profile = profile  # profiler.Recorder when the kernel asks for a profile
     self.cluster_axes = {n: (d, c) for d, (n, c) in enumerate(
         zip(launch.cluster_names, launch.cluster))}
     names = tuple(launch.grid_names)
@@ -153,14 +151,15 @@ class GroupRunner:
                          else {}) for w in range(nt)]
     self.suffix = [f" thread {w}" if nt > 1 else "" for w in range(nt)]
 
-  def run(self, members, trace=None):
+  def run(self, members, trace=None, log_writes=False):
     """Runs the blocks `members` ((launch position, grid index, cluster
     index) triples: a block, or the blocks of one cluster) to completion as
-    one group."""
+    one group. `log_writes`: log GMEM writes without copying GMEM (a worker
+    process, whose GMEM is its own: parallel.py)."""
     launch = self.launch
     events = []
     group = self.group = Group(self.timing, self.log, events,
-                               self.detached or self.log_writes, self.check_init)
+                               self.detached or log_writes, self.check_init)
     group.number = members[0][0]
     group.cluster_axes = self.cluster_axes
     group.globals = self.globals

@@ -33,6 +33,7 @@ import numpy as np
 
 from pallas_sim.backends.sim.execute.events import GmemRead
 from pallas_sim.backends.sim.execute.group import GroupResult
+from pallas_sim.backends.sim.execute.tuning import Tuning
 from pallas_sim.backends.sim.checks import races
 
 _JOB = None  # the launch being run (set in the parent before the fork)
@@ -95,14 +96,19 @@ def restore(result, io_bufs, log):
                      [w.restored(io_bufs, log) for w in result.writes])
 
 
-def _init_worker(workers):
+def worker_release_bytes(release_bytes, workers):
+  """Each worker keeps touched GMEM shadow pages up to its share of the
+  budget one process has, 2 MiB at least: 16 workers with 16 MiB each held
+  256 MiB (at 8192^3, more than the output's 128). Pages given back cost ~1
+  us each when touched again: a fraction of a percent of a group there."""
+  return max(2 << 20, release_bytes // workers)
+
+
+def _init_worker(release_bytes):
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles Ctrl-C)
-  # Each worker keeps touched GMEM shadow pages up to its share of the
-  # budget one process has, 2 MiB at least: 16 workers with 16 MiB each
-  # held 256 MiB (at 8192^3, more than the output's 128). Pages given back
-  # cost ~1 us each when touched again: a fraction of a percent of a group
-  # there.
-  races.RELEASE_BYTES = max(2 << 20, races.RELEASE_BYTES // workers)
+  tracker = _JOB.runner.tracker  # (this process's copy of the parent's)
+  if tracker is not None:
+    tracker.release_bytes = release_bytes
   # (jaxlib's absl installs a failure handler that reports a SIGTERM, which
   # is how the pool ends its workers: ended quietly instead)
   signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -112,13 +118,13 @@ def run_groups(job, task):
   """The groups of `task` (indices), in order, on this process's GMEM,
   writes logged. Returns [(group index, portable GroupResult, trace)] or
   ("error", group index, text) at the first group that raised."""
-  job.runner.log_writes = True
   out = []
   for g in task:
     members = job.groups[g]
     trace = [] if members[0][0] < job.trace_blocks else None
     try:
-      out.append((g, _portable(job.runner.run(members, trace), job), trace))
+      out.append((g, _portable(job.runner.run(members, trace, log_writes=True), job),
+                  trace))
     except BaseException as e:  # noqa: BLE001 (reported; the parent re-runs serially)
       return ("error", g, f"{type(e).__name__}: {e}")
   return out
@@ -144,15 +150,8 @@ def in_order(done, runner, first):
       nxt += 1
 
 
-# A task runs in a worker forked for it alone when the launch's writable
-# GMEM is this large and the task this long: a fork costs ~5 ms here for a
-# parent of 1 GB mapped (an 8192^3 matmul's parent maps 2-3), and the
-# first group's time, which the estimate rests on, includes warm-up.
-FRESH_MIN_BYTES = 16 << 20
-FRESH_TASK_S = 0.25
-
-
-def run(runner, groups, first, trace_blocks, workers, per_task=None, group_s=None):
+def run(runner, groups, first, trace_blocks, workers, per_task=None, group_s=None,
+        tuning=Tuning()):
   """Runs groups[first:] over `workers` forked processes; yields (group
   index, GroupResult with the parent's objects, trace or None) in group
   order. Raises GroupFailed if a group raised in a worker.
@@ -168,8 +167,8 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None, group_s=Non
   size = per_task or max(1, -(-(len(groups) - first) // (workers * 8)))
   todo = tasks(len(groups) - first, size)
   writable = sum(b.data.nbytes for b in runner.io_bufs if b.data.flags.writeable)
-  fresh = (group_s is not None and group_s * size >= FRESH_TASK_S
-           and writable >= FRESH_MIN_BYTES)
+  fresh = (group_s is not None and group_s * size >= tuning.fresh_task_s
+           and writable >= tuning.fresh_min_bytes)
   todo = [[g + first for g in task] for task in todo]
   _JOB = Job(runner, groups, trace_blocks)
   ctx = multiprocessing.get_context("fork")
@@ -184,7 +183,8 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None, group_s=Non
     warnings.simplefilter("ignore", RuntimeWarning)
     warnings.simplefilter("ignore", DeprecationWarning)
     n = min(workers, len(todo))
-    pool = ctx.Pool(n, initializer=_init_worker, initargs=(n,),
+    pool = ctx.Pool(n, initializer=_init_worker,
+                    initargs=(worker_release_bytes(tuning.release_bytes, n),),
                     maxtasksperchild=1 if fresh else None)
   with warnings.catch_warnings():  # (a fresh worker forks in the pool's thread)
     if fresh:  # (the same warnings as at the pool's start, above)

@@ -110,15 +110,14 @@ def backtrace(tasks, exc_tb):
 class Progress:
   """A progress line on stderr for launches running longer than a few
   seconds: blocks done, and inside the current block the simulated cycles,
-  equations run and the line being run. On a terminal (not under CI), or
-  wherever PALLAS_SIM_PROGRESS=1; PALLAS_SIM_PROGRESS=0 turns it off."""
+  equations run and the line being run. `on` (Options.progress): True,
+  False, or None for on a terminal, not under CI."""
 
-  def __init__(self, name, total, after_s=3.0, every_s=0.5, stream=None):
+  def __init__(self, name, total, after_s=3.0, every_s=0.5, stream=None, on=None):
     self.name, self.total, self.after, self.every = name, total, after_s, every_s
     self.stream = stream or sys.stderr
-    env = os.environ.get("PALLAS_SIM_PROGRESS")
-    self.on = (env == "1") or (env != "0" and self.stream.isatty()
-                               and not os.environ.get("CI"))
+    self.on = on if on is not None else (self.stream.isatty()
+                                         and not os.environ.get("CI"))
     self.done = 0          # blocks finished (the executor sets it)
     self.tasks = ()        # the current group's warpgroups (idem)
     self.shown = False

@@ -49,8 +49,7 @@ def _ray():
     else:
       path = os.pathsep.join(p for p in sys.path if p)
       ray.init(include_dashboard=False, log_to_driver=False,
-               runtime_env={"env_vars": {"PYTHONPATH": path,
-                                         "PALLAS_SIM_PROGRESS": "0"}})
+               runtime_env={"env_vars": {"PYTHONPATH": path}})
   return ray
 
 
@@ -66,8 +65,7 @@ def _task(recipe, options, launch, task, trace_blocks):
   from pallas_sim.backends.sim.frontend import capture, device
   from pallas_sim.backends.sim.execute.executor import Executor
   fn, args, kwargs = recipe
-  ex = Executor(options=options)
-  ex.replay = Replay(launch, task, trace_blocks)
+  ex = Executor(options, replay=Replay(launch, task, trace_blocks))
   capture.push_executor(ex)
   try:
     with capture.force_sim(), device.simulated():
@@ -90,7 +88,8 @@ def run(executor, runner, groups, trace_blocks, workers):
   import dataclasses
   ray = _ray()
   remote = ray.remote(_task)
-  opts = dataclasses.replace(executor.options, workers=1, engine="processes")
+  opts = dataclasses.replace(executor.options, workers=1, engine="processes",
+                             progress=False)
   todo = parallel.tasks(len(groups), max(1, -(-len(groups) // (workers * 4))))
   refs = [remote.remote(executor.recipe, opts, executor.launches - 1, task, trace_blocks)
           for task in todo]

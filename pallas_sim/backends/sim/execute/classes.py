@@ -1,0 +1,83 @@
+"""Which groups of a launch ps.estimate simulates (Options.block_classes):
+one per class of groups whose blocks share their SMs alike and take the
+same path; the others take its times (merge.Merge.same_as)."""
+import copy
+
+from pallas_sim.backends.sim.analysis import block_classes, paths
+from pallas_sim.backends.sim.checks import races
+from pallas_sim.backends.sim.execute.group import GroupRunner
+from pallas_sim.backends.sim.interpret.compiler import Compiler
+
+
+class Classes:
+  """Chooses classes for one Executor's launches; each kernel's block paths
+  are followed once (`paths`, shared with the Executors that time the same
+  launch at other clocks)."""
+
+  def __init__(self, options, timing, shapes_only=False, paths_cache=None):
+    self.options, self.timing, self.shapes_only = options, timing, shapes_only
+    # id(kernel jaxpr) -> (jaxpr, paths.Paths or the SliceError's words)
+    self.paths = {} if paths_cache is None else paths_cache
+
+  def choose(self, prep, launch, s):
+    """({group: the first group of its class}, a note for the report, the
+    blocks' paths.Paths or None), or (None, note, None) when every group
+    must run. A class: groups whose blocks share their SMs alike
+    (timing/model.py) and take the same path (every block's, in a kernel
+    whose control flow is the same in every block; where it depends on the
+    grid index, each block's decisions: analysis/paths.py)."""
+    if not self.options.block_classes:
+      return None, "", None
+    groups, placement = s.groups, s.placement
+    n = sum(map(len, groups))
+    found = None
+    if prep.variation is not None:
+      why, where = prep.variation
+      note = f"control flow depends on {why} ({where})"
+      if why == block_classes.GRID:
+        found = self._block_paths(prep, launch, s)
+      if isinstance(found, str):
+        note += f"; its paths were not followed ({found})"
+      if not isinstance(found, paths.Paths):
+        note += f": all {n} blocks simulated"
+        if why == block_classes.DATA and self.shapes_only:
+          note += ", on zeros for the inputs given as shapes"
+        return None, note, None
+      by = "by the path each block takes and blocks per SM"
+    else:
+      note, by = "control flow is the same in every block", "by blocks per SM"
+    first, out = {}, {}
+    for g, members in enumerate(groups):
+      key = tuple((placement.share(number), found and found.key(number))
+                  for number, _, _ in members)
+      out[g] = first.setdefault(key, g)
+    sims = sum(len(groups[g]) for g in set(first.values()))
+    return out, (f"{note}: {len(first)} class(es) {by}, {sims} of {n} blocks "
+                 "simulated"), found
+
+  def _block_paths(self, prep, launch, s):
+    """Every block's path (analysis/paths.py): a paths.Paths, or why there
+    is none (words). Once per kernel jaxpr."""
+    hit = self.paths.get(id(prep.jaxpr))
+    if hit is not None and hit[0] is prep.jaxpr:
+      return hit[1]
+    try:
+      keep = paths.kernel_slice(prep.jaxpr)
+      cx = Compiler(self.timing, launch, self.options.max_cycles, numerics=False,
+                    keep=keep, overrides=paths.OVERRIDES, sites=prep.sites,
+                    wrap=paths.lanes_checked)
+      sliced = copy.copy(prep)
+      sliced.program = cx.compile(prep.jaxpr)
+      found = paths.follow(
+          lambda placement: GroupRunner(sliced, s.in_bufs + s.out_bufs, launch,
+                                        self.timing, placement,
+                                        races.RaceLog(launch.name), False,
+                                        max(map(len, s.groups))),
+          s.groups, launch, prep.jaxpr)
+    except Exception as e:  # (then every block runs, as before; the note says why)
+      if isinstance(e, KeyboardInterrupt):
+        raise
+      found = (f"{type(e).__name__}: " if not isinstance(e, paths.SliceError) else ""
+               ) + (str(e).splitlines() or [""])[0]
+    self.paths[id(prep.jaxpr)] = (prep.jaxpr, found)
+    return found

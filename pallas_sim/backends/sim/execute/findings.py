@@ -1,0 +1,45 @@
+"""A launch's findings once its groups merged: race reports and
+uninitialized memory into the Report, and the errors they raise
+(Options.on_race, on_uninitialized, library_races)."""
+import warnings
+
+from pallas_sim.backends.sim.checks import initcheck
+from pallas_sim.errors import RaceError, RaceWarning, UninitializedError
+
+
+def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid):
+  """Adds the launch's findings to `report`; returns the errors to raise."""
+  errors = []
+  found = merge.log.races()
+  report.races.extend(found)
+  for i in sorted(prep.sem_inputs):
+    if in_bufs[i].data.any():
+      # (the callback holds a copy of the Ref's values: a GPU keeps them)
+      warnings.warn(
+          f"kernel {launch.name} leaves semaphores of {in_bufs[i].name} at "
+          f"{in_bufs[i].data.tolist()}: the simulator starts every kernel "
+          "with the values the Ref held before it (a later kernel here does "
+          "not see these, as it would on a GPU)", stacklevel=3)
+  for buf in out_bufs:
+    merge.init_log.unwritten_output(buf, grid)
+  unset = merge.init_log.findings()
+  initcheck.link_causes(unset, found)
+  report.uninitialized.extend(unset)
+  if found and options.on_race == "raise":
+    # Races inside jax's own code warn unless library_races="raise".
+    strict = options.library_races == "raise"
+    mine = [r for r in found if strict or not r.library]
+    for r in found:
+      if r.library and not strict:
+        warnings.warn(RaceWarning(f"kernel {launch.name}: {r}"), stacklevel=3)
+    if mine:
+      errors.append(RaceError(
+          f"{len(mine)} race(s) in kernel {launch.name}:\n"
+          + "\n".join(str(r) for r in mine) + initcheck.also_found(unset, "races"),
+          races=mine, where=launch.where))
+  if unset and options.on_uninitialized == "raise":
+    errors.append(UninitializedError(
+        f"{len(unset)} uninitialized-memory finding(s) in kernel {launch.name}:\n"
+        + "\n".join(str(f) for f in unset) + initcheck.also_found(found, "uninitialized"),
+        findings=unset, where=launch.where))
+  return errors
