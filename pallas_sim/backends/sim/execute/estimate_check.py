@@ -15,15 +15,10 @@ import os
 import tempfile
 import traceback
 
-ENV = "PALLAS_SIM_CHECK_ESTIMATE"
+ENV = "PALLAS_SIM_CHECK_ESTIMATE"  # (Options.check_estimate's default)
 # Where an exception the estimate raises may come from (anything else, say a
 # test's time limit raised by a signal, passes through)
 OURS = ("pallas_sim", "jax", "jaxlib", "numpy", "builtins")
-
-
-def default_path():
-  """Options.check_estimate's default: the environment's."""
-  return os.environ.get(ENV) or None
 
 
 def check(executor, launch, arrays, path):
