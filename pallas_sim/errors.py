@@ -109,7 +109,8 @@ class RunawayKernelError(SimError):
 
 
 class RaceError(SimError):
-  """Accesses not ordered by happens-before (see DESIGN.md)."""
+  """Accesses not ordered by happens-before (which events order which
+  accesses: backends/sim/checks/observer.py)."""
 
   def __init__(self, message, *, races=(), **kw):
     self.races = list(races)

@@ -112,7 +112,7 @@ class GPU:
   # with l2_shared_bytes_per_s. Rows under 128 bytes share this rate among
   # the busy SMs, per second: at a lower SM clock each gets more a cycle
   # (pipeline_trace.py --stream-spans, ncu_sections.py with
-  # breakdown:lts__throughput, benchmarks/RESULTS.md, twentieth session).
+  # breakdown:lts__throughput, benchmarks/RESULTS.md).
   # With narrow rows the 24 SMs of the GPCs' 2-TPC CPCs got 1.32-1.42x the
   # others' share (gpc_probe.py); the model gives every SM the same.
   l2_requests_per_s: float = 149e9
@@ -124,8 +124,8 @@ class GPU:
   # What issuing a TMA load costs its warpgroup, which goes on after it: each
   # block issuing loads of a 16 KiB tile back to back, in a profiled named
   # scope, took 56 cycles for 1, 86 for 2 (43 a load), 171 for 4 (43) and
-  # 424 for 8 (53) (`pipeline_trace.py --tma-issue`, H200, device runs 1-2
-  # of the seventeenth session). The copy starts as its issue ends:
+  # 424 for 8 (53) (`pipeline_trace.py --tma-issue`, H200,
+  # pipeline_trace_h200.json's tma_issue rows). The copy starts as its issue ends:
   # tma_latency was measured from before the issue.
   tma_issue_cycles: float = 43.0
   # A TMA store's issue, the same way: 94 cycles for 1, 118 for 2 (59 a
