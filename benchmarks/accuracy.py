@@ -1,9 +1,12 @@
 """The timing model against the H200: predicted (ps.estimate, on this CPU)
-beside measured (benchmarks/measure_gpu.py on the GPU machine, committed as
-benchmarks/h200_measured.json), for every kernel of benchmarks/timing_suite.py.
+beside measured (lab/measure_gpu.py on the GPU machine, committed as
+lab/data/h200_measured.json), for every kernel of lab/timing_suite.py.
 
-    ./dev python benchmarks/accuracy.py [--measured FILE] [--filter S] [--small]
+    ./dev python -m benchmarks.accuracy [--measured FILE] [--filter S] [--small]
         [--no-clock] [--diagnostic | --holdout | --blind] [--predictions FILE]
+
+(a module, run from the repository root: it reads the lab's suite and data,
+lab/timing_suite.py and lab/data/.)
 
 Prints one row per kernel (measured, predicted, error, the bound the model
 names, estimate's wall time), then per family the Spearman rank correlation
@@ -39,40 +42,20 @@ in the measured file).
 --holdout: timing_suite.HOLDOUT_CASES (kernels, sizes and dtypes never used to
 set a figure), against "holdout_study" in the measured file; with
 --predictions FILE, every one is predicted and written there, measured or
-not (benchmarks/holdout_predictions.json was written so, and committed,
+not (lab/data/holdout_predictions.json was written so, and committed,
 before the GPU first ran them).
 
 --blind: timing_suite.BLIND_CASES, against "blind_study" (predicted into
-benchmarks/blind_predictions.json, committed, before they were measured)."""
+lab/data/blind_predictions_quickstart_attention.json, committed, before they were measured)."""
 import argparse
-import contextlib
 import json
 import os
 import sys
-import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import pallas_sim as ps  # noqa: E402
-import timing_suite  # noqa: E402
-
-
-@contextlib.contextmanager
-def shapes_only():
-  """The suite's inputs as shapes: estimate needs no values (and an 8192^2
-  random matrix costs seconds to draw here)."""
-  real = timing_suite._rand
-  timing_suite._rand = lambda seed, shape, dtype, *a, **k: jax.ShapeDtypeStruct(
-      tuple(shape), jnp.dtype(dtype))
-  try:
-    yield
-  finally:
-    timing_suite._rand = real
+from lab import DATA, timing_suite
+from lab.timing_suite import predict
 
 
 def spearman(x, y):
@@ -92,14 +75,6 @@ def spearman(x, y):
   if rx.std() == 0 or ry.std() == 0:
     return float("nan")
   return float(np.corrcoef(rx, ry)[0, 1])
-
-
-def predict(case, gpu, clock_mhz=None):
-  with shapes_only():
-    built = case.build()
-  t0 = time.perf_counter()
-  report = ps.estimate(built.fn, *built.args, gpu=gpu, clock_mhz=clock_mhz)
-  return report, time.perf_counter() - t0
 
 
 def summarize(rows, title, small, again=None):
@@ -132,7 +107,7 @@ def summarize(rows, title, small, again=None):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--measured", default=os.path.join(HERE, "h200_measured.json"))
+  ap.add_argument("--measured", default=os.path.join(DATA, "h200_measured.json"))
   ap.add_argument("--gpu", default="h200")
   ap.add_argument("--filter", default="")
   ap.add_argument("--small", action="store_true", help="count small rows too")
@@ -218,7 +193,7 @@ def main(argv=None):
     if ns.predictions:
       saved[case.name] = dict(predicted_s=t_pred, bound=bounds, estimate_s=wall,
                               sm_mhz=mhz_model)
-      json.dump(dict(command="./dev python benchmarks/accuracy.py " + " ".join(
+      json.dump(dict(command="./dev python -m benchmarks.accuracy " + " ".join(
           argv if argv is not None else sys.argv[1:]), gpu=ns.gpu,
           predictions=saved), open(ns.predictions, "w"), indent=1)
     if case.name not in measured:

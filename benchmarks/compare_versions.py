@@ -21,9 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r'''
 import json, statistics, sys, time
 import numpy as np, jax, jax.numpy as jnp
-sys.path[:0] = [sys.argv[1] + "/examples", sys.argv[1] + "/tests", sys.argv[1] + "/benchmarks"]
+sys.path[:0] = [sys.argv[1] + "/examples", sys.argv[1] + "/tests"]
 import pallas_sim as ps
-from sim_speed import make_iota
+from benchmarks.sim_speed import make_iota  # (the checkout is the working directory)
 from test_quickstart import matmul_mcs
 import kernels as K
 repeat = int(sys.argv[2])

@@ -63,7 +63,7 @@ def _unsigned(f):
 
 
 # int32 max/min compare as unsigned: what the lowering emits (measured on an
-# H200, benchmarks/atomic_probe.py).
+# H200, lab/atomic_probe.py).
 REFERENCE = {"add": np.add, "max": _unsigned(np.maximum), "min": _unsigned(np.minimum),
              "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
 

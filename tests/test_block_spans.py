@@ -1,8 +1,6 @@
-"""benchmarks/pipeline_trace.py --spans: each block's start, cycles, SM and
+"""lab/pipeline_trace.py --spans: each block's start, cycles, SM and
 launch order read from a profiled quickstart matmul, and what they say of its
-waves (the H200's are in benchmarks/pipeline_trace_h200.json)."""
-import os
-import sys
+waves (the H200's are in lab/data/pipeline_trace_h200.json)."""
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +9,7 @@ import pytest
 
 import pallas_sim as ps
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import pipeline_trace as pt  # noqa: E402
+from lab import pipeline_trace as pt
 
 
 def test_spans_of_a_simulated_matmul_give_each_block_once_in_launch_order(tmp_path, rng):

@@ -1,8 +1,6 @@
 """The SM clock as an input (Options.clock_mhz, gpus.at_clock): what the SM
 does per cycle stays, what the memory system does per second stays."""
 import dataclasses
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -14,8 +12,7 @@ from pallas_sim import gpus
 from test_quickstart import matmul_mcs
 from test_timing_model import wgmma_loop
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import timing_suite  # noqa: E402
+from lab import timing_suite
 
 F16, F32 = jnp.float16, jnp.float32
 S = jax.ShapeDtypeStruct
@@ -107,11 +104,10 @@ def test_a_matmul_at_the_power_limits_clock_is_slower_and_says_so():
 
 
 def test_the_power_model_study_recovers_a_known_power_law():
-  """benchmarks/power_model.py (a study of the clock the power limit sets):
+  """lab/power_model.py (a study of the clock the power limit sets):
   rows drawn from a known power law give it back, and the clock it predicts
   for a kernel is where that law reaches 700 W."""
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-  import power_model as pm
+  from lab import power_model as pm
   beta, coef = 0.5, np.array([300.0, 400.0, 30.0, 200.0])
   rng = np.random.default_rng(0)
   rows = []
@@ -163,7 +159,7 @@ def test_by_default_a_matmul_runs_at_the_clock_its_power_allows():
 
 def test_the_power_model_is_the_fitted_law():
   """P = P0 + s(f) (e_tc FLOP/s + e_l2 L2 B/s) + e_hbm HBM B/s, s(f) = (1 -
-  beta (1 - f / 1980))^2 (benchmarks/power_model.py fit); an fp8 FLOP is half
+  beta (1 - f / 1980))^2 (lab/power_model.py fit); an fp8 FLOP is half
   an f16 one (the same loop at twice the FLOP/s drew the same power)."""
   from pallas_sim.backends.sim.timing import power, model as timing
   s = (1 - 0.70 * (1 - 1500 / 1980)) ** 2

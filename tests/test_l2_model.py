@@ -2,8 +2,6 @@
 a wave read at one site it serves again at its shared rate, in boxes of
 rows of 128 bytes and more; and its latency grows as an SM's share of it
 fills."""
-import os
-import sys
 
 import numpy as np
 import pytest
@@ -12,8 +10,7 @@ import pallas_sim as ps
 from pallas_sim import gpus
 from pallas_sim.backends.sim.timing.model import Engines, Timing
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import timing_suite  # noqa: E402
+from lab import timing_suite
 
 H = gpus.H200
 

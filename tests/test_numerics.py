@@ -111,7 +111,7 @@ def div_kernel(shape, dtype):
 
 
 def test_f32_division_is_the_h200s_div_full():
-  # Quotients the H200 computed (benchmarks/division_probe.py) that are not
+  # Quotients the H200 computed (lab/division_probe.py) that are not
   # the correctly rounded ones (div.full.f32 = x * rcp.approx(y), 1-2 ulp
   # off), and divisions by subnormals (which div.full.f32 rescales).
   x, y, want = np.load(os.path.join(DATA, "division_h200.npz"))["float32"].view(np.float32)

@@ -1,18 +1,16 @@
-"""The quickstart's pipeline taken apart (benchmarks/timing_suite.py
+"""The quickstart's pipeline taken apart (lab/timing_suite.py
 DIAGNOSTIC_CASES, measured on the H200 as "pipeline_study"): each variant
 simulates without findings and gives its reference's values, as the GPU's
 run checks it there."""
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
 import pallas_sim as ps
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import timing_suite  # noqa: E402
+from lab import timing_suite
 
 MODES = ("loads", "one_tile", "delay", "delay_one_tile")
 
@@ -53,7 +51,7 @@ def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
   assert held and not held & names
   assert not {c.family for c in timing_suite.HOLDOUT_CASES} & {c.family for c in timing_suite.CASES}
   # (their predictions were committed before they were measured)
-  saved = json.load(open(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+  saved = json.load(open(os.path.join(os.path.dirname(__file__), "..", "lab", "data",
                                       "holdout_predictions.json")))["predictions"]
   assert set(saved) == held
   assert {c.params["mode"] for c in timing_suite.DIAGNOSTIC_CASES} == set(MODES)
@@ -68,10 +66,11 @@ def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
   assert not {key(c) for c in timing_suite.BLIND_CASES} & seen
   saved = {}  # (the 8192 rows: predicted in the seventeenth session; the
   # near-L2 rows in the nineteenth)
-  for f in ("blind_predictions.json", "blind_predictions_seventeenth.json",
-            "blind_predictions_nineteenth.json", "blind_predictions_nineteenth_narrow.json",
-            "blind_predictions_twentieth.json", "blind_predictions_twentyfirst.json"):
-    saved.update(json.load(open(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+  for f in ("blind_predictions_quickstart_attention.json",
+            "blind_predictions_quickstart_8192.json", "blind_predictions_near_l2_half.json",
+            "blind_predictions_narrow_rows.json", "blind_predictions_swizzle.json",
+            "blind_predictions_broad.json"):
+    saved.update(json.load(open(os.path.join(os.path.dirname(__file__), "..", "lab", "data",
                                              f)))["predictions"])
   assert set(saved) == blind
   assert timing_suite.by_name("quickstart one tile 4096 128x128x64 mcs=2").params[
@@ -80,9 +79,9 @@ def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
 
 @pytest.mark.parametrize("mode", ("wgmma", "loads", "both"))
 def test_the_smem_micro_benchmark_runs_clean_and_right(mode):
-  """benchmarks/calibrate.py's smem_* micro-benchmarks (a wgmma loop beside
+  """lab/calibrate.py's smem_* micro-benchmarks (a wgmma loop beside
   TMA loads, in two warpgroups): no finding, the reference's values."""
-  import calibrate
+  from lab import calibrate
   built = calibrate._build_smem(6, mode=mode, per=2, cpu=True)
   out = np.asarray(ps.simulate(built.fn, *built.args, workers=1).outputs, np.float64)
   ref = np.asarray(built.reference(*built.args), np.float64)

@@ -91,7 +91,7 @@ def matmul_mcs(a, b, tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=2,
   parameters (otherwise the same code). Its body's wgmma and wgmma_wait are
   in named scopes, "issue" and "wait" (unless not step_scopes), and its
   epilogue in "epilogue", which a profiled run (compiler_params with
-  profile_space/profile_dir: benchmarks/pipeline_trace.py) records."""
+  profile_space/profile_dir: lab/pipeline_trace.py) records."""
   m, k = a.shape
   _, n = b.shape
 

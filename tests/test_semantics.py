@@ -221,7 +221,7 @@ def test_plgpu_load_with_a_layout_reads_the_ref():
 def test_mul_feeding_an_add_is_a_fused_multiply_add():
   # LLVM contracts x*y+c into one fma on the GPU (one rounding), even when the
   # product has other uses; the agreement suite saw x*x+y differ in the last
-  # bit on an H200 until we did the same (benchmarks/contraction_probe.py).
+  # bit on an H200 until we did the same (lab/contraction_probe.py).
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3, 128), jnp.float32))
   def k(x_ref, y_ref, o_ref):
     x = x_ref[...]
@@ -303,7 +303,7 @@ def test_tma_reduction_store_combines_with_gmem(op, dtype, combine):
 
 
 def test_max_and_min_order_signed_zeros_as_the_gpu():
-  # Measured on an H200 (benchmarks/register_numerics_probe.py): max/min take
+  # Measured on an H200 (lab/register_numerics_probe.py): max/min take
   # -0 < +0 whichever operand comes first; numpy returns either zero.
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 128), jnp.float32))
   def k(x_ref, y_ref, o_ref):
@@ -363,7 +363,7 @@ KNOWN_ZEROS = {
 @pytest.mark.parametrize("zero", list(KNOWN_ZEROS))
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_an_add_of_a_known_zero_folds_and_the_product_fuses_on(dtype, zero):
-  # Measured on an H200 (benchmarks/register_numerics_probe.py): x*x + 0 + y
+  # Measured on an H200 (lab/register_numerics_probe.py): x*x + 0 + y
   # is one fused multiply-add x*x + y when the compiler knows the zero;
   # x * 0 it does not know, and x*x rounds before its + y.
   r = np.random.default_rng(3)

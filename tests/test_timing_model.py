@@ -3,7 +3,6 @@ register spills, and the per-unit tallies behind report.summary."""
 import dataclasses
 import json
 import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,8 +20,7 @@ from pallas_sim.backends.sim.machine.state import BlockStats
 from pallas_sim.backends.sim.timing.model import Engines, KernelTime, Timing
 from test_quickstart import matmul_mcs
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
-import calibrate  # noqa: E402
+from lab import calibrate
 
 F16, F32 = jnp.float16, jnp.float32
 S = jax.ShapeDtypeStruct
@@ -350,7 +348,7 @@ def _rega_cycles(mode, wgs):
   estimated at the clock the H200 ran it at: cycles an iteration. (At the
   predicted clock the two loop lengths may run at different clocks, and a
   difference of their cycles means nothing.)"""
-  measured = json.load(open(os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+  measured = json.load(open(os.path.join(os.path.dirname(__file__), "..", "lab", "data",
                                          "h200_measured.json")))
   mhz = {m["name"]: m["clock_hz"] / 1e6
          for m in measured["micros_2026_12_02_eleventh"]["micros"]}[f"rega_{mode}_{wgs}_wg"]
@@ -413,7 +411,7 @@ ISSUE = lambda instrs: G.wgmma_issue_cycles_base + instrs * G.wgmma_instr_issue_
 
 
 def test_a_wgmma_issue_holds_its_warpgroup_until_the_queue_takes_the_rest():
-  """The quickstart's body traced on the H200 (benchmarks/pipeline_trace.py,
+  """The quickstart's body traced on the H200 (lab/pipeline_trace.py,
   pipeline_trace_h200.json), the tensor cores idle before the issue: 16
   m64n128k16 instructions (128x128x128) held the warpgroup 634 cycles, 16
   m64n64k16 (128x64x128) 354, 8 m64n128k16 109-122, 8 m64n64k16 91, 4
@@ -572,7 +570,7 @@ def test_a_tma_copy_leaves_as_its_issue_ends(tmp_path):
 def test_the_quickstarts_hbm_bytes_at_8192_are_ncus_where_its_waves_stay_sharp(
     tile_k, mcs, ncu_gb):
   """The model's HBM bytes (reads and writes) against Nsight Compute's on the
-  H200 (benchmarks/ncu_dram_h200.json; benchmarks/hbm_bytes.py for all of
+  H200 (lab/data/ncu_dram_h200.json; lab/hbm_bytes.py for all of
   them): one operand a wave, as the wave's blocks read each tile together.
   (Where the waves smear, as at tile_k=32 with mcs=4, the GPU reads up to 3x
   that: not modelled, benchmarks/RESULTS.md, seventeenth session.)"""

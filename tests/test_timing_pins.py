@@ -1,11 +1,11 @@
 """The H200 figures of pallas_sim/gpus.py, pinned to the H200's measurements.
 
 Each pin re-creates a micro-benchmark the repository timed on an H200
-(benchmarks/calibrate.py, benchmarks/pipeline_trace.py: the kernels the
+(lab/calibrate.py, lab/pipeline_trace.py: the kernels the
 figures were fitted on), predicts it with ps.estimate at the SM clock it ran
 at, and compares the prediction with the measurement stored in the
-repository's data file (benchmarks/h200_measured.json or
-benchmarks/pipeline_trace_h200.json, read here, never typed in). Expectations
+repository's data file (lab/data/h200_measured.json or
+lab/data/pipeline_trace_h200.json, read here, never typed in). Expectations
 are never derived from the figures themselves: a figure changed by 30% moves
 the prediction past its tolerance (each tolerance sits between the model's
 current error and what a 30% change of the figure it pins does; the table
@@ -15,7 +15,6 @@ Figures not pinned here, and why: see the module's end."""
 import dataclasses
 import json
 import os
-import sys
 import tempfile
 
 import jax
@@ -28,10 +27,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import pallas_sim as ps
 from pallas_sim import gpus
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks")
-sys.path.insert(0, BENCH)
-import calibrate as C  # noqa: E402
-import pipeline_trace  # noqa: E402
+from lab import DATA, pipeline_trace
+from lab import calibrate as C
 
 S = jax.ShapeDtypeStruct
 F16, F32 = jnp.float16, jnp.float32
@@ -39,7 +36,7 @@ NUM_SMS = 132
 
 
 def _load(name):
-  with open(os.path.join(BENCH, name)) as f:
+  with open(os.path.join(DATA, name)) as f:
     return json.load(f)
 
 

@@ -116,7 +116,8 @@ def test_golden_data_says_how_it_was_made():
   assert len(cases) == 15
   assert "H200" in prov["gpu"] and prov["backend"] == "mosaic"
   assert prov["jax"] == "0.11.2" and len(prov["commit"]) == 40
-  assert prov["command"].startswith("python3 benchmarks/wgmma_numerics_probe.py")
+  assert prov["command"].startswith(("python3 -m lab.wgmma_numerics_probe",
+                                     "python3 benchmarks/wgmma_numerics_probe.py"))
 
 
 def test_tests_own_tensor_core_model_matches_the_h200():
@@ -205,7 +206,8 @@ def test_mma_sync_golden_data_says_how_it_was_made():
   assert len(cases) == 12
   assert "H200" in prov["gpu"] and prov["backend"] == "mosaic"
   assert prov["jax"] == "0.11.2" and len(prov["commit"]) == 40
-  assert prov["command"].startswith("python3 benchmarks/mma_numerics_probe.py --golden")
+  assert prov["command"].startswith(("python3 -m lab.mma_numerics_probe --golden",
+                                     "python3 benchmarks/mma_numerics_probe.py --golden"))
 
 
 @pytest.mark.parametrize("key", [c[0] for c in mma_golden()[0]])

@@ -3,7 +3,7 @@ apart from the simulator's (pallas_sim/backends/sim/machine/numerics/tensor_core
 two check each other; both are pinned to outputs measured on an H200
 (tests/data/wgmma_h200.npz, tests/test_wgmma.py).
 
-The rule (fitted by benchmarks/wgmma_numerics_fit.py): K is consumed in
+The rule (fitted by lab/wgmma_numerics_fit.py): K is consumed in
 slices of 32 bytes of operand. Per output element and slice, the exact
 products and the running accumulator are aligned to the largest exponent
 among them (a product's exponent being the sum of its operands' exponents),

@@ -25,7 +25,7 @@ The range has width only for the documented exceptions, each named here:
   (exact). In f32 the compiler also knows it per register (a row of a
   strided layout), which the simulator does not model: where i is 0 there,
   the range takes both results (measured on an H200,
-  benchmarks/register_numerics_probe.py).
+  lab/register_numerics_probe.py).
 * sum_error: sums in registers, whose order on the GPU (per lane, then
   across lanes and warps) is not modelled: the range is the exact sum +-
   (n-1) u sum|x| (the bound for any order of additions in a type of unit

@@ -1,5 +1,5 @@
 """Measured kernel times on a Hopper GPU beside the simulator's predictions,
-in one run (run on the GPU machine: benchmarks/gpu_suite.sh).
+in one run (run on the GPU machine: lab/gpu_suite.sh).
 
 Each measured time is the median over 5 batches of `--repeat` back-to-back
 jitted calls (dispatch is asynchronous, so launches queue up and host
@@ -14,13 +14,24 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tests"))
 
 import pallas_sim as ps  # noqa: E402
-from sim_speed import make_iota  # noqa: E402
 from test_quickstart import matmul_mcs  # noqa: E402
+
+
+def make_iota(nblocks):
+  """The quickstart's grid iota over nblocks blocks of 128 (benchmarks/sim_speed.py's)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((nblocks * 128,), jnp.float32),
+                grid=(nblocks,), grid_names=("i",))
+  def iota(o_ref):
+    i = jax.lax.axis_index("i")
+    o_ref[pl.ds(i * 128, 128)] = jnp.arange(128, dtype=jnp.float32) + i * 128
+  return iota
 
 
 def measure(fn, args, repeat):

@@ -1,10 +1,10 @@
 """H200 ground truth for the timing model (issue 9): measures every kernel of
-benchmarks/timing_suite.py and every micro-benchmark of benchmarks/calibrate.py
+lab/timing_suite.py and every micro-benchmark of lab/calibrate.py
 on the GPU, and writes $OUT/h200_measured.json plus a printed table.
 
 Run on the GPU machine (jax with CUDA):
 
-    python3 benchmarks/measure_gpu.py [--deadline 400] [--ncu 2] [--filter S]
+    python3 -m lab.measure_gpu [--deadline 400] [--ncu 2] [--filter S]
                                       [--resume earlier/h200_measured.json]
 
 How a time is taken (device time, not Python dispatch):
@@ -68,11 +68,7 @@ if "xla_gpu_autotune_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_gpu_autotune_level=0").strip()
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import timing_suite  # noqa: E402
-import calibrate  # noqa: E402
+from lab import ROOT, calibrate, timing_suite  # noqa: E402  (after XLA_FLAGS)
 
 LAST = ("barrier_pingpong",)
 # What to run first (by key prefix), the rest after in list order.
@@ -330,11 +326,11 @@ def _ncu_path():
 def run_ncu(name, timeout):
   cmd = [_ncu_path(), "--clock-control", "none", "--cache-control", "none",
          "--metrics", "gpu__time_duration.sum", "--csv",
-         sys.executable, os.path.abspath(__file__), "--ncu-child", name]
+         sys.executable, "-m", "lab.measure_gpu", "--ncu-child", name]
   t0 = time.time()
   # The child must not preallocate GPU memory: this process holds most of it.
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-  p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+  p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
   rows = []
   text = p.stdout
   start = text.find('"ID"')

@@ -2,12 +2,12 @@
 gpus.GPU.power_* hold (pallas_sim/backends/sim/timing/power.py predicts the clock with
 them), and its checks.
 
-    ./dev python benchmarks/power_model.py dump [--out build/power_features.json]
-    ./dev python benchmarks/power_model.py fit [--features build/power_features.json]
-    ./dev python benchmarks/power_model.py dump --diagnostic --out build/power_diagnostic.json
-    ./dev python benchmarks/power_model.py check   # that fit on the diagnostic kernels
-    ./dev python benchmarks/power_model.py dump --micros --out build/power_micros.json
-    ./dev python benchmarks/power_model.py check --others build/power_micros.json
+    ./dev python -m lab.power_model dump [--out build/power_features.json]
+    ./dev python -m lab.power_model fit [--features build/power_features.json]
+    ./dev python -m lab.power_model dump --diagnostic --out build/power_diagnostic.json
+    ./dev python -m lab.power_model check   # that fit on the diagnostic kernels
+    ./dev python -m lab.power_model dump --micros --out build/power_micros.json
+    ./dev python -m lab.power_model check --others build/power_micros.json
 
 `dump` estimates every suite and held-out kernel whose sustained clock and power
 were measured (power_study_suite, power_study_holdout in h200_measured.json)
@@ -31,15 +31,13 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 
 import numpy as np
 
 from pallas_sim import gpus
 from pallas_sim.backends.sim.timing import power
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from lab import DATA
 
 CLOCKS = (1980, 1200)
 LIMIT_W = 700.0
@@ -53,7 +51,7 @@ MICROS = ("wgmma_f16_m128n128_1per_sm_normal", "wgmma_f16_m128n128_2per_sm_norma
 
 
 def _measured(studies=STUDIES):
-  d = json.load(open(os.path.join(HERE, "h200_measured.json")))
+  d = json.load(open(os.path.join(DATA, "h200_measured.json")))
   rows = {}
   for key in studies:
     for r in d.get(key, {}).get("rows", []):
@@ -64,7 +62,7 @@ def _measured(studies=STUDIES):
 
 
 def _micro_rows():
-  d = json.load(open(os.path.join(HERE, "h200_measured.json")))
+  d = json.load(open(os.path.join(DATA, "h200_measured.json")))
   return {r["name"]: dict(mhz=r["clock"]["sm_mhz"], watts=r["clock"]["power_w"],
                           seconds=r["per_call_s"])
           for r in d["power_study_random"]["rows"] if r["name"] in MICROS}
@@ -73,16 +71,15 @@ def _micro_rows():
 def _estimate_micro(name, mhz=None):
   """A micro-benchmark at the n its power was measured at (power_study.py:
   n2), estimated."""
-  import calibrate
   import pallas_sim as ps
+  from lab import calibrate
   m = calibrate.by_name(name)
   b = m.build(m.n2)
   return ps.estimate(b.fn, *b.args, gpu="h200", clock_mhz=mhz)
 
 
 def dump(out, studies=STUDIES, micros=False):
-  import accuracy
-  import timing_suite
+  from lab import timing_suite
   rows = _micro_rows() if micros else _measured(studies)
   res = {}
   for name, m in rows.items():
@@ -93,7 +90,7 @@ def dump(out, studies=STUDIES, micros=False):
       case = timing_suite.by_name(name)
       if name.startswith("hopper_matmul 8192 f16"):  # (a minute an estimate: left out)
         continue
-      est = lambda mhz=None: accuracy.predict(case, "h200", mhz)[0]
+      est = lambda mhz=None: timing_suite.predict(case, "h200", mhz)[0]
       family = case.family
     times = {"default": est().time_s}
     for mhz in CLOCKS:
@@ -191,7 +188,7 @@ def fit(features):
   print("\n| kernel | measured MHz | predicted MHz (family left out) | measured us | "
         "model at predicted clock (us) | error | model's default (us) | error |")
   print("|---|---:|---:|---:|---:|---:|---:|---:|")
-  import timing_suite
+  from lab import timing_suite
   small = {r["name"]: r["name"] not in MICROS and timing_suite.by_name(r["name"]).small
            for r in rows}
   terr, derr, cerr, big = [], [], [], []

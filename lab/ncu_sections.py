@@ -1,10 +1,10 @@
 """Nsight Compute's view of suite kernels (issue 9: why a kernel is slower
 than the timing model says). On the GPU machine:
 
-    python3 benchmarks/ncu_sections.py --out $OUT "quickstart one tile 4096 128x128x32 mcs=4" ...
+    python3 -m lab.ncu_sections --out $OUT "quickstart one tile 4096 128x128x32 mcs=4" ...
         [--sections SpeedOfLight WarpStateStats SchedulerStats MemoryWorkloadAnalysis_Tables]
 
-Each named case (benchmarks/timing_suite.py, any kind) runs in its own
+Each named case (lab/timing_suite.py, any kind) runs in its own
 process under `ncu --clock-control none`: its kernel's second launch is
 profiled (the first compiles and warms), and the sections' text report is
 written to $OUT/ncu_<n>.txt (n: the case's position on the command line).
@@ -20,8 +20,7 @@ import re
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from lab import ROOT
 
 SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats",
             "MemoryWorkloadAnalysis_Tables", "InstructionStats")
@@ -30,10 +29,10 @@ SECTIONS = ("SpeedOfLight", "WarpStateStats", "SchedulerStats",
 def child(name):
   import jax
   if name.startswith("stream "):
-    import calibrate
+    from lab import calibrate
     b = calibrate.stream_case(*map(int, name.split()[1:]))
   else:
-    import timing_suite
+    from lab import timing_suite
     b = timing_suite.by_name(name).build()
   f = jax.jit(b.fn)
   for _ in range(2):
@@ -54,7 +53,7 @@ def main(argv=None):
   if ns.child:
     child(ns.child)
     return 0
-  import measure_gpu
+  from lab import measure_gpu
   os.makedirs(ns.out, exist_ok=True)
   env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
   table = {}
@@ -65,9 +64,10 @@ def main(argv=None):
       cmd += ["--section", s]
     if ns.metrics:
       cmd += ["--metrics", ",".join(ns.metrics)]
-    cmd += [sys.executable, os.path.abspath(__file__), "--child", name]
+    cmd += [sys.executable, "-m", "lab.ncu_sections", "--child", name]
     try:
-      p = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout, env=env)
+      p = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout, env=env,
+                         cwd=ROOT)
       text = p.stdout + ("\n[stderr]\n" + p.stderr[-4000:] if p.returncode else "")
     except subprocess.TimeoutExpired:
       text = f"timed out after {ns.timeout} s"

@@ -14,15 +14,16 @@ so their times compare directly (e.g. "quickstart matmul 4096").
 `small=True` marks a row expected under ~150 us of GPU time (launch and L2
 effects weigh more there; the 2048^3 matmuls' operands fit in L2).
 
-    from timing_suite import CASES, by_name
+    from lab.timing_suite import CASES, by_name
     b = by_name("quickstart 4096 128x128x64 mcs=2").build()
     out = jax.jit(b.fn)(*b.args)
 
 `scaled(case, factor)` gives the same kernel at a CPU-simulable size (used by
-benchmarks/measure_gpu.py --sim-check and the CPU checks of calibrate.py).
+lab/measure_gpu.py --sim-check and the CPU checks of calibrate.py).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import operator
@@ -462,7 +463,7 @@ def all_cases():
 # L2/HBM side alone, at the clock a kernel without tensor work holds);
 # "one tile": every load of every block reads A's first tile and B's first
 # (the L2 serves what all SMs read at once far faster than it streams:
-# benchmarks/calibrate.py l2_same_tile), so the tensor cores and the
+# lab/calibrate.py l2_same_tile), so the tensor cores and the
 # pipeline's own steps set the time; "and delay": each with scalar work in
 # place of the wgmma, as long as it, at the clock such work holds.
 # Measured: "pipeline_study" and "power_study_diagnostic" in
@@ -470,7 +471,7 @@ def all_cases():
 # ---------------------------------------------------------------------------
 
 # A "delay" step: this many cycles of dependent scalar work (the rounds of
-# benchmarks/calibrate.py scalar_loop, 4.29 cycles an equation on the H200)
+# lab/calibrate.py scalar_loop, 4.29 cycles an equation on the H200)
 # per tile FLOP / DELAY_FLOP_PER_CYCLE: as long as its wgmma would take.
 DELAY_FLOP_PER_CYCLE = 3400
 
@@ -580,7 +581,7 @@ def _diagnostic_cases():
 # ---------------------------------------------------------------------------
 # Held out (not in CASES, never used to set a figure of pallas_sim/gpus.py):
 # kernels, sizes and dtypes the model was not calibrated on, predicted
-# before they were first measured (benchmarks/holdout_predictions.json,
+# before they were first measured (lab/data/holdout_predictions.json,
 # committed before the GPU run; RESULTS.md, eleventh session). They say how
 # the model does on kernels it has not seen, which is what a user has.
 # ---------------------------------------------------------------------------
@@ -709,10 +710,10 @@ def _holdout_cases():
 # The quickstart at pipeline depths and tiles the suite lacks, f16, at 4096
 # and 6144: the L2 model of the thirteenth session (loads shared by a wave's
 # blocks, a loaded L2's latency) predicted them, and the predictions were
-# committed (benchmarks/blind_predictions.json), before they were measured.
+# committed (lab/data/blind_predictions_quickstart_attention.json), before they were measured.
 # At 8192, tile_k=32 tiles that a smeared-wave rule (the seventeenth session's,
 # not kept) said miss in the L2, and a 128-byte-row tile it said does not:
-# predicted (benchmarks/blind_predictions_seventeenth.json) and committed before
+# predicted (lab/data/blind_predictions_quickstart_8192.json) and committed before
 # they were measured. The measurements refuted the rule (benchmarks/RESULTS.md).
 BLIND_CONFIGS = {4096: ((128, 64, 5), (128, 32, 2), (128, 32, 3), (64, 64, 2),
                         (64, 64, 4), (64, 128, 2), (128, 128, 3)),
@@ -733,7 +734,7 @@ BLIND_ATTENTION = ((1, 8192, 16, 128, 64, 128, False, 2), (1, 8192, 16, 128, 64,
 # --k, eighteenth session) did not run. The near/far L2 rule
 # (timing.far_share, nineteenth session) predicted them 12-23% faster than
 # the model before it where they fit, 5-7% where they half fit, the same
-# where they do not; predicted (benchmarks/blind_predictions_nineteenth.json)
+# where they do not; predicted (lab/data/blind_predictions_near_l2_half.json)
 # and committed before they were measured. Small rows: timed in a chain.
 BLIND_NEAR = (((2048, 2048, 2048), ((128, 32, 2), (128, 32, 3), (64, 64, 2), (64, 32, 4))),
               ((4096, 1024, 2048), ((128, 64, 2), (64, 64, 3))),
@@ -788,7 +789,7 @@ def _quickstart_mkn(mkn, configs, tag, family=None, small=False, dtype=None):
 # narrower than the rows gpus.GPU.tma_narrow_rows_per_clk was measured on).
 # The row rate (nineteenth session) predicted them 23-51% slower than the
 # model without it, a 64-byte-row control the same; predicted
-# (benchmarks/blind_predictions_nineteenth_narrow.json) and committed before
+# (lab/data/blind_predictions_narrow_rows.json) and committed before
 # they were measured.
 BLIND_NARROW = {4096: ((128, 16, 4), (128, 16, 6), (64, 16, 6)), 8192: ((128, 16, 4),),
                 6144: ((64, 32, 3),)}
@@ -799,7 +800,7 @@ BLIND_NARROW_EW = ((256, 256, 4, 4),)  # (blocks, tile_m, tile_n, mcs)
 # (pallas_sim/backends/sim/analysis/smem_swizzle.py): its B loads in A's 32- or 64-byte rows
 # at tile_k 16 and 32, and its A in B's at tile_n 16 and 32; narrow rows
 # go at the L2's request rate (gpus.GPU.l2_requests_per_s). Predicted
-# (benchmarks/blind_predictions_twentieth.json) and committed before they
+# (lab/data/blind_predictions_swizzle.json) and committed before they
 # were measured (twentieth session).
 BLIND_SWIZZLE = {4096: ((64, 16, 4), (128, 32, 5), (16, 64, 4), (32, 64, 4)),
                  6144: ((128, 16, 4), (128, 32, 5)), 8192: ((64, 16, 6), (128, 32, 5))}
@@ -840,7 +841,7 @@ def _ew_pipeline_blind(configs, tag):
 # Broad blind rows (twenty-first session): shapes and tiles a user might
 # sweep that no earlier set measured (non-square matmuls, 5120^3, bf16,
 # other elementwise tiles, attention at other sizes), predicted by the
-# session's final model (benchmarks/blind_predictions_twentyfirst.json) and
+# session's final model (lab/data/blind_predictions_broad.json) and
 # committed before they were measured: how the model does on kernels it was
 # not fitted to.
 BLIND_BROAD_MM = (((8192, 4096, 4096), "float16", ((128, 64, 3), (128, 128, 2), (128, 32, 3))),
@@ -957,3 +958,31 @@ def sim_params(case):
   elif fam.startswith("attention"):
     p.update(seq=256, heads=2)
   return p
+
+
+@contextlib.contextmanager
+def shapes_only():
+  """The suite's inputs as shapes: estimate needs no values (and an 8192^2
+  random matrix costs seconds to draw on a CPU)."""
+  global _rand
+  import jax
+  import jax.numpy as jnp
+  real = _rand
+  _rand = lambda seed, shape, dtype, *a, **k: jax.ShapeDtypeStruct(
+      tuple(shape), jnp.dtype(dtype))
+  try:
+    yield
+  finally:
+    _rand = real
+
+
+def predict(case, gpu, clock_mhz=None):
+  """ps.estimate of the case at its GPU size (inputs as shapes), at
+  clock_mhz if given: (report, estimate's wall seconds)."""
+  import time
+  import pallas_sim as ps
+  with shapes_only():
+    built = case.build()
+  t0 = time.perf_counter()
+  report = ps.estimate(built.fn, *built.args, gpu=gpu, clock_mhz=clock_mhz)
+  return report, time.perf_counter() - t0

@@ -9,7 +9,7 @@ written-masks or race shadows, or (in the parent) the cross-block summaries.
 A diagnosis tool, not a benchmark: it wraps the simulator's internals
 (parallel.run_groups, Executor._merge).
 
-    ./dev python benchmarks/memory_map.py 4096 [--workers N] [--per-task K]
+    ./dev python -m lab.memory_map 4096 [--workers N] [--per-task K]
         [--no-uninitialized] [--out DIR]     # tables in DIR (default build/memory_map)
 """
 import argparse

@@ -6,7 +6,7 @@ instructions themselves (div.rn / div.full / div.approx, run on the GPU
 through inline PTX), to find which instruction the compiler emits and how
 far from correctly rounded it is.
 
-    python3 benchmarks/division_probe.py [OUT] [--table]   # on a Hopper GPU
+    python3 -m lab.division_probe [OUT] [--table]   # on a Hopper GPU
 
 --table measures rcp.approx.f32 for every f32 mantissa and writes the table
 the simulator uses (OUT/rcp_delta.npz: pallas_sim/backends/sim/machine/numerics/rcp_approx_sm90.npz).
@@ -24,9 +24,7 @@ import jax.experimental.mosaic.gpu as mgpu
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT]
-import pallas_sim as ps  # noqa: E402
+import pallas_sim as ps
 
 SHAPE = (128, 128)
 LAY = plgpu.Layout.WGMMA

@@ -7,7 +7,7 @@ profiler's track), join the SMs of each cluster; the groups left are the
 GPCs (or parts of them that no cluster spanned). Prints each group's size
 and SMs, and writes OUT/gpc_probe.json.
 
-    python3 benchmarks/gpc_probe.py --out $OUT      # on the GPU machine
+    python3 -m lab.gpc_probe --out $OUT      # on the GPU machine
 """
 import argparse
 import json
@@ -17,8 +17,7 @@ import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pipeline_trace import newest_trace, ranges  # noqa: E402
+from lab.pipeline_trace import newest_trace, ranges
 
 
 def cluster_kernel(x, *, cluster, blocks, spin=20000, profile_dir=None):

@@ -1,5 +1,5 @@
 """Questions about Hopper behaviour the simulator's model depends on, asked
-of the real GPU (run on the GPU machine: benchmarks/gpu_suite.sh).
+of the real GPU (run on the GPU machine: lab/gpu_suite.sh).
 
 1. Does a kernel that ends with TMA stores it never awaited still write them?
 2. How wrong is the quickstart matmul with delay_release=0 on hardware?

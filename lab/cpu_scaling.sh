@@ -3,7 +3,9 @@
 # processes, per-op costs, and an 8192^3 quickstart matmul (numerics and race
 # checks on) with its peak memory, with a worker per task and without.
 # Results under $OUT (or ./build/cpu_scaling).
+#     bash lab/cpu_scaling.sh
 set -uo pipefail
+cd "$(dirname "$0")/.."
 out="${OUT:-build/cpu_scaling}"
 mkdir -p "$out"
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.txt" 2>&1

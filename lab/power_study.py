@@ -2,11 +2,11 @@
 (issue 9): each kernel runs back to back for --seconds, and the SM clock and
 the board's power are read (nvidia-smi, every 20 ms, read-only: the clocks
 and power limit are left as found) over the last --window seconds, when
-they have settled. Micro-benchmarks (benchmarks/calibrate.py, at their n2
+they have settled. Micro-benchmarks (lab/calibrate.py, at their n2
 size) load one unit at a time: tensor cores, L2, HBM, ALUs; suite kernels
-(benchmarks/timing_suite.py) load several together.
+(lab/timing_suite.py) load several together.
 
-    python3 benchmarks/power_study.py --out $OUT [--seconds 3] [--window 1.5]
+    python3 -m lab.power_study --out $OUT [--seconds 3] [--window 1.5]
         [--whole-suite]   # every kernel of the suite, no micro-benchmarks
         [--diagnostic]    # the quickstart's pipeline taken apart, no micros
         [--holdout]       # the kernels held out of calibration, no micros
@@ -22,10 +22,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import measure_gpu  # noqa: E402
+from lab import measure_gpu
 
 MICROS = ("alu_fma_1_per_sm", "alu_exp_2_per_sm", "wgmma_f16_m128n128_1per_sm",
           "wgmma_f16_m128n128_2per_sm", "wgmma_f16_m128n64_1per_sm",
@@ -101,7 +98,7 @@ def main(argv=None):
   ap.add_argument("--window", type=float, default=1.5)
   ap.add_argument("--filter", default="")
   ap.add_argument("--whole-suite", action="store_true",
-                  help="every kernel of benchmarks/timing_suite.py, and no micros")
+                  help="every kernel of lab/timing_suite.py, and no micros")
   measure_gpu.timing_suite.add_kind_args(ap)  # (and no micros)
   ns = ap.parse_args(argv)
   sampler = Sampler(20)
@@ -129,7 +126,7 @@ def main(argv=None):
           f"{c.get('sm_mhz', float('nan')):6.0f} MHz ({c.get('sm_mhz_min', 0):.0f}-"
           f"{c.get('sm_mhz_max', 0):.0f}) {c.get('power_w', float('nan')):6.1f} W "
           f"(avg {c.get('power_avg_w', float('nan')):.1f}) n={c.get('samples', 0)}", flush=True)
-    json.dump(dict(command="python3 benchmarks/power_study.py " + " ".join(argv or sys.argv[1:]),
+    json.dump(dict(command="python3 -m lab.power_study " + " ".join(argv or sys.argv[1:]),
                    fields=sampler.fields, seconds=ns.seconds, window=ns.window, env=measure_gpu._env(),
                    rows=rows), open(path, "w"), indent=1)
     time.sleep(0.5)

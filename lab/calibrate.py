@@ -9,7 +9,7 @@ jitted program of n1 and n2 launches), and
 
 so the launch, the prologue and the epilogue cancel. A rate is the work of
 one iteration (bytes, flops) over that. Times are device seconds per jitted
-call, measured by benchmarks/measure_gpu.py (which runs these on the GPU);
+call, measured by lab/measure_gpu.py (which runs these on the GPU);
 cycles are seconds times the SM clock read with nvidia-smi during the run.
 
     (a) tma_latency_*   one block, a chain of dependent TMA loads (each awaited
@@ -28,26 +28,24 @@ cycles are seconds times the SM clock read with nvidia-smi during the run.
 `MICROS` is the list; `m.build(n)` gives `Built(fn, args, reference)` at the
 GPU sizes, `m.build(n, cpu=True)` a small version for the simulator.
 
-    ./dev python benchmarks/calibrate.py --sim-check [SUBSTRING]
+    ./dev python -m lab.calibrate --sim-check [SUBSTRING]
 
 runs each kernel (two small n) in the simulator on the CPU (which also runs
 JAX's real Mosaic lowering) against its reference, and prints the simulator's
 per-iteration figure beside the model's. On the GPU use measure_gpu.py
-(or `python3 benchmarks/calibrate.py --gpu`, which runs only these).
+(or `python3 -m lab.calibrate --gpu`, which runs only these).
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import sys
 import threading
 from typing import Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from timing_suite import Built  # noqa: E402  (a plain dataclass, no side effects)
+from lab.timing_suite import Built  # (a plain dataclass, no side effects)
 
 NUM_SMS = 132
 F32 = 4
@@ -1339,7 +1337,7 @@ def main(argv=None):
   ap.add_argument("pattern", nargs="?", default="")
   ns = ap.parse_args(argv)
   if ns.gpu:
-    import measure_gpu
+    from lab import measure_gpu
     return measure_gpu.main(["--only-micros", "--filter", ns.pattern])
   return 0 if sim_check(ns.pattern) else 1
 

@@ -4,8 +4,8 @@ bytes; race reports, in order, as text; uninitialized-memory findings;
 each kernel's report without its wall time, predicted times included;
 errors) and writes them as JSON, or compares them with an earlier run.
 
-    ./dev python benchmarks/snapshot.py --out before.json
-    ./dev python benchmarks/snapshot.py --compare before.json   # after the change
+    ./dev python -m lab.snapshot --out before.json
+    ./dev python -m lab.snapshot --compare before.json   # after the change
 
 Default files: the race tests, the agreement suite's CI profile, the examples,
 the semantics, quickstart, estimate, timing-model and production-kernel tests.
@@ -103,7 +103,8 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as tmp:
     for i, path in enumerate(args.files):
       out = os.path.join(tmp, f"{i}.json")
-      subprocess.run([sys.executable, __file__, "--one", path, "--out", out], check=True)
+      subprocess.run([sys.executable, "-m", "lab.snapshot", "--one", path, "--out", out],
+                     check=True)
       with open(out) as f:
         got = json.load(f)
       calls.update(got["calls"])

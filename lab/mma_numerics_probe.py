@@ -3,8 +3,8 @@ GPU, per operand dtype: runs the real kernel and compares its f32 results
 bit for bit with machine/numerics/tensor_core.py's model for several (K slice, align
 bits, result bits). Needs a Hopper GPU.
 
-    python3 benchmarks/mma_numerics_probe.py
-    python3 benchmarks/mma_numerics_probe.py --golden tests/data/mma_sync_h200.npz
+    python3 -m lab.mma_numerics_probe
+    python3 -m lab.mma_numerics_probe --golden tests/data/mma_sync_h200.npz
 
 --golden writes the H200's outputs for tests/test_wgmma.py to check the
 simulator against bit for bit (random and structured operands: one large
@@ -19,8 +19,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
-sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "tests"),
-                os.path.dirname(os.path.abspath(__file__))]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import pallas_sim as ps  # noqa: E402
 from pallas_sim.backends.sim.machine.numerics import tensor_core as tc  # noqa: E402
 from test_wgmma import mma_sync_kernel, mma_sync_operands  # noqa: E402
@@ -50,7 +49,7 @@ def structured_operands(dtype, seed, m=128, k=128, n=8):
 
 
 def golden(path):
-  from wgmma_numerics_probe import provenance
+  from lab.wgmma_numerics_probe import provenance
   keep = {}
   for dtype in GOLDEN_DTYPES:
     name = jnp.dtype(dtype).name
@@ -63,7 +62,7 @@ def golden(path):
       keep[key + "_b"] = np.asarray(bt, np.float32)
       keep[key + "_out"] = real[:GOLDEN_ROWS].astype(np.float32)
   meta = json.dumps(provenance(
-      "mosaic", "mma_numerics_probe.py",
+      "mosaic", "mma_numerics_probe",
       "plgpu.mma (mma.sync) of A (128, 128) and B given (8, 128), f32 accumulator "
       "from zeros (tests/test_wgmma.py mma_sync_kernel); kept: rows 0..15 of A, all "
       "of B, rows 0..15 of the output"))

@@ -4,9 +4,8 @@ Runs small kernels on a Hopper GPU and says, per dtype and pattern, whether
 the hardware's result equals the fused (one rounding) or the unfused (two
 roundings) computation. The simulator's rule is interpret.contractions.
 
-    python3 benchmarks/contraction_probe.py            # on a Hopper GPU
+    python3 -m lab.contraction_probe            # on a Hopper GPU
 """
-import os
 import sys
 
 import jax
@@ -15,8 +14,7 @@ import ml_dtypes
 import numpy as np
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import pallas_sim as ps  # noqa: E402
+import pallas_sim as ps
 
 PATTERNS = {
     "x*x-y": lambda x, y, z: x * x - y,

@@ -1,20 +1,18 @@
-"""Compares wgmma results measured on a GPU (benchmarks/wgmma_numerics_probe.py)
+"""Compares wgmma results measured on a GPU (lab/wgmma_numerics_probe.py)
 with two models of the tensor core's f32 accumulation: an exact product sum
 rounded to f32 (what the simulator did before) and the simulator's model
 (pallas_sim/backends/sim/machine/numerics/tensor_core.py). Prints, per operand type, the share of
 output elements that are bit-identical and the largest relative difference.
 
-    python3 benchmarks/wgmma_numerics_fit.py wgmma_probe.npz
+    python3 -m lab.wgmma_numerics_fit wgmma_probe.npz
 """
 import collections
-import os
 import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from pallas_sim.backends.sim.machine.numerics import tensor_core  # noqa: E402
-from pallas_sim.backends.sim.interpret.rules.wgmma import to_tf32  # noqa: E402
+from pallas_sim.backends.sim.machine.numerics import tensor_core
+from pallas_sim.backends.sim.interpret.rules.wgmma import to_tf32
 
 ITEMSIZE = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4}
 

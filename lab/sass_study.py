@@ -1,5 +1,5 @@
 """What ptxas and Mosaic made of the timing suite's kernels (issue 9): for each
-case of benchmarks/timing_suite.py, what ptxas said (its warnings, e.g. that
+case of lab/timing_suite.py, what ptxas said (its warnings, e.g. that
 wgmma instructions "are serialized", and its register count), the wgmma waits
 of the PTX (wgmma.wait_group N), the transforms Mosaic gave each TMA load's
 SMEM side (its own or inferred: tiling and swizzle, hence the box's rows), and,
@@ -11,7 +11,7 @@ which runs neither, must otherwise guess.
 
 Run on the GPU machine (jax with CUDA; ptxas runs when a kernel compiles):
 
-    python3 benchmarks/sass_study.py --out $OUT [--set suite holdout blind
+    python3 -m lab.sass_study --out $OUT [--set suite holdout blind
                                      diagnostic | all] [--filter S] [--jobs 3]
 
 Each case compiles (and runs once) in a process of its own with Mosaic GPU's
@@ -35,7 +35,7 @@ import tarfile
 import tempfile
 import time
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+from lab import ROOT
 
 
 def _child(name, out_dir):
@@ -45,9 +45,8 @@ def _child(name, out_dir):
   os.environ.update(MOSAIC_GPU_DUMP_SASS="1", MOSAIC_GPU_DUMP_PTXAS="1",
                     MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_TO=out_dir,
                     XLA_PYTHON_CLIENT_PREALLOCATE="false")
-  sys.path.insert(0, _HERE)
   import jax
-  import timing_suite
+  from lab import timing_suite
   b = timing_suite.by_name(name).build()
   out = jax.jit(b.fn)(*b.args)
   jax.block_until_ready(out)
@@ -119,8 +118,7 @@ def main(argv=None):
       rows.append({**r, **_read(d, log)})
     _report(a.out, old["command"], rows)
     return 0
-  sys.path.insert(0, _HERE)
-  import timing_suite
+  from lab import timing_suite
   sets = (("suite", "holdout", "blind", "diagnostic") if "all" in a.set else a.set)
   names = [c.name for s in sets for c in timing_suite.cases(s) if a.filter in c.name]
   os.makedirs(a.out, exist_ok=True)
@@ -130,8 +128,8 @@ def main(argv=None):
     d = os.path.join(root, str(i))
     t0 = time.time()
     try:
-      p = subprocess.run([sys.executable, __file__, "--child", name, d],
-                         capture_output=True, text=True, timeout=a.timeout)
+      p = subprocess.run([sys.executable, "-m", "lab.sass_study", "--child", name, d],
+                         capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
       log, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
       log, rc = f"timeout: {e}", -1

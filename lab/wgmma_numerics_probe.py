@@ -4,12 +4,12 @@ accumulator, per operand type (fp8 e4m3/e5m2, f16, bf16, f32 as tf32).
 The agreement suite found the hardware's fp8 matmuls differ from an exact f32
 accumulation by ~2^-14 relative. This runs wgmma matmuls (K = 32, 64, 128) on
 random and structured inputs on the GPU (or, with --sim, in the simulator)
-and saves inputs and outputs to $OUT/wgmma_probe[_sim].npz; benchmarks/
-wgmma_numerics_fit.py compares them with the simulator's model
+and saves inputs and outputs to $OUT/wgmma_probe[_sim].npz;
+lab/wgmma_numerics_fit.py compares them with the simulator's model
 (pallas_sim/backends/sim/interpret/rules/wgmma.py).
 
-    python3 benchmarks/wgmma_numerics_probe.py          # on a Hopper GPU
-    python3 benchmarks/wgmma_numerics_probe.py --golden tests/data/wgmma_h200.npz
+    python3 -m lab.wgmma_numerics_probe          # on a Hopper GPU
+    python3 -m lab.wgmma_numerics_probe --golden tests/data/wgmma_h200.npz
 
 --golden also writes the slice of the outputs that tests/test_wgmma.py checks
 the tensor-core models against, with how it was made (GPU, driver, jax,
@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "agreement"), os.path.join(ROOT, "tests")]
+sys.path[:0] = [os.path.join(ROOT, "tests", "agreement"), os.path.join(ROOT, "tests")]
 import pallas_sim as ps  # noqa: E402
 from families import hand_matmul  # noqa: E402
 
@@ -53,7 +53,7 @@ GOLDEN = [("random", 64, 0), ("random", 128, 1), ("structured", 128, 0)]
 GOLDEN_ROWS_A, GOLDEN_ROWS_B = 8, 16
 
 
-def provenance(backend, script="wgmma_numerics_probe.py", what=None):
+def provenance(backend, script="wgmma_numerics_probe", what=None):
   """How a golden file was made (GPU, driver, jax, command, commit, date)."""
   def cmd(*c):
     try:
@@ -68,7 +68,7 @@ def provenance(backend, script="wgmma_numerics_probe.py", what=None):
       gpu=cmd("nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"),
       jax=jax.__version__, jaxlib=jaxlib.__version__,
       devices=[str(d) for d in jax.devices()],
-      command=f"python3 benchmarks/{script} " + " ".join(sys.argv[1:]),
+      command=f"python3 -m lab.{script} " + " ".join(sys.argv[1:]),
       commit=commit, date=cmd("date", "-u", "+%Y-%m-%dT%H:%M:%SZ"),
       what=what or ("wgmma (tm=64, tn=64, swizzle=32, B stored (N, K), f32 accumulator) "
                     "of a (64, K) and a (64, K) operand; kept: rows 0..7 of A, rows "

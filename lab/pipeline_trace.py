@@ -14,7 +14,7 @@ and end with the SM's cycle counter, per warpgroup. Per pipeline step:
 Run on the GPU machine (each case is warmed up unprofiled first, so that the
 clock is the one its sustained run holds):
 
-    python3 benchmarks/pipeline_trace.py --out $OUT [--filter S]
+    python3 -m lab.pipeline_trace --out $OUT [--filter S]
 
 Prints, per case, the median and the 10th/90th percentiles over every block's
 steady steps (past the first mcs + 1 and before the last) of each part in SM
@@ -31,7 +31,7 @@ On a CPU, the model beside a GPU run (the simulator writes the same trace,
 in the same cycles: pallas_sim/backends/sim/report/profiler.py), each case estimated at the
 clock its suite row held sustained (h200_measured.json):
 
-    ./dev python benchmarks/pipeline_trace.py --compare benchmarks/pipeline_trace_h200.json
+    ./dev python -m lab.pipeline_trace --compare lab/data/pipeline_trace_h200.json
 """
 from __future__ import annotations
 
@@ -45,7 +45,6 @@ import time
 
 import numpy as np
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
 
 # (size, tile_n, tile_k, max_concurrent_steps): rows of the suite, the held-out
 # and blind sets where the model errs most, and rows it gets right beside them.
@@ -66,8 +65,7 @@ def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0,
   `truncate`: events past `space` are dropped (a small buffer leaves the
   kernel's occupancy as it is unprofiled)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  sys.path.insert(0, _HERE)
-  import timing_suite  # (it finds matmul_mcs as the suite does)
+  from lab import timing_suite  # (it finds matmul_mcs as the suite does)
   matmul_mcs = timing_suite._matmul_mcs()
   params = (plgpu.CompilerParams(profile_space=space, profile_dir=profile_dir,
                                  profile_bounds_check=truncate)
@@ -411,8 +409,7 @@ def stream_spans(out_dir, cases=None, n=2000, readers=12):
   loads in flight grow (STREAM_CASES). Writes OUT/stream_spans.json."""
   import jax
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  sys.path.insert(0, _HERE)
-  import calibrate
+  from lab import calibrate
   rows = []
   for mib, per_sm, slots, tr, cols, swz in cases or STREAM_CASES:
     blocks = calibrate.NUM_SMS * per_sm
@@ -452,9 +449,8 @@ def stream_spans(out_dir, cases=None, n=2000, readers=12):
 def _sustained_clocks():
   """Quickstart case name -> the SM clock (MHz) its sustained run held on the
   H200 (the suite's, held-out and blind studies of h200_measured.json)."""
-  sys.path.insert(0, _HERE)
-  import timing_suite
-  data = json.load(open(os.path.join(_HERE, "h200_measured.json")))
+  from lab import DATA, timing_suite
+  data = json.load(open(os.path.join(DATA, "h200_measured.json")))
   out = {}
   for study in ("power_study_suite", "blind_study", "holdout_study"):
     d = data.get(study, {})

@@ -1,22 +1,21 @@
 """The L2 model's HBM traffic against Nsight Compute's (issue 9).
 
-Each kernel that benchmarks/ncu_dram_h200.json measured on the H200
+Each kernel that lab/data/ncu_dram_h200.json measured on the H200
 (`ncu_sections.py NAMES --sections SpeedOfLight --metrics dram__bytes_read.sum
 dram__bytes_write.sum ...`, seventeenth session) is estimated here, and the
 bytes the model moves to and from HBM are set beside ncu's:
 
-    ./dev python benchmarks/hbm_bytes.py [--filter S]
+    ./dev python -m lab.hbm_bytes [--filter S]
 
 `--predict FILE` adds the model's HBM bytes to each case of a predictions file
-(accuracy.py --predictions), before the kernels are measured.
+(benchmarks/accuracy.py --predictions), before the kernels are measured.
 """
 import argparse
 import json
 import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from lab import DATA
 
 UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
 
@@ -30,19 +29,18 @@ def measured_bytes(values):
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--filter", default="")
-  ap.add_argument("--data", default=os.path.join(HERE, "ncu_dram_h200.json"))
+  ap.add_argument("--data", default=os.path.join(DATA, "ncu_dram_h200.json"))
   ap.add_argument("--predict", default=None, metavar="FILE")
   a = ap.parse_args(argv)
   import numpy as np
-  import accuracy
-  import timing_suite
+  from lab import timing_suite
   if a.predict:
     saved = json.load(open(a.predict))
     for name, pred in saved["predictions"].items():
-      report, _ = accuracy.predict(timing_suite.by_name(name), saved.get("gpu", "h200"))
+      report, _ = timing_suite.predict(timing_suite.by_name(name), saved.get("gpu", "h200"))
       pred["hbm_bytes"] = sum(k.hbm_bytes for k in report.kernels)
       print(f"{name}: {pred['hbm_bytes'] / 1e9:.3f} GB", flush=True)
-    saved["command"] += f"; ./dev python benchmarks/hbm_bytes.py --predict {a.predict}"
+    saved["command"] += f"; ./dev python -m lab.hbm_bytes --predict {a.predict}"
     with open(a.predict, "w") as fh:
       json.dump(saved, fh, indent=1)
     return 0
@@ -53,7 +51,7 @@ def main(argv=None):
   for name, values in cases.items():
     if a.filter not in name:
       continue
-    report, _ = accuracy.predict(timing_suite.by_name(name), "h200")
+    report, _ = timing_suite.predict(timing_suite.by_name(name), "h200")
     model = sum(k.hbm_bytes for k in report.kernels)
     gpu = measured_bytes(values)
     ratios.append(model / gpu)

@@ -10,7 +10,7 @@ memory): this counts how often that happens. Open question (see
 benchmarks/RESULTS.md): the arrival is made by a few lanes with
 mbarrier.arrive's default (CTA-scope) release semantics.
 
-    python3 benchmarks/cluster_arrival_probe.py [runs]     # on a Hopper GPU
+    python3 -m lab.cluster_arrival_probe [runs]     # on a Hopper GPU
 """
 import os
 import sys
@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path.insert(0, os.path.join(ROOT, "tests"))
 import pallas_sim as ps  # noqa: E402
 from test_clusters import leader_tracked_gather  # noqa: E402
 

@@ -3,7 +3,7 @@ SMEM and GMEM destinations, values from a plain load, from plgpu.load and
 computed. Prints, per case, whether the result is the signed or the unsigned
 max/min. Needs a Hopper GPU.
 
-    python3 benchmarks/atomic_probe.py
+    python3 -m lab.atomic_probe
 """
 import jax
 import jax.numpy as jnp

@@ -9,7 +9,7 @@ simulator, with candidate models of what the hardware does:
    bit-identical: which of the fused / unfused orders matches?
 3. signed zeros through max/min/neg/add.
 
-    python3 benchmarks/register_numerics_probe.py     # on a Hopper GPU
+    python3 -m lab.register_numerics_probe     # on a Hopper GPU
 """
 import os
 import sys
@@ -23,7 +23,7 @@ from jax.experimental import pallas as pl  # noqa: F401
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "agreement")]
+sys.path.insert(0, os.path.join(ROOT, "tests", "agreement"))
 import pallas_sim as ps  # noqa: E402
 import tolerance as tol  # noqa: E402
 

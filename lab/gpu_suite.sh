@@ -9,7 +9,7 @@
 #   timing     the timing table and the hardware probes.
 # Results go to $OUT (default ./gpu-results): a few files and one tarball, as
 # the device machine returns at most 8 files.
-#     bash benchmarks/gpu_suite.sh [tests] [agreement] [timing]
+#     bash lab/gpu_suite.sh [tests] [agreement] [timing]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
@@ -26,10 +26,10 @@ $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 if [[ " $PARTS " == *" tests "* ]]; then
   $PY examples/quickstart.py --backend mosaic 2>&1 | tee "$LOGS/quickstart_mosaic.txt"
   $PY examples/quickstart.py --backend sim --gpu h200 2>&1 | tee "$LOGS/quickstart_sim.txt"
-  OUT="$LOGS" $PY benchmarks/wgmma_numerics_probe.py --golden tests/data/wgmma_h200.npz 2>&1 | tail -2
+  OUT="$LOGS" $PY -m lab.wgmma_numerics_probe --golden tests/data/wgmma_h200.npz 2>&1 | tail -2
   cp tests/data/wgmma_h200.npz "$OUT/wgmma_h200.npz"
-  $PY benchmarks/wgmma_numerics_fit.py "$LOGS/wgmma_probe.npz" 2>&1 | tee "$LOGS/wgmma_fit.txt"
-  $PY benchmarks/register_numerics_probe.py 2>&1 | tee "$OUT/register_numerics.txt"
+  $PY -m lab.wgmma_numerics_fit "$LOGS/wgmma_probe.npz" 2>&1 | tee "$LOGS/wgmma_fit.txt"
+  $PY -m lab.register_numerics_probe 2>&1 | tee "$OUT/register_numerics.txt"
   $PY -m pytest -q -rfs -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30
 fi
 if [[ " $PARTS " == *" agreement "* ]]; then
@@ -37,8 +37,8 @@ if [[ " $PARTS " == *" agreement "* ]]; then
   cp "$LOGS/agreement/SUMMARY.md" "$OUT/agreement_summary.md"
 fi
 if [[ " $PARTS " == *" timing "* ]]; then
-  $PY benchmarks/gpu_timing.py 2>&1 | tee "$LOGS/gpu_timing.txt"
-  $PY benchmarks/gpu_probes.py 2>&1 | tee "$LOGS/gpu_probes.txt"
-  $PY benchmarks/contraction_probe.py 2>&1 | tee "$LOGS/contraction.txt"
+  $PY -m lab.gpu_timing 2>&1 | tee "$LOGS/gpu_timing.txt"
+  $PY -m lab.gpu_probes 2>&1 | tee "$LOGS/gpu_probes.txt"
+  $PY -m lab.contraction_probe 2>&1 | tee "$LOGS/contraction.txt"
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"
