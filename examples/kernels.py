@@ -479,7 +479,7 @@ def pipeline_elementwise(x, y, *, blocks=PE_BLOCKS, tile_m=PE_TILE_M, tile_n=PE_
   (4, 2) grid of 32 x 128 tiles with ``plgpu.emit_pipeline`` (2 concurrent
   steps: the inputs of step s+2 are fetched while step s computes, and
   outputs are TMA-stored from the pipeline's SMEM ring). The keywords give
-  other sizes (benchmarks/timing_suite.py)."""
+  other sizes (lab/timing_suite.py)."""
   rows, cols = x.shape
   assert x.shape == y.shape and rows % (blocks * tile_m) == 0 and cols % tile_n == 0
   tiles_per_block = rows // blocks // tile_m

@@ -5,8 +5,8 @@ import dataclasses
 import numbers
 
 
-# Figures marked (H200) were measured on an H200 by benchmarks/calibrate.py
-# through benchmarks/measure_gpu.py (2026-12-01, benchmarks/h200_measured.json
+# Figures marked (H200) were measured on an H200 by lab/calibrate.py
+# through lab/measure_gpu.py (2026-12-01, lab/data/h200_measured.json
 # "figures"; the command and table are in benchmarks/RESULTS.md). The H100
 # SXM has the same SM: it takes the SM's figures, with its own HBM and L2.
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +34,13 @@ class GPU:
   # small integers; on random normal operands, whose bits toggle as real
   # data's do, the same loops drew 688-698 W against 468-616 and ran 2.2%
   # (f16), 3.3% (bf16) and 1.2% (fp8) slower, sustained side by side for 3 s
-  # (H200, power_study_random in benchmarks/h200_measured.json): the figures
+  # (H200, power_study_random in lab/data/h200_measured.json): the figures
   # are those of random data. (tf32 and int8: not measured on such data.)
   tensor_flop_per_clk: tuple = (("f16", 3238), ("bf16", 3203), ("tf32", 1656),
                                 ("fp8", 6544), ("int8", 6624))
   # The SM clock (MHz) each of those loops ran at: the median of nvidia-smi's
   # readings over the sustained loop (random operands: power_study_random in
-  # benchmarks/h200_measured.json; tf32's small-integer loop held 1965-1980;
+  # lab/data/h200_measured.json; tf32's small-integer loop held 1965-1980;
   # int8's rate is twice f16's small-integer one, whose loop held 1725).
   # at_clock() divides the rates by these to get FLOP per cycle.
   tensor_rate_mhz: tuple = (("f16", 1665), ("bf16", 1755), ("tf32", 1980),
@@ -50,7 +50,7 @@ class GPU:
   # wgmma_queue of its instructions have started (timing.Timing.wgmma), and
   # an issue takes wgmma_issue_cycles_base + wgmma_instr_issue_cycles an
   # instruction. The quickstart's body traced by Mosaic GPU's profiler
-  # (benchmarks/pipeline_trace.py, pipeline_trace_h200.json, H200), median
+  # (lab/pipeline_trace.py, pipeline_trace_h200.json, H200), median
   # cycles of the issue: 634 for 16 m64n128k16 instructions (128x128x128),
   # 354 for 16 m64n64k16 (128x64x128), the tensor cores idle before both;
   # 109 and 122 for 8 m64n128k16 (151 and 122 behind a busy group), 91 for
@@ -73,7 +73,7 @@ class GPU:
   # of an 8 MiB region, 4 in flight: 21.6, 18.5, 19.4 and 18.5 TB/s (their
   # mean; the 4-reader run was the noisiest, its calls launch-bound) in
   # boxes of 128-byte rows; in 64-byte boxes the streaming rate (l2_shared_*
-  # in benchmarks/h200_measured.json, H200).
+  # in lab/data/h200_measured.json, H200).
   l2_shared_bytes_per_s: float = 19.5e12
   l2_shared_min_row_bytes: int = 128
   # A loaded L2's latency, lat / (1 - busy): the busy share at most this
@@ -210,15 +210,15 @@ class GPU:
   # 78% of the round trip from the L2, 44.5 B/clk there. The model's other
   # cases of that study (112 and 64 KiB pads: 92 KiB of L1, and 28 KiB over
   # two blocks; two blocks per SM without a pad) come within 3% (H200,
-  # spill_study in benchmarks/h200_measured.json).
+  # spill_study in lab/data/h200_measured.json).
   l1_smem_bytes: int = 256 * 1024
   smem_carveouts_kib: tuple = (0, 8, 16, 32, 64, 100, 132, 164, 196, 228)
   local_l2_bytes_per_clk: float = 44.5
   # The board's power, which sets the SM clock (timing/power.py): fitted
-  # by benchmarks/power_model.py to 66 kernels of benchmarks/timing_suite.py
+  # by lab/power_model.py to 66 kernels of lab/timing_suite.py
   # (the suite and the held-out kernels) whose sustained clock and power were
   # measured (H200: power_study_suite, power_study_holdout in
-  # benchmarks/h200_measured.json), each family of kernels left out of the
+  # lab/data/h200_measured.json), each family of kernels left out of the
   # fit that predicts it: clock error 5.7% on the 56 not small; 4.9% on 56
   # kernels it never saw (the quickstart's pipeline taken apart). Tensor
   # FLOP/s are f16's (an fp8 FLOP counts half: the same loop at twice the
@@ -270,7 +270,7 @@ def get(gpu, clock_mhz=None):
 def at_clock(gpu, mhz):
   """The model with its SMs at `mhz` for the whole kernel: the clock an
   H100/H200 holds at the board's power limit (1035-1905 MHz for the large
-  matmuls of benchmarks/timing_suite.py on an H200, which the executor
+  matmuls of lab/timing_suite.py on an H200, which the executor
   predicts: pallas_sim/backends/sim/timing/power.py), or any clock to ask "what if".
 
   What the SM does, per cycle of its clock, stays: issue, ALU, barrier and

@@ -67,7 +67,7 @@ class Options:
     the clock its power allows: the 1980 MHz boost clock unless the model's
     power there passes the board's 700 W limit, else the highest clock on
     the 15 MHz steps within it, 1035-1905 MHz for the large matmuls of
-    benchmarks/timing_suite.py on an H200: pallas_sim/backends/sim/timing/power.py;
+    lab/timing_suite.py on an H200: pallas_sim/backends/sim/timing/power.py;
     report.kernels[i].sm_mhz and .power_w). Given, what nvidia-smi shows
     while the kernel runs, the launch is predicted at it (gpus.at_clock).
   block_classes: simulate one block per class of blocks that do the same

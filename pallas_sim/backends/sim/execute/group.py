@@ -231,7 +231,7 @@ def _warpgroup(prog, refs, wg, launch, group):
   never awaited are reported: the lowering does not wait for them at the end
   (jax 0.11.2 awaits only in wait_smem_to_gmem), and the SMEM they read may
   be freed. (Their GMEM writes still land: seen on an H200,
-  benchmarks/gpu_probes.py, so an unawaited write side is not reported.)"""
+  lab/gpu_probes.py, so an unawaited write side is not reported.)"""
   if group.profile is not None:  # (the kernel's prologue: its profile's first range)
     group.profile.event(wg, "Init", True)
     group.profile.event(wg, "Init", False)

@@ -13,7 +13,7 @@ closes the ranges left open), and without it an overflow is an error here
 (on the GPU it corrupts the SMEM next to the buffer). The buffer takes SMEM:
 4 bytes per entry per trace. The file has the profiler's name and format,
 and its unit: the SM's cycles written as nanoseconds, so that a range's
-length is its cycles on either backend (benchmarks/pipeline_trace.py reads
+length is its cycles on either backend (lab/pipeline_trace.py reads
 both). The GPU's profiler reads %clock, counts from each trace's first
 event less an estimate of its own cost per event, and adds the block's
 start on the global timer; here each block's cycles count from its start

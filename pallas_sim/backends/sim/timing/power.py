@@ -2,9 +2,9 @@
 
 An H100/H200 runs its SMs at 1980 MHz until the board's power reaches its
 limit (700 W), then lowers the clock (and the voltage with it) until it is
-back within it: the large matmuls of benchmarks/timing_suite.py ran at
+back within it: the large matmuls of lab/timing_suite.py ran at
 1035-1905 MHz, an elementwise kernel at 1980. The power is a fitted function
-of what the kernel keeps busy (gpus.GPU.power_*: benchmarks/power_model.py):
+of what the kernel keeps busy (gpus.GPU.power_*: lab/power_model.py):
 
     P = P0 + s(f) * (e_tc * tensor FLOP/s + e_l2 * L2 bytes/s) + e_hbm * HBM bytes/s,
     s(f) = (1 - beta * (1 - f / boost))^2

@@ -2,7 +2,7 @@
 
 Mosaic GPU lowers `x / y` (arith.divf) to PTX `div.full.f32` for f32, f16
 and bf16 alike (halves are divided in f32, then rounded). Measured on an
-H200 (benchmarks/division_probe.py): div.full.f32 is x times
+H200 (lab/division_probe.py): div.full.f32 is x times
 `rcp.approx.f32(y)` rounded once, and rcp.approx.f32 is within one ulp of
 the correctly rounded reciprocal: for 13% of mantissas it is one ulp off.
 That table of differences, for every f32 mantissa, measured on the H200, is

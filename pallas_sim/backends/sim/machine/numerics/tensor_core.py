@@ -1,7 +1,7 @@
 """How a Hopper tensor core sums wgmma products into an f32 accumulator.
 
-Fitted bit for bit on an H200 (benchmarks/wgmma_numerics_probe.py,
-benchmarks/wgmma_numerics_fit.py; numbers in benchmarks/RESULTS.md). For each
+Fitted bit for bit on an H200 (lab/wgmma_numerics_probe.py,
+lab/wgmma_numerics_fit.py; numbers in benchmarks/RESULTS.md). For each
 instruction-wide slice of K (32 bytes of operand: 8 tf32, 16 f16/bf16, 32 fp8
 elements), per output element:
 
@@ -255,7 +255,7 @@ def _scan32(x):
   return bad == 0, e.reshape(x.shape), lo, hi
 
 
-# mma.sync (plgpu.mma), fitted on an H200 (benchmarks/mma_numerics_probe.py):
+# mma.sync (plgpu.mma), fitted on an H200 (lab/mma_numerics_probe.py):
 # f16/bf16 sum as wgmma does; fp8 in slices of 8 with f16's precision, not
 # wgmma's 13 bits. (elements per slice, align bits, result bits) by width.
 SYNC = {2: (16, 25, 23), 1: (8, 25, 23)}
