@@ -1,6 +1,6 @@
 """Agreement with the real Mosaic GPU lowering on a Hopper GPU (H100/H200).
 Marked `gpu`: skipped where there is none (CI). Run with `./dev test -m gpu`
-on a GPU machine, or see README "On a GPU machine"."""
+on a GPU machine, or see docs/gpu-lab.md."""
 import jax
 import jax.numpy as jnp
 import numpy as np

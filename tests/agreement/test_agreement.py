@@ -1,6 +1,6 @@
 """The agreement suite: the simulator against the real Mosaic GPU lowering
 (on a Hopper GPU) or against exact references (anywhere), over generated
-kernels. See the README ("Agreement with the hardware").
+kernels. See docs/agreement.md.
 
 Two kinds of test per family: `test_<family>` draws random examples
 (hypothesis; 15 derandomized in the CI profile), and
