@@ -1,6 +1,6 @@
 """Peak memory and wall time of the quickstart matmul in the simulator
-(numerics and race checks on), against the bound of issue 10: four times
-the kernel's GMEM data plus 1 GiB.
+(numerics and race checks on), against the simulator's memory bound: four
+times the kernel's GMEM data plus 1 GiB.
 
 Each size runs in a fresh Python process; a sampler reads the proportional
 set size (PSS: a page shared by n processes counts 1/n in each, so forked
@@ -8,7 +8,7 @@ workers' shared pages are counted once) of that process and all its
 descendants every 20 ms, from /proc/<pid>/smaps_rollup (Linux).
 
     ./dev python benchmarks/memory.py 1024 2048 4096 [--workers N]
-        [--no-races] [--no-uninitialized]   # what the checks hold (issue 10)
+        [--no-races] [--no-uninitialized]   # what the checks hold
         [--no-fresh]                        # workers that last the launch
         [--no-warm]         # no unmeasured 256^3 run first (numba's compile)
 """

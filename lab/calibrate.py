@@ -1,5 +1,5 @@
 """Micro-benchmarks, as Pallas Mosaic GPU kernels, for the hardware figures
-the simulator's timing model reads (pallas_sim/gpus.py; issue 9).
+the simulator's timing model reads (pallas_sim/gpus.py).
 
 Every figure is measured by a DIFFERENCE: the same kernel is built with an
 in-kernel loop of n1 and of n2 iterations (or, for the launch overhead, a

@@ -1,4 +1,4 @@
-"""Which SMs share a GPC, on a Hopper GPU (issue 9: the SMs that run a
+"""Which SMs share a GPC, on a Hopper GPU (to explain the SMs that run a
 memory-heavy matmul's blocks faster than the rest, pipeline_trace.py --spans).
 
 A cluster's blocks run on SMs of one GPC. Launches of clusters of C blocks

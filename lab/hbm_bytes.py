@@ -1,8 +1,8 @@
-"""The L2 model's HBM traffic against Nsight Compute's (issue 9).
+"""The L2 model's HBM traffic against Nsight Compute's.
 
 Each kernel that lab/data/ncu_dram_h200.json measured on the H200
 (`ncu_sections.py NAMES --sections SpeedOfLight --metrics dram__bytes_read.sum
-dram__bytes_write.sum ...`, seventeenth session) is estimated here, and the
+dram__bytes_write.sum ...`) is estimated here, and the
 bytes the model moves to and from HBM are set beside ncu's:
 
     ./dev python -m lab.hbm_bytes [--filter S]

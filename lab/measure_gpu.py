@@ -1,4 +1,4 @@
-"""H200 ground truth for the timing model (issue 9): measures every kernel of
+"""H200 ground truth for the timing model: measures every kernel of
 lab/timing_suite.py and every micro-benchmark of lab/calibrate.py
 on the GPU, and writes $OUT/h200_measured.json plus a printed table.
 
@@ -27,7 +27,8 @@ How a time is taken (device time, not Python dispatch):
   CHAIN_CALLS times in one program: `chain_per_kernel_s` (that program's
   time over CHAIN_CALLS), the time a kernel takes among others on the GPU
   (two in a program still carry half a host dispatch each: the 2048^3
-  matmuls' blocks ran in ~24 us where k2 gave 31-36, eighteenth session);
+  matmuls' blocks ran in ~24 us where k2 gave 31-36: h200_measured.json's
+  chain_study_eighteenth);
 * the SM clock is sampled by `nvidia-smi -lms 100` throughout (clocks are
   never changed); each row gets the median SM clock over its timed window;
 * `--ncu N`: the first N of NCU_CASES are run again under Nsight Compute

@@ -1,4 +1,4 @@
-"""Nsight Compute's view of suite kernels (issue 9: why a kernel is slower
+"""Nsight Compute's view of suite kernels (to see why a kernel is slower
 than the timing model says). On the GPU machine:
 
     python3 -m lab.ncu_sections --out $OUT "quickstart one tile 4096 128x128x32 mcs=4" ...

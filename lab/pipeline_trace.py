@@ -1,4 +1,4 @@
-"""Where a quickstart matmul's pipeline step goes on the GPU (issue 9).
+"""Where a quickstart matmul's pipeline step goes on the GPU.
 
 The quickstart's kernel (examples/quickstart.py) with its wgmma issue and its
 wgmma_wait(1) in named scopes, compiled with Mosaic GPU's profiler

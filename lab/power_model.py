@@ -1,4 +1,4 @@
-"""The SM clock that the 700 W limit sets (issue 9): the fit whose figures
+"""The SM clock that the 700 W limit sets: the fit whose figures
 gpus.GPU.power_* hold (pallas_sim/backends/sim/timing/power.py predicts the clock with
 them), and its checks.
 

@@ -1,5 +1,5 @@
-"""Clock and power under sustained load, for the timing model's clock
-(issue 9): each kernel runs back to back for --seconds, and the SM clock and
+"""Clock and power under sustained load, for the timing model's clock:
+each kernel runs back to back for --seconds, and the SM clock and
 the board's power are read (nvidia-smi, every 20 ms, read-only: the clocks
 and power limit are left as found) over the last --window seconds, when
 they have settled. Micro-benchmarks (lab/calibrate.py, at their n2

@@ -1,4 +1,4 @@
-"""What ptxas and Mosaic made of the timing suite's kernels (issue 9): for each
+"""What ptxas and Mosaic made of the timing suite's kernels: for each
 case of lab/timing_suite.py, what ptxas said (its warnings, e.g. that
 wgmma instructions "are serialized", and its register count), the wgmma waits
 of the PTX (wgmma.wait_group N), the transforms Mosaic gave each TMA load's
@@ -19,7 +19,8 @@ dump switches on (MOSAIC_GPU_DUMP_SASS, _PTX, _PTXAS, _TO), its dump in a
 temporary folder; then every dump is read here, and OUT/sass_study.json and a
 printed table give the above per case. The dumps go into OUT/sass_dumps.tgz
 (`--reread FOLDER` reads an unpacked one again). SASS needs a disassembler
-Mosaic finds: on the H200 machine of 2026-12-02 none came out.
+Mosaic finds: on the H200 machine of lab/data/sass_study_h200.json none came
+out.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The suite of real Pallas Mosaic GPU kernels whose run time the simulator
-predicts (issue 9: calibrating the timing model against an H200).
+predicts (to calibrate the timing model against an H200).
 
 A library: importing it builds nothing and touches no device. `CASES` is a list
 of `Case`s; `case.build()` makes `Built(fn, args, reference)`, where `args` are
@@ -467,7 +467,7 @@ def all_cases():
 # pipeline's own steps set the time; "and delay": each with scalar work in
 # place of the wgmma, as long as it, at the clock such work holds.
 # Measured: "pipeline_study" and "power_study_diagnostic" in
-# h200_measured.json (benchmarks/RESULTS.md, tenth session).
+# h200_measured.json (benchmarks/RESULTS.md).
 # ---------------------------------------------------------------------------
 
 # A "delay" step: this many cycles of dependent scalar work (the rounds of
@@ -582,7 +582,7 @@ def _diagnostic_cases():
 # Held out (not in CASES, never used to set a figure of pallas_sim/gpus.py):
 # kernels, sizes and dtypes the model was not calibrated on, predicted
 # before they were first measured (lab/data/holdout_predictions.json,
-# committed before the GPU run; RESULTS.md, eleventh session). They say how
+# committed before the GPU run; benchmarks/RESULTS.md). They say how
 # the model does on kernels it has not seen, which is what a user has.
 # ---------------------------------------------------------------------------
 
@@ -708,11 +708,11 @@ def _holdout_cases():
 
 
 # The quickstart at pipeline depths and tiles the suite lacks, f16, at 4096
-# and 6144: the L2 model of the thirteenth session (loads shared by a wave's
-# blocks, a loaded L2's latency) predicted them, and the predictions were
-# committed (lab/data/blind_predictions_quickstart_attention.json), before they were measured.
-# At 8192, tile_k=32 tiles that a smeared-wave rule (the seventeenth session's,
-# not kept) said miss in the L2, and a 128-byte-row tile it said does not:
+# and 6144: an earlier L2 model (loads shared by a wave's blocks, a loaded
+# L2's latency) predicted them, and the predictions were committed
+# (lab/data/blind_predictions_quickstart_attention.json), before they were measured.
+# At 8192, tile_k=32 tiles that a smeared-wave rule (since dropped) said
+# miss in the L2, and a 128-byte-row tile it said does not:
 # predicted (lab/data/blind_predictions_quickstart_8192.json) and committed before
 # they were measured. The measurements refuted the rule (benchmarks/RESULTS.md).
 BLIND_CONFIGS = {4096: ((128, 64, 5), (128, 32, 2), (128, 32, 3), (64, 64, 2),
@@ -731,11 +731,12 @@ BLIND_ATTENTION = ((1, 8192, 16, 128, 64, 128, False, 2), (1, 8192, 16, 128, 64,
 
 # The quickstart where its inputs and output fit in half the L2, or just do
 # not: M x K x N and tiles that the footprint study (pipeline_trace.py --m
-# --k, eighteenth session) did not run. The near/far L2 rule
-# (timing.far_share, nineteenth session) predicted them 12-23% faster than
-# the model before it where they fit, 5-7% where they half fit, the same
-# where they do not; predicted (lab/data/blind_predictions_near_l2_half.json)
-# and committed before they were measured. Small rows: timed in a chain.
+# --k: pipeline_trace_h200.json's eighteenth_session.footprint_study) did not
+# run. The near/far L2 rule (timing.far_share) predicted them 12-23% faster
+# than the model without it (every L2 read far) where they fit, 5-7% where
+# they half fit, the same where they do not; predicted
+# (lab/data/blind_predictions_near_l2_half.json) and committed before they
+# were measured. Small rows: timed in a chain.
 BLIND_NEAR = (((2048, 2048, 2048), ((128, 32, 2), (128, 32, 3), (64, 64, 2), (64, 32, 4))),
               ((4096, 1024, 2048), ((128, 64, 2), (64, 64, 3))),
               ((1024, 4096, 2048), ((128, 64, 2), (128, 32, 4))),
@@ -787,8 +788,8 @@ def _quickstart_mkn(mkn, configs, tag, family=None, small=False, dtype=None):
 # Boxes of narrow rows: A tiles 16 elements wide (32-byte rows), and an
 # elementwise add through emit_pipeline in tiles 4 f32 wide (16-byte rows:
 # narrower than the rows gpus.GPU.tma_narrow_rows_per_clk was measured on).
-# The row rate (nineteenth session) predicted them 23-51% slower than the
-# model without it, a 64-byte-row control the same; predicted
+# The row rate predicted them 23-51% slower than the model without it, a
+# 64-byte-row control the same; predicted
 # (lab/data/blind_predictions_narrow_rows.json) and committed before
 # they were measured.
 BLIND_NARROW = {4096: ((128, 16, 4), (128, 16, 6), (64, 16, 6)), 8192: ((128, 16, 4),),
@@ -801,7 +802,7 @@ BLIND_NARROW_EW = ((256, 256, 4, 4),)  # (blocks, tile_m, tile_n, mcs)
 # at tile_k 16 and 32, and its A in B's at tile_n 16 and 32; narrow rows
 # go at the L2's request rate (gpus.GPU.l2_requests_per_s). Predicted
 # (lab/data/blind_predictions_swizzle.json) and committed before they
-# were measured (twentieth session).
+# were measured.
 BLIND_SWIZZLE = {4096: ((64, 16, 4), (128, 32, 5), (16, 64, 4), (32, 64, 4)),
                  6144: ((128, 16, 4), (128, 32, 5)), 8192: ((64, 16, 6), (128, 32, 5))}
 
@@ -838,11 +839,10 @@ def _ew_pipeline_blind(configs, tag):
   return out
 
 
-# Broad blind rows (twenty-first session): shapes and tiles a user might
-# sweep that no earlier set measured (non-square matmuls, 5120^3, bf16,
-# other elementwise tiles, attention at other sizes), predicted by the
-# session's final model (lab/data/blind_predictions_broad.json) and
-# committed before they were measured: how the model does on kernels it was
+# Broad blind rows: shapes and tiles a user might sweep that no earlier set
+# measured (non-square matmuls, 5120^3, bf16, other elementwise tiles,
+# attention at other sizes), predicted (lab/data/blind_predictions_broad.json)
+# and committed before they were measured: how the model does on kernels it was
 # not fitted to.
 BLIND_BROAD_MM = (((8192, 4096, 4096), "float16", ((128, 64, 3), (128, 128, 2), (128, 32, 3))),
                   ((4096, 8192, 4096), "float16", ((128, 64, 4), (64, 128, 3), (128, 128, 3))),

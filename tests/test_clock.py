@@ -181,7 +181,7 @@ def test_the_power_model_is_the_fitted_law():
 
 def test_simulate_and_estimate_agree_on_the_clock():
   """ps.simulate times a launch over the limit again as ps.estimate does:
-  the same clock, the same time (issue 9: within 2%)."""
+  the same clock, the same time (within 2%)."""
   a = jax.random.normal(jax.random.key(0), (2048, 2048), F16)
   mm = lambda a, b: matmul_mcs(a, b, tile_n=128, max_concurrent_steps=4)
   est = ps.estimate(mm, S(a.shape, F16), S(a.shape, F16), gpu="h200").kernels[0]

@@ -108,7 +108,7 @@ def test_a_deeper_pipeline_hides_the_loaded_l2s_latency(deeper, shallower):
   """The H200 runs the quickstart's 128x128x64 tile 10-12% faster at mcs=4
   than at mcs=3, at the same SMEM, occupancy and bytes: its loads wait
   ~2000 cycles on a loaded L2, which three stages in flight hide better than
-  two (benchmarks/RESULTS.md, thirteenth session)."""
+  two (benchmarks/RESULTS.md)."""
   assert _estimate(shallower) > 1.02 * _estimate(deeper)
 
 
@@ -177,8 +177,9 @@ def _per_step(m, k, n):
 def test_a_matmul_that_fits_in_half_the_l2_takes_shorter_steps():
   """The H200's 128x128x64 mcs=2 step: 1115-1173 cycles while A, B and C
   fit in 30 MB, 1454-1665 from 41.9 MB on, whatever the strides and waves
-  (pipeline_trace.py --m/--k, eighteenth session). The model's, at 25.2 MB
-  and at 41.9 MB (A twice as tall: two waves of the same blocks)."""
+  (pipeline_trace.py --m/--k: pipeline_trace_h200.json's
+  eighteenth_session.footprint_study). The model's, at 25.2 MB and at
+  41.9 MB (A twice as tall: two waves of the same blocks)."""
   near, far = _per_step(2048, 2048, 2048), _per_step(4096, 2048, 2048)
   assert far > 1.15 * near
   # (and A twice as wide is as far: the footprint, not the waves)

@@ -409,8 +409,8 @@ def test_large_gmem_arrays_are_in_base_pages():
   """Outputs (poison), their written-masks and input copies of 2 MiB or more
   are asked for base pages (VmFlags "nh"): a transparent huge page written
   by a worker and by the parent after the fork counts as private to every
-  worker (issue 10); small ones stay numpy's own. Their values are as
-  before: NaN poison, a False mask, an equal copy."""
+  worker, against benchmarks/memory.py's bound; small ones stay numpy's
+  own. Their values are as before: NaN poison, a False mask, an equal copy."""
   from pallas_sim.backends.sim.checks import initcheck
   from pallas_sim.backends.sim.machine import memory
   out = memory.poison((1024, 1024), np.float32)

@@ -231,10 +231,10 @@ def _lent(monkeypatch):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_inputs_are_lent_uncopied_until_the_kernel_writes_one(monkeypatch, workers, fresh):
   """The callback's read-only inputs are the launch's input buffers (a copy
-  of each would cost its size again: issue 10); a kernel that writes an
-  input fails that write and runs again with copies, with the outputs,
-  findings and times of a run that copied at once, and the caller's array
-  unchanged."""
+  of each would cost its size again, against benchmarks/memory.py's bound); a
+  kernel that writes an input fails that write and runs again with copies,
+  with the outputs, findings and times of a run that copied at once, and the
+  caller's array unchanged."""
   seen = _lent(monkeypatch)
   x = _x()
   ex, out = _run(atomic_rows(F32), (x,), workers)

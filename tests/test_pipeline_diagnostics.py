@@ -64,8 +64,8 @@ def test_diagnostics_and_held_out_kernels_are_apart_from_the_suite():
   seen = {key(c) for c in timing_suite.CASES + timing_suite.HOLDOUT_CASES
           + timing_suite.DIAGNOSTIC_CASES}
   assert not {key(c) for c in timing_suite.BLIND_CASES} & seen
-  saved = {}  # (the 8192 rows: predicted in the seventeenth session; the
-  # near-L2 rows in the nineteenth)
+  saved = {}  # (one file a blind set, each committed before its rows were
+  # measured)
   for f in ("blind_predictions_quickstart_attention.json",
             "blind_predictions_quickstart_8192.json", "blind_predictions_near_l2_half.json",
             "blind_predictions_narrow_rows.json", "blind_predictions_swizzle.json",

@@ -115,8 +115,9 @@ def mixed_type_case():
   return fn, (a, b), np.asarray(mt.reference(a, b, out_dtype=jnp.float32))
 
 
-# Kernels of JAX's whose races are JAX's own (issue 11 judges them): the
-# values are right in this timing; the reports name the two agents.
+# Kernels of JAX's whose races are JAX's own (library races: warned, not
+# raised; benchmarks/RESULTS.md): the values are right in this timing; the
+# reports name the two agents.
 RACY = {
     # wgmma issued in the pipeline body with delay_release=1 and never
     # awaited: a TMA refill may overwrite SMEM a wgmma group still reads.

@@ -573,7 +573,7 @@ def test_the_quickstarts_hbm_bytes_at_8192_are_ncus_where_its_waves_stay_sharp(
   H200 (lab/data/ncu_dram_h200.json; lab/hbm_bytes.py for all of
   them): one operand a wave, as the wave's blocks read each tile together.
   (Where the waves smear, as at tile_k=32 with mcs=4, the GPU reads up to 3x
-  that: not modelled, benchmarks/RESULTS.md, seventeenth session.)"""
+  that: not modelled, benchmarks/RESULTS.md.)"""
   x = S((8192, 8192), F16)
   r = ps.estimate(lambda a, b: matmul_mcs(a, b, tile_k=tile_k, max_concurrent_steps=mcs),
                   x, x, gpu="h200")
