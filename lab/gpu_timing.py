@@ -14,24 +14,13 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plgpu
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tests"))
 
 import pallas_sim as ps  # noqa: E402
 from test_quickstart import matmul_mcs  # noqa: E402
-
-
-def make_iota(nblocks):
-  """The quickstart's grid iota over nblocks blocks of 128 (benchmarks/sim_speed.py's)."""
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((nblocks * 128,), jnp.float32),
-                grid=(nblocks,), grid_names=("i",))
-  def iota(o_ref):
-    i = jax.lax.axis_index("i")
-    o_ref[pl.ds(i * 128, 128)] = jnp.arange(128, dtype=jnp.float32) + i * 128
-  return iota
+from benchmarks.sim_speed import make_iota  # noqa: E402
 
 
 def measure(fn, args, repeat):
