@@ -609,7 +609,7 @@ MUTANTS = [
            "      carry = run_plain(body, bc + carry, wg)\n      iteration += 1\n"
            "      if False:",
            ("tests/test_debugging.py",)),
-    # --- issue 11: warps, semaphores, atomics, aliasing, timing, scopes -------
+    # --- warps, semaphores, atomics, aliasing, timing, scopes ----------------
     Mutant("warps-share-one-clock", "pallas_sim/backends/sim/checks/observer.py",
            "each warp of a warp_map has its own clock; the mutant gives every warp "
            "its warpgroup's component (their accesses look program-ordered)",
@@ -772,7 +772,7 @@ MUTANTS = [
            "    if smem:\n      wg.block.hb.scope_end(wg, smem, where)",
            "    if False:\n      wg.block.hb.scope_end(wg, smem, where)",
            ("tests/test_races.py",)),
-    # --- issue 11, second session: inline_mgpu, division, leader tracking ------
+    # --- inline_mgpu, division, leader tracking ------------------------------
     Mutant("inline-swizzle-off", "pallas_sim/backends/sim/interpret/rules/inline_mgpu.py",
            "inline_mgpu stages swizzled SMEM in the TMA's physical byte order; the "
            "mutant leaves the 16-byte chunks unswizzled",
@@ -823,11 +823,11 @@ MUTANTS = [
            "  nib = np.stack([raw & 0xF, raw >> 4], axis=-1).reshape(-1)[:n]",
            "  nib = np.stack([raw >> 4, raw & 0xF], axis=-1).reshape(-1)[:n]",
            ("tests/test_aliasing.py",)),
-    # --- timing model, estimate (issue 9) ------------------------------------------
+    # --- timing model, estimate ----------------------------------------------------
     Mutant("classes-ignore-cond-on-grid", "pallas_sim/backends/sim/analysis/block_classes.py",
            "a cond on the block's grid index makes blocks differ (estimate runs them all)",
-           "  if name == \"cond\":\n    _decide(ins[0], eqn, grid, \"which branch a cond takes\")\n",
-           "  if name == \"cond\":\n    pass\n",
+           "    _decide(index, eqn, self, \"which branch a cond takes\")\n",
+           "    pass\n",
            ("tests/test_estimate.py", "tests/test_estimate_programs.py")),
     Mutant("classes-ignore-share", "pallas_sim/backends/sim/execute/classes.py",
            "blocks of one class share their SM alike (estimate's class key)",
@@ -885,10 +885,10 @@ MUTANTS = [
            "    if _is_ref(v):  # (memory passed in stays memory)\n",
            "    if False:  # (memory passed in stays memory)\n",
            ("tests/test_estimate.py",)),
-    Mutant("scan-carries-unioned", "pallas_sim/backends/sim/analysis/block_classes.py",
+    Mutant("scan-carries-unioned", "pallas_sim/backends/sim/analysis/walker.py",
            "a scan's carries each keep their own taint",
-           "    new = [c | t for c, t in zip(carry, res[:ncar])]\n",
-           "    new = [c | _union(res) for c in carry]\n",
+           "      new = [self.widen(c, t) for c, t in zip(carry, res[:ncar])]\n",
+           "      new = [self.widen(c, self.mixed(res)) for c in carry]\n",
            ("tests/test_estimate.py",)),
     Mutant("float-decisions-skipped", "pallas_sim/backends/sim/execute/prepare.py",
            "float math a decision or an address depends on is computed",
@@ -1047,7 +1047,7 @@ MUTANTS = [
            "  half = gpu.l2_bytes / 2\n",
            "  half = gpu.l2_bytes\n",
            ("tests/test_l2_model.py",)),
-    Mutant("paths-branch-without-loads-unfollowed", "pallas_sim/backends/sim/analysis/paths.py",
+    Mutant("paths-branch-without-loads-unfollowed", "pallas_sim/backends/sim/analysis/walker.py",
            "every cond is a decision of the block's path (its branch's work is "
            "timed); the mutant follows only conds whose branches matter to the slice",
            "    return [True] + ins\n",
@@ -1073,8 +1073,9 @@ MUTANTS = [
     Mutant("store-predicate-no-decision", "pallas_sim/backends/sim/analysis/block_classes.py",
            "a TMA store's predicate decides whether the block stores; the mutant "
            "does not count it as a decision",
-           "    if p.get(\"has_user_predicate\", False):\n      _decide(ins[-1], eqn, grid, ",
-           "    if False:\n      _decide(ins[-1], eqn, grid, ",
+           "    if op.predicate is not None:\n      _decide(ins[op.predicate], eqn, grid, "
+           "\"a TMA store's predicate\")",
+           "    if False:\n      _decide(ins[op.predicate], eqn, grid, \"a TMA store's predicate\")",
            ("tests/test_paths.py", "tests/test_estimate_programs.py")),
     Mutant("lanes-count-collides", "pallas_sim/backends/sim/analysis/paths.py",
            "blocks run as lanes in a count no array of the kernel has, so numpy "
@@ -1092,12 +1093,12 @@ MUTANTS = [
     Mutant("barrier-index-no-decision", "pallas_sim/backends/sim/analysis/block_classes.py",
            "which barrier a wait or an arrive uses, and an arrive's predicate, decide "
            "when the block goes on; the mutant does not count them",
-           "    _decide(_union(ins[1:]), eqn, grid, f\"which barrier a {name} uses, or its predicate\")\n",
+           "    _decide(_union(which), eqn, grid, f\"which barrier a {name} uses, or its predicate\")\n",
            "    pass\n",
            ("tests/test_paths.py",)),
     Mutant("paths-barrier-unrecorded", "pallas_sim/backends/sim/analysis/paths.py",
            "a block's path holds which barriers it waits on and arrives at",
-           "    _decided(wg, (eqn.primitive.name,) + tuple(int(_one(wg, x)) for x in leaves))\n",
+           "    _decided(wg, (eqn.primitive.name,) + tuple(int(_one(wg, ops[i])) for i in which))\n",
            "    pass\n",
            ("tests/test_paths.py",)),
     Mutant("lanes-shapes-unchecked", "pallas_sim/backends/sim/analysis/paths.py",
@@ -1148,8 +1149,8 @@ MUTANTS = [
     Mutant("tma-issue-free", "pallas_sim/backends/sim/timing/model.py",
            "issuing a TMA copy costs its warpgroup the measured cycles (H200: 43 a "
            "load, 59 a store); the mutant charges it as any scalar equation",
-           "    if name in TMA_ISSUE:\n      return getattr(g, TMA_ISSUE[name])\n",
-           "    if False:\n      return getattr(g, TMA_ISSUE[name])\n",
+           "    if op in TMA_ISSUE:\n      return getattr(g, TMA_ISSUE[op])\n",
+           "    if False:\n      return getattr(g, TMA_ISSUE[op])\n",
            ("tests/test_timing_model.py",)),
     Mutant("tma-copy-leaves-before-issued", "pallas_sim/backends/sim/interpret/rules/tma.py",
            "a TMA load leaves as its issue ends (tma_latency is the measured round "
@@ -1166,8 +1167,8 @@ MUTANTS = [
     Mutant("data-cut-not-a-decision", "pallas_sim/backends/sim/analysis/block_classes.py",
            "a box whose start is read from memory may be cut in some blocks: a "
            "decision on data; the mutant leaves data out of it",
-           "    _decide(_union(ins[3 + k] for k in cut), eqn, grid,\n",
-           "    _decide(_union(ins[3 + k] for k in cut) - {DATA}, eqn, grid,\n",
+           "  _decide(_union(ins[first + k] for k in cut), eqn, grid,\n",
+           "  _decide(_union(ins[first + k] for k in cut) - {DATA}, eqn, grid,\n",
            ("tests/test_box_cuts.py",)),
     Mutant("cut-box-start-below-zero-unseen", "pallas_sim/backends/sim/analysis/block_classes.py",
            "a start whose lowest value is below 0 (a halo) cuts the box at the "
@@ -1181,11 +1182,11 @@ MUTANTS = [
            "  if not length or length < 2:\n",
            "  if True:\n",
            ("tests/test_box_cuts.py",)),
-    Mutant("run-scoped-inputs-misplaced", "pallas_sim/backends/sim/analysis/block_classes.py",
+    Mutant("run-scoped-inputs-misplaced", "pallas_sim/backends/sim/analysis/walker.py",
            "run_scoped's body takes what it closes over, then its allocations; the "
            "mutant binds the inputs to the allocations where the counts agree",
-           "    if eqn.primitive.name == \"run_scoped\":  # (what it closes over: see _walk)\n",
-           "    if eqn.primitive.name == \"run_scoped\" and len(ins) != len(sub.invars):\n",
+           "    if self.kind == \"scoped\":\n",
+           "    if self.kind == \"scoped\" and len(ins) != len(body.invars):\n",
            ("tests/test_box_cuts.py", "tests/test_estimate_programs.py")),
     Mutant("congruence-products-unknown", "pallas_sim/backends/sim/analysis/congruence.py",
            "a product carries its operands' congruences (b * 128 is a multiple of "

@@ -16,12 +16,10 @@ The same walk says, for each TMA load, which grid axes its source address
 depends on (`analyse`): blocks that agree on those axes read the same
 bytes there, which the L2 model of timing/model.py counts once per wave."""
 import jax.numpy as jnp
-from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim.frontend import capture
-from pallas_sim.backends.sim.analysis import congruence
-from pallas_sim.backends.sim.interpret import refview
-from pallas_sim.backends.sim.analysis.resources import inner, scan_counts, sub_jaxprs
+from pallas_sim.backends.sim.analysis import congruence, walker
+from pallas_sim.backends.sim.interpret import operands, refview
 
 GRID = "the block's grid index"
 DATA = "values read from memory"
@@ -36,12 +34,15 @@ def _is_ref(v):
   return hasattr(v.aval, "inner_aval")
 
 
-class _Walk:
+class _Walk(walker.Forward):
   """One walk over a kernel: `grid` maps grid axis names to dimensions;
   `loads` collects each TMA load's source-address taint (id(eqn) -> taint);
   `found` is the first control decision that varies, or the first that
   depends on data where one does: (taint, "the user's file:line: what the
-  decision is")."""
+  decision is"). A value's taint: what it depends on (frozensets, joined
+  by union)."""
+
+  unknown = _NONE
 
   def __init__(self, grid_names, starts=None):
     self.grid = {n: d for d, n in enumerate(grid_names)}
@@ -57,10 +58,39 @@ class _Walk:
     # ("ref", k) and contents[k] what was put in it (reads give that)
     self.contents = {}
 
-  def leaves(self, eqn, first, n):
-    """The congruences of eqn's inputs first..first + n (None: unknown)."""
+  def leaves(self, eqn, positions):
+    """The congruences of eqn's inputs at `positions` (a slice; None: unknown)."""
     cs = self.starts.of(eqn) if self.starts is not None else None
-    return None if cs is None else cs[first:first + n]
+    return None if cs is None else cs[positions]
+
+  def join(self, a, b):
+    return a | b
+
+  def mixed(self, values):
+    return _union(values)
+
+  def result(self, var, taint):
+    return taint | {FLOAT} if _value_of(var, jnp.floating) else taint
+
+  def equation(self, eqn, ins):
+    self.where.append(capture.eqn_location(eqn) or self.where[-1])
+    try:
+      return super().equation(eqn, ins)
+    finally:
+      self.where.pop()
+
+  def branch_index(self, eqn, index):
+    _decide(index, eqn, self, "which branch a cond takes")
+
+  def trip_count(self, eqn, cond_outs):
+    [c] = cond_outs
+    _decide(c, eqn, self, "a loop's trip count")
+
+  def transfer(self, eqn, ins):
+    return _eqn(eqn, ins, self)
+
+  def run_state(self, eqn, form, ins):
+    return _run_state(eqn, form, ins, self)
 
 
 def analyse(jaxpr, grid_names, data_inputs=(), sizes=None):
@@ -77,7 +107,7 @@ def analyse(jaxpr, grid_names, data_inputs=(), sizes=None):
   taint = [frozenset([DATA]) if i in data_inputs else _NONE
            for i in range(len(jaxpr.invars))]
   w = _Walk(grid_names, congruence.analyse(jaxpr, sizes))
-  _walk(jaxpr, taint, w)
+  w.walk(jaxpr, taint)
   varies = None
   if w.found is not None:
     why, where = w.found
@@ -97,35 +127,6 @@ class Analysis(tuple):
 def variation(jaxpr, grid_names, data_inputs=()):
   """analyse's variation alone."""
   return analyse(jaxpr, grid_names, data_inputs)[0]
-
-
-def _walk(jaxpr, in_taint, grid):
-  """Taints of the jaxpr's outputs, given its inputs'; notes the first
-  control decision that depends on the grid index or data."""
-  env = {}
-  # (a run_scoped body takes the values it closes over as constvars, bound
-  # before its invars: pallas_sim/backends/sim/interpret/compiler.py compile_open)
-  names = list(jaxpr.invars)
-  if len(in_taint) != len(names):
-    names = list(jaxpr.constvars) + names
-  for v, t in zip(names, in_taint):
-    env[v] = t
-
-  def get(v):
-    if isinstance(v, jax_extend_core.Literal):
-      return _NONE
-    return env.get(v, _NONE)
-
-  for eqn in jaxpr.eqns:
-    ins = [get(v) for v in eqn.invars]
-    grid.where.append(capture.eqn_location(eqn) or grid.where[-1])
-    try:
-      outs = _eqn(eqn, ins, grid)
-    finally:
-      grid.where.pop()
-    for v, t in zip(eqn.outvars, outs):
-      env[v] = t | {FLOAT} if _value_of(v, jnp.floating) else t
-  return [get(v) for v in jaxpr.outvars]
 
 
 def _is_box(t):
@@ -175,6 +176,8 @@ def _union(ts):
 
 
 def _eqn(eqn, ins, grid):
+  """The taints of the results of an equation without bodies; notes the
+  decisions it makes and the TMA load it issues."""
   name = eqn.primitive.name
   p = eqn.params
   n_out = len(eqn.outvars)
@@ -184,61 +187,22 @@ def _eqn(eqn, ins, grid):
     axes = p.get("axis_name")
     axes = axes if isinstance(axes, (tuple, list)) else (axes,)
     return [frozenset(("grid", grid.grid[a]) for a in axes if a in grid.grid)] * n_out
-  if name == "cond":
-    _decide(ins[0], eqn, grid, "which branch a cond takes")
-    outs = [_NONE] * n_out
-    for branch in p["branches"]:
-      b = _walk(inner(branch), ins[1:], grid)
-      outs = [o | t for o, t in zip(outs, b)]
-    return outs
-  if name == "while":
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    cc, bc, carry = ins[:cn], ins[cn:cn + bn], list(ins[cn + bn:])
-    body = inner(p["body_jaxpr"])
-    while True:  # (taints only grow: a fixpoint in a few rounds)
-      new = [c | t for c, t in zip(carry, _walk(body, bc + carry, grid))]
-      if new == carry:
-        break
-      carry = new
-    [c] = _walk(inner(p["cond_jaxpr"]), cc + carry, grid)
-    _decide(c, eqn, grid, "a loop's trip count")
-    return carry
   if name == "copy_gmem_to_smem":
-    ns = refview.num_leaves(p["src_transforms_treedef"])
-    nd = refview.num_leaves(p["dst_transforms_treedef"])
-    nb = refview.num_leaves(p["barrier_transforms_treedef"])
-    src = _used(_union(ins[:1] + ins[3:3 + ns]), grid)
-    grid.loads[id(eqn)] = grid.loads.get(id(eqn), _NONE) | src
-    if p.get("has_user_predicate", False):
-      _decide(ins[3 + ns + nd + nb], eqn, grid, "a TMA load's predicate")
-    # (which barrier it completes; and a box cut at the array's ends moves
-    # fewer bytes: where its start depends on the grid or on data, a decision)
-    _decide(_union(ins[3 + ns + nd:3 + ns + nd + nb]), eqn, grid,
-            "which barrier a TMA load completes")
-    cut = _cut_leaves(eqn.invars[0].aval, p["src_transforms_treedef"],
-                      grid.leaves(eqn, 3, ns))
-    _decide(_union(ins[3 + k] for k in cut), eqn, grid,
-            "a TMA load's box, which may be cut at the array's ends")
+    _tma_load(eqn, ins, grid)
   if name == "copy_smem_to_gmem":
-    if p.get("has_user_predicate", False):
-      _decide(ins[-1], eqn, grid, "a TMA store's predicate")
-    ns = refview.num_leaves(p["src_transforms_treedef"])
-    nd = refview.num_leaves(p["dst_transforms_treedef"])
-    cut = _cut_leaves(eqn.invars[1].aval, p["dst_transforms_treedef"],
-                      grid.leaves(eqn, 2 + ns, nd))
-    _decide(_union(ins[2 + ns + k] for k in cut), eqn, grid,
+    op = operands.tma_store(eqn)
+    if op.predicate is not None:
+      _decide(ins[op.predicate], eqn, grid, "a TMA store's predicate")
+    dst = op.dst
+    cut = _cut_leaves(eqn.invars[dst.index].aval, dst.tree, grid.leaves(eqn, dst.leaves))
+    _decide(_union(ins[dst.leaves.start + k] for k in cut), eqn, grid,
             "a TMA store's box, which may be cut at the array's ends")
   if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
-    _decide(_union(ins[1:]), eqn, grid, f"which barrier a {name} uses, or its predicate")
+    op = operands.barrier_use(eqn)
+    which = ins[op.barrier.leaves] + ([] if op.predicate is None else [ins[op.predicate]])
+    _decide(_union(which), eqn, grid, f"which barrier a {name} uses, or its predicate")
   if name == "delay":
     _decide(ins[0], eqn, grid, "pl.delay's cycles")
-  if name == "run_state":
-    return _run_state(eqn, ins, grid)
-  if name == "scan":
-    return _scan(eqn, ins, grid)
-  subs = [sub for v in p.values() for sub in sub_jaxprs(v)]
-  if subs:
-    return _calls(eqn, ins, subs, grid)
   refs = [t for v, t in zip(eqn.invars, ins) if _is_ref(v)]
   if refs and any(FLOAT in t and _value_of(v, jnp.integer) for v, t in zip(eqn.invars, ins)):
     grid.float_matters = True  # (an index into a ref from float math)
@@ -250,6 +214,26 @@ def _eqn(eqn, ins, grid):
     for k in boxed:
       grid.contents[k] = grid.contents[k] | taint
   return [taint] * n_out
+
+
+def _tma_load(eqn, ins, grid):
+  """A TMA load: its source address's taint; its predicate, its barrier
+  and a box cut at the array's ends are decisions."""
+  op = operands.tma_load(eqn)
+  src = _used(_union([ins[op.src.index]] + ins[op.src.leaves]), grid)
+  grid.loads[id(eqn)] = grid.loads.get(id(eqn), _NONE) | src
+  if op.predicate is not None:
+    _decide(ins[op.predicate], eqn, grid, "a TMA load's predicate")
+  # (which barrier it completes; and a box cut at the array's ends moves
+  # fewer bytes: where its start depends on the grid or on data, a decision)
+  if op.barrier is not None:
+    _decide(_union(ins[op.barrier.leaves]), eqn, grid,
+            "which barrier a TMA load completes")
+  first = op.src.leaves.start
+  cut = _cut_leaves(eqn.invars[op.src.index].aval, op.src.tree,
+                    grid.leaves(eqn, op.src.leaves))
+  _decide(_union(ins[first + k] for k in cut), eqn, grid,
+          "a TMA load's box, which may be cut at the array's ends")
 
 
 def _cut_leaves(aval, treedef, leaves):
@@ -293,28 +277,10 @@ def _may_pass(c, size, dim):
   return not (dim % size == 0 and congruence.is_multiple(c, size))
 
 
-def _scan(eqn, ins, grid):
-  """lax.scan: each carry's taint grows by what the body gives it back, to a
-  fixpoint; the per-iteration inputs keep theirs."""
-  p = eqn.params
-  counts = scan_counts(eqn)
-  if counts is None:
-    return _calls(eqn, ins, [inner(p["jaxpr"])], grid)
-  nc, ncar = counts
-  body = inner(p["jaxpr"])
-  consts, carry, xs = ins[:nc], list(ins[nc:nc + ncar]), ins[nc + ncar:]
-  while True:
-    res = _walk(body, consts + carry + xs, grid)
-    new = [c | t for c, t in zip(carry, res[:ncar])]
-    if new == carry:
-      return carry + res[ncar:]
-    carry = new
-
-
-def _run_state(eqn, ins, grid):
+def _run_state(eqn, form, ins, grid):
   """pl.run_state: its body's refs box the operands' values; the outputs
   are what the boxes hold at the end (walked until no box grows)."""
-  sub = inner(eqn.params["jaxpr"])
+  sub = form.body
   keys, sub_in = [], []
   for v, t in zip(eqn.invars, ins):
     if _is_ref(v):  # (memory passed in stays memory)
@@ -327,36 +293,7 @@ def _run_state(eqn, ins, grid):
   held = lambda: [t if k is None else grid.contents[k] for k, t in zip(keys, sub_in)]
   while True:
     before = held()
-    _walk(sub, sub_in, grid)
+    grid.walk(sub, sub_in)
     if held() == before:
       break
   return held()[:len(eqn.outvars)]
-
-
-def _calls(eqn, ins, subs, grid):
-  """An equation that runs nested jaxprs (scan, jit, run_scoped, warp and
-  core maps...): inputs map by position where the counts agree, else every
-  input's taint reaches every nested input; a loop's outputs feed back
-  into its inputs until nothing changes."""
-  n_out = len(eqn.outvars)
-  outs = [_NONE] * n_out
-  for sub in subs:
-    if eqn.primitive.name == "run_scoped":  # (what it closes over: see _walk)
-      sub_in = list(ins[:len(sub.constvars)]) + [_NONE] * len(sub.invars)
-    elif len(ins) == len(sub.invars):
-      sub_in = list(ins)
-    else:
-      sub_in = [_union(ins)] * (len(sub.constvars) + len(sub.invars))
-    while True:
-      res = _walk(sub, sub_in, grid)
-      back = _union(res)
-      grown = [t | back for t in sub_in]
-      if eqn.primitive.name != "scan" or grown == sub_in:
-        break
-      sub_in = grown
-    if len(res) == n_out:
-      outs = [o | t for o, t in zip(outs, res)]
-    else:
-      outs = [o | _union(res) | _union(ins) for o in outs]
-  return outs
-

@@ -15,10 +15,9 @@ the hull); anything else says nothing. (int32 arithmetic that wraps would
 break a congruence by anything but a power of two: box starts do not.)"""
 import math
 
-from jax.extend import core as jax_extend_core
 import numpy as np
 
-from pallas_sim.backends.sim.analysis.resources import inner, scan_counts, sub_jaxprs
+from pallas_sim.backends.sim.analysis import walker
 
 TOP = (1, 0, None, None)
 
@@ -88,7 +87,7 @@ class Starts:
 def analyse(jaxpr, grid=None):
   """`grid`: axis name -> its size, which bounds the grid index."""
   starts = Starts(grid)
-  _walk(jaxpr, [TOP] * (len(jaxpr.constvars) + len(jaxpr.invars)), starts)
+  _Congruences(starts).walk(jaxpr, [TOP] * (len(jaxpr.constvars) + len(jaxpr.invars)))
   return starts
 
 
@@ -99,26 +98,41 @@ def _literal(v):
   return TOP
 
 
-def _walk(jaxpr, ins, starts):
-  env = {}
-  names = list(jaxpr.invars)
-  if len(ins) != len(names):  # (run_scoped: constvars first, as block_classes)
-    names = list(jaxpr.constvars) + names
-  for v, c in zip(names, ins):
-    env[v] = c
+class _Congruences(walker.Forward):
+  """The walk: each value's congruence; each equation's inputs' joined in
+  `starts` over every time it is walked. What several bodies give, or a
+  value that may be any of several, says nothing (TOP)."""
 
-  def get(v):
-    if isinstance(v, jax_extend_core.Literal):
-      return _literal(v)
-    return env.get(v, TOP)
+  unknown = TOP
 
-  for eqn in jaxpr.eqns:
-    cs = [get(v) for v in eqn.invars]
-    seen = starts.ins.get(id(eqn))
-    starts.ins[id(eqn)] = cs if seen is None else [join(a, b) for a, b in zip(seen, cs)]
-    for v, c in zip(eqn.outvars, _eqn(eqn, cs, starts)):
-      env[v] = c
-  return [get(v) for v in jaxpr.outvars]
+  def __init__(self, starts):
+    self.starts = starts
+
+  def literal(self, v):
+    return _literal(v)
+
+  def join(self, a, b):
+    return join(a, b)
+
+  def widen(self, old, new):
+    return widen(old, new)
+
+  def equation(self, eqn, cs):
+    seen = self.starts.ins.get(id(eqn))
+    self.starts.ins[id(eqn)] = cs if seen is None else [join(a, b) for a, b in zip(seen, cs)]
+    return super().equation(eqn, cs)
+
+  def transfer(self, eqn, cs):
+    return _eqn(eqn, cs, self.starts)
+
+  def scan(self, eqn, form, cs):
+    return _scan(eqn, form, cs, self)
+
+  def returned(self, eqn, ins, results):
+    """One body's results by position (jit, maps: where they agree)."""
+    if len(results) == 1 and len(results[0]) == len(eqn.outvars):
+      return results[0]
+    return [TOP] * len(eqn.outvars)
 
 
 _ARITH = {"add": add, "sub": lambda a, b: add(a, b, -1), "mul": _mul}
@@ -193,54 +207,21 @@ def _eqn(eqn, cs, starts):
     return [(1, 0, 0, size - 1) if size else TOP] * n
   if name == "convert_element_type" and _widens(eqn.invars[0], eqn.outvars[0]):
     return [cs[0]]
-  if name == "cond":
-    outs = None
-    for branch in p["branches"]:
-      b = _walk(inner(branch), cs[1:], starts)
-      outs = b if outs is None else [join(x, y) for x, y in zip(outs, b)]
-    return outs
-  if name == "while":
-    cn, bn = p["cond_nconsts"], p["body_nconsts"]
-    bc, carry = cs[cn:cn + bn], list(cs[cn + bn:])
-    body = inner(p["body_jaxpr"])
-    while True:  # (joins only coarsen: a fixpoint in a few rounds)
-      new = [widen(c, t) for c, t in zip(carry, _walk(body, bc + carry, starts))]
-      if new == carry:
-        break
-      carry = new
-    _walk(inner(p["cond_jaxpr"]), cs[:cn] + carry, starts)
-    return carry
-  if name == "scan" and "jaxpr" in p:
-    return _scan(eqn, cs, starts)
-  subs = [sub for v in p.values() for sub in sub_jaxprs(v)]
-  for sub in subs:  # (jit, maps: inputs by position where they agree)
-    if name == "run_scoped":  # (what it closes over, then its allocations)
-      sub_in = cs[:len(sub.constvars)] + [TOP] * len(sub.invars)
-    elif len(cs) == len(sub.invars):
-      sub_in = cs
-    else:
-      sub_in = [TOP] * (len(sub.constvars) + len(sub.invars))
-    res = _walk(sub, sub_in, starts)
-    if len(subs) == 1 and len(res) == n:
-      return res
   return [TOP] * n
 
 
-def _scan(eqn, cs, starts):
+def _scan(eqn, form, cs, walk):
   """lax.scan: its carries join what the body gives back; the per-trip
   inputs say nothing (an xs element is any of them). A carry whose bounds
   move by the same step each trip (a loop counter, a wrapping index) keeps
   them, over the scan's length (_stepped); the others' are given up."""
-  p = eqn.params
-  counts = scan_counts(eqn)
-  if counts is None:
+  if form.counts is None:
     return [TOP] * len(eqn.outvars)
-  nc, ncar = counts
-  body = inner(p["jaxpr"])
-  consts, carry = cs[:nc], list(cs[nc:nc + ncar])
-  xs = [TOP] * (len(cs) - nc - ncar)
-  run = lambda c: _walk(body, consts + c + xs, starts)[:ncar]
-  pinned, carry = _stepped(run, carry, p.get("length"))
+  consts, carry, xs = form.split(cs)
+  ncar = len(carry)
+  xs = [TOP] * len(xs)
+  run = lambda c: walk.walk(form.body, consts + c + xs)[:ncar]
+  pinned, carry = _stepped(run, carry, form.length)
   while True:
     res = run(carry)
     new = [join(c, t)[:2] + c[2:] if j in pinned else widen(c, t)

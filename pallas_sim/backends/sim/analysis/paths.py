@@ -24,9 +24,10 @@ import collections
 import numpy as np
 from jax.extend import core as jax_extend_core
 
-from pallas_sim.backends.sim.interpret import refview
-from pallas_sim.backends.sim.timing.model import Engines
-from pallas_sim.backends.sim.analysis.resources import inner, scan_counts, sub_jaxprs
+from pallas_sim.backends.sim.analysis import walker
+from pallas_sim.backends.sim.analysis.resources import sub_jaxprs
+from pallas_sim.backends.sim.interpret import operands, refview
+from pallas_sim.backends.sim.timing.model import Engines, Load
 from pallas_sim.errors import SimError
 
 
@@ -34,10 +35,6 @@ class SliceError(Exception):
   """The kernel cannot be sliced: why, in words."""
 
 
-# Primitives whose bodies just run (their jaxpr's inputs are the equation's,
-# by position).
-CALLS = frozenset(("pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
-                   "custom_vjp_call", "checkpoint", "remat"))
 # Equations that do something besides giving values: never in a slice as values.
 EFFECTS = frozenset(("delay", "debug_print", "debug_callback"))
 
@@ -51,90 +48,59 @@ def kernel_slice(jaxpr):
   equations of `jaxpr` (nested ones included) that the kernel's control
   decisions and TMA load addresses depend on. Raises SliceError where one
   depends on something a slice cannot compute."""
-  keep = {}
-  _need(jaxpr, [False] * len(jaxpr.outvars), keep)
-  return keep
+  slicer = _Slicer()
+  slicer.walk(jaxpr, [False] * len(jaxpr.outvars))
+  return slicer.kept
 
 
-def _need(jaxpr, out_need, keep):
-  """Marks in `keep` the equations of `jaxpr` needed for its outputs where
-  out_need says so, and for every decision and load inside it; returns,
-  for its constvars then its invars, whether each is needed, and whether
-  any of its equations is."""
-  need = {v for v, n in zip(jaxpr.outvars, out_need)
-          if n and not isinstance(v, jax_extend_core.Literal)}
-  kept = False
-  for eqn in reversed(jaxpr.eqns):
-    outs = [v in need for v in eqn.outvars]
-    ins = _eqn(eqn, outs, keep)
-    if ins is None:
-      continue
-    prev = keep.get(id(eqn))  # (a loop's body is sliced again as its needs grow)
-    keep[id(eqn)] = ins if prev is None else _any(prev, ins)
-    kept = True
-    for v, n in zip(eqn.invars, ins):
-      if n and not isinstance(v, jax_extend_core.Literal):
-        need.add(v)
-  return [v in need for v in list(jaxpr.constvars) + list(jaxpr.invars)], kept
+class _Slicer(walker.Backward):
+  """The slice: every control decision (the walker's), and the equations
+  below (_eqn) with what they need."""
+
+  KEEPS = "a decision or a TMA load"
+
+  def __init__(self):
+    super().__init__()
+    # Per run_state body being sliced: its refs that box a value the body
+    # only reads (a read of one is the value given: the slice may need it).
+    self.boxes = [frozenset()]
+
+  def refuse(self, why):
+    raise SliceError(why)
+
+  def transfer(self, eqn, outs):
+    return _eqn(eqn, outs, self)
+
+  def run_state(self, eqn, form, outs):
+    return _run_state(eqn, form, outs, self)
 
 
-def _sub(jaxpr, out_need, keep, consts=False):
-  """_need of a nested jaxpr whose inputs are the equation's operands (its
-  invars; its constvars where `consts`, a run_scoped body's): the need of
-  each operand, and whether anything inside is kept."""
-  flags, kept = _need(jaxpr, out_need, keep)
-  nc = len(jaxpr.constvars)
-  return (flags[:nc] if consts else flags[nc:]), kept
-
-
-def _any(*lists):
-  return [any(t) for t in zip(*lists)]
-
-
-def _eqn(eqn, outs, keep):
-  """Whether each operand of `eqn` is needed, or None when eqn is not."""
+def _eqn(eqn, outs, slicer):
+  """Whether each operand of `eqn`, an equation without bodies, is needed,
+  or None when eqn is not."""
   name = eqn.primitive.name
-  p = eqn.params
   n = len(eqn.invars)
-  if name == "cond":  # (a decision: which branch's work the block does)
-    ins = [False] * (n - 1)
-    for b in p["branches"]:
-      ins = _any(ins, _sub(inner(b), outs, keep)[0])
-    return [True] + ins
-  if name == "while":
-    return _while(eqn, outs, keep)
-  if name == "scan":
-    return _scan(eqn, outs, keep)
   if name == "copy_gmem_to_smem":
     # (its source and destination with their indices: a multicast's part
-    # depends on the destination's box; the barrier does not matter)
-    ns = refview.num_leaves(p["src_transforms_treedef"])
-    nd = refview.num_leaves(p["dst_transforms_treedef"])
-    nb = refview.num_leaves(p["barrier_transforms_treedef"])
-    return [True, True, False] + [True] * (n - 3)  # (indices, barrier's too; predicate)
+    # depends on the destination's box; the barrier does not matter, its
+    # indices do, as the predicate)
+    need = [True] * n
+    barrier = operands.tma_load(eqn).barrier
+    if barrier is not None:
+      need[barrier.index] = False
+    return need
   if name in ("barrier_wait", "barrier_arrive"):  # (which barrier; an arrive's predicate)
-    return [False] + [True] * (n - 1)
+    need = [True] * n
+    need[operands.barrier_use(eqn).barrier.index] = False
+    return need
   if name == "copy_smem_to_gmem":  # (its destination: a box past the ends is cut)
-    return [False, True] + [True] * (n - 2)
+    need = [True] * n
+    need[operands.tma_store(eqn).src.index] = False
+    return need
   if name == "delay":
     return [True] * n
-  if name == "run_state":
-    return _run_state(eqn, outs, keep)
-  if name == "get" and eqn.invars[0] in _BOXES[-1]:
+  if name == "get" and eqn.invars[0] in slicer.boxes[-1]:
     return [True] * n if any(outs) else None
-  subs = [sub for v in p.values() for sub in sub_jaxprs(v)]
-  if name == "run_scoped" or name in CALLS:
-    if len(subs) != 1:
-      raise SliceError(f"'{name}' with {len(subs)} bodies")
-    flags, kept = _sub(subs[0], outs, keep, consts=name == "run_scoped")
-    if len(flags) != n:
-      raise SliceError(f"'{name}' whose body does not take its operands")
-    return flags if kept or any(outs) else None
-  if subs:  # (core maps, warp maps...: left out only where nothing inside matters)
-    for sub in subs:
-      _, kept = _sub(sub, [False] * len(sub.outvars), keep)
-      if kept or any(outs):
-        raise SliceError(f"a decision or a TMA load inside '{name}'")
   if not any(outs):
     return None
   if name in EFFECTS or any(_is_ref(v) for v in list(eqn.invars) + list(eqn.outvars)):
@@ -142,33 +108,12 @@ def _eqn(eqn, outs, keep):
   return [True] * n
 
 
-def _while(eqn, outs, keep):
-  p = eqn.params
-  cn, bn = p["cond_nconsts"], p["body_nconsts"]
-  cond, body = inner(p["cond_jaxpr"]), inner(p["body_jaxpr"])
-  carry = list(outs)
-  bflags, _ = _sub(body, carry, keep)
-  cflags, _ = _sub(cond, [True], keep)  # (its trip count is a decision)
-  while True:
-    grown = _any(carry, cflags[cn:], bflags[bn:])
-    if grown == carry:
-      break
-    carry = grown
-    bflags, _ = _sub(body, carry, keep)
-  return cflags[:cn] + bflags[:bn] + carry
-
-
-# Per run_state body being sliced: its refs that box a value the body only
-# reads (a read of one is the value given: the slice may need it).
-_BOXES = [frozenset()]
-
-
-def _run_state(eqn, outs, keep):
+def _run_state(eqn, form, outs, slicer):
   """pl.run_state: its body's refs box the operands (refs pass through);
   a value it only reads may be in the slice, through its reads."""
-  sub = inner(eqn.params["jaxpr"])
+  sub = form.body
   if any(outs) or not all(eqn.params["is_initialized"]):
-    if any(outs) or _need(sub, [False] * len(sub.outvars), keep)[1]:
+    if any(outs) or slicer.walk(sub, [False] * len(sub.outvars))[1]:
       raise SliceError("a decision or a TMA load depends on what a run_state "
                        "returns")
     return None
@@ -177,31 +122,13 @@ def _run_state(eqn, outs, keep):
     for v in e.invars:
       if not isinstance(v, jax_extend_core.Literal):
         uses[v].add(e.primitive.name)
-  _BOXES.append(frozenset(v for v, o in zip(sub.invars, eqn.invars)
-                          if not _is_ref(o) and uses[v] <= {"get"}))
+  slicer.boxes.append(frozenset(v for v, o in zip(sub.invars, eqn.invars)
+                                if not _is_ref(o) and uses[v] <= {"get"}))
   try:
-    flags, kept = _sub(sub, [False] * len(sub.outvars), keep)
+    flags, kept = slicer.body(sub, [False] * len(sub.outvars))
   finally:
-    _BOXES.pop()
+    slicer.boxes.pop()
   return flags if kept else None
-
-
-def _scan(eqn, outs, keep):
-  p = eqn.params
-  body = inner(p["jaxpr"])
-  nc, ncar = scan_counts(eqn)
-  n = len(eqn.invars)
-  carry = list(outs[:ncar])
-  flags, kept = _sub(body, carry + list(outs[ncar:]), keep)
-  if not kept and not any(outs):
-    return None
-  while True:
-    grown = _any(carry, flags[nc:nc + ncar])
-    if grown == carry:
-      break
-    carry = grown
-    flags, _ = _sub(body, carry + list(outs[ncar:]), keep)
-  return flags[:nc] + _any(carry, flags[nc:nc + ncar]) + flags[nc + ncar:]
 
 
 # --- running the slice --------------------------------------------------
@@ -408,16 +335,15 @@ def _clipped_key(src_at):
 def _load(eqn, cx):
   from pallas_sim.backends.sim.interpret.rules import tma
   p = eqn.params
-  src_tree = p["src_transforms_treedef"]
-  src_at = refview.compile_clipped(src_tree)
-  dst_at = refview.compile_transforms(p["dst_transforms_treedef"])
-  ns = refview.num_leaves(src_tree)
-  nd = refview.num_leaves(p["dst_transforms_treedef"])
-  nb = refview.num_leaves(p["barrier_transforms_treedef"])
+  op = operands.tma_load(eqn)
+  src, dst = op.src, op.dst
+  src_at = refview.compile_clipped(src.tree)
+  dst_at = refview.compile_transforms(dst.tree)
+  barrier = op.barrier.leaves if op.barrier is not None and op.barrier.count else None
+  pred_at = op.predicate
   collective = tuple(p.get("collective_axes") or ())
-  has_pred = p.get("has_user_predicate", False)
   site = cx.site(eqn)
-  plans = refview.index_plans(src_tree)
+  plans = refview.index_plans(src.tree)
   key_of = _clipped_key(src_at)
   # (source, its indices) -> (key, bytes, cut): blocks load the same tiles
   # over and over (a matmul's), and a box's view costs ~20 us to build
@@ -430,35 +356,50 @@ def _load(eqn, cx):
       hit = seen[at] = (ref.view,) + key_of(ref, leaves)
     return hit[1:]
 
-  def load(wg, src, dst, bar, *leaves):
-    pred = bool(_one(wg, leaves[ns + nd + nb])) if has_pred else True
-    if has_pred:
+  def load(wg, *ops):
+    pred = bool(_one(wg, ops[pred_at])) if pred_at is not None else True
+    if pred_at is not None:
       _decided(wg, pred)
-    if nb:
-      _decided(wg, ("barrier",) + tuple(int(_one(wg, x)) for x in leaves[ns + nd:ns + nd + nb]))
+    if barrier is not None:
+      _decided(wg, ("barrier",) + tuple(int(_one(wg, x)) for x in ops[barrier]))
     if not pred:
       return []
     blk = wg.block
     if collective:
       if blk.engines.lanes is not None:
         raise NotLanes("a multicast")
-      s, _, _ = src_at(src, leaves[:ns])
-      d = dst_at(dst, leaves[ns:ns + nd])
+      s, _, _ = src_at(ops[src.index], ops[src.leaves])
+      d = dst_at(ops[dst.index], ops[dst.leaves])
       peers = blk.group.peers(blk, collective)
       s, _ = tma.partition(s, d, peers.index(blk), len(peers))
       got = tma.source_key(s), s.view.nbytes
     else:
-      got = _boxes(wg, memo, src, leaves[:ns], plans, site)
-    blk.engines.loads.append((wg.index, site, got))
+      got = _boxes(wg, memo, ops[src.index], ops[src.leaves], plans, site)
+    _record(blk, wg.index, site, got)
     return []
   return load
+
+
+def _record(blk, thread, site, got):
+  """A load's Load for each lane (one where the blocks do not run as
+  lanes), in lane order: the slice keeps no time (cycle None)."""
+  loads = blk.engines.loads
+  if isinstance(got, list):
+    loads.extend(Load(None, key, nbytes, thread, site) for key, nbytes in got)
+  else:
+    lanes = blk.engines.lanes
+    loads.extend([Load(None, *got, thread, site)] * (1 if lanes is None else lanes.n))
 
 
 def _barrier_use(eqn, cx):
   """barrier_wait / barrier_arrive in the slice: which barrier (and an
   arrive's predicate) is the decision; nothing waits or arrives."""
-  def use(wg, ref, *leaves):
-    _decided(wg, (eqn.primitive.name,) + tuple(int(_one(wg, x)) for x in leaves))
+  op = operands.barrier_use(eqn)
+  which = list(range(op.barrier.leaves.start, op.barrier.leaves.stop))
+  which += [] if op.predicate is None else [op.predicate]
+
+  def use(wg, *ops):
+    _decided(wg, (eqn.primitive.name,) + tuple(int(_one(wg, ops[i])) for i in which))
     return []
   return use
 
@@ -468,19 +409,17 @@ OVERRIDES["barrier_wait"] = OVERRIDES["barrier_arrive"] = _barrier_use
 
 @_override("copy_smem_to_gmem")
 def _store(eqn, cx):
-  p = eqn.params
-  dst_tree = p["dst_transforms_treedef"]
-  key_of = _clipped_key(refview.compile_clipped(dst_tree))
-  plans = refview.index_plans(dst_tree)
-  ns = refview.num_leaves(p["src_transforms_treedef"])
-  nd = refview.num_leaves(dst_tree)
-  has_pred = p.get("has_user_predicate", False)
+  op = operands.tma_store(eqn)
+  dst = op.dst
+  key_of = _clipped_key(refview.compile_clipped(dst.tree))
+  plans = refview.index_plans(dst.tree)
+  pred_at = op.predicate
   site = ("store", id(eqn))
 
-  def store(wg, src, dst, *leaves):
-    if has_pred:
-      _decided(wg, bool(_one(wg, leaves[ns + nd])))
-    _boxes(wg, key_of, dst, leaves[ns:ns + nd], plans, site)  # (its cut, if any)
+  def store(wg, *ops):
+    if pred_at is not None:
+      _decided(wg, bool(_one(wg, ops[pred_at])))
+    _boxes(wg, key_of, ops[dst.index], ops[dst.leaves], plans, site)  # (its cut, if any)
     return []
   return store
 
@@ -490,24 +429,24 @@ class Paths:
 
   def __init__(self, decisions, loads):
     self.decisions = decisions  # block number -> tuple of its decisions
-    self.loads = loads          # block number -> [(thread, site, key, bytes)]
+    self.loads = loads          # block number -> [Load] (no cycles: the slice keeps none)
 
   def key(self, number):
     return self.decisions[number]
 
   def joined(self, number, rep_events):
     """Block `number`'s loads at the issue cycles of its class's simulated
-    block (`rep_events`: its (cycle, key, bytes, thread, site), as the TMA
-    rule traced them): load for load, per thread and site in order."""
+    block (`rep_events`: its Loads, as the TMA rule traced them): load for
+    load, per thread and site in order."""
     cycles = collections.defaultdict(list)
     for ev in rep_events:
-      cycles[ev[3], ev[4]].append(ev[0])
+      cycles[ev.thread, ev.site].append(ev.cycle)
     seen = collections.Counter()
     out = []
-    for thread, site, key, nbytes in self.loads[number]:
-      k = seen[thread, site]
-      seen[thread, site] += 1
-      out.append((cycles[thread, site][k], key, nbytes, thread, site))
+    for ld in self.loads[number]:
+      k = seen[ld.thread, ld.site]
+      seen[ld.thread, ld.site] += 1
+      out.append(ld._replace(cycle=cycles[ld.thread, ld.site][k]))
     if sum(seen.values()) != len(rep_events):
       raise SimError(f"block {number}'s path issues {sum(seen.values())} TMA loads, "
                      f"its class's simulated block {len(rep_events)}")
@@ -550,7 +489,7 @@ def follow(make_runner, groups, launch, jaxpr):
     result = runner.run(group)
     for number, st in zip(result.numbers, result.stats):
       decisions[number] = tuple(st.path)
-      loads[number] = [(t, site) + got for t, site, got in st.loads]
+      loads[number] = list(st.loads)
   return Paths(decisions, loads)
 
 
@@ -574,17 +513,9 @@ def _as_lanes(make_runner, members, dims):
       continue
     [st] = result.stats
     path = tuple(st.path)
-    per = [[] for _ in part]
-    for thread, site, got in st.loads:
-      if isinstance(got, list):
-        for k, g in enumerate(got):
-          per[k].append((thread, site) + g)
-      else:
-        for lst in per:
-          lst.append((thread, site) + got)
-    for k, j in enumerate(part):
+    for k, j in enumerate(part):  # (each load is one Load per lane, in lane order)
       number = members[j][0]
-      decisions[number], loads[number] = path, per[k]
+      decisions[number], loads[number] = path, st.loads[k::len(part)]
   return Paths(decisions, loads)
 
 

@@ -187,6 +187,28 @@ def primitive_names(kernel_jaxpr):
   return names
 
 
+def scope_allocations(eqn):
+  """The variables a run_scoped equation's body allocates (its invars);
+  none for any other equation."""
+  return inner(eqn.params["jaxpr"]).invars if eqn.primitive.name == "run_scoped" else ()
+
+
+def asked_registers(jaxpr, found=None):
+  """The largest count plgpu.set_max_registers asks for in the kernel body,
+  by action ("increase", "decrease")."""
+  found = {} if found is None else found
+  for eqn in jaxpr.eqns:
+    if primitive_name(eqn) == "set_max_registers":
+      n = eqn.params.get("n")
+      if n is not None:
+        a = eqn.params.get("action")
+        found[a] = max(found.get(a, 0), int(n))
+    for p in eqn.params.values():
+      for sub in sub_jaxprs(p):
+        asked_registers(sub, found)
+  return found
+
+
 def barrier_count(kernel_jaxpr):
   """How many mbarriers the kernel body's scopes allocate, each scope
   counted once (however often it runs): the barriers a block can have."""
@@ -198,11 +220,10 @@ def barrier_count(kernel_jaxpr):
       if id(eqn) in seen:
         continue
       seen.add(id(eqn))
-      if eqn.primitive.name == "run_scoped":
-        for v in inner(eqn.params["jaxpr"]).invars:
-          dt = getattr(getattr(v.aval, "inner_aval", None), "dtype", None)
-          if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
-            count += math.prod(v.aval.inner_aval.shape)
+      for v in scope_allocations(eqn):
+        dt = getattr(getattr(v.aval, "inner_aval", None), "dtype", None)
+        if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
+          count += math.prod(v.aval.inner_aval.shape)
       for p in eqn.params.values():
         stack.extend(sub_jaxprs(p))
   return count

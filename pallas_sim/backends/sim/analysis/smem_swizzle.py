@@ -11,7 +11,7 @@ divides both. A TMA copy into such a buffer moves rows no wider than the
 swizzle: the quickstart's B tile of 128 f16 columns, 256-byte rows as
 written, moves in 32-byte rows when its K tile is 16, because A's (128, 16)
 tile allows no wider swizzle (H200: one L2 request a 32-byte sector,
-Nsight Compute, benchmarks/RESULTS.md, twentieth session).
+Nsight Compute, benchmarks/RESULTS.md).
 
 Values never depend on this (the simulator keeps logical contents); the
 timing model does (timing/model.py Timing.tma, by the box's row bytes).

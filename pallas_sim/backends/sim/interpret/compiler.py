@@ -3,8 +3,9 @@
 A jaxpr is compiled once per launch shape into a `Program`: a flat list of
 steps, each holding the rule's closure, the env slots it reads and writes, and
 its issue cost. Rules are registered per primitive name by the modules in
-`rules/`; a rule is a *builder* `(eqn, cx) -> fn`, so that parameters are
-decoded once, not at every block. A step whose rule may block (barrier waits,
+`rules/`, each with the OpClass the timing model costs it by; a rule is a
+*builder* `(eqn, cx) -> fn`, so that parameters are decoded once, not at
+every block. A step whose rule may block (barrier waits,
 async waits, control flow around them) runs as a generator that yields wait
 requests to the scheduler; all other steps are plain calls.
 """
@@ -18,16 +19,21 @@ from pallas_sim.backends.sim.frontend import capture
 from pallas_sim.backends.sim.report import profiler
 from pallas_sim.backends.sim.frontend.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.timing.model import alu_stretch, tensor_overlap
+from pallas_sim.backends.sim.timing.model import OpClass, alu_stretch, tensor_overlap
 
 RULES = {}
+# primitive name -> the OpClass its issue costs (timing/model.py): the
+# rule's declaration; the primitive's own even where a slice overrides its
+# rule, or an add is fused into an FMA step.
+OP_CLASSES = {}
 
 
-def rule(*names):
-  """Registers a builder for the given primitive names."""
+def rule(*names, op=OpClass.ALU):
+  """Registers a builder for the given primitive names, which issue as `op`."""
   def deco(builder):
     for n in names:
       RULES[n] = builder
+      OP_CLASSES[n] = op
     return builder
   return deco
 
@@ -41,12 +47,13 @@ class Gen:
 
 
 class Step:
-  # cost: cycles of the SM's ALUs (shared with the warpgroups beside it:
-  # alu_stretch); lat: cycles of the equation's own issue latency, which a
-  # warpgroup spends alone (others issue meanwhile: timing/model.py).
+  # op: its OpClass, which the timing model reads (never the primitive's
+  # name). cost: cycles of the SM's ALUs (shared with the warpgroups beside
+  # it: alu_stretch); lat: cycles of the equation's own issue latency, which
+  # a warpgroup spends alone (others issue meanwhile: timing/model.py).
   # beside: how much slower its ALU work goes while a wgmma is in flight on
   # the SM (Timing.beside_tensor).
-  __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "cost", "lat", "where",
+  __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "op", "cost", "lat", "where",
                "beside")
 
 
@@ -196,10 +203,11 @@ class Compiler:
         st.ins = tuple(read(v) for v in eqn.invars)
       st.outs = tuple(slot(v) for v in eqn.outvars)
       st.multi = eqn.primitive.multiple_results
+      st.op = OP_CLASSES.get(name, OpClass.ALU)
       # (a product used only by the adds it is fused into costs nothing apart)
       st.lat, st.cost = (0.0, 0.0) if id(eqn) in folded else self.timing.issue_split(
-          eqn, getattr(self.launch, "approx_math", False))
-      st.beside = self.timing.beside_tensor(eqn)
+          st.op, eqn, getattr(self.launch, "approx_math", False))
+      st.beside = self.timing.beside_tensor(st.op, eqn)
       if self.profile:
         names = [sc.name for sc in eqn.source_info.name_stack.stack]
         _profiled(st, *profiler.scope_changes(scopes, names), scopes)
@@ -208,6 +216,7 @@ class Compiler:
     if self.profile and scopes:  # (what is open closes at the jaxpr's end)
       end = Step()
       end.eqn, end.where, end.gen, end.fn = None, self._where[-1], False, lambda wg: None
+      end.op = OpClass.ALU
       end.ins, end.outs, end.multi, end.cost, end.lat, end.beside = (), (), False, 0, 0, 1
       _profiled(end, len(scopes), [], scopes)
       prog.steps.append(end)

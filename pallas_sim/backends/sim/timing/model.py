@@ -16,9 +16,11 @@ the same times as one simulated block after block. (Latencies are not
 shared: hiding them is what co-residency is for.)"""
 import collections
 import dataclasses
+import enum
 import functools
 import heapq
 import math
+import typing
 
 import numpy as np
 
@@ -66,7 +68,7 @@ class Engines:
     # L2, at a site whose sources the wave's blocks share (set_loads)
     self.byte_cycles = byte_cycles or {}
     self.l2_work = 0.0  # cycles of that share its transfers took
-    self.loads = [] if loads else None  # (LaunchTiming.hbm_reads_traced)
+    self.loads = [] if loads else None  # its Loads (LaunchTiming.hbm_reads_traced)
     self.path = None  # the control decisions it took, where analysis/paths.py follows them
     self.tma_free = 0.0
     self.tc_free = 0.0
@@ -74,28 +76,46 @@ class Engines:
     self.tc_work = 0.0
 
 
-# Equations that only say which registers hold which elements: the compiler
-# emits no vector instructions for them (a broadcast of a scalar, a reshape
-# of a row, a layout cast).
-SHAPE_ONLY = frozenset(("broadcast_in_dim", "reshape", "squeeze", "expand_dims",
-                        "layout_cast", "optimization_barrier"))
-
-TRANSCENDENTAL = frozenset((
-    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
-    "pow", "erf", "erfc", "erf_inv", "atan", "atan2", "asin", "acos", "sinh", "cosh",
-    "asinh", "acosh", "atanh", "cbrt"))
-
-
-# Equations that issue a TMA copy -> the GPU figure of what that costs the
-# issuing warpgroup (a descriptor, an elected thread, a barrier's expect_tx
-# or a bulk group's commit): its own time, no ALU work (issue_split).
-TMA_ISSUE = {"copy_gmem_to_smem": "tma_issue_cycles",
-             "copy_smem_to_gmem": "tma_store_issue_cycles"}
+class Load(typing.NamedTuple):
+  """One TMA load as the L2 model follows it (hbm_reads_traced): issued at
+  `cycle` (None in a path slice's run, which keeps no time:
+  analysis/paths.py), reading `nbytes` from `source` (buffer, byte offset,
+  box) for Pallas thread `thread` at load site `site`."""
+  cycle: float | None
+  source: tuple
+  nbytes: int
+  thread: int | str
+  site: int
 
 
-# Float arithmetic that runs on the FMA pipes (what the beside_fma
-# micro-benchmark's v * a + b stream measured).
-FMA_CLASS = frozenset(("add", "sub", "mul", "neg"))
+class OpClass(enum.Enum):
+  """What an equation costs to issue, as its rule declares it
+  (interpret/compiler.py `rule`; the compiler keeps it on the Step)."""
+  # Vector work on the ALUs: an overhead, and per 128 elements of its
+  # widest output, alu_cycles_per_vector.
+  ALU = "alu"
+  # ALU work on the FMA pipes (float add, sub, mul, neg): what the
+  # beside_fma micro-benchmark's v * a + b stream measured beside a wgmma.
+  FMA = "fma"
+  # Library functions (libdevice): their own rate, or with approx_math one
+  # special-function unit op's.
+  TRANSCENDENTAL = "transcendental"
+  # Which registers hold which elements, no vector instructions (a
+  # broadcast of a scalar, a reshape of a row, a layout cast): the overhead.
+  SHAPE_ONLY = "shape_only"
+  # A dtype conversion: none where only a weak type is made strong; int8
+  # to float at its own rate.
+  CONVERT = "convert"
+  # A TMA copy's issue (a descriptor, an elected thread, a barrier's
+  # expect_tx or a bulk group's commit): the warpgroup's own time, no ALU
+  # work (issue_split).
+  TMA_LOAD = "tma_load"
+  TMA_STORE = "tma_store"
+
+
+# TMA issues -> the GPU figure of what one costs the issuing warpgroup.
+TMA_ISSUE = {OpClass.TMA_LOAD: "tma_issue_cycles",
+             OpClass.TMA_STORE: "tma_store_issue_cycles"}
 
 
 def _int8_to_float(eqn):
@@ -174,26 +194,25 @@ class Timing:
     self.barrier_latency = gpu.barrier_latency
     self._f16 = {}  # dtype -> f16_equivalent
 
-  def issue_cycles(self, eqn, approx_math=False):
-    """Cycles one warpgroup, alone on its SM, spends issuing this equation:
-    an overhead, and per 128 elements of its widest output, the ALU's, or
-    for transcendental functions the library's (or with approx_math, one
-    special-function unit op's)."""
+  def issue_cycles(self, op, eqn, approx_math=False):
+    """Cycles one warpgroup, alone on its SM, spends issuing an equation of
+    OpClass `op`: an overhead, and per 128 elements of its widest output,
+    the ALU's, or for transcendental functions the library's (or with
+    approx_math, one special-function unit op's)."""
     size = 1
     for v in eqn.outvars:
       size = max(size, math.prod(getattr(v.aval, "shape", ())))
     g = self.gpu
-    name = eqn.primitive.name
-    if name == "convert_element_type" and eqn.invars and getattr(
+    if op is OpClass.CONVERT and eqn.invars and getattr(
         eqn.invars[0].aval, "dtype", None) == eqn.params.get("new_dtype"):
       return 0.0  # (a weak type made strong: no instruction at all)
-    if name in TMA_ISSUE:
-      return getattr(g, TMA_ISSUE[name])
-    if name in SHAPE_ONLY:  # (no vector work: which registers hold what)
+    if op in TMA_ISSUE:
+      return getattr(g, TMA_ISSUE[op])
+    if op is OpClass.SHAPE_ONLY:  # (no vector work: which registers hold what)
       return g.op_overhead_cycles
-    if name == "convert_element_type" and _int8_to_float(eqn):
+    if op is OpClass.CONVERT and _int8_to_float(eqn):
       per = g.convert8_cycles_per_vector
-    elif name not in TRANSCENDENTAL:
+    elif op is not OpClass.TRANSCENDENTAL:
       per = g.alu_cycles_per_vector
     elif approx_math:
       per = g.sfu_cycles_per_vector
@@ -201,24 +220,24 @@ class Timing:
       per = g.transcendental_cycles_per_vector
     return g.op_overhead_cycles + per * (-(-size // 128))
 
-  def issue_split(self, eqn, approx_math=False):
+  def issue_split(self, op, eqn, approx_math=False):
     """issue_cycles as (latency, ALU work): a warpgroup waits out an
     equation's overhead alone (a dependent chain of scalar equations ran as
     fast at two blocks to an SM as at one: scalar_chain_32_ops_2_per_sm,
     H200), while its vectors' cycles are the SM's ALUs', which the
     warpgroups beside it share (alu_stretch)."""
-    c = self.issue_cycles(eqn, approx_math)
-    if eqn.primitive.name in TMA_ISSUE:  # (no ALU work: all the warpgroup's wait)
+    c = self.issue_cycles(op, eqn, approx_math)
+    if op in TMA_ISSUE:  # (no ALU work: all the warpgroup's wait)
       return c, 0.0
     lat = min(c, self.gpu.op_overhead_cycles)
     return lat, c - lat
 
-  def beside_tensor(self, eqn):
-    """How much slower this equation's ALU work goes while a wgmma is in
-    flight on its SM (tensor_overlap): float32 adds and multiplies most,
-    the rest about twice (gpus.GPU.beside_tensor_*)."""
+  def beside_tensor(self, op, eqn):
+    """How much slower an equation's ALU work goes while a wgmma is in
+    flight on its SM (tensor_overlap): float32 adds and multiplies (FMA)
+    most, the rest about twice (gpus.GPU.beside_tensor_*)."""
     g = self.gpu
-    if eqn.primitive.name in FMA_CLASS and all(
+    if op is OpClass.FMA and all(
         getattr(v.aval, "dtype", None) is not None and memory.is_float(v.aval.dtype)
         and v.aval.dtype.itemsize >= 4 for v in eqn.outvars):
       return g.beside_tensor_fma
@@ -414,7 +433,7 @@ class LaunchTiming:
       # (blocks reading apart, or a persistent kernel's loop whose addresses
       # it cannot group), the streaming rate and the unloaded latency: the
       # queue without the credit slowed JAX's persistent matmul 13% where
-      # the GPU shows no such loss (benchmarks/RESULTS.md, thirteenth).
+      # the GPU shows no such loss (benchmarks/RESULTS.md).
       if first < 1:
         per_s = first / g.l2_bytes_per_s + (1 - first) / g.l2_shared_bytes_per_s
         self.byte_cycles[site] = per_s * g.clock_hz * self.active
@@ -424,7 +443,7 @@ class LaunchTiming:
     blocks (which start together) in the order of their issue cycles,
     through an L2 of the GPU's size kept least-recently-used by source
     (buffer, offset, box); a load from a source not in it misses. `loads`:
-    block number -> its (issue cycle, source, bytes, thread, site)."""
+    block number -> its Loads (or tuples that begin like them)."""
     l2 = self.timing.gpu.l2_bytes
     cache, used, reads = collections.OrderedDict(), 0, 0
     n = self.num_blocks

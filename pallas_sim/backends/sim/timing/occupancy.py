@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from pallas_sim.backends.sim.analysis.resources import inner, primitive_name, sub_jaxprs
+from pallas_sim.backends.sim.analysis import resources
+from pallas_sim.backends.sim.analysis.resources import sub_jaxprs
 
 LANES = 128                  # a warpgroup
 REGISTER_FILE = 65536        # 32-bit registers per SM
@@ -58,10 +59,7 @@ def _need(jaxpr):
   accumulators of nested scopes add up, scopes in sequence reuse theirs."""
   acc = values = 0
   for eqn in jaxpr.eqns:
-    own = 0
-    if eqn.primitive.name == "run_scoped":
-      own = sum(_regs(v.aval) for v in inner(eqn.params["jaxpr"]).invars
-                if _is_acc(v.aval))
+    own = sum(_regs(v.aval) for v in resources.scope_allocations(eqn) if _is_acc(v.aval))
     for v in eqn.outvars:
       if not hasattr(v.aval, "inner_aval"):
         values = max(values, _regs(v.aval))
@@ -74,26 +72,11 @@ def _need(jaxpr):
   return acc, values
 
 
-def _asked_registers(jaxpr, found=None):
-  """The largest count plgpu.set_max_registers asks for, by action
-  ("increase", "decrease")."""
-  found = {} if found is None else found
-  for eqn in jaxpr.eqns:
-    if primitive_name(eqn) == "set_max_registers":
-      n = eqn.params.get("n")
-      if n is not None:
-        a = eqn.params.get("action")
-        found[a] = max(found.get(a, 0), int(n))
-    for sub in _params_jaxprs(eqn.params):
-      _asked_registers(sub, found)
-  return found
-
-
 def registers(jaxpr, num_threads, base):
   """A lane's register need and budget in a kernel of `num_threads`
   warpgroups (`base`: registers beyond its arrays, gpus.GPU)."""
   acc, values = _need(jaxpr)
-  asked = _asked_registers(jaxpr)
+  asked = resources.asked_registers(jaxpr)
   if asked:
     limit = min(max(asked.values()), MAX_PER_THREAD)
   else:

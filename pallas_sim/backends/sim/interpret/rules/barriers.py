@@ -3,7 +3,7 @@ set_max_registers. A barrier_wait by a warpgroup waits for the next
 completion of that barrier it has not yet observed (the phase it tracks)."""
 import numpy as np
 
-from pallas_sim.backends.sim.interpret import refview
+from pallas_sim.backends.sim.interpret import operands, refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
 from pallas_sim.backends.sim.machine.scheduler import Wait
@@ -11,18 +11,22 @@ from pallas_sim.backends.sim.interpret.rules.refs import peer_buffer
 from pallas_sim.errors import KernelError
 
 
+def _barrier(eqn):
+  """(the barrier's RefOperand, its transforms compiled, the predicate's
+  position or None)."""
+  ops = operands.barrier_use(eqn)
+  return ops.barrier, refview.compile_transforms(ops.barrier.tree), ops.predicate
+
+
 @rule("barrier_arrive")
 def _barrier_arrive(eqn, cx):
-  at = refview.compile_transforms(eqn.params["transforms_treedef"])
-  has_pred = eqn.params.get("has_user_predicate", False)
+  bar, at, pred_at = _barrier(eqn)
   where = cx.where(eqn)
 
-  def arrive(wg, ref, *rest):
-    if has_pred:
-      *rest, pred = rest
-      if not pred:
-        return []
-    slot = refview.barrier_of(at(ref, rest), "barrier_arrive")
+  def arrive(wg, *args):
+    if pred_at is not None and not args[pred_at]:
+      return []
+    slot = refview.barrier_of(at(args[bar.index], args[bar.leaves]), "barrier_arrive")
     blk = wg.block
     # A cluster barrier: one arrival on its copy in every block of the
     # cluster that differs from this one along at most one of its axes (or,
@@ -65,11 +69,11 @@ def _barrier_test(eqn, cx):
   """A wait that does not block: whether the completion the thread's next
   wait is for has happened by now; if it has, it counts as observed (the
   lowering flips the thread's phase parity only then)."""
-  at = refview.compile_transforms(eqn.params["transforms_treedef"])
+  bar, at, _ = _barrier(eqn)
   where = cx.where(eqn)
 
-  def test(wg, ref, *leaves):
-    slot = refview.barrier_of(at(ref, leaves), "barrier_test")
+  def test(wg, *args):
+    slot = refview.barrier_of(at(args[bar.index], args[bar.leaves]), "barrier_test")
     n = _next_completion(wg, slot, "barrier_test")
     # (resumed at its own time: every completion before it has been applied)
     yield Wait(lambda: True, (), "barrier_test", where)
@@ -84,12 +88,12 @@ def _barrier_test(eqn, cx):
 
 @rule("barrier_wait")
 def _barrier_wait(eqn, cx):
-  at = refview.compile_transforms(eqn.params["transforms_treedef"])
+  bar, at, _ = _barrier(eqn)
   where = cx.where(eqn)
   timing = cx.timing
 
-  def wait(wg, ref, *leaves):
-    slot = refview.barrier_of(at(ref, leaves), "barrier_wait")
+  def wait(wg, *args):
+    slot = refview.barrier_of(at(args[bar.index], args[bar.leaves]), "barrier_wait")
     n = _next_completion(wg, slot, "barrier_wait")
     wg.bar_waits[slot] = n
     if wg not in slot.waits:  # a waiter from now on
@@ -126,9 +130,9 @@ def _barrier_arrive_and_wait(eqn, cx):
   # lowering emits the two in this order.
   arrive, wait = _barrier_arrive(eqn, cx), _barrier_wait(eqn, cx).fn
 
-  def arrive_and_wait(wg, ref, *leaves):
-    arrive(wg, ref, *leaves)
-    return (yield from wait(wg, ref, *leaves))
+  def arrive_and_wait(wg, *args):
+    arrive(wg, *args)
+    return (yield from wait(wg, *args))
   return Gen(arrive_and_wait)
 
 

@@ -10,6 +10,7 @@ import ml_dtypes
 import numpy as np
 
 from pallas_sim.backends.sim.interpret.compiler import rule
+from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.machine.numerics import division, rounding
 from pallas_sim.backends.sim.machine.memory import is_float
 from pallas_sim.errors import UnsupportedPrimitiveError
@@ -19,12 +20,12 @@ def _np_dtype(d):
   return np.dtype(d)
 
 
-def _unary(name, f):
-  rule(name)(lambda eqn, cx: (lambda wg, x: f(x)))
+def _unary(name, f, op=OpClass.ALU):
+  rule(name, op=op)(lambda eqn, cx: (lambda wg, x: f(x)))
 
 
-def _binary(name, f):
-  rule(name)(lambda eqn, cx: (lambda wg, x, y: f(x, y)))
+def _binary(name, f, op=OpClass.ALU):
+  rule(name, op=op)(lambda eqn, cx: (lambda wg, x, y: f(x, y)))
 
 
 def _keep_dtype(f):
@@ -117,25 +118,35 @@ def _round(x, rounding_method=0):
 
 
 for _name, _f in {
-    "neg": np.negative, "abs": np.abs, "sign": np.sign, "floor": np.floor,
+    "abs": np.abs, "sign": np.sign, "floor": np.floor,
     "ceil": np.ceil, "not": np.invert, "is_finite": np.isfinite,
-    "exp": _float_op(np.exp), "exp2": _float_op(np.exp2),
-    "log": _float_op(np.log), "log1p": _float_op(np.log1p), "log2": _float_op(np.log2),
+    "log2": _float_op(np.log2),
     # (1 + x) * (1 - x), as the lowering computes it: three roundings
     "one_minus_square": lambda x: (np.asarray(1, np.result_type(x)) + x) * (
         np.asarray(1, np.result_type(x)) - x),
-    "expm1": _float_op(np.expm1), "tanh": _float_op(np.tanh),
-    "logistic": _float_op(_logistic), "sin": _float_op(np.sin),
-    "cos": _float_op(np.cos), "tan": _float_op(np.tan),
     "sqrt": _float_op(np.sqrt), "rsqrt": _float_op(lambda x: 1.0 / np.sqrt(x)),
-    "cbrt": _float_op(np.cbrt), "square": np.square,
-    "erf": _float_op(lambda x: _erf(x).astype(x.dtype)),
+    "square": np.square,
     "population_count": _keep_dtype(
         lambda x: np.bitwise_count(x).astype(np.result_type(x))),
     "clz": _keep_dtype(lambda x: _clz(np.asarray(x))),
     "copy": np.copy, "copy_p": np.copy, "real": np.real, "imag": np.imag,
 }.items():
   _unary(_name, _f)
+
+# Library functions (libdevice): the transcendental rate, or with
+# approx_math one special-function unit op's.
+for _name, _f in {
+    "exp": _float_op(np.exp), "exp2": _float_op(np.exp2),
+    "log": _float_op(np.log), "log1p": _float_op(np.log1p),
+    "expm1": _float_op(np.expm1), "tanh": _float_op(np.tanh),
+    "logistic": _float_op(_logistic), "sin": _float_op(np.sin),
+    "cos": _float_op(np.cos), "tan": _float_op(np.tan),
+    "cbrt": _float_op(np.cbrt),
+    "erf": _float_op(lambda x: _erf(x).astype(x.dtype)),
+}.items():
+  _unary(_name, _f, OpClass.TRANSCENDENTAL)
+
+_unary("neg", np.negative, OpClass.FMA)
 
 
 def _clz(x):
@@ -148,15 +159,21 @@ def _clz(x):
   return (width - bits).astype(x.dtype)
 
 
-@rule("optimization_barrier")
+@rule("optimization_barrier", op=OpClass.SHAPE_ONLY)
 def _optimization_barrier(eqn, cx):
   """Its operands, unchanged (it only fences the compiler's reordering)."""
   return lambda wg, *xs: list(xs)
 
+# Float adds and multiplies run on the FMA pipes (contracted into one
+# fused multiply-add where a product feeds an add: compiler.contractions).
+for _name, _f in {"add": np.add, "sub": np.subtract, "mul": np.multiply}.items():
+  _binary(_name, _f, OpClass.FMA)
+
+for _name, _f in {"pow": np.power, "atan2": np.arctan2}.items():
+  _binary(_name, _f, OpClass.TRANSCENDENTAL)
+
 for _name, _f in {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _div,
-    "rem": _rem, "max": _max, "min": _min, "pow": np.power,
-    "atan2": np.arctan2,
+    "div": _div, "rem": _rem, "max": _max, "min": _min,
     "nextafter": np.nextafter,
     # (the lowering's own, 0.12: lax.sign of a float lowers through it)
     "_copysign": np.copysign,
@@ -266,7 +283,7 @@ def _cast_fn(new_dtype):
   return cast
 
 
-@rule("convert_element_type")
+@rule("convert_element_type", op=OpClass.CONVERT)
 def _convert(eqn, cx):
   return _cast_fn(eqn.params["new_dtype"])
 
@@ -287,7 +304,7 @@ def _iota(eqn, cx):
   return lambda wg: val
 
 
-@rule("broadcast_in_dim")
+@rule("broadcast_in_dim", op=OpClass.SHAPE_ONLY)
 def _bid(eqn, cx):
   shape, bdims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
 
@@ -300,19 +317,19 @@ def _bid(eqn, cx):
   return f
 
 
-@rule("reshape")
+@rule("reshape", op=OpClass.SHAPE_ONLY)
 def _reshape(eqn, cx):
   shape = eqn.params["new_sizes"]
   return lambda wg, x, *dyn: np.reshape(x, shape)
 
 
-@rule("squeeze")
+@rule("squeeze", op=OpClass.SHAPE_ONLY)
 def _squeeze(eqn, cx):
   dims = tuple(eqn.params["dimensions"])
   return lambda wg, x: np.squeeze(x, dims)
 
 
-@rule("expand_dims")
+@rule("expand_dims", op=OpClass.SHAPE_ONLY)
 def _expand(eqn, cx):
   dims = tuple(eqn.params["dimensions"])
   return lambda wg, x: np.expand_dims(x, dims)

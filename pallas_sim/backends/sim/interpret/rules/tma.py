@@ -10,10 +10,11 @@ early, sees what real hardware could.
 """
 import numpy as np
 
-from pallas_sim.backends.sim.interpret import refview
+from pallas_sim.backends.sim.interpret import operands, refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
 from pallas_sim.backends.sim.machine.scheduler import Wait
+from pallas_sim.backends.sim.timing.model import Load, OpClass
 from pallas_sim.backends.sim.interpret.rules.atomics import OPS, unsigned
 from pallas_sim.backends.sim.interpret.rules.barriers import peer_slot
 from pallas_sim.backends.sim.interpret.rules.refs import peer_ref
@@ -75,15 +76,14 @@ def _contiguous(gmem_ref):
   return True
 
 
-def _static_check(eqn, what, smem_operand, bulk_possible=False):
+def _static_check(eqn, what, smem_operand, name, bulk_possible=False):
   """Checks a copy from avals alone (refview.static_ref), when the kernel is
   compiled: before the real lowering's checks, at the user's line. False
   where the ref cannot be built statically, or the limits depend on the GMEM
   slice (then each copy is checked). (Memory spaces, shapes and dtypes of
-  both sides JAX checks while tracing.)"""
-  i, name = smem_operand
-  ref = refview.static_ref(eqn.invars[i].aval, eqn.params[f"{name}_transforms_treedef"],
-                           name)
+  both sides JAX checks while tracing.) `smem_operand`: the SMEM side's
+  RefOperand, called `name`."""
+  ref = refview.static_ref(eqn.invars[smem_operand.index].aval, smem_operand.tree, name)
   if ref is None:
     return False
   if bulk_possible and _may_be_bulk(ref):
@@ -93,7 +93,7 @@ def _static_check(eqn, what, smem_operand, bulk_possible=False):
   return True
 
 
-@rule("copy_gmem_to_smem")
+@rule("copy_gmem_to_smem", op=OpClass.TMA_LOAD)
 def _copy_gmem_to_smem(eqn, cx):
   p = eqn.params
   collective = tuple(p.get("collective_axes") or ())
@@ -104,34 +104,33 @@ def _copy_gmem_to_smem(eqn, cx):
   if not has_barrier:
     raise KernelError("copy_gmem_to_smem without a barrier is only supported on "
                       "pre-Hopper GPUs, which use the cp.async implementation")
-  src_at = refview.compile_clipped(p["src_transforms_treedef"])
-  dst_at = refview.compile_transforms(p["dst_transforms_treedef"])
-  bar_at = refview.compile_transforms(p["barrier_transforms_treedef"])
+  ops = operands.tma_load(eqn)
+  src, dst, bar = ops.src, ops.dst, ops.barrier
+  src_at = refview.compile_clipped(src.tree)
+  dst_at = refview.compile_transforms(dst.tree)
+  bar_at = refview.compile_transforms(bar.tree)
   # Out of the array's bounds, TMA loads fill zeros by default (the
   # lowering's default for copy_gmem_to_smem), leave SMEM as it was with
   # UNDEFINED, and must not go with PROMISE_IN_BOUNDS.
   oob = p.get("oob_mode")
   oob = "ZEROS" if oob is None else oob.name
-  ns = refview.num_leaves(p["src_transforms_treedef"])
-  nd = refview.num_leaves(p["dst_transforms_treedef"])
-  nb = refview.num_leaves(p["barrier_transforms_treedef"])
-  has_pred = p.get("has_user_predicate", False)
+  pred_at = ops.predicate
   timing = cx.timing
   site = cx.site(eqn)  # (bytes per load site: the L2 model, timing/model.py)
   what = "copy_gmem_to_smem"
   where = cx.where(eqn)
   # Checks that need no data run now, before the real lowering's.
   bulk_possible = not collective and oob != "ZEROS"
-  static = _static_check(eqn, what, (1, "dst"), bulk_possible)
+  static = _static_check(eqn, what, dst, "dst", bulk_possible)
   # (the copy leaves as its issue ends: the interpreter charges the warpgroup
   # the same cycles after the rule, Timing.issue_split)
-  issue = timing.issue_cycles(eqn)
+  issue = timing.issue_cycles(OpClass.TMA_LOAD, eqn)
 
-  def load(wg, src, dst, bar, *leaves):
-    s, _, inb = src_at(src, leaves[:ns])
-    d = dst_at(dst, leaves[ns:ns + nd])
-    b = bar_at(bar, leaves[ns + nd:ns + nd + nb])
-    pred = leaves[ns + nd + nb] if has_pred else True
+  def load(wg, *args):
+    s, _, inb = src_at(args[src.index], args[src.leaves])
+    d = dst_at(args[dst.index], args[dst.leaves])
+    b = bar_at(args[bar.index], args[bar.leaves])
+    pred = args[pred_at] if pred_at is not None else True
     if not static:
       _check_box(d, what, bulk_possible and _may_be_bulk(d) and _contiguous(s))
     slot = refview.barrier_of(b, what)
@@ -162,7 +161,7 @@ def _copy_gmem_to_smem(eqn, cx):
     start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site, _row_bytes(d),
                                 shared=not collective)
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
-      blk.engines.loads.append((start, source_key(s), s.view.nbytes, wg.index, site))
+      blk.engines.loads.append(Load(start, source_key(s), s.view.nbytes, wg.index, site))
     blk.stats.tma_load_bytes += s.view.nbytes
     tally = blk.stats.load_sites.get(site)
     if tally is None:
@@ -210,20 +209,22 @@ def _async_store_smem(eqn, cx):
   or a peer), completing that block's barrier: it arrives there announcing
   the bytes, and they complete it when they land (st.async)."""
   p = eqn.params
-  ref_at = refview.compile_transforms(p["ref_transforms_treedef"])
-  bar_at = refview.compile_transforms(p["barrier_transforms_treedef"])
-  nr = refview.num_leaves(p["ref_transforms_treedef"])
+  ops = operands.async_store_smem(eqn)
+  ref, bar = ops.ref, ops.barrier
+  ref_at = refview.compile_transforms(ref.tree)
+  bar_at = refview.compile_transforms(bar.tree)
+  value_at, cluster_at = ops.value, ops.cluster_index
   dim = p["cluster_dim"]
   combine = OPS[p["atomic"]] if p["atomic"] is not None else None
   timing = cx.timing
   where = cx.where(eqn)
   what = "async_store_smem"
 
-  def store(wg, src, ref, bar, cluster_idx, *leaves):
-    d = ref_at(ref, leaves[:nr])
-    slot = refview.barrier_of(bar_at(bar, leaves[nr:]), what)
+  def store(wg, *args):
+    d = ref_at(args[ref.index], args[ref.leaves])
+    slot = refview.barrier_of(bar_at(args[bar.index], args[bar.leaves]), what)
     blk = wg.block
-    peer = refview.cluster_peer(wg, (dim,), (cluster_idx,), what)
+    peer = refview.cluster_peer(wg, (dim,), (args[cluster_at],), what)
     if peer is not blk:
       d, slot = peer_ref(peer, d), peer_slot(peer, slot)
     nbytes = d.view.nbytes
@@ -231,11 +232,10 @@ def _async_store_smem(eqn, cx):
     blk.hb.arrive(wg, slot, where)
     start, _, done = timing.tma(blk.engines, wg.time, nbytes, via_l2=False)
     _land_at(done, wg, None, d, slot, nbytes, where, what,
-             value=np.array(src, copy=True), combine=combine)
+             value=np.array(args[value_at], copy=True), combine=combine)
     blk.event(f"{wg.name} TMA", f"async store ->{d.buf.name}", start, done)
     return []
   return store
-
 
 
 def source_key(s):
@@ -281,33 +281,34 @@ _REDUCE = {
 }
 
 
-@rule("copy_smem_to_gmem")
+@rule("copy_smem_to_gmem", op=OpClass.TMA_STORE)
 def _copy_smem_to_gmem(eqn, cx):
   p = eqn.params
-  src_at = refview.compile_transforms(p["src_transforms_treedef"])
-  dst_at = refview.compile_clipped(p["dst_transforms_treedef"])
-  ns = refview.num_leaves(p["src_transforms_treedef"])
-  nd = refview.num_leaves(p["dst_transforms_treedef"])
-  has_pred = p.get("has_user_predicate", False)
+  ops = operands.tma_store(eqn)
+  src, dst = ops.src, ops.dst
+  src_at = refview.compile_transforms(src.tree)
+  dst_at = refview.compile_clipped(dst.tree)
+  pred_at = ops.predicate
   commit = p.get("commit_group", True)
   op = p.get("reduction_op")
   if op not in _REDUCE:
     raise UnsupportedPrimitiveError(f"TMA store reduction {op!r}")
   reduce, types = _REDUCE[op]
-  dtype = np.dtype(eqn.invars[0].aval.inner_aval.dtype)
+  dtype = np.dtype(eqn.invars[src.index].aval.inner_aval.dtype)
   if types is not None and dtype.name not in types:
     raise KernelError(f"Reduction op {op} not supported by the TMA implementation "
                       f"for element type {dtype.name}")
   timing = cx.timing
   what = "copy_smem_to_gmem"
   where = cx.where(eqn)
-  static = _static_check(eqn, what, (0, "src"), bulk_possible=op is None)
-  issue = timing.issue_cycles(eqn)  # (the committed stores leave as it ends)
+  static = _static_check(eqn, what, src, "src", bulk_possible=op is None)
+  # (the committed stores leave as its issue ends)
+  issue = timing.issue_cycles(OpClass.TMA_STORE, eqn)
 
-  def store(wg, src, dst, *leaves):
-    s = src_at(src, leaves[:ns])
-    d, _, inb = dst_at(dst, leaves[ns:ns + nd])
-    pred = leaves[ns + nd] if has_pred else True
+  def store(wg, *args):
+    s = src_at(args[src.index], args[src.leaves])
+    d, _, inb = dst_at(args[dst.index], args[dst.leaves])
+    pred = args[pred_at] if pred_at is not None else True
     if not static:
       _check_box(s, what, op is None and _may_be_bulk(s) and _contiguous(d))
     if inb is not None:  # past the array's ends: TMA drops those elements
@@ -410,5 +411,6 @@ def _wait_smem_to_gmem(eqn, cx):
 @rule("async_prefetch")
 def _async_prefetch(eqn, cx):
   """A TMA prefetch of GMEM into L2: no effect on any value, and L2 is
-  coherent, so nothing to order (the timing model has no L2 yet)."""
+  coherent, so nothing to order. The L2 model does not see it either: a
+  load after it costs what it would without it."""
   return lambda wg, ref, *leaves: []

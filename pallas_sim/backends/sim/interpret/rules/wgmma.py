@@ -14,7 +14,7 @@ accumulates exactly in int32.
 import ml_dtypes
 import numpy as np
 
-from pallas_sim.backends.sim.interpret import refview
+from pallas_sim.backends.sim.interpret import operands, refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine.numerics import tensor_core
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
@@ -103,15 +103,16 @@ def _check_operands(acc_r, a_r, a_val, b_r):
   validate(acc_r.view, a, b_r.view, a_r is not None, b_r.swizzle)
 
 
-def _static_check(eqn, trees, a_is_ref):
+def _static_check(eqn, ops, a_is_ref):
   """_check_operands from avals alone, when the kernel is compiled (before the
   real lowering's checks, at the user's line); False where the operands
-  cannot be built statically (then the first issue checks them)."""
-  acc_r, a_r, b_r = (refview.static_ref(v.aval, tr, name) for v, tr, name in zip(
-      eqn.invars, trees, ("acc", "lhs", "rhs")))
+  cannot be built statically (then the first issue checks them). `ops`:
+  the wgmma's operands (operands.Wgmma)."""
+  acc_r, a_r, b_r = (refview.static_ref(eqn.invars[r.index].aval, r.tree, name)
+                     for r, name in ((ops.acc, "acc"), (ops.a, "lhs"), (ops.b, "rhs")))
   a_val = None
   if not a_is_ref:
-    aval = eqn.invars[1].aval
+    aval = eqn.invars[ops.a.index].aval
     a_r, a_val = None, np.broadcast_to(np.zeros((), aval.dtype), aval.shape)
   if acc_r is None or b_r is None or (a_is_ref and a_r is None):
     return False
@@ -131,25 +132,23 @@ def mma(acc_view, a, b, sync=False):
 
 @rule("wgmma_ref")
 def _wgmma_ref(eqn, cx):
-  p = eqn.params
-  trees = (p["acc_transforms_tree"], p["a_transforms_tree"], p["b_transforms_tree"])
-  ats = [refview.compile_transforms(tr) for tr in trees]
-  counts = [refview.num_leaves(tr) for tr in trees]
+  ops = operands.wgmma(eqn)
+  acc_op, a_op, b_op = ops.acc, ops.a, ops.b
+  acc_at, a_at, b_at = (refview.compile_transforms(r.tree) for r in (acc_op, a_op, b_op))
   timing = cx.timing
   numerics = cx.numerics
-  a_is_ref = hasattr(eqn.invars[1].aval, "inner_aval")
+  a_is_ref = hasattr(eqn.invars[a_op.index].aval, "inner_aval")
   where = cx.where(eqn)
-  checked = [True] if _static_check(eqn, trees, a_is_ref) else []
+  checked = [True] if _static_check(eqn, ops, a_is_ref) else []
 
-  def wgmma(wg, acc, a, b, *leaves):
-    i0, i1 = counts[0], counts[0] + counts[1]
-    acc_r = ats[0](acc, leaves[:i0])
-    b_r = ats[2](b, leaves[i1:i1 + counts[2]])
+  def wgmma(wg, *args):
+    acc_r = acc_at(args[acc_op.index], args[acc_op.leaves])
+    b_r = b_at(args[b_op.index], args[b_op.leaves])
     if a_is_ref:
-      a_r, a_val = ats[1](a, leaves[i0:i1]), None
+      a_r, a_val = a_at(args[a_op.index], args[a_op.leaves]), None
       m, k = a_r.view.shape
     else:
-      a_r, a_val = None, np.asarray(a)  # registers: read at issue
+      a_r, a_val = None, np.asarray(args[a_op.index])  # registers: read at issue
       m, k = a_val.shape
     if not checked:
       _check_operands(acc_r, a_r, a_val, b_r)

@@ -1,0 +1,370 @@
+"""The one walk over a kernel's jaxpr that the static analyses share. What
+control flow and calls do with their operands is known here once: which
+operands a cond's branches, a while loop's condition and body, a scan's body
+and a run_scoped or called body take, and where their results go. An
+analysis supplies its abstract domain and the transfer function of every
+other primitive.
+
+`Forward` runs values from operands to results (block_classes: what each
+value depends on; congruence: what integers are multiples of, and their
+bounds). `Backward` runs needs from results to operands (paths: the slice of
+the kernel that its control decisions and TMA loads need)."""
+import dataclasses
+
+from jax.extend import core as jax_extend_core
+
+from pallas_sim.backends.sim.analysis.resources import inner, scan_counts, sub_jaxprs
+
+# Primitives whose bodies just run, on the equation's operands by position
+# (paths slices through them; through other bodies, a core or warp map's,
+# it does not).
+CALLS = frozenset(("pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
+                   "custom_vjp_call", "checkpoint", "remat"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Cond:
+  """cond(index, *operands): the branch `index` picks runs on the operands."""
+  visit = "cond"
+  branches: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class While:
+  """while(*cond consts, *body consts, *carry): the condition runs on its
+  consts and the carry, the body on its consts and the carry, which it
+  gives back."""
+  visit = "loop"
+  cond: object
+  body: object
+  cond_consts: int
+  body_consts: int
+
+  def split(self, ins):
+    """(condition consts, body consts, carry), as lists."""
+    cn, bn = self.cond_consts, self.body_consts
+    return list(ins[:cn]), list(ins[cn:cn + bn]), list(ins[cn + bn:])
+
+
+@dataclasses.dataclass(frozen=True)
+class Scan:
+  """scan(*consts, *carry, *xs): the body runs on the consts, the carry and
+  an element of each xs, and gives back the carry and an element of each
+  ys. `counts`: (consts, carries), None where the parameters say neither."""
+  visit = "scan"
+  body: object
+  counts: object
+  length: object
+
+  def split(self, ins):
+    """(consts, carry, xs), as lists."""
+    nc, ncar = self.counts
+    return list(ins[:nc]), list(ins[nc:nc + ncar]), list(ins[nc + ncar:])
+
+
+@dataclasses.dataclass(frozen=True)
+class RunState:
+  """pl.run_state(*operands): the body's refs hold the operands' values
+  (refs passed in stay the same memory)."""
+  visit = "run_state"
+  body: object
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """Bodies run on the operands. `kind`: "scoped" (run_scoped: the body
+  takes what it closes over as constvars, then its allocations), "call"
+  (CALLS: by position) or "map" (a core or warp map, and anything else
+  that holds jaxprs)."""
+  visit = "call"
+  bodies: tuple
+  kind: str
+
+  def inputs(self, body, ins, fresh, mixed):
+    """What `body` takes: a scope's closed-over operands and `fresh` for
+    its allocations; the operands by position where their counts agree;
+    else `mixed` (any of the operands) for every input."""
+    if self.kind == "scoped":
+      return list(ins[:len(body.constvars)]) + [fresh] * len(body.invars)
+    if len(ins) == len(body.invars):
+      return list(ins)
+    return [mixed] * (len(body.constvars) + len(body.invars))
+
+
+def structure(eqn):
+  """eqn's control flow or call (a form above, whose `visit` names the
+  walkers' method for it), or None for a primitive without bodies."""
+  name = eqn.primitive.name
+  p = eqn.params
+  if name == "cond":
+    return Cond(tuple(inner(b) for b in p["branches"]))
+  if name == "while":
+    return While(inner(p["cond_jaxpr"]), inner(p["body_jaxpr"]), p["cond_nconsts"],
+                 p["body_nconsts"])
+  if name == "scan":
+    return Scan(inner(p["jaxpr"]), scan_counts(eqn), p.get("length"))
+  if name == "run_state":
+    return RunState(inner(p["jaxpr"]))
+  bodies = tuple(sub for v in p.values() for sub in sub_jaxprs(v))
+  if not bodies:
+    return None
+  return Call(bodies, "scoped" if name == "run_scoped" else
+              "call" if name in CALLS else "map")
+
+
+def bind(jaxpr, ins):
+  """A jaxpr's input variables for `ins`: its invars, or where there are
+  more values, its constvars and then its invars (a run_scoped body takes
+  what it closes over as constvars, bound before its invars:
+  interpret/compiler.py compile_open)."""
+  names = list(jaxpr.invars)
+  if len(ins) != len(names):
+    names = list(jaxpr.constvars) + names
+  return zip(names, ins)
+
+
+class Forward:
+  """An abstract interpretation that runs forward: the values of a jaxpr's
+  outputs from its inputs'. A subclass gives its domain: `unknown` (a
+  variable nothing is known of), `literal`, `join` (what both values
+  allow), `widen` (a loop carry's next guess), `mixed` (a value that may
+  be any of several) and `transfer` (a primitive without bodies); and may
+  note decisions (`branch_index`, `trip_count`). Loops run to a fixpoint
+  of `widen`."""
+
+  unknown = None
+
+  def literal(self, v):
+    return self.unknown
+
+  def join(self, a, b):
+    raise NotImplementedError
+
+  def widen(self, old, new):
+    return self.join(old, new)
+
+  def mixed(self, values):
+    return self.unknown
+
+  def result(self, var, value):
+    """What `var`, an equation's result, holds: `value` (a domain may add
+    to it, by its type)."""
+    return value
+
+  def transfer(self, eqn, ins):
+    raise NotImplementedError
+
+  def branch_index(self, eqn, index):
+    """A cond picks its branch by `index` (the value of its first operand)."""
+
+  def trip_count(self, eqn, cond_outs):
+    """A while loop's trip count is decided by `cond_outs` (the values of
+    its condition's outputs, once the carry is at its fixpoint)."""
+
+  def walk(self, jaxpr, ins):
+    env = dict(bind(jaxpr, ins))
+    literal, unknown = self.literal, self.unknown
+
+    def get(v):
+      if isinstance(v, jax_extend_core.Literal):
+        return literal(v)
+      return env.get(v, unknown)
+
+    for eqn in jaxpr.eqns:
+      outs = self.equation(eqn, [get(v) for v in eqn.invars])
+      for v, x in zip(eqn.outvars, outs):
+        env[v] = self.result(v, x)
+    return [get(v) for v in jaxpr.outvars]
+
+  def equation(self, eqn, ins):
+    """The values of eqn's results, from its operands'."""
+    form = structure(eqn)
+    if form is None:
+      return self.transfer(eqn, ins)
+    return getattr(self, form.visit)(eqn, form, ins)
+
+  def cond(self, eqn, form, ins):
+    """Any branch's results: joined over the branches."""
+    self.branch_index(eqn, ins[0])
+    outs = None
+    for branch in form.branches:
+      res = self.walk(branch, ins[1:])
+      outs = res if outs is None else [self.join(a, b) for a, b in zip(outs, res)]
+    return outs
+
+  def loop(self, eqn, form, ins):
+    """The carry, widened by what the body gives back until it holds."""
+    cc, bc, carry = form.split(ins)
+    while True:
+      new = [self.widen(c, t) for c, t in zip(carry, self.walk(form.body, bc + carry))]
+      if new == carry:
+        break
+      carry = new
+    self.trip_count(eqn, self.walk(form.cond, cc + carry))
+    return carry
+
+  def scan(self, eqn, form, ins):
+    """Each carry widened by what the body gives back in its place until it
+    holds; the xs and ys as they are. Where the operands' roles are not
+    known, every output may feed every input (_feedback)."""
+    if form.counts is None:
+      return self._feedback(eqn, form.body, ins)
+    consts, carry, xs = form.split(ins)
+    ncar = len(carry)
+    while True:
+      res = self.walk(form.body, consts + carry + xs)
+      new = [self.widen(c, t) for c, t in zip(carry, res[:ncar])]
+      if new == carry:
+        return carry + res[ncar:]
+      carry = new
+
+  def _feedback(self, eqn, body, ins):
+    """A loop over `body` whose outputs all feed back into all its inputs,
+    until they hold."""
+    sub_in = Call((body,), "call").inputs(body, ins, self.unknown, self.mixed(ins))
+    while True:
+      res = self.walk(body, sub_in)
+      back = self.mixed(res)
+      grown = [self.join(t, back) for t in sub_in]
+      if grown == sub_in:
+        break
+      sub_in = grown
+    return self.returned(eqn, ins, [res])
+
+  def run_state(self, eqn, form, ins):
+    """By default, a call of its body on the operands."""
+    return self.call(eqn, Call((form.body,), "call"), ins)
+
+  def call(self, eqn, form, ins):
+    mixed = self.mixed(ins)
+    return self.returned(eqn, ins, [
+        self.walk(body, form.inputs(body, ins, self.unknown, mixed))
+        for body in form.bodies])
+
+  def returned(self, eqn, ins, results):
+    """eqn's results from its bodies' (`results`, a list of values per
+    body): a body's by position where it gives as many, else any of its
+    results and the operands; joined over the bodies."""
+    n = len(eqn.outvars)
+    outs = None
+    for res in results:
+      got = res if len(res) == n else [self.mixed(list(res) + list(ins))] * n
+      outs = got if outs is None else [self.join(a, b) for a, b in zip(outs, got)]
+    return outs
+
+
+def any_of(*lists):
+  """Elementwise `or` of lists of flags (as long as the shortest)."""
+  return [any(t) for t in zip(*lists)]
+
+
+class Backward:
+  """A slice that runs backward: walking a jaxpr from its outputs, which of
+  its equations are needed and which of their operands each needs
+  (`kept`: id(equation) -> a flag per operand). Every control decision is
+  in it (a cond's branch index, a while loop's condition) with what it
+  needs; a subclass says which other equations are (`transfer`: the
+  operands' flags, or None for an equation left out), what its slice is
+  for in words (`KEEPS`), and how it refuses what it cannot slice
+  (`refuse`)."""
+
+  KEEPS = "a decision"
+
+  def __init__(self):
+    self.kept = {}
+
+  def transfer(self, eqn, outs):
+    raise NotImplementedError
+
+  def refuse(self, why):
+    raise NotImplementedError
+
+  def walk(self, jaxpr, out_need):
+    """Marks the equations of `jaxpr` needed for its outputs where
+    out_need says so, and for every decision inside it; returns, for its
+    constvars then its invars, whether each is needed, and whether any of
+    its equations is."""
+    need = {v for v, n in zip(jaxpr.outvars, out_need)
+            if n and not isinstance(v, jax_extend_core.Literal)}
+    kept = False
+    for eqn in reversed(jaxpr.eqns):
+      ins = self.equation(eqn, [v in need for v in eqn.outvars])
+      if ins is None:
+        continue
+      prev = self.kept.get(id(eqn))  # (a loop's body is sliced again as its needs grow)
+      self.kept[id(eqn)] = ins if prev is None else any_of(prev, ins)
+      kept = True
+      for v, n in zip(eqn.invars, ins):
+        if n and not isinstance(v, jax_extend_core.Literal):
+          need.add(v)
+    return [v in need for v in list(jaxpr.constvars) + list(jaxpr.invars)], kept
+
+  def body(self, jaxpr, out_need, consts=False):
+    """walk of a nested jaxpr whose inputs are the equation's operands (its
+    invars; its constvars where `consts`, a run_scoped body's): the need
+    of each operand, and whether anything inside is kept."""
+    flags, kept = self.walk(jaxpr, out_need)
+    nc = len(jaxpr.constvars)
+    return (flags[:nc] if consts else flags[nc:]), kept
+
+  def equation(self, eqn, outs):
+    """Whether each operand of `eqn` is needed, or None when eqn is not."""
+    form = structure(eqn)
+    if form is None:
+      return self.transfer(eqn, outs)
+    return getattr(self, form.visit)(eqn, form, outs)
+
+  def cond(self, eqn, form, outs):
+    """A decision: which branch's work the block does."""
+    ins = [False] * (len(eqn.invars) - 1)
+    for branch in form.branches:
+      ins = any_of(ins, self.body(branch, outs)[0])
+    return [True] + ins
+
+  def loop(self, eqn, form, outs):
+    cn, bn = form.cond_consts, form.body_consts
+    carry = list(outs)
+    bflags, _ = self.body(form.body, carry)
+    cflags, _ = self.body(form.cond, [True])  # (its trip count is a decision)
+    while True:
+      grown = any_of(carry, cflags[cn:], bflags[bn:])
+      if grown == carry:
+        break
+      carry = grown
+      bflags, _ = self.body(form.body, carry)
+    return cflags[:cn] + bflags[:bn] + carry
+
+  def scan(self, eqn, form, outs):
+    nc, ncar = form.counts
+    carry = list(outs[:ncar])
+    flags, kept = self.body(form.body, carry + list(outs[ncar:]))
+    if not kept and not any(outs):
+      return None
+    while True:
+      grown = any_of(carry, flags[nc:nc + ncar])
+      if grown == carry:
+        break
+      carry = grown
+      flags, _ = self.body(form.body, carry + list(outs[ncar:]))
+    return flags[:nc] + any_of(carry, flags[nc:nc + ncar]) + flags[nc + ncar:]
+
+  def run_state(self, eqn, form, outs):
+    """By default, a call of its body on the operands."""
+    return self.call(eqn, Call((form.body,), "call"), outs)
+
+  def call(self, eqn, form, outs):
+    """A scope's or a call's body is sliced through; a map's bodies must
+    hold nothing the slice keeps."""
+    name = eqn.primitive.name
+    if form.kind == "map":  # (left out only where nothing inside matters)
+      for body in form.bodies:
+        _, kept = self.body(body, [False] * len(body.outvars))
+        if kept or any(outs):
+          self.refuse(f"{self.KEEPS} inside '{name}'")
+      return None
+    if len(form.bodies) != 1:
+      self.refuse(f"'{name}' with {len(form.bodies)} bodies")
+    flags, kept = self.body(form.bodies[0], outs, consts=form.kind == "scoped")
+    if len(flags) != len(eqn.invars):
+      self.refuse(f"'{name}' whose body does not take its operands")
+    return flags if kept or any(outs) else None
