@@ -85,7 +85,7 @@ class Group:
         if not replayed:  # (what it read, for parallel.Visibility)
           self.events.append(GmemRead(ref.buf, *emap))
         # (Elements an earlier group wrote count as written: decided at the
-        # merge, against the launch's buffers, executor._merge.)
+        # merge, against the launch's buffers, merge.py.)
         m = initcheck.unwritten_at(ref.buf, *emap)
         if m is not None:
           self.events.append(UninitGmem(agent, prim, where, thread, ref.buf,

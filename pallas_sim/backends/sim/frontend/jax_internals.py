@@ -40,6 +40,7 @@ import dataclasses
 
 import jax
 import jaxlib
+import numpy as np
 
 from pallas_sim import jax_window
 
@@ -144,3 +145,15 @@ def real_tracebacks():
     yield
   finally:
     cls.__enter__ = enter
+
+
+def checkify_failure(error):
+  """A checkify Error (a pl.debug_check's, rebuilt from its leaves): the
+  exception it holds if its check failed, else None. Its fields are
+  private: one error code each, one check in a kernel's debug_check."""
+  [pred] = error._pred.values()  # pylint: disable=protected-access
+  if not bool(np.asarray(pred)):  # (check_p's predicate is "failed")
+    return None
+  [exc_tree] = error._metadata.values()  # pylint: disable=protected-access
+  [payload] = error._payload.values()  # pylint: disable=protected-access
+  return jax.tree.unflatten(exc_tree, payload)

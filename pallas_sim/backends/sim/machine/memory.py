@@ -63,7 +63,7 @@ def poison(shape, dtype):
 def wrote_read_only(exc):
   """Whether exc (or what caused it: rules wrap what they raise) is numpy
   refusing a write into a read-only array, such as an input lent by the
-  callback (executor._buffers); from a worker, only its text came back."""
+  callback (execute/buffers.py); from a worker, only its text came back."""
   seen = set()
   while exc is not None and id(exc) not in seen:
     seen.add(id(exc))
@@ -98,7 +98,7 @@ class Buffer:
     # the swizzle the lowering infers for it, untransformed (analysis/smem_swizzle.py)
     self.inferred_swizzle = None
     self.packed = None  # a RefUnion's 4-bit member: where in the union (machine/aliasing.py)
-    # An input lent read-only (executor._buffers): nothing writes it in a
+    # An input lent read-only (execute/buffers.py): nothing writes it in a
     # launch that completes, so its reads race with nothing and are not
     # tracked (a write fails, and the launch runs again with a copy).
     self.lent = False

@@ -138,13 +138,9 @@ def _debug_check(eqn, cx):
   tree = p["err_tree"]
 
   def check(wg, *args):
-    error = jax.tree.unflatten(tree, list(args))
-    [pred] = error._pred.values()
-    if not bool(np.asarray(pred)):  # (check_p's predicate is "failed")
+    exc = jx.checkify_failure(jax.tree.unflatten(tree, list(args)))
+    if exc is None:
       return []
-    [exc_tree] = error._metadata.values()
-    [payload] = error._payload.values()
-    exc = jax.tree.unflatten(exc_tree, payload)
     msg = exc.fmt_string if isinstance(exc, FailedCheckError) else str(exc)
     raise KernelError(f"debug_check failed: {msg}")
   return check
