@@ -1,0 +1,100 @@
+"""The layout's rules, checked on the source: what reads what, and what the
+comments may say."""
+import ast
+import os
+import re
+import subprocess
+import tokenize
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIM = os.path.join(ROOT, "pallas_sim", "backends", "sim")
+
+
+def _tracked(*patterns):
+  out = subprocess.run(["git", "ls-files", *patterns], cwd=ROOT, capture_output=True,
+                       text=True, check=True).stdout.split()
+  return [os.path.join(ROOT, f) for f in out if os.path.exists(os.path.join(ROOT, f))]
+
+
+def _comments_and_docstrings(path):
+  """(line, text) of every comment and docstring of a Python file."""
+  src = open(path).read()
+  with open(path, "rb") as f:
+    out = [(t.start[0], t.string) for t in tokenize.tokenize(f.readline)
+           if t.type == tokenize.COMMENT]
+  for node in ast.walk(ast.parse(src)):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      doc = ast.get_docstring(node, clean=False)
+      if doc:
+        out.append((getattr(node, "lineno", 1), doc))
+  return out
+
+
+_WHEN = re.compile(r"\bissue \d+|\b(first|second|third|fourth|fifth|sixth|seventh|eighth|"
+                   r"ninth|tenth|eleventh|twelfth|thirteenth|fourteenth|fifteenth|"
+                   r"sixteenth|seventeenth|eighteenth|nineteenth|twentieth|twenty-\w+)"
+                   r" session\b", re.I)
+
+
+def test_comments_say_why_not_when():
+  """No comment or docstring in the code names an issue number or a session:
+  history lives in git and benchmarks/RESULTS.md. (Data keys that name one,
+  a JSON field's name, are data: they are not comments.)"""
+  found = []
+  for path in _tracked("*.py"):
+    for line, text in _comments_and_docstrings(path):
+      m = _WHEN.search(text)
+      if m:
+        found.append(f"{os.path.relpath(path, ROOT)}:{line}: {m.group(0)}")
+  assert not found, "\n".join(found)
+
+
+def test_timing_reads_op_classes_not_primitive_names():
+  """The cost model prices what the rules declare (OpClass), so a JAX
+  release that renames a primitive cannot change a time."""
+  found = []
+  for d, _, files in os.walk(os.path.join(SIM, "timing")):
+    for name in files:
+      if name.endswith(".py"):
+        path = os.path.join(d, name)
+        for i, line in enumerate(open(path), 1):
+          if re.search(r"primitive\.name|primitive_name\(", line.split("#")[0]):
+            found.append(f"{os.path.relpath(path, ROOT)}:{i}")
+  assert not found, found
+
+
+def test_every_rule_has_an_op_class():
+  from pallas_sim.backends.sim.interpret import compiler, rules  # noqa: F401
+  from pallas_sim.backends.sim.timing.model import OpClass
+  assert compiler.RULES
+  assert set(compiler.RULES) <= set(compiler.OP_CLASSES)
+  assert all(isinstance(c, OpClass) for c in compiler.OP_CLASSES.values())
+
+
+@pytest.mark.parametrize("top", ["tests", "benchmarks", "lab"])
+def test_nothing_reaches_into_benchmarks_or_the_lab_through_sys_path(top):
+  """The lab is a package the tests import (`from lab import calibrate`);
+  benchmarks/ holds scripts a user runs."""
+  found = []
+  for path in _tracked(f"{top}/*.py", f"{top}/**/*.py"):
+    for i, line in enumerate(open(path), 1):
+      if "sys.path" in line and re.search(r"[\"'](benchmarks|lab)[\"']", line):
+        found.append(f"{os.path.relpath(path, ROOT)}:{i}")
+  assert not found, found
+
+
+def test_no_tunable_is_a_module_global_another_module_sets():
+  """What the executor runs with is fixed when it is made (Options, Tuning):
+  no module assigns another module's global."""
+  found = []
+  for path in _tracked("pallas_sim/*.py", "pallas_sim/**/*.py"):
+    tree = ast.parse(open(path).read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Assign):
+        for t in node.targets:
+          if (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)
+              and t.value.id not in ("self", "cls") and t.attr.isupper()):
+            found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {t.value.id}.{t.attr}")
+  assert not found, found
