@@ -14,7 +14,7 @@ from pallas_sim.errors import (  # noqa: E402
     BackendError, DeadlockError, KernelError, LoweringError, LoweringTimeoutError,
     OutOfBoundsError, RaceError,
     ResourceError, RunawayKernelError, SimError, SmemOverflowError, UninitializedError,
-    UninitializedWarning, RaceWarning,
+    UninitializedWarning, RaceWarning, EstimateWarning,
     UnsupportedPrimitiveError)
 
 __version__ = "0.1.0"
@@ -23,7 +23,7 @@ __all__ = [
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
     "KernelError", "LoweringError", "LoweringTimeoutError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
     "DeadlockError", "RaceError", "RaceWarning", "UninitializedError",
-    "UninitializedWarning",
+    "UninitializedWarning", "EstimateWarning",
     "RunawayKernelError",
     "BackendError",
 ]

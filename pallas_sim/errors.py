@@ -132,6 +132,11 @@ class RaceWarning(UserWarning):
   --pallas-sim-races report)."""
 
 
+class EstimateWarning(UserWarning):
+  """ps.estimate lacks values its kernel's control flow reads (inputs given
+  as shapes): it names them and the decision's line."""
+
+
 class UninitializedWarning(UserWarning):
   """An uninitialized-memory finding, where findings are only reported
   (pytest --pallas-sim-uninitialized report)."""

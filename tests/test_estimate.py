@@ -3,6 +3,7 @@ blocks that do the same work (pallas_sim/backends/sim/analysis/block_classes.py)
 full simulation's wherever both run."""
 import dataclasses
 import json
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -125,8 +126,58 @@ def test_control_flow_on_data_runs_every_block_on_its_data():
   assert k.simulated_blocks == 8 and "values read from memory" in k.classes
   assert _times(est) == _times(_full(_data_loop, x))
   assert k.block_cycles_max > k.block_cycles_min  # (trip counts 0..21)
-  shapes = ps.estimate(_data_loop, S(x.shape, F32)).kernels[0]
-  assert shapes.classes.endswith("on zeros for the inputs given as shapes")
+  with pytest.warns(ps.EstimateWarning, match=r"test_estimate.py:\d+: a loop's trip "
+                    r"count\), and x_ref was given as a shape"):
+    shapes = ps.estimate(_data_loop, S(x.shape, F32)).kernels[0]
+  assert shapes.classes.endswith("on zeros for the inputs given as shapes (x_ref)")
+
+
+def _counted_rows(x, counts):
+  """Block b adds 1 to its row counts[b] times: the trip count is read from
+  the second input."""
+  @plgpu.kernel(out_type=S((8, 128), F32), grid=(8,), grid_names=("b",))
+  def k(x_ref, n_ref, o_ref):
+    b = lax.axis_index("b")
+    o_ref[b] = lax.fori_loop(0, n_ref[b], lambda i, acc: acc + 1.0, x_ref[b])
+  return k(x, counts)
+
+
+COUNTS = np.array([0, 40, 3, 17, 0, 29, 8, 1], np.int32)
+
+
+def _with_captured_counts(x):
+  return _counted_rows(x, jnp.asarray(COUNTS))  # (a constant of the function)
+
+
+def test_constants_the_function_captures_keep_their_values_in_an_estimate():
+  """Given x as a shape, an estimate has no values for x (zeros stand in),
+  but the trip counts are a constant of the function: the blocks take the
+  paths those counts give, as in the full simulation."""
+  x = jnp.ones((8, 128), F32)
+  with pytest.warns(ps.EstimateWarning, match="x_ref was given as a shape"):
+    est = ps.estimate(_with_captured_counts, S(x.shape, F32))
+  assert _times(est) == _times(_full(_with_captured_counts, x))
+  [k] = est.kernels
+  assert k.block_cycles_max > 2 * k.block_cycles_min  # (0 to 40 trips)
+  assert k.classes.endswith("on zeros for the inputs given as shapes (x_ref)")
+
+
+def test_an_estimate_names_the_input_given_as_a_shape_that_decides():
+  """The trip counts given as a shape: zeros stand in for them, every block
+  takes no trip, and the estimate says so, naming the input and the line."""
+  x = jnp.ones((8, 128), F32)
+  with pytest.warns(ps.EstimateWarning) as got:
+    est = ps.estimate(_counted_rows, x, S((8,), jnp.int32))
+  [w] = [w for w in got if issubclass(w.category, ps.EstimateWarning)]
+  assert "n_ref was given as a shape" in str(w.message)
+  assert "test_estimate.py:" in str(w.message)
+  zeros = _full(_counted_rows, x, jnp.zeros((8,), jnp.int32))
+  assert _times(est) == _times(zeros)
+  assert est.kernels[0].classes.endswith("on zeros for the inputs given as shapes (n_ref)")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", ps.EstimateWarning)  # (values given: no warning)
+    est = ps.estimate(_counted_rows, x, jnp.asarray(COUNTS))
+  assert _times(est) == _times(_full(_counted_rows, x, jnp.asarray(COUNTS)))
 
 
 def test_variation_sees_through_nested_jaxprs_and_loops():

@@ -890,6 +890,12 @@ MUTANTS = [
            "      new = [self.widen(c, t) for c, t in zip(carry, res[:ncar])]\n",
            "      new = [self.widen(c, self.mixed(res)) for c in carry]\n",
            ("tests/test_estimate.py",)),
+    Mutant("estimate-zeroes-known-inputs", "pallas_sim/backends/sim/execute/buffers.py",
+           "an estimate given shapes keeps the values of the inputs it has (constants "
+           "the function captures); the mutant zeroes every input",
+           "                       if estimating and i in (launch.unknown_inputs or ()) else",
+           "                       if estimating else",
+           ("tests/test_estimate.py",)),
     Mutant("float-decisions-skipped", "pallas_sim/backends/sim/execute/prepare.py",
            "float math a decision or an address depends on is computed",
            "                  skip_float_values=not numerics and not found.float_matters and (\n",

@@ -29,9 +29,10 @@ def gmem_buffers(launch, arrays, prep, options, shapes_only, copy_inputs=False):
   if len(names) < n_in + n_out:
     names = [f"in{i}" for i in range(n_in)] + [f"out{j}" for j in range(n_out)]
   aliases = dict((o, i) for i, o in launch.aliases)
-  # ps.estimate given shapes: zeros stand for the inputs, and the outputs
-  # need no poison (values are not computed): calloc'ed zeros, whose pages
-  # only what the kernel touches costs.
+  # ps.estimate given shapes: zeros stand for the inputs it has no values
+  # of (launch.unknown_inputs), and the outputs need no poison (values are
+  # not computed): calloc'ed zeros, whose pages only what the kernel
+  # touches costs. Constants the function captured keep their values.
   estimating = shapes_only and not options.numerics
   # An input the callback hands over read-only (its own copy of the
   # caller's array) is used as it is: most kernels never write an input,
@@ -43,8 +44,9 @@ def gmem_buffers(launch, arrays, prep, options, shapes_only, copy_inputs=False):
   aliased = set(aliases.values())
   borrow = lambda i, a: (not copy_inputs and not prep.serial_only and i not in aliased
                          and isinstance(a, np.ndarray) and not a.flags.writeable)
-  copy = ((lambda i, a: np.zeros(np.shape(a), np.asarray(a).dtype)) if estimating else
-          (lambda i, a: a if borrow(i, a) else memory.copy(a)))
+  copy = lambda i, a: (np.zeros(np.shape(a), np.asarray(a).dtype)
+                       if estimating and i in (launch.unknown_inputs or ()) else
+                       a if borrow(i, a) else memory.copy(a))
   in_bufs = [semaphores.input_semaphores(names[i], launch.jaxpr.invars[i].aval, a)
              if i in prep.sem_inputs else memory.Buffer(names[i], "gmem", copy(i, a))
              for i, a in enumerate(arrays[:n_in])]

@@ -2,11 +2,38 @@
 one per class of groups whose blocks share their SMs alike and take the
 same path; the others take its times (merge.Merge.same_as)."""
 import copy
+import warnings
 
 from pallas_sim.backends.sim.analysis import block_classes, paths
 from pallas_sim.backends.sim.checks import races
 from pallas_sim.backends.sim.execute.group import GroupRunner
 from pallas_sim.backends.sim.interpret.compiler import Compiler
+from pallas_sim.errors import EstimateWarning
+
+
+def _on_zeros(launch, where):
+  """ps.estimate given shapes, of a kernel whose control flow reads memory:
+  the report's words for what stood in for the values it does not have, and
+  a warning naming those inputs and the decision's line."""
+  if launch.unknown_inputs is None:  # (run through XLA: which inputs is not known)
+    warnings.warn(EstimateWarning(
+        f"ps.estimate: kernel {launch.name}'s control flow depends on values read "
+        f"from memory ({where}), and inputs were given as shapes: zeros stand in for "
+        "them. Pass arrays to estimate the paths their values take."), stacklevel=2)
+    return ", on zeros for the inputs given as shapes"
+  names = [launch.arg_names[i] if i < len(launch.arg_names) else f"input {i}"
+           for i in sorted(launch.unknown_inputs)]
+  if not names:  # (every input holds values: constants captured, arrays given)
+    return ", on the values of the inputs it was given"
+  warnings.warn(EstimateWarning(
+      f"ps.estimate: kernel {launch.name}'s control flow depends on values read "
+      f"from memory ({where}), and {', '.join(names)} "
+      f"{'was' if len(names) == 1 else 'were'} given as a shape: zeros stand in for "
+      f"{'it' if len(names) == 1 else 'them'}, so where that decision reads "
+      f"{'it' if len(names) == 1 else 'them'}, blocks take the paths zeros take. Pass "
+      f"{'an array for it' if len(names) == 1 else 'arrays for them'} to estimate the "
+      "paths their values take."), stacklevel=2)
+  return f", on zeros for the inputs given as shapes ({', '.join(names)})"
 
 
 class Classes:
@@ -41,7 +68,7 @@ class Classes:
       if not isinstance(found, paths.Paths):
         note += f": all {n} blocks simulated"
         if why == block_classes.DATA and self.shapes_only:
-          note += ", on zeros for the inputs given as shapes"
+          note += _on_zeros(launch, where)
         return None, note, None
       by = "by the path each block takes and blocks per SM"
     else:

@@ -83,6 +83,12 @@ class KernelLaunch:
   # allocation var -> the swizzle the lowering infers for an untransformed
   # wgmma operand (analysis/smem_swizzle.py): the rows its TMA loads move
   smem_swizzle: dict = dataclasses.field(default_factory=dict)
+  # ps.estimate given shapes and walking the function (frontend/
+  # shapes_only.py): the positions of inputs whose values it does not have
+  # (given as shapes, or computed from them); zeros stand in for them. Every
+  # other input holds its values (constants the function captured, arrays
+  # given). None: not known (a launch traced through XLA).
+  unknown_inputs: frozenset | None = None
 
 
 # --- executing launches: the active executor receives them ----------------
@@ -194,7 +200,7 @@ def _lane_semantics(kw):
 
 
 def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
-                  out_avals, name=None, **kw):
+                  out_avals, name=None, unknown_inputs=None, **kw):
   """The KernelLaunch of one kernel given its operands (arrays, tracers or
   avals), checked as it is lowered: the static checks (shared memory,
   unsupported primitives) raise here, where an exception reaches the caller
@@ -218,7 +224,8 @@ def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
       call_site=_call_site(jaxpr),
       profile=profiler.spec_of(kw.get("compiler_params")),
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
-      smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)))
+      smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)),
+      unknown_inputs=unknown_inputs)
   if _active:
     lower = lambda timeout=None: lowering_error_once(
         args, timeout=timeout, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
@@ -248,8 +255,9 @@ def is_sim_kernel(eqn):
           and not eqn.params["external_meshes"])
 
 
-def equation_launch(eqn, operands):
-  """kernel_launch for a kernel equation (is_sim_kernel) and its operands."""
+def equation_launch(eqn, operands, unknown_inputs=frozenset()):
+  """kernel_launch for a kernel equation (is_sim_kernel) and its operands
+  (`unknown_inputs`: KernelLaunch.unknown_inputs)."""
   p = dict(eqn.params)
   del p["interpret"]
   if eqn.primitive is jx.mpmd.mpmd_map_p:  # (as its lowering turns it into a
@@ -258,7 +266,7 @@ def equation_launch(eqn, operands):
     p["input_output_aliases"] = tuple(p.pop("input_output_aliases").items())
     p["grid_mapping"] = None
     del p["external_meshes"]
-  return kernel_launch(operands, **p)
+  return kernel_launch(operands, unknown_inputs=unknown_inputs, **p)
 
 
 def _sim_interpret_pallas_call(*args, out_avals, **params):

@@ -57,21 +57,33 @@ def run(fn, args, kwargs):
     raise NotWalked(f"{type(e).__name__} while traced") from e
   values = [np.zeros(x.shape, x.dtype) if isinstance(x, jax.ShapeDtypeStruct) else x
             for x in arrays]
-  return _eval(closed.jaxpr, closed.consts, values)
+  unknown = {v for v, x in zip(closed.jaxpr.invars, arrays)
+             if isinstance(x, jax.ShapeDtypeStruct)}
+  return _eval(closed.jaxpr, closed.consts, values, unknown)
 
 
-def _eval(jaxpr, consts, args):
+def _eval(jaxpr, consts, args, unknown):
+  """Runs `jaxpr`; `unknown`: its variables whose values the estimate does
+  not have (zeros stand in), to which it adds what it computes from them.
+  Constants and arrays given keep their values: a kernel reads those."""
   env = {}
   read = lambda v: v.val if isinstance(v, jax_core.Literal) else env[v]
+  is_unknown = lambda v: not isinstance(v, jax_core.Literal) and v in unknown
   env.update(zip(jaxpr.constvars, consts))
   env.update(zip(jaxpr.invars, args))
   for eqn in jaxpr.eqns:
     ins = [read(v) for v in eqn.invars]
     body = eqn.params.get(_CALLS.get(eqn.primitive.name))
-    if capture.is_sim_kernel(eqn):
-      outs = _kernel(eqn, ins)
+    kernel = capture.is_sim_kernel(eqn)
+    if kernel or any(map(is_unknown, eqn.invars)):
+      unknown.update(eqn.outvars)  # (an estimate computes no kernel's values)
+    if kernel:
+      outs = _kernel(eqn, ins, frozenset(i for i, v in enumerate(eqn.invars)
+                                         if is_unknown(v)))
     elif body is not None and _has_kernel(body):
-      outs = _eval(body, body.consts, ins)  # (its constvars: those with consts)
+      # (its constvars: those with consts)
+      outs = _eval(body, body.consts, ins,
+                   {b for b, v in zip(body.invars, eqn.invars) if is_unknown(v)})
     else:  # (as jax.core.eval_jaxpr binds it)
       with source_info_util.user_context(eqn.source_info.traceback,
                                          name_stack=eqn.source_info.name_stack), \
@@ -90,7 +102,7 @@ def _has_kernel(jaxpr):
              for e in jaxpr.eqns)
 
 
-def _kernel(eqn, ins):
+def _kernel(eqn, ins, unknown_inputs):
   """The kernel's launch, checked as its lowering checks it, run now."""
   ins = [np.asarray(x) for x in ins]
-  return list(capture.execute(capture.equation_launch(eqn, ins), *ins))
+  return list(capture.execute(capture.equation_launch(eqn, ins, unknown_inputs), *ins))
