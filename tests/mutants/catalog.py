@@ -896,6 +896,13 @@ MUTANTS = [
            "                       if estimating and i in (launch.unknown_inputs or ()) else",
            "                       if estimating else",
            ("tests/test_estimate.py",)),
+    Mutant("estimate-known-reads-count-as-data",
+           "pallas_sim/backends/sim/analysis/block_classes.py",
+           "an estimate warns only where a decision reads an input given as a shape; "
+           "the mutant counts reads of inputs whose values it has as well",
+           "  known = sum(1 for t in refs if KNOWN in t and not _boxes(t))\n",
+           "  known = 0\n",
+           ("tests/test_estimate.py",)),
     Mutant("float-decisions-skipped", "pallas_sim/backends/sim/execute/prepare.py",
            "float math a decision or an address depends on is computed",
            "                  skip_float_values=not numerics and not found.float_matters and (\n",

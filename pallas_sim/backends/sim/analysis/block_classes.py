@@ -28,6 +28,9 @@ DATA = "values read from memory"
 FLOAT = ("float", 0)
 
 _NONE = frozenset()  # taints: DATA, and ("grid", dimension) per grid axis
+# On a ref: it is (a view of) a kernel input whose values are known, and
+# reading it is not counted as data (analyse's `known_inputs`)
+KNOWN = ("known",)
 
 
 def _is_ref(v):
@@ -93,7 +96,7 @@ class _Walk(walker.Forward):
     return _run_state(eqn, form, ins, self)
 
 
-def analyse(jaxpr, grid_names, data_inputs=(), sizes=None):
+def analyse(jaxpr, grid_names, data_inputs=(), sizes=None, known_inputs=()):
   """(variation, load axes) of a kernel, in one walk.
 
   variation: None, or (what the first varying control decision depends on,
@@ -103,8 +106,11 @@ def analyse(jaxpr, grid_names, data_inputs=(), sizes=None):
   values rather than refs and count as data (a kernel's inputs are refs:
   what is read from them is). `sizes`: axis name (and grid dimension) ->
   its size, which bound the indices (whether a box can reach past the
-  array's end: _cut_leaves)."""
-  taint = [frozenset([DATA]) if i in data_inputs else _NONE
+  array's end: _cut_leaves). `known_inputs`: positions of input refs whose
+  reads do not count as data (ps.estimate asks whether a decision reads
+  only inputs whose values it has)."""
+  taint = [frozenset([DATA]) if i in data_inputs else
+           frozenset([KNOWN]) if i in known_inputs else _NONE
            for i in range(len(jaxpr.invars))]
   w = _Walk(grid_names, congruence.analyse(jaxpr, sizes))
   w.walk(jaxpr, taint)
@@ -134,8 +140,8 @@ def _is_box(t):
 
 
 def _strip(taint):
-  """A taint without run_state ref markers."""
-  return frozenset(t for t in taint if not _is_box(t)) if taint else taint
+  """A taint without ref markers (run_state's boxes, KNOWN)."""
+  return frozenset(t for t in taint if not _is_box(t) and t != KNOWN) if taint else taint
 
 
 def _boxes(taint):
@@ -208,7 +214,8 @@ def _eqn(eqn, ins, grid):
     grid.float_matters = True  # (an index into a ref from float math)
   boxed = [k for t in refs for k in _boxes(t)]
   taint = _strip(_union(ins)) | _union(grid.contents[k] for k in boxed)
-  if len(boxed) < len(refs):  # (a read of memory, or a write)
+  known = sum(1 for t in refs if KNOWN in t and not _boxes(t))
+  if len(boxed) < len(refs) - known:  # (a read of memory, or a write)
     taint = taint | {DATA}
   if boxed and name != "get":  # (swap, addupdate, or an op that may write one)
     for k in boxed:

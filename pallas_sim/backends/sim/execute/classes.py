@@ -7,14 +7,17 @@ import warnings
 from pallas_sim.backends.sim.analysis import block_classes, paths
 from pallas_sim.backends.sim.checks import races
 from pallas_sim.backends.sim.execute.group import GroupRunner
+from pallas_sim.backends.sim.execute.prepare import axis_sizes
 from pallas_sim.backends.sim.interpret.compiler import Compiler
 from pallas_sim.errors import EstimateWarning
 
 
-def _on_zeros(launch, where):
+def _on_zeros(launch, where, jaxpr):
   """ps.estimate given shapes, of a kernel whose control flow reads memory:
   the report's words for what stood in for the values it does not have, and
-  a warning naming those inputs and the decision's line."""
+  a warning naming those inputs and the decision's line, unless no decision
+  reads anything but inputs whose values it has (constants the function
+  captured, arrays given)."""
   if launch.unknown_inputs is None:  # (run through XLA: which inputs is not known)
     warnings.warn(EstimateWarning(
         f"ps.estimate: kernel {launch.name}'s control flow depends on values read "
@@ -23,8 +26,12 @@ def _on_zeros(launch, where):
     return ", on zeros for the inputs given as shapes"
   names = [launch.arg_names[i] if i < len(launch.arg_names) else f"input {i}"
            for i in sorted(launch.unknown_inputs)]
-  if not names:  # (every input holds values: constants captured, arrays given)
-    return ", on the values of the inputs it was given"
+  known = [i for i in range(launch.num_inputs) if i not in launch.unknown_inputs]
+  decided = block_classes.analyse(jaxpr, launch.grid_names, sizes=axis_sizes(launch),
+                                  known_inputs=known)[0]
+  if not names or decided is None or decided[0] != block_classes.DATA:
+    return ", on the values of the inputs it was given"  # (its decisions read only those)
+  where = decided[1]
   warnings.warn(EstimateWarning(
       f"ps.estimate: kernel {launch.name}'s control flow depends on values read "
       f"from memory ({where}), and {', '.join(names)} "
@@ -68,7 +75,7 @@ class Classes:
       if not isinstance(found, paths.Paths):
         note += f": all {n} blocks simulated"
         if why == block_classes.DATA and self.shapes_only:
-          note += _on_zeros(launch, where)
+          note += _on_zeros(launch, where, prep.jaxpr)
         return None, note, None
       by = "by the path each block takes and blocks per SM"
     else:
