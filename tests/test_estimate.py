@@ -179,6 +179,10 @@ def test_an_estimate_names_the_input_given_as_a_shape_that_decides():
     warnings.simplefilter("error", ps.EstimateWarning)  # (values given: no warning)
     est = ps.estimate(_counted_rows, x, jnp.asarray(COUNTS))
   assert _times(est) == _times(_full(_counted_rows, x, jnp.asarray(COUNTS)))
+  # Both given as shapes: only the counts decide, and only they are named.
+  with pytest.warns(ps.EstimateWarning, match=r"\), and n_ref was given as a shape"):
+    est = ps.estimate(_counted_rows, S(x.shape, F32), S((8,), jnp.int32))
+  assert est.kernels[0].classes.endswith("on zeros for the inputs given as shapes (n_ref)")
 
 
 def test_variation_sees_through_nested_jaxprs_and_loops():

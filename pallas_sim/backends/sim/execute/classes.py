@@ -24,14 +24,23 @@ def _on_zeros(launch, where, jaxpr):
         f"from memory ({where}), and inputs were given as shapes: zeros stand in for "
         "them. Pass arrays to estimate the paths their values take."), stacklevel=2)
     return ", on zeros for the inputs given as shapes"
-  names = [launch.arg_names[i] if i < len(launch.arg_names) else f"input {i}"
-           for i in sorted(launch.unknown_inputs)]
-  known = [i for i in range(launch.num_inputs) if i not in launch.unknown_inputs]
-  decided = block_classes.analyse(jaxpr, launch.grid_names, sizes=axis_sizes(launch),
+  def on_data(known):  # (the first decision on data, reads of `known` inputs not counted)
+    found = block_classes.analyse(jaxpr, launch.grid_names, sizes=axis_sizes(launch),
                                   known_inputs=known)[0]
-  if not names or decided is None or decided[0] != block_classes.DATA:
+    return found[1] if found is not None and found[0] == block_classes.DATA else None
+
+  every = range(launch.num_inputs)
+  unknown = sorted(launch.unknown_inputs)
+  where = on_data([i for i in every if i not in launch.unknown_inputs])
+  if not unknown or where is None:
     return ", on the values of the inputs it was given"  # (its decisions read only those)
-  where = decided[1]
+  # Which inputs given as shapes a decision reads: each alone unknown. Where
+  # a decision reads memory that is not an input (SMEM, outputs), none can
+  # be told apart: all are named.
+  if on_data(list(every)) is None:
+    unknown = [i for i in unknown if on_data([j for j in every if j != i]) is not None]
+  names = [launch.arg_names[i] if i < len(launch.arg_names) else f"input {i}"
+           for i in unknown]
   warnings.warn(EstimateWarning(
       f"ps.estimate: kernel {launch.name}'s control flow depends on values read "
       f"from memory ({where}), and {', '.join(names)} "
