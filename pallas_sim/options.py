@@ -15,14 +15,19 @@ _ON = ("raise", "report")
 ENGINES = ("processes", "ray")
 
 
+# The environment variables two options take their defaults from.
+PROGRESS_ENV = "PALLAS_SIM_PROGRESS"
+CHECK_ESTIMATE_ENV = "PALLAS_SIM_CHECK_ESTIMATE"
+
+
 def _env_progress():
   """Options.progress's default: PALLAS_SIM_PROGRESS=1 on, =0 off, else None."""
-  return {"1": True, "0": False}.get(os.environ.get("PALLAS_SIM_PROGRESS", ""))
+  return {"1": True, "0": False}.get(os.environ.get(PROGRESS_ENV, ""))
 
 
 def _env_check_estimate():
   """Options.check_estimate's default: PALLAS_SIM_CHECK_ESTIMATE's path."""
-  return os.environ.get("PALLAS_SIM_CHECK_ESTIMATE") or None
+  return os.environ.get(CHECK_ESTIMATE_ENV) or None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,9 @@ import os
 import tempfile
 import traceback
 
-ENV = "PALLAS_SIM_CHECK_ESTIMATE"  # (Options.check_estimate's default)
+from pallas_sim.options import CHECK_ESTIMATE_ENV
+
+ENV = CHECK_ESTIMATE_ENV  # (Options.check_estimate's default)
 # Where an exception the estimate raises may come from (anything else, say a
 # test's time limit raised by a signal, passes through)
 OURS = ("pallas_sim", "jax", "jaxlib", "numpy", "builtins")
