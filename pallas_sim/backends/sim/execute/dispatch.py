@@ -28,6 +28,17 @@ def worker_count(options, prep, launch, groups):
   return min(options.workers or parallel.default_workers(), len(groups) - 1)
 
 
+def workers(options, recipe, prep, launch, groups):
+  """(processes for the launch's groups, whether they are Ray tasks)."""
+  n = worker_count(options, prep, launch, groups)
+  if n > 1:
+    if ray_wanted(options, recipe):
+      return options.workers or ray_engine.cluster_cpus(), True
+    if options.engine == "ray" or not parallel.fork_safe():
+      return 1, False
+  return n, False
+
+
 def ray_wanted(options, recipe):
   """Whether the launch's groups go to Ray (Options.engine): only where the
   function that launched it is known (ps.simulate, ps.run)."""
@@ -36,7 +47,7 @@ def ray_wanted(options, recipe):
   if recipe is None:
     warnings.warn("pallas-sim: engine='ray' re-runs the simulated function on "
                   "the cluster, which only ps.simulate and ps.run know; this "
-                  "launch runs in this process", RuntimeWarning, stacklevel=2)
+                  "launch runs in this process", RuntimeWarning, stacklevel=3)
     return False
   return True
 

@@ -20,7 +20,7 @@ import numpy as np
 from pallas_sim import gpus
 from pallas_sim.backends.sim.checks import races
 from pallas_sim.backends.sim.execute import (clock, dispatch, estimate_check, findings,
-                                            parallel, ray_engine)
+                                            parallel)
 from pallas_sim.backends.sim.execute.buffers import footprint, gmem_buffers
 from pallas_sim.backends.sim.execute.classes import Classes
 from pallas_sim.backends.sim.execute.group import GroupRunner
@@ -185,17 +185,6 @@ class Executor:
                            profile=s.recorder, release_bytes=self.tuning.release_bytes)
     return s
 
-  def _workers(self, prep, launch, groups, serial, classes):
-    """(processes for the launch's groups, whether they are Ray tasks)."""
-    workers = 1 if serial or classes else dispatch.worker_count(self.options, prep, launch,
-                                                                groups)
-    if workers > 1:
-      if dispatch.ray_wanted(self.options, self.recipe):
-        return self.options.workers or ray_engine.cluster_cpus(), True
-      if self.options.engine == "ray" or not parallel.fork_safe():
-        return 1, False
-    return workers, False
-
   def _execute_once(self, launch, arrays, serial=False, copy_inputs=False):
     t0 = time.perf_counter()
     s = self._setup(launch, arrays, copy_inputs)
@@ -204,7 +193,8 @@ class Executor:
     trace = []
     t1 = time.perf_counter()  # (the first groups' times decide on workers)
     classes, note, found = self.classes.choose(prep, launch, s)
-    workers, on_ray = self._workers(prep, launch, groups, serial, classes)
+    workers, on_ray = (1, False) if serial or classes else dispatch.workers(
+        self.options, self.recipe, prep, launch, groups)
     after_s, trace_blocks = self.tuning.parallel_after_s, self.tuning.trace_blocks
     used = 1
     reps, simulated = {}, 0
