@@ -46,7 +46,10 @@ not (lab/data/holdout_predictions.json was written so, and committed,
 before the GPU first ran them).
 
 --blind: timing_suite.BLIND_CASES, against "blind_study" (predicted into
-lab/data/blind_predictions_quickstart_attention.json, committed, before they were measured)."""
+lab/data/blind_predictions_quickstart_attention.json, committed, before they were measured).
+
+--families: lab/families.py's kernels of our own (six families the model was
+never fitted to), against "families_study" in the measured file."""
 import argparse
 import json
 import os
@@ -139,7 +142,7 @@ def main(argv=None):
   cases = timing_suite.cases(kind)
   if kind != "suite":  # (measured sustained, each with its clock)
     key = {"diagnostic": "pipeline_study", "holdout": "holdout_study",
-           "blind": "blind_study"}[kind]
+           "blind": "blind_study", "families": "families_study"}[kind]
     # (later studies of the same kind: "blind_study_twentieth"...)
     study = [r for k in sorted(data) if k == key or k.startswith(key + "_")
              for r in data[k].get("cases", [])]

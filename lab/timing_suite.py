@@ -875,19 +875,24 @@ CASES = all_cases()   # plain data: nothing is built or traced here
 DIAGNOSTIC_CASES = _diagnostic_cases()
 HOLDOUT_CASES = _holdout_cases()
 BLIND_CASES = _blind_cases()
+# Kernels of our own, written as users write them (lab/families.py).
+from lab import families  # noqa: E402  (it imports this module only when called)
+FAMILY_CASES = families.family_cases()
 KINDS = {"suite": CASES, "diagnostic": DIAGNOSTIC_CASES, "holdout": HOLDOUT_CASES,
-         "blind": BLIND_CASES}
+         "blind": BLIND_CASES, "families": FAMILY_CASES}
 
 
 def cases(kind="suite"):
   """The suite's kernels ("suite"), its quickstart's pipeline taken apart
-  ("diagnostic"), the kernels held out of calibration ("holdout"), or those
-  predicted before they were measured ("blind")."""
+  ("diagnostic"), the kernels held out of calibration ("holdout"), those
+  predicted before they were measured ("blind"), or our own kernel families
+  ("families": lab/families.py)."""
   return KINDS[kind]
 
 
 def add_kind_args(ap):
-  """--diagnostic / --holdout on a benchmark script's parser (kind_of reads them)."""
+  """--diagnostic / --holdout / --blind / --families on a benchmark script's
+  parser (kind_of reads them)."""
   g = ap.add_mutually_exclusive_group()
   g.add_argument("--diagnostic", action="store_true",
                  help="timing_suite.DIAGNOSTIC_CASES (the quickstart's pipeline taken "
@@ -898,11 +903,15 @@ def add_kind_args(ap):
   g.add_argument("--blind", action="store_true",
                  help="timing_suite.BLIND_CASES (predicted before they were measured) "
                       "in place of the suite")
+  g.add_argument("--families", action="store_true",
+                 help="timing_suite.FAMILY_CASES (our own kernel families, "
+                      "lab/families.py) in place of the suite")
 
 
 def kind_of(ns):
   return ("diagnostic" if ns.diagnostic else "holdout" if ns.holdout else
-          "blind" if getattr(ns, "blind", False) else "suite")
+          "blind" if getattr(ns, "blind", False) else
+          "families" if getattr(ns, "families", False) else "suite")
 
 
 def measured_seconds(row):
@@ -925,7 +934,7 @@ def sustained_clocks(rows):
 
 
 def by_name(name):
-  for c in CASES + DIAGNOSTIC_CASES + HOLDOUT_CASES + BLIND_CASES:
+  for c in CASES + DIAGNOSTIC_CASES + HOLDOUT_CASES + BLIND_CASES + FAMILY_CASES:
     if c.name == name:
       return c
   raise KeyError(name)
@@ -936,6 +945,8 @@ def by_name(name):
 def sim_params(case):
   p = dict(case.params)
   fam = case.family
+  if fam.startswith("own "):
+    return families.sim_params(case)
   if fam.startswith("quickstart"):  # (and its diagnostics)
     p["size"] = 256 if p["tile_n"] < 256 else 512
     p.pop("mkn", None)

@@ -1,0 +1,627 @@
+"""Kernel families of our own for the timing suite: Pallas Mosaic GPU kernels
+written the way users write them, each swept over the tiles and pipeline
+depths a user would try, to be measured on an H200 (timing_suite's kind
+"families": `python3 -m lab.measure_gpu --only-suite --families`).
+
+Families (every case's name starts with "own "):
+  a. warp-specialized f16 matmul (emit_pipeline_warp_specialized): two
+     consumer warpgroups splitting the block tile along M or along N, or one;
+  b. fp8 e4m3 matmul (wgmma, f32 accumulator, bf16 out) over pipeline depths;
+  c. RMSnorm and softmax over rows, two TMA pipelines over column tiles;
+  d. a TMA-only tile copy (GMEM -> SMEM -> GMEM, no register work);
+  e. out = a*b + c*d through emit_pipeline;
+  f. JAX's attention_mgpu at head_dim 128, at shapes the suite lacks.
+
+Matmul sizes are written M x K x N, as in timing_suite. A library: importing
+it builds nothing; timing_suite is imported inside the functions (it imports
+this module at its end) and its `_rand` is looked up at call time, so that
+timing_suite.shapes_only() gives shapes here too.
+"""
+from __future__ import annotations
+
+import functools
+
+
+def _ts():
+  from lab import timing_suite
+  return timing_suite
+
+
+def _align(x):
+  return -(-x // 1024) * 1024
+
+
+def _mma_transforms(dtype, row_bytes=128):
+  """Tiling and swizzle for a wgmma operand in SMEM whose rows hold
+  `row_bytes` bytes (swizzle = the row, up to 128 bytes)."""
+  import jax.numpy as jnp
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  swizzle = min(128, row_bytes)
+  elems = swizzle // jnp.dtype(dtype).itemsize
+  return (plgpu.TilingTransform((8, elems)), plgpu.SwizzleTransform(swizzle))
+
+
+# ---------------------------------------------------------------------------
+# a. Warp-specialized f16 matmul.
+# ---------------------------------------------------------------------------
+
+def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
+              split="N"):
+  """C = A @ B (f16 in, f32 accumulator, f16 out) with
+  plgpu.emit_pipeline_warp_specialized: a memory warpgroup streams
+  (block_m, tile_k) tiles of A and (tile_k, block_n) tiles of B by TMA into
+  `mcs` slots; `consumers` compute warpgroups each own a (tile_m, tile_n)
+  accumulator of the block's tile, side by side along `split` ("M": they
+  share B's tile and read their own rows of A's; "N": they share A's tile
+  and read their own columns of B's). Each consumer carries its
+  accumulator through the pipeline (a wgmma per step) and stores its tile
+  through SMEM by TMA."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a.shape
+  n = b.shape[1]
+  block_m = tile_m * (consumers if split == "M" else 1)
+  block_n = tile_n * (consumers if split == "N" else 1)
+  assert m % block_m == 0 and n % block_n == 0 and k % tile_k == 0
+  dtype = a.dtype
+  # (wgmma takes A and B at one swizzle, as wide as A's K rows allow)
+  a_tf = b_tf = _mma_transforms(dtype, tile_k * 2)
+  o_tf = _mma_transforms(dtype, tile_n * 2)
+
+  def kernel(a_gmem, b_gmem, o_gmem, o_smem):
+    wg = lax.axis_index("wg")
+    pid_m = lax.axis_index("m")
+    pid_n = lax.axis_index("n")
+    # This consumer's corner of the block tile.
+    row = pid_m * block_m + (wg * tile_m if split == "M" else 0)
+    col = pid_n * block_n + (wg * tile_n if split == "N" else 0)
+
+    def compute(pipeline):
+      acc = pipeline(plgpu.layout_cast(jnp.zeros((tile_m, tile_n), jnp.float32),
+                                       plgpu.Layout.WGMMA))
+      o_smem[wg] = acc.astype(dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_smem.at[wg],
+                              o_gmem.at[pl.ds(row, tile_m), pl.ds(col, tile_n)])
+      plgpu.wait_smem_to_gmem(0)
+
+    def step(_, a_smem, b_smem, carry):
+      if consumers > 1 and split == "M":
+        a_smem = a_smem.at[pl.ds(wg * tile_m, tile_m)]
+      elif consumers > 1:
+        b_smem = b_smem.at[:, pl.ds(wg * tile_n, tile_n)]
+
+      def mma(acc_ref):
+        plgpu.wgmma(acc_ref, a_smem, b_smem)
+      return pl.run_state(mma)(plgpu.ACC.init(carry))
+
+    plgpu.emit_pipeline_warp_specialized(
+        step,
+        in_specs=[plgpu.BlockSpec((block_m, tile_k), lambda kk: (pid_m, kk),
+                                  transforms=a_tf),
+                  plgpu.BlockSpec((tile_k, block_n), lambda kk: (kk, pid_n),
+                                  transforms=b_tf)],
+        grid=(k // tile_k,), compute_context=compute, max_concurrent_steps=mcs,
+        num_compute_wgs=consumers, memory_registers=40,
+        memory_thread_idx=consumers, wg_axis="wg")(a_gmem, b_gmem)
+
+  return plgpu.kernel(
+      kernel, out_type=jax.ShapeDtypeStruct((m, n), dtype),
+      scratch_types=[plgpu.SMEM((consumers, tile_m, tile_n), dtype, transforms=o_tf)],
+      grid=(m // block_m, n // block_n), grid_names=("m", "n"),
+      num_threads=consumers + 1, thread_name="wg")(a, b)
+
+
+def ws_smem(tile_m, tile_n, tile_k, mcs, consumers, split, itemsize=2):
+  block_m = tile_m * (consumers if split == "M" else 1)
+  block_n = tile_n * (consumers if split == "N" else 1)
+  return (_align(consumers * tile_m * tile_n * itemsize)
+          + mcs * (_align(block_m * tile_k * itemsize) + _align(tile_k * block_n * itemsize)))
+
+
+def _make_ws(m, k, n, seed=10, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  a = ts._rand(seed, (m, k), jnp.float16)
+  b = ts._rand(seed + 100, (k, n), jnp.float16)
+  return ts.Built(functools.partial(ws_matmul, **kw), (a, b), ts._matmul_ref, tol=5e-3)
+
+
+# (consumers, split, tile_m, tile_n, tile_k, mcs): the block tile 128x256
+# split along N (two 128x128 accumulators) and along M (two 64x256), the
+# block tile 256x128 split along M (two 128x128), narrower K steps deeper,
+# and one consumer.
+WS_CONFIGS = (
+    (2, "N", 128, 128, 64, 2), (2, "N", 128, 128, 64, 3),
+    (2, "M", 64, 256, 64, 2), (2, "M", 64, 256, 64, 3),
+    (2, "M", 128, 128, 64, 2), (2, "M", 128, 128, 64, 3),
+    (2, "N", 128, 128, 32, 4), (1, "N", 128, 128, 64, 4),
+)
+WS_SIZES = ((4096, 4096, 4096), (8192, 2048, 8192))   # M x K x N
+
+
+def _ws_cases():
+  out = []
+  for m, k, n in WS_SIZES:
+    for cons, split, tm, tn, tk, mcs in WS_CONFIGS:
+      assert ws_smem(tm, tn, tk, mcs, cons, split) <= _ts().SMEM_LIMIT
+      block = (tm * (cons if split == "M" else 1), tn * (cons if split == "N" else 1))
+      how = f"{cons}x{tm}x{tn} split {split}" if cons > 1 else f"1x{tm}x{tn}"
+      out.append(_case(
+          f"own ws_matmul f16 {m}x{k}x{n} block {block[0]}x{block[1]}x{tk} {how} mcs={mcs}",
+          f"own ws_matmul f16 {m}x{k}x{n}",
+          dict(m=m, k=k, n=n, tile_m=tm, tile_n=tn, tile_k=tk, mcs=mcs,
+               consumers=cons, split=split),
+          flops=2.0 * m * k * n, bytes=2.0 * (m * k + k * n + m * n), make=_make_ws))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# b. fp8 matmul.
+# ---------------------------------------------------------------------------
+
+def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
+               out_dtype="bfloat16"):
+  """C = A @ B^T with fp8 (e4m3) A (M, K) and B given as B^T (N, K): the
+  tensor core reads 8-bit operands only K-minor, so B's tiles are passed to
+  wgmma transposed. One warpgroup per block owns a (tile_m, tile_n) f32
+  accumulator; emit_pipeline streams (tile_m, tile_k) and (tile_n, tile_k)
+  tiles through `mcs` slots, a wgmma per step with one left in flight; the
+  result goes out in out_dtype through SMEM by TMA."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a.shape
+  n = bt.shape[0]
+  assert m % tile_m == 0 and n % tile_n == 0 and k % tile_k == 0
+  out_dtype = jnp.dtype(out_dtype)
+  tf = _mma_transforms(a.dtype, tile_k)
+
+  def body(a_gmem, b_gmem, o_gmem, o_smem, acc):
+    pid_m = lax.axis_index("m")
+    pid_n = lax.axis_index("n")
+
+    def step(_, a_smem, b_smem):
+      plgpu.wgmma(acc, a_smem, b_smem.T)
+      plgpu.wgmma_wait(1)  # (the previous step's wgmma: delay_release=1 keeps its slots)
+
+    plgpu.emit_pipeline(
+        step, grid=(k // tile_k,),
+        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda kk: (pid_m, kk),
+                                  transforms=tf, delay_release=1),
+                  plgpu.BlockSpec((tile_n, tile_k), lambda kk: (pid_n, kk),
+                                  transforms=tf, delay_release=1)],
+        max_concurrent_steps=mcs)(a_gmem, b_gmem)
+    plgpu.wgmma_wait(0)
+    o_smem[...] = acc[...].astype(out_dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m), pl.ds(pid_n * tile_n, tile_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
+      scratch_types=[plgpu.SMEM((tile_m, tile_n), out_dtype),
+                     plgpu.ACC((tile_m, tile_n), jnp.float32)],
+      grid=(m // tile_m, n // tile_n), grid_names=("m", "n"))(a, bt)
+
+
+def _matmul_nt_ref(a, bt):
+  import jax
+  import jax.numpy as jnp
+  return jnp.dot(a.astype(jnp.float32), bt.astype(jnp.float32).T,
+                 precision=jax.lax.Precision.HIGHEST)
+
+
+def _make_fp8(m, k, n, seed=20, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  a = ts._rand(seed, (m, k), jnp.float8_e4m3fn)
+  bt = ts._rand(seed + 100, (n, k), jnp.float8_e4m3fn)
+  # The tensor core keeps 13 fraction bits of each fp8 partial sum (and the
+  # output is bf16): 2e-3 from an f32 sum at K=4096 in the simulator.
+  return ts.Built(functools.partial(fp8_matmul, **kw), (a, bt), _matmul_nt_ref, tol=1e-2)
+
+
+# (tile_m, tile_n, tile_k, mcs)
+FP8_CONFIGS = tuple((128, 128, 128, s) for s in (2, 3, 4, 5, 6)) + tuple(
+    (64, 256, 128, s) for s in (2, 3, 4))
+FP8_SIZE = (4096, 4096, 4096)
+
+
+def fp8_smem(tile_m, tile_n, tile_k, mcs, out_itemsize=2):
+  return (_align(tile_m * tile_n * out_itemsize)
+          + mcs * (_align(tile_m * tile_k) + _align(tile_n * tile_k)))
+
+
+def _fp8_cases():
+  m, k, n = FP8_SIZE
+  out = []
+  for tm, tn, tk, mcs in FP8_CONFIGS:
+    assert fp8_smem(tm, tn, tk, mcs) <= _ts().SMEM_LIMIT
+    out.append(_case(
+        f"own fp8 matmul e4m3 {m}x{k}x{n} {tm}x{tn}x{tk} mcs={mcs}",
+        f"own fp8 matmul e4m3 {m}x{k}x{n}",
+        dict(m=m, k=k, n=n, tile_m=tm, tile_n=tn, tile_k=tk, mcs=mcs),
+        flops=2.0 * m * k * n, bytes=m * k + k * n + 2.0 * m * n, make=_make_fp8))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# c. Row kernels: RMSnorm and softmax over rows, two TMA pipelines each.
+# ---------------------------------------------------------------------------
+
+def _row_pipeline(step, x_gmem, *, row, block_m, tile_n, mcs, init=None,
+                  extra_in=(), out=None):
+  """emit_pipeline over the block's `block_m` rows of x in (block_m, tile_n)
+  column tiles, left to right; `extra_in`: (gmem, spec) pairs of further
+  inputs, `out`: the output gmem (tiles like x's)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  cols = x_gmem.shape[1]
+  x_spec = plgpu.BlockSpec((block_m, tile_n), lambda j: (row, j))
+  ins = [x_gmem] + [g for g, _ in extra_in]
+  return plgpu.emit_pipeline(
+      step, grid=(cols // tile_n,),
+      in_specs=[x_spec] + [s for _, s in extra_in],
+      out_specs=[x_spec] if out is not None else [],
+      max_concurrent_steps=mcs, init_carry=init)(*ins, *([out] if out is not None else []))
+
+
+def _done_reading():
+  """In a pipeline body that only reads its tile into registers: every warp
+  has read the slot (and the reads are ordered before the async proxy's
+  writes) before the pipeline refills it by TMA. emit_pipeline puts this
+  barrier after the body only when the pipeline has outputs."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  plgpu.commit_smem()
+
+
+def rms_norm(x, w, *, block_m=64, tile_n=128, mcs=2, eps=1e-6):
+  """out = x / sqrt(mean(x^2, row) + eps) * w over the rows of x (rows, cols),
+  w (cols,); f32 math, out in x's dtype. Each block owns `block_m` rows
+  (64 a warpgroup: the WGMMA register layout's row strips) and runs two
+  TMA pipelines over their (block_m, tile_n) column tiles: the first sums
+  the squares (a carried (block_m,) vector), the second reads the tiles
+  again with w's and writes the scaled tiles out."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert rows % block_m == 0 and cols % tile_n == 0 and block_m % 64 == 0
+  tile = plgpu.Layout.WGMMA
+
+  def body(x_gmem, w_gmem, o_gmem):
+    row = lax.axis_index("r")
+
+    def squares(_, x_smem, acc):
+      v = plgpu.load(x_smem, layout=tile).astype(jnp.float32)
+      _done_reading()
+      return acc + jnp.sum(v * v, axis=1)
+
+    ss = _row_pipeline(squares, x_gmem, row=row, block_m=block_m, tile_n=tile_n,
+                       mcs=mcs, init=plgpu.layout_cast(
+                           jnp.zeros((block_m,), jnp.float32), tile.reduce(1)))
+    inv = lax.rsqrt(ss * (1.0 / cols) + eps)
+
+    def scale(_, x_smem, w_smem, o_smem):
+      v = plgpu.load(x_smem, layout=tile).astype(jnp.float32)
+      g = plgpu.load(w_smem, layout=tile.reduce(0)).astype(jnp.float32)
+      o_smem[...] = (v * inv[:, None] * g[None, :]).astype(o_smem.dtype)
+
+    w_spec = plgpu.BlockSpec((tile_n,), lambda j: (j,))
+    _row_pipeline(scale, x_gmem, row=row, block_m=block_m, tile_n=tile_n, mcs=mcs,
+                  extra_in=[(w_gmem, w_spec)], out=o_gmem)
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      grid=(rows // block_m,), grid_names=("r",))(x, w)
+
+
+def _rms_ref(x, w, eps=1e-6):
+  import jax.numpy as jnp
+  x = x.astype(jnp.float32)
+  ms = jnp.mean(x * x, axis=1, keepdims=True)
+  return x / jnp.sqrt(ms + eps) * w.astype(jnp.float32)
+
+
+def softmax_rows(x, *, block_m=64, tile_n=128, mcs=2):
+  """out = softmax(x) along each row of x (rows, cols): f32 math, out in x's
+  dtype. Each block owns `block_m` rows and runs two TMA pipelines over
+  their (block_m, tile_n) column tiles: the first carries each row's
+  running max and its sum of exp(x - max) (rescaled when the max grows),
+  the second reads the tiles again and writes exp(x - max) / sum."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert rows % block_m == 0 and cols % tile_n == 0 and block_m % 64 == 0
+  tile = plgpu.Layout.WGMMA
+
+  def body(x_gmem, o_gmem):
+    row = lax.axis_index("r")
+
+    def stats(_, x_smem, carry):
+      mx, s = carry
+      v = plgpu.load(x_smem, layout=tile).astype(jnp.float32)
+      _done_reading()
+      new = jnp.maximum(mx, jnp.max(v, axis=1))
+      s = s * jnp.exp(mx - new) + jnp.sum(jnp.exp(v - new[:, None]), axis=1)
+      return new, s
+
+    vec = lambda val: plgpu.layout_cast(jnp.full((block_m,), val, jnp.float32),
+                                        tile.reduce(1))
+    mx, s = _row_pipeline(stats, x_gmem, row=row, block_m=block_m, tile_n=tile_n,
+                          mcs=mcs, init=(vec(-jnp.inf), vec(0.0)))
+    inv = 1.0 / s
+
+    def write(_, x_smem, o_smem):
+      v = plgpu.load(x_smem, layout=tile).astype(jnp.float32)
+      o_smem[...] = (jnp.exp(v - mx[:, None]) * inv[:, None]).astype(o_smem.dtype)
+
+    _row_pipeline(write, x_gmem, row=row, block_m=block_m, tile_n=tile_n, mcs=mcs,
+                  out=o_gmem)
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      grid=(rows // block_m,), grid_names=("r",))(x)
+
+
+def _softmax_ref(x):
+  import jax
+  import jax.numpy as jnp
+  return jax.nn.softmax(x.astype(jnp.float32), axis=1)
+
+
+ROWS_SIZE = (16384, 8192)   # bf16 rows x cols: 256 MiB in, 256 MiB out
+# (block_m, tile_n, mcs)
+ROWS_CONFIGS = ((64, 64, 2), (64, 128, 2), (64, 256, 2), (64, 128, 4),
+                (128, 128, 2), (128, 64, 3))
+
+
+def _make_rms(rows, cols, seed=30, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  x = ts._rand(seed, (rows, cols), jnp.bfloat16)
+  w = ts._rand(seed + 100, (cols,), jnp.bfloat16, shift=1.0)
+  return ts.Built(functools.partial(rms_norm, **kw), (x, w), _rms_ref, tol=1e-2)
+
+
+def _make_softmax(rows, cols, seed=40, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  x = ts._rand(seed, (rows, cols), jnp.bfloat16, scale=2.0)
+  return ts.Built(functools.partial(softmax_rows, **kw), (x,), _softmax_ref, tol=1e-2)
+
+
+def _rows_cases():
+  rows, cols = ROWS_SIZE
+  n = rows * cols
+  out = []
+  # flops an element: RMSnorm squares and sums, then scales twice (4);
+  # softmax takes max, subtracts, exps and sums, then subtracts, exps and
+  # scales (7). Bytes: x read once, out written once (and w).
+  for what, make, flops, extra in (("rmsnorm", _make_rms, 4, cols),
+                                   ("softmax", _make_softmax, 7, 0)):
+    for bm, tn, mcs in ROWS_CONFIGS:
+      out.append(_case(
+          f"own {what} bf16 {rows}x{cols} {bm} rows/block {bm}x{tn} mcs={mcs}",
+          f"own {what} bf16 {rows}x{cols}",
+          dict(rows=rows, cols=cols, block_m=bm, tile_n=tn, mcs=mcs),
+          flops=flops * n, bytes=2.0 * (2 * n + extra), make=make))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# d. TMA-only tile copy.
+# ---------------------------------------------------------------------------
+
+def tma_copy(x, *, blocks=512, tile_m=32, tile_n=256, slots=4):
+  """out = x, by TMA alone: each of `blocks` blocks owns a run of consecutive
+  rows of x and walks its (tile_m, tile_n) tiles row-major through a ring
+  of `slots` SMEM buffers, each tile loaded GMEM -> SMEM by TMA (on its
+  slot's barrier) and stored SMEM -> GMEM by TMA from the same buffer; no
+  register touches the data. A slot is refilled once the store that read
+  it is done reading, so one store and up to slots - 1 loads are in
+  flight."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert rows % (blocks * tile_m) == 0 and cols % tile_n == 0
+  per_row = cols // tile_n
+  steps = rows // blocks // tile_m * per_row
+  assert steps >= slots
+
+  def body(x_gmem, o_gmem, buf, bars):
+    first = lax.axis_index("b") * steps
+
+    def at(ref, i):
+      t = first + i
+      return ref.at[pl.ds(t // per_row * tile_m, tile_m), pl.ds(t % per_row * tile_n, tile_n)]
+
+    def load(i, slot):
+      plgpu.copy_gmem_to_smem(at(x_gmem, i), buf.at[slot], bars.at[slot])
+
+    for i in range(slots):
+      load(i, i)
+
+    def step(i, _):
+      slot = i % slots
+      plgpu.barrier_wait(bars.at[slot])
+      plgpu.copy_smem_to_gmem(buf.at[slot], at(o_gmem, i))
+
+      # Refill the previous step's slot once its store has read it.
+      @pl.when(jnp.logical_and(i >= 1, i - 1 + slots < steps))
+      def _():
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+        load(i - 1 + slots, (i - 1) % slots)
+
+    lax.fori_loop(0, steps, step, None)
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      scratch_types=[plgpu.SMEM((slots, tile_m, tile_n), x.dtype),
+                     plgpu.Barrier(num_barriers=slots)],
+      grid=(blocks,), grid_names=("b",))(x)
+
+
+COPY_SIZE = (16384, 4096)   # f32: 256 MiB in, 256 MiB out
+# (blocks, tile_m, tile_n, slots)
+COPY_CONFIGS = ((512, 32, 256, 2), (512, 32, 256, 4), (256, 64, 256, 3),
+                (1024, 16, 256, 6), (256, 64, 128, 4), (1024, 8, 256, 8))
+
+
+def _make_copy(rows, cols, seed=50, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  x = ts._rand(seed, (rows, cols), jnp.float32)
+  return ts.Built(functools.partial(tma_copy, **kw), (x,), lambda x: x, tol=0.0)
+
+
+def _copy_cases():
+  rows, cols = COPY_SIZE
+  n = rows * cols
+  out = []
+  for blocks, tm, tn, slots in COPY_CONFIGS:
+    assert slots * tm * tn * 4 <= _ts().SMEM_LIMIT and rows % (blocks * tm) == 0
+    out.append(_case(
+        f"own tma copy f32 {rows}x{cols} {blocks} blocks {tm}x{tn} slots={slots}",
+        f"own tma copy f32 {rows}x{cols}",
+        dict(rows=rows, cols=cols, blocks=blocks, tile_m=tm, tile_n=tn, slots=slots),
+        flops=n, bytes=2.0 * n * 4, make=_make_copy,
+        note="flops: one per element moved (a copy computes nothing)"))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# e. Four-input elementwise: out = a*b + c*d.
+# ---------------------------------------------------------------------------
+
+def fma4(a, b, c, d, *, blocks=512, tile_m=32, tile_n=256, mcs=2):
+  """out = a*b + c*d (all of one shape and dtype) through emit_pipeline:
+  each of `blocks` blocks owns a run of rows and pipelines its
+  (tile_m, tile_n) tiles, four loaded and one stored by TMA per step, the
+  arithmetic in registers."""
+  import jax
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = a.shape
+  assert rows % (blocks * tile_m) == 0 and cols % tile_n == 0
+  tiles_per_block = rows // blocks // tile_m
+
+  def body(a_gmem, b_gmem, c_gmem, d_gmem, o_gmem):
+    blk = lax.axis_index("b")
+
+    def step(_, a_s, b_s, c_s, d_s, o_s):
+      o_s[...] = a_s[...] * b_s[...] + c_s[...] * d_s[...]
+
+    spec = plgpu.BlockSpec((tile_m, tile_n), lambda i, j: (blk * tiles_per_block + i, j))
+    plgpu.emit_pipeline(step, grid=(tiles_per_block, cols // tile_n),
+                        in_specs=[spec] * 4, out_specs=[spec],
+                        max_concurrent_steps=mcs)(a_gmem, b_gmem, c_gmem, d_gmem, o_gmem)
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(a.shape, a.dtype),
+                      grid=(blocks,), grid_names=("b",))(a, b, c, d)
+
+
+def _fma4_ref(a, b, c, d):
+  import jax.numpy as jnp
+  f = lambda x: x.astype(jnp.float32)
+  return f(a) * f(b) + f(c) * f(d)
+
+
+FMA4_SIZE = (16384, 4096)   # bf16: 4 x 128 MiB in, 128 MiB out
+# (blocks, tile_m, tile_n, mcs)
+FMA4_CONFIGS = ((1024, 16, 256, 2), (512, 32, 256, 2), (1024, 16, 128, 4),
+                (256, 32, 128, 3), (2048, 8, 256, 4), (256, 64, 64, 2))
+
+
+def _make_fma4(rows, cols, seed=60, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  args = tuple(ts._rand(seed + 100 * i, (rows, cols), jnp.bfloat16) for i in range(4))
+  return ts.Built(functools.partial(fma4, **kw), args, _fma4_ref, tol=1e-2)
+
+
+def _fma4_cases():
+  rows, cols = FMA4_SIZE
+  n = rows * cols
+  out = []
+  for blocks, tm, tn, mcs in FMA4_CONFIGS:
+    assert 5 * mcs * tm * tn * 2 <= _ts().SMEM_LIMIT and rows % (blocks * tm) == 0
+    out.append(_case(
+        f"own a*b+c*d bf16 {rows}x{cols} {blocks} blocks {tm}x{tn} mcs={mcs}",
+        f"own a*b+c*d bf16 {rows}x{cols}",
+        dict(rows=rows, cols=cols, blocks=blocks, tile_m=tm, tile_n=tn, mcs=mcs),
+        flops=3.0 * n, bytes=5.0 * n * 2, make=_make_fma4))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# f. JAX's attention_mgpu at head_dim 128, at shapes the suite lacks.
+# ---------------------------------------------------------------------------
+
+# (batch, seq, heads, head_dim, block_q, block_kv, causal, mcs)
+ATTENTION_CONFIGS = ((2, 4096, 16, 128, 64, 128, False, 2),
+                     (2, 4096, 16, 128, 64, 64, False, 3),
+                     (1, 16384, 4, 128, 64, 128, True, 2))
+
+
+def _attention_cases():
+  ts = _ts()
+  out = []
+  for batch, seq, heads, d, bq, bkv, causal, mcs in ATTENTION_CONFIGS:
+    shape = f"b{batch} s{seq} h{heads} d{d}" + (" causal" if causal else "")
+    out.append(_case(
+        f"own attention_mgpu fwd {shape} bq{bq} bkv{bkv} mcs={mcs}",
+        f"own attention_mgpu fwd {shape}",
+        dict(batch=batch, seq=seq, heads=heads, head_dim=d, block_q=bq,
+             block_kv=bkv, causal=causal, mcs=mcs),
+        flops=4.0 * batch * seq * seq * heads * d / (2 if causal else 1),
+        bytes=4.0 * batch * seq * heads * d * 2, make=ts._make_attention))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Cases.
+# ---------------------------------------------------------------------------
+
+def _case(name, family, params, *, flops, bytes, make, small=False, note=""):
+  return _ts().Case(name=name, family=family, params=params, flops=float(flops),
+                    bytes=float(bytes), make=make, small=small, note=note)
+
+
+def family_cases():
+  """Every case of the families, GPU sizes."""
+  return (_ws_cases() + _fp8_cases() + _rows_cases() + _copy_cases() + _fma4_cases()
+          + _attention_cases())
+
+
+def sim_params(case):
+  """The case's parameters at a CPU-simulable size (the same kernel and
+  configuration, smaller operands)."""
+  p = dict(case.params)
+  fam = case.family
+  if fam.startswith("own ws_matmul"):
+    block_m = p["tile_m"] * (p["consumers"] if p["split"] == "M" else 1)
+    block_n = p["tile_n"] * (p["consumers"] if p["split"] == "N" else 1)
+    p.update(m=block_m, n=2 * block_n, k=(p["mcs"] + 2) * p["tile_k"])
+  elif fam.startswith("own fp8"):
+    p.update(m=p["tile_m"], n=2 * p["tile_n"], k=(p["mcs"] + 2) * p["tile_k"])
+  elif fam.startswith(("own rmsnorm", "own softmax")):
+    p.update(rows=2 * p["block_m"], cols=(p["mcs"] + 1) * p["tile_n"])
+  elif fam.startswith("own tma copy"):
+    p.update(blocks=2, rows=2 * p["tile_m"], cols=(p["slots"] + 2) * p["tile_n"])
+  elif fam.startswith("own a*b+c*d"):
+    p.update(blocks=2, rows=2 * p["tile_m"], cols=(p["mcs"] + 1) * p["tile_n"])
+  elif fam.startswith("own attention"):
+    p.update(seq=256, heads=2, batch=1)
+  return p
