@@ -31,6 +31,18 @@ def _times(report):
            k.bound) for k in report.kernels]
 
 
+def _close(a, b):
+  """Equal but for float rounding (1e-9 relative), through lists and dicts:
+  an estimate that sums a persistent loop's iterations (execute/extrapolate.py)."""
+  if isinstance(a, dict):
+    return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+  if isinstance(a, (list, tuple)):
+    return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+  if isinstance(a, (float, np.floating)):
+    return abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1e-30)
+  return a == b
+
+
 def _full(fn, *args, **kw):
   return ps.simulate(fn, *args, check_races=False, check_uninitialized=False,
                      workers=1, **kw).report
@@ -119,12 +131,16 @@ def test_a_carry_linear_only_after_its_first_step_still_decides():
   assert est.kernels[0].block_cycles_max > est.kernels[0].block_cycles_min
 
 
-def test_control_flow_on_data_runs_every_block_on_its_data():
+def test_control_flow_on_data_given_follows_each_blocks_path_on_its_data():
+  """x given: each block's trip count is read from it by the slice
+  (analysis/paths.py known_reads), and the loops' iterations time them all
+  (execute/extrapolate.py): the full simulation's times, to rounding."""
   x = (jnp.arange(8, dtype=F32)[:, None] * 3 + jnp.zeros((8, 128), F32))
   est = ps.estimate(_data_loop, x)
   [k] = est.kernels
-  assert k.simulated_blocks == 8 and "values read from memory" in k.classes
-  assert _times(est) == _times(_full(_data_loop, x))
+  assert k.simulated_blocks < 8 and "values read from memory" in k.classes
+  assert "persistent loop's 84 iterations over 8 blocks" in k.classes
+  assert _close(_times(est), _times(_full(_data_loop, x)))
   assert k.block_cycles_max > k.block_cycles_min  # (trip counts 0..21)
   with pytest.warns(ps.EstimateWarning, match=r"test_estimate.py:\d+: a loop's trip "
                     r"count\), and x_ref was given as a shape"):
@@ -157,7 +173,7 @@ def test_constants_the_function_captures_keep_their_values_in_an_estimate():
   with warnings.catch_warnings():
     warnings.simplefilter("error", ps.EstimateWarning)  # (no decision reads x)
     est = ps.estimate(_with_captured_counts, S(x.shape, F32))
-  assert _times(est) == _times(_full(_with_captured_counts, x))
+  assert _close(_times(est), _times(_full(_with_captured_counts, x)))
   [k] = est.kernels
   assert k.block_cycles_max > 2 * k.block_cycles_min  # (0 to 40 trips)
   assert k.classes.endswith("on the values of the inputs it was given")
@@ -178,7 +194,7 @@ def test_an_estimate_names_the_input_given_as_a_shape_that_decides():
   with warnings.catch_warnings():
     warnings.simplefilter("error", ps.EstimateWarning)  # (values given: no warning)
     est = ps.estimate(_counted_rows, x, jnp.asarray(COUNTS))
-  assert _times(est) == _times(_full(_counted_rows, x, jnp.asarray(COUNTS)))
+  assert _close(_times(est), _times(_full(_counted_rows, x, jnp.asarray(COUNTS))))
   # Both given as shapes: only the counts decide, and only they are named.
   with pytest.warns(ps.EstimateWarning, match=r"\), and n_ref was given as a shape"):
     est = ps.estimate(_counted_rows, S(x.shape, F32), S((8,), jnp.int32))

@@ -18,8 +18,13 @@ block not simulated takes its class's issue cycles, load for load.
 
 Where the slice would need a value read from memory, or a primitive it does
 not know to be pure, there is no slice (`SliceError`) and every block is
-simulated, as before."""
+simulated, as before. The exception: a read of a kernel input whose values
+ps.estimate has (an array it was given, a constant the function captured)
+and that no block writes (`known_reads`): the slice reads it as the
+simulator does, and a block's path follows from those values (a ragged
+dot's group sizes)."""
 import collections
+import typing
 
 import numpy as np
 from jax.extend import core as jax_extend_core
@@ -43,14 +48,123 @@ def _is_ref(v):
   return hasattr(v.aval, "inner_aval")
 
 
-def kernel_slice(jaxpr):
+def kernel_slice(jaxpr, reads=frozenset()):
   """{id(equation): which of its operands the slice needs} for the
   equations of `jaxpr` (nested ones included) that the kernel's control
   decisions and TMA load addresses depend on. Raises SliceError where one
-  depends on something a slice cannot compute."""
-  slicer = _Slicer()
+  depends on something a slice cannot compute. `reads`: ids of `get`
+  equations the slice may run (known_reads)."""
+  slicer = _Slicer(reads)
   slicer.walk(jaxpr, [False] * len(jaxpr.outvars))
   return slicer.kept
+
+
+def known_reads(jaxpr, known):
+  """(ids of the `get` equations that read only kernel inputs at positions
+  `known` (their values are given) that nothing in the kernel writes, the
+  inputs they read): a slice may run them, their values are the inputs'."""
+  refs = _InputRefs()
+  refs.walk(jaxpr, [frozenset([i]) if i in known else frozenset()
+                    for i in range(len(jaxpr.invars))])
+  gets = {k: inputs for k, inputs in refs.gets.items()
+          if inputs and not inputs & refs.written}
+  return frozenset(gets), frozenset().union(*gets.values())
+
+
+class Loop(typing.NamedTuple):
+  """A kernel's persistent loop: a counted loop (lax.fori_loop's while: a
+  carry counts by one up to a bound the loop leaves alone, as plgpu.nd_loop
+  over the tiles of a persistent kernel) nested in no other loop, whose
+  other carries no decision needs. Each iteration's decisions follow from
+  its count and the block alone, so the slice runs a block's iterations as
+  lanes, and an estimate times one iteration of each path
+  (execute/extrapolate.py)."""
+  eqn: int    # id of the while equation
+  index: int  # the counter's position in the carry
+  bound: int  # the bound's
+
+
+def persistent_loop(jaxpr, kept):
+  """The kernel's one persistent Loop, or None (none, or several)."""
+  found = []
+
+  def visit(j, in_loop):
+    for e in j.eqns:
+      form = walker.structure(e)
+      if form is None or getattr(form, "kind", None) == "map":
+        continue
+      if isinstance(form, walker.While):
+        loop = None if in_loop else _counted(e, form, kept)
+        if loop is not None:
+          found.append(loop)
+        visit(form.body, True)
+      elif isinstance(form, walker.Scan):
+        visit(form.body, True)
+      elif isinstance(form, walker.Cond):
+        for b in form.branches:
+          visit(b, in_loop)
+      else:
+        for b in (form.body,) if isinstance(form, walker.RunState) else form.bodies:
+          visit(b, in_loop)
+
+  visit(jaxpr, False)
+  return found[0] if len(found) == 1 else None
+
+
+def _counted(eqn, form, kept):
+  """A Loop of `eqn`, a while loop, where it is a counted loop whose other
+  carries the slice does not need; else None."""
+  flags = kept.get(id(eqn))
+  cond, body, cn, bn = form.cond, form.body, form.cond_consts, form.body_consts
+  if flags is None or len(cond.eqns) != 1:
+    return None
+  test = cond.eqns[0]
+  carry = list(cond.invars[cn:])
+  if (test.primitive.name != "lt" or cond.outvars[0] is not test.outvars[0]
+      or not all(v in carry for v in test.invars)):
+    return None
+  index, bound = carry.index(test.invars[0]), carry.index(test.invars[1])
+  ins = list(body.invars[bn:])
+  if body.outvars[bound] is not ins[bound]:
+    return None
+  step = next((e for e in body.eqns if body.outvars[index] in e.outvars), None)
+  one = lambda v: isinstance(v, jax_extend_core.Literal) and np.ndim(v.val) == 0 \
+      and int(v.val) == 1
+  if step is None or step.primitive.name != "add" or not any(
+      a is ins[index] and one(b) for a, b in (step.invars, step.invars[::-1])):
+    return None
+  if any(f for k, f in enumerate(flags[cn + bn:]) if k not in (index, bound)):
+    return None
+  return Loop(id(eqn), index, bound)
+
+
+class _InputRefs(walker.Forward):
+  """Which kernel inputs (positions) each ref may be; the `get`s of them
+  (id(eqn) -> inputs) and the inputs anything else may write (a TMA load
+  only reads its source)."""
+
+  unknown = frozenset()
+
+  def __init__(self):
+    self.gets, self.written = {}, set()
+
+  def join(self, a, b):
+    return a | b
+
+  def mixed(self, values):
+    return frozenset().union(*values)
+
+  def transfer(self, eqn, ins):
+    name = eqn.primitive.name
+    src = operands.tma_load(eqn).src.index if name == "copy_gmem_to_smem" else None
+    for k, (v, t) in enumerate(zip(eqn.invars, ins)):
+      if not t or not _is_ref(v):
+        continue
+      if name == "get" and k == 0:
+        self.gets[id(eqn)] = self.gets.get(id(eqn), frozenset()) | t
+      elif k != src:
+        self.written.update(t)
+    return [frozenset()] * len(eqn.outvars)
 
 
 class _Slicer(walker.Backward):
@@ -59,8 +173,9 @@ class _Slicer(walker.Backward):
 
   KEEPS = "a decision or a TMA load"
 
-  def __init__(self):
+  def __init__(self, reads=frozenset()):
     super().__init__()
+    self.reads = reads  # (gets of known inputs: known_reads)
     # Per run_state body being sliced: its refs that box a value the body
     # only reads (a read of one is the value given: the slice may need it).
     self.boxes = [frozenset()]
@@ -99,7 +214,7 @@ def _eqn(eqn, outs, slicer):
     return need
   if name == "delay":
     return [True] * n
-  if name == "get" and eqn.invars[0] in slicer.boxes[-1]:
+  if name == "get" and (eqn.invars[0] in slicer.boxes[-1] or id(eqn) in slicer.reads):
     return [True] * n if any(outs) else None
   if not any(outs):
     return None
@@ -240,6 +355,15 @@ def _cond(eqn, cx):
   return cond
 
 
+def overrides(loop=None):
+  """The slice's rules; with the kernel's persistent Loop, its iterations
+  run as lanes (_iterations)."""
+  if loop is None:
+    return OVERRIDES
+  return {**OVERRIDES, "while": lambda eqn, cx: (
+      _iterations(eqn, cx, loop) if id(eqn) == loop.eqn else _while_rule(eqn, cx))}
+
+
 @_override("while")
 def _while_rule(eqn, cx):
   from pallas_sim.backends.sim.interpret.compiler import run_plain
@@ -260,16 +384,110 @@ def _while_rule(eqn, cx):
   return loop
 
 
+class IterationPaths(tuple):
+  """A block's persistent loop in its path: each iteration's own path (a
+  tuple of its decisions)."""
+
+
+class _Iterations:
+  """What the persistent loop did in a run of the slice, per block lane:
+  each iteration's path and loads (`at`: how many of the run's loads came
+  before the loop)."""
+
+  def __init__(self, trips, at):
+    self.paths = [[None] * t for t in trips]
+    self.loads = [[None] * t for t in trips]
+    self.at = at
+
+
+def _iterations(eqn, cx, loop):
+  """The persistent loop in the slice: every iteration of every block lane
+  at once, as lanes of their own (the counter differs, the rest is the
+  block's), split where they decide apart; each iteration's decisions are
+  its own path (an _Iterations on the block's). What the loop gives back:
+  the counter at its bound, the other carries as they came (no decision
+  needs them: Loop)."""
+  from pallas_sim.backends.sim.interpret.compiler import run_plain
+  p = eqn.params
+  body = cx.compile(p["body_jaxpr"])
+  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+  dims = _shapes(cx.launch.jaxpr) if cx.launch is not None else {1}
+
+  def run(wg, *args):
+    bc, carry = list(args[cn:cn + bn]), list(args[cn + bn:])
+    eng = wg.block.engines
+    lanes = eng.lanes
+    n = 1 if lanes is None else lanes.n
+    lane_of = lambda x: (lanes is not None and isinstance(x, np.ndarray)
+                         and x.shape == (lanes.total,))
+    start = np.asarray(carry[loop.index])
+    trips = np.maximum(np.asarray(carry[loop.bound]) - start, 0)
+    trips = [int(trips[k] if lane_of(trips) else trips) for k in range(n)]
+    owner = np.repeat(np.arange(n), trips)
+    count = np.concatenate([np.arange(t) for t in trips] + [np.zeros(0, np.int64)])
+    rec = _Iterations(trips, len(eng.loads))
+    saved = eng.lanes, eng.path, eng.loads
+
+    def part(sel):
+      m = len(sel)
+      total = m + 1
+      while total in dims:
+        total += 1
+      pad = np.concatenate([sel, np.full(total - m, sel[0])])
+      take = lambda x: x[owner[pad]] if lane_of(x) else x
+      ins = [take(x) for x in bc + carry]
+      first = take(start) if lane_of(start) else np.broadcast_to(start, (total,))
+      ins[bn + loop.index] = (first + count[pad]).astype(start.dtype)
+      eng.lanes, eng.path, eng.loads = _Lanes(m, total), [], []
+      try:
+        run_plain(body, ins, wg)
+      except Diverged as e:
+        eng.lanes, eng.path, eng.loads = saved
+        for q in e.parts:
+          part(sel[q])
+        return
+      path, loads = tuple(eng.path), eng.loads
+      eng.lanes, eng.path, eng.loads = saved
+      for j, k in enumerate(sel):
+        rec.paths[owner[k]][count[k]] = path
+        rec.loads[owner[k]][count[k]] = loads[j::m]
+
+    if len(owner):
+      part(np.arange(len(owner)))
+    eng.path.append(rec)
+    out = list(carry)
+    out[loop.index] = np.maximum(start, np.asarray(carry[loop.bound])).astype(start.dtype)
+    return out
+  return run
+
+
+@_override("get")
+def _get(eqn, cx):
+  """A read in the slice (a box's value, or a known input's:
+  known_reads): where its indices differ by lane, lane by lane (the
+  simulator's rule reads one index at a time)."""
+  from pallas_sim.backends.sim.interpret.compiler import RULES
+  read = RULES["get"](eqn, cx)
+
+  def get(wg, ref, *leaves):
+    lanes = wg.block.engines.lanes
+    if lanes is None or not any(isinstance(x, np.ndarray) and x.shape == (lanes.total,)
+                                for x in leaves):
+      return read(wg, ref, *leaves)
+    each = [read(wg, ref, *[x[k] if isinstance(x, np.ndarray) and x.shape == (lanes.total,)
+                            else x for x in leaves]) for k in range(lanes.total)]
+    if any(np.ndim(v) for v in each):
+      raise NotLanes("a read of an array whose indices differ by lane")
+    return np.array(each)
+  return get
+
+
 @_override("delay")
 def _delay(eqn, cx):
   def delay(wg, nanos):
     _decided(wg, ("delay", float(_one(wg, nanos))))
     return []
   return delay
-
-
-def _lane(x, k):
-  return x[k] if np.ndim(x) else x
 
 
 def _boxes(wg, at, ref, leaves, plans, site):
@@ -424,15 +642,31 @@ def _store(eqn, cx):
   return store
 
 
+class Iterations(typing.NamedTuple):
+  """A block's persistent loop: each iteration's path and loads, and how
+  many of the block's loads came before the loop."""
+  paths: list
+  loads: list
+  before: int
+
+
 class Paths:
   """Every block's path and loads, and from them the classes."""
 
-  def __init__(self, decisions, loads):
+  def __init__(self, decisions, loads, iterations=None):
     self.decisions = decisions  # block number -> tuple of its decisions
     self.loads = loads          # block number -> [Load] (no cycles: the slice keeps none)
+    # block number -> its Iterations, in a kernel with a persistent loop
+    self.iterations = iterations or {}
+    self.loop = None  # that Loop
 
   def key(self, number):
     return self.decisions[number]
+
+  def frame(self, number):
+    """A block's decisions but its persistent loop's iterations."""
+    return tuple(ITERATIONS if isinstance(d, IterationPaths) else d
+                 for d in self.decisions[number])
 
   def joined(self, number, rep_events):
     """Block `number`'s loads at the issue cycles of its class's simulated
@@ -484,17 +718,33 @@ def follow(make_runner, groups, launch, jaxpr):
     except SimError:  # (NotLanes, or a rule that cannot take lanes: block by block)
       pass
   runner = make_runner(_Recorder())
-  decisions, loads = {}, {}
+  out = Paths({}, {})
   for group in groups:
     result = runner.run(group)
     for number, st in zip(result.numbers, result.stats):
-      decisions[number] = tuple(st.path)
-      loads[number] = list(st.loads)
-  return Paths(decisions, loads)
+      _add_lane(out, number, st, 0, 1)
+  return out
+
+
+ITERATIONS = ("persistent loop",)  # (a frame's place for the iterations)
+
+
+def _add_lane(out, number, st, k, n):
+  """Block `number`'s path and loads into Paths `out`: lane k of n of a
+  run of the slice (its stats `st`)."""
+  decisions, loads = [], st.loads[k::n]
+  for d in st.path:
+    if isinstance(d, _Iterations):
+      before = len(st.loads[:d.at][k::n])
+      out.iterations[number] = Iterations(d.paths[k], d.loads[k], before)
+      loads = loads[:before] + [ld for it in d.loads[k] for ld in it] + loads[before:]
+      d = IterationPaths(d.paths[k])
+    decisions.append(d)
+  out.decisions[number], out.loads[number] = tuple(decisions), loads
 
 
 def _as_lanes(make_runner, members, dims):
-  decisions, loads = {}, {}
+  out = Paths({}, {})
   todo = [np.arange(len(members))]
   while todo:
     part = todo.pop()
@@ -512,11 +762,9 @@ def _as_lanes(make_runner, members, dims):
       todo.extend(part[p] for p in e.parts)
       continue
     [st] = result.stats
-    path = tuple(st.path)
     for k, j in enumerate(part):  # (each load is one Load per lane, in lane order)
-      number = members[j][0]
-      decisions[number], loads[number] = path, st.loads[k::len(part)]
-  return Paths(decisions, loads)
+      _add_lane(out, members[j][0], st, k, len(part))
+  return out
 
 
 def _shapes(jaxpr):

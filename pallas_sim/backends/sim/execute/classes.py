@@ -2,10 +2,14 @@
 one per class of groups whose blocks share their SMs alike and take the
 same path; the others take its times (merge.Merge.same_as)."""
 import copy
+import hashlib
 import warnings
+
+import numpy as np
 
 from pallas_sim.backends.sim.analysis import block_classes, paths
 from pallas_sim.backends.sim.checks import races
+from pallas_sim.backends.sim.execute import extrapolate
 from pallas_sim.backends.sim.execute.group import GroupRunner
 from pallas_sim.backends.sim.execute.prepare import axis_sizes
 from pallas_sim.backends.sim.interpret.compiler import Compiler
@@ -52,6 +56,11 @@ def _on_zeros(launch, where, jaxpr):
   return f", on zeros for the inputs given as shapes ({', '.join(names)})"
 
 
+# A persistent kernel whose classes simulate at most this many iterations
+# of its loop (a second or so) is estimated by them, exactly.
+EXACT_ITERATIONS = 64
+
+
 class Classes:
   """Chooses classes for one Executor's launches; each kernel's block paths
   are followed once (`paths`, shared with the Executors that time the same
@@ -77,8 +86,9 @@ class Classes:
     if prep.variation is not None:
       why, where = prep.variation
       note = f"control flow depends on {why} ({where})"
-      if why == block_classes.GRID:
-        found = self._block_paths(prep, launch, s)
+      reads = self._known_reads(prep, launch) if why == block_classes.DATA else None
+      if why == block_classes.GRID or reads is not None:
+        found = self._block_paths(prep, launch, s, *(reads or (frozenset(), ())))
       if isinstance(found, str):
         note += f"; its paths were not followed ({found})"
       if not isinstance(found, paths.Paths):
@@ -87,27 +97,84 @@ class Classes:
           note += _on_zeros(launch, where, prep.jaxpr)
         return None, note, None
       by = "by the path each block takes and blocks per SM"
+      # (its decisions read only inputs whose values it has: known_reads)
+      basis = ", on the values of the inputs it was given" if why == block_classes.DATA else ""
     else:
       note, by = "control flow is the same in every block", "by blocks per SM"
+      basis = ""
     first, out = {}, {}
     for g, members in enumerate(groups):
       key = tuple((placement.share(number), found and found.key(number))
                   for number, _, _ in members)
       out[g] = first.setdefault(key, g)
     sims = sum(len(groups[g]) for g in set(first.values()))
+    reps = [groups[g] for g in set(first.values())]
+    by_iterations = self._by_iterations(found, launch, s, reps)
+    if by_iterations is not None:
+      return by_iterations[0], f"{note}: {by_iterations[1]}{basis}", found
     return out, (f"{note}: {len(first)} class(es) {by}, {sims} of {n} blocks "
-                 "simulated"), found
+                 f"simulated{basis}"), found
 
-  def _block_paths(self, prep, launch, s):
+  def _by_iterations(self, found, launch, s, reps):
+    """(an extrapolate.Plan, its words) where the blocks' persistent loop
+    can be timed by its iterations and that simulates fewer of them than
+    the classes' blocks (`reps`) would; else None."""
+    if not isinstance(found, paths.Paths):
+      return None
+    plan = extrapolate.plan(found, s.groups, s.placement.share, launch.num_threads)
+    if plan is None:
+      return None
+    # (the classes' times are the full simulation's to the last bit, the
+    # iterations' sums only to rounding: those are taken where the classes
+    # would simulate many iterations, and more)
+    ran, total = plan.iterations
+    by_classes = sum(len(found.iterations[m[0][0]].paths) + 1 for m in reps)
+    if by_classes <= EXACT_ITERATIONS or ran + len(plan.runs) >= by_classes:
+      return None
+    kinds = len({p for it in found.iterations.values() for p in it.paths})
+    return plan, (f"its persistent loop's {total} iterations over {len(s.blocks)} blocks "
+                  f"take {kinds} path(s): {ran} iterations in {len(plan.runs)} blocks "
+                  "simulated, every block's time summed from its iterations' "
+                  "(execute/extrapolate.py)")
+
+  def _known_reads(self, prep, launch):
+    """For a kernel whose control flow reads memory: where every decision
+    reads only inputs whose values this estimate has (arrays given,
+    constants), the reads a slice may run (paths.known_reads); else None
+    (its paths depend on values it does not have: every block runs), with
+    the inputs they read."""
+    if not self.shapes_only:
+      known = range(launch.num_inputs)
+    elif launch.unknown_inputs is None:
+      return None
+    else:
+      known = [i for i in range(launch.num_inputs) if i not in launch.unknown_inputs]
+    # (an input an output aliases may be written: its values are not known)
+    known = frozenset(known) - {i for i, _ in launch.aliases}
+    found = block_classes.analyse(prep.jaxpr, launch.grid_names, sizes=axis_sizes(launch),
+                                  known_inputs=known)[0]
+    if found is not None and found[0] == block_classes.DATA:
+      return None
+    return paths.known_reads(prep.jaxpr, known)
+
+  def _block_paths(self, prep, launch, s, reads, inputs):
     """Every block's path (analysis/paths.py): a paths.Paths, or why there
-    is none (words). Once per kernel jaxpr."""
-    hit = self.paths.get(id(prep.jaxpr))
+    is none (words). Once per kernel jaxpr (and its launch's inputs, where
+    the paths read them)."""
+    # (paths that read inputs hold for those values: keyed by their digest)
+    key = (id(prep.jaxpr),) + tuple(
+        hashlib.sha1(np.ascontiguousarray(s.in_bufs[i].data)).hexdigest()
+        for i in sorted(inputs))
+    hit = self.paths.get(key)
     if hit is not None and hit[0] is prep.jaxpr:
       return hit[1]
     try:
-      keep = paths.kernel_slice(prep.jaxpr)
+      keep = paths.kernel_slice(prep.jaxpr, reads)
+      loop = paths.persistent_loop(prep.jaxpr, keep)
+      if loop is not None and (launch.num_threads or 1) != 1:
+        loop = None  # (each thread's loop would be its own: not followed apart)
       cx = Compiler(self.timing, launch, self.options.max_cycles, numerics=False,
-                    keep=keep, overrides=paths.OVERRIDES, sites=prep.sites,
+                    keep=keep, overrides=paths.overrides(loop), sites=prep.sites,
                     wrap=paths.lanes_checked)
       sliced = copy.copy(prep)
       sliced.program = cx.compile(prep.jaxpr)
@@ -117,10 +184,11 @@ class Classes:
                                         races.RaceLog(launch.name), False,
                                         max(map(len, s.groups))),
           s.groups, launch, prep.jaxpr)
+      found.loop = loop
     except Exception as e:  # (then every block runs, as before; the note says why)
       if isinstance(e, KeyboardInterrupt):
         raise
       found = (f"{type(e).__name__}: " if not isinstance(e, paths.SliceError) else ""
                ) + (str(e).splitlines() or [""])[0]
-    self.paths[id(prep.jaxpr)] = (prep.jaxpr, found)
+    self.paths[key] = (prep.jaxpr, found)
     return found

@@ -7,6 +7,7 @@ A group is the unit of sequential simulated time: a block, or the blocks of
 a cluster. Groups are unordered on hardware; here they run in block order,
 deterministically, and a run over workers gives the same results."""
 import contextlib
+import copy
 import dataclasses
 import itertools
 import math
@@ -19,11 +20,12 @@ import numpy as np
 
 from pallas_sim import gpus
 from pallas_sim.backends.sim.checks import races
-from pallas_sim.backends.sim.execute import (clock, dispatch, estimate_check, findings,
-                                            parallel)
+from pallas_sim.backends.sim.execute import (clock, dispatch, estimate_check, extrapolate,
+                                            findings, parallel)
 from pallas_sim.backends.sim.execute.buffers import footprint, gmem_buffers
 from pallas_sim.backends.sim.execute.classes import Classes
 from pallas_sim.backends.sim.execute.group import GroupRunner
+from pallas_sim.backends.sim.interpret.compiler import Compiler
 from pallas_sim.backends.sim.execute.kernel_report import kernel_report
 from pallas_sim.backends.sim.execute.merge import Merge
 from pallas_sim.backends.sim.execute.prepare import Preparer
@@ -178,12 +180,35 @@ class Executor:
     s.placement.trace_loads = prep.variation is not None
     s.log = races.RaceLog(launch.name, launch.call_site)
     s.recorder = profiler.Recorder(launch.profile) if launch.profile else None
-    s.runner = GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
-                           s.placement, s.log, self.options.check_races,
-                           max(map(len, s.groups)), detached=self.tuning.detached_groups,
-                           check_init=self.options.check_uninitialized,
-                           profile=s.recorder, release_bytes=self.tuning.release_bytes)
+    s.runner = self._runner(prep, launch, s)
     return s
+
+  def _runner(self, prep, launch, s):
+    return GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
+                       s.placement, s.log, self.options.check_races,
+                       max(map(len, s.groups)), detached=self.tuning.detached_groups,
+                       check_init=self.options.check_uninitialized,
+                       profile=s.recorder, release_bytes=self.tuning.release_bytes)
+
+  def _by_iterations(self, plan, loop, launch, s, merge, trace):
+    """Runs an extrapolate.Plan's blocks, their persistent loop cut down to
+    its iterations, and merges every block's result from theirs: how many
+    blocks ran."""
+    marks = {}
+    cx = Compiler(self.timing, launch, self.options.max_cycles, sites=s.prep.sites,
+                  overrides={"while": plan.rule(loop, marks)}, **s.prep.compiling)
+    prep = copy.copy(s.prep)
+    prep.program = cx.compile(prep.jaxpr)
+    runner = self._runner(prep, launch, s)
+    for members in s.groups:
+      number = members[0][0]
+      if number in plan.runs:
+        self._running = (launch, number, members[0][1], runner)
+        plan.ran(runner.run(members, trace if number < self.tuning.trace_blocks else None),
+                 marks)
+    for members in s.groups:
+      merge.group(plan.result(members[0][0]))
+    return len(plan.runs)
 
   def _execute_once(self, launch, arrays, serial=False, copy_inputs=False):
     t0 = time.perf_counter()
@@ -193,13 +218,16 @@ class Executor:
     trace = []
     t1 = time.perf_counter()  # (the first groups' times decide on workers)
     classes, note, found = self.classes.choose(prep, launch, s)
+    by_iterations = isinstance(classes, extrapolate.Plan)
     workers, on_ray = (1, False) if serial or classes else dispatch.workers(
         self.options, self.recipe, prep, launch, groups)
     after_s, trace_blocks = self.tuning.parallel_after_s, self.tuning.trace_blocks
     used = 1
     reps, simulated = {}, 0
+    if by_iterations:
+      simulated = self._by_iterations(classes, found.loop, launch, s, merge, trace)
     with Progress(launch.name, len(s.blocks), on=self.options.progress) as progress:
-      for g, members in enumerate(groups):
+      for g, members in enumerate([] if by_iterations else groups):
         number, idx, _ = members[0]
         progress.done = number
         per = dispatch.group_seconds(g, t1) if g and workers > 1 else None

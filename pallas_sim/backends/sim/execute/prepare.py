@@ -15,7 +15,7 @@ from pallas_sim.errors import LoweringTimeoutError, UnsupportedPrimitiveError
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
   __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together", "sem_inputs",
-               "serial_only", "regs", "variation", "load_axes", "sites")
+               "serial_only", "regs", "variation", "load_axes", "sites", "compiling")
 
 
 def axis_sizes(launch):
@@ -75,9 +75,10 @@ class Preparer:
     # Without numerics, and with no control decision on data nor any
     # decision or address on float math, no value a float operation
     # computes can change a time: estimate skips them.
-    cx = Compiler(self.timing, launch, self.options.max_cycles, numerics,
-                  skip_float_values=not numerics and not found.float_matters and (
-                      p.variation is None or p.variation[0] != block_classes.DATA))
+    p.compiling = dict(numerics=numerics, skip_float_values=(
+        not numerics and not found.float_matters and (
+            p.variation is None or p.variation[0] != block_classes.DATA)))
+    cx = Compiler(self.timing, launch, self.options.max_cycles, **p.compiling)
     p.program = cx.compile(jaxpr)
     p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
     p.sites = dict(cx.sites)
