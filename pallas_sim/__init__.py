@@ -9,6 +9,7 @@ jax_window.check()
 from pallas_sim import gpus  # noqa: E402
 from pallas_sim.api import Simulation, backend, estimate, kernel, run, simulate  # noqa: E402
 from pallas_sim.options import Options  # noqa: E402
+from pallas_sim.compare import Comparison, compare  # noqa: E402
 from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
 from pallas_sim.errors import (  # noqa: E402
     BackendError, DeadlockError, KernelError, LoweringError, LoweringTimeoutError,
@@ -19,7 +20,8 @@ from pallas_sim.errors import (  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [
-    "run", "simulate", "estimate", "backend", "kernel", "Simulation", "Options", "Report",
+    "run", "simulate", "estimate", "compare", "Comparison", "backend", "kernel",
+    "Simulation", "Options", "Report",
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
     "KernelError", "LoweringError", "LoweringTimeoutError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
     "DeadlockError", "RaceError", "RaceWarning", "UninitializedError",

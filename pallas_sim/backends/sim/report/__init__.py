@@ -56,6 +56,14 @@ class KernelReport:
     return self.hbm_bytes / self.time_s / 1e9 if self.time_s else 0.0
 
   @property
+  def at_floor(self):
+    """Whether HBM bandwidth for the bytes it moves, not its SMs, sets the
+    predicted time: then configurations that move the same bytes are
+    predicted alike (the model does not rank them)."""
+    t = self.timing
+    return t is not None and t.memory_s >= t.compute_s
+
+  @property
   def spilled_registers(self):
     return max(0, self.registers - self.register_limit)
 
@@ -92,6 +100,10 @@ class KernelReport:
                    f"launch {t.launch_s * 1e6:.1f} us"
                    + (f", last wave {t.tail_s * 1e6:.1f} us ({t.last_wave_fill:.0%} full)"
                       if t.tail_s else ""))
+      if self.at_floor:
+        lines.append("  ranking: the HBM floor sets this time, not the SMs: configurations "
+                     "that move the same bytes are predicted alike, and the model does not "
+                     "rank them")
     if self.clock_note:
       lines.append(f"  clock: {self.clock_note}")
     if self.classes:

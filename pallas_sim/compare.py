@@ -1,0 +1,94 @@
+"""ps.compare: configurations of a kernel estimated side by side and ranked,
+saying which ones the model cannot tell apart rather than ordering them
+on differences it does not resolve."""
+import dataclasses
+
+# Predictions closer than this (relative) are not told apart: about the
+# H200's own run-to-run spread, (max - min) / median over 7 batches of one
+# kernel, whose median over 673 measured rows is 1.6%
+# (lab/data/h200_measured.json, lab/measure_gpu.py).
+RESOLUTION = 0.02
+
+
+@dataclasses.dataclass
+class Row:
+  name: str
+  time_s: float
+  report: object      # its ps.Report
+  at_floor: bool      # every kernel's time set by the HBM floor (KernelReport.at_floor)
+
+
+@dataclasses.dataclass
+class Comparison:
+  """Rows fastest first, grouped (`groups`, lists of rows): a group holds
+  configurations the model does not tell apart, each within `resolution`
+  of the group's fastest (no chains: a group never spans more)."""
+  rows: list
+  groups: list
+  resolution: float
+
+  @property
+  def ranking(self):
+    """The configurations' names, group by group, fastest first."""
+    return [[r.name for r in g] for g in self.groups]
+
+  @property
+  def best(self):
+    """The names predicted fastest (more than one where the model cannot
+    tell them apart)."""
+    return self.ranking[0] if self.groups else []
+
+  def why(self, group):
+    """Why a group of several is not ordered, in words."""
+    if all(r.at_floor for r in group):
+      return ("the HBM floor sets each one's time: they move about the same bytes, and "
+              "the model does not rank them")
+    return (f"predicted within {self.resolution:.0%} of the fastest of them: closer "
+            "than the H200's own run-to-run spread")
+
+  def table(self):
+    lines = ["| rank | configuration | predicted (us) | vs fastest | note |",
+             "|---:|---|---:|---:|---|"]
+    fastest = self.rows[0].time_s if self.rows else 0.0
+    for rank, g in enumerate(self.groups, 1):
+      tie = f"{rank}=" if len(g) > 1 else f"{rank}"
+      for k, r in enumerate(g):
+        note = ("not told apart: " + self.why(g)) if len(g) > 1 and k == 0 else (
+            "at the HBM floor" if r.at_floor and len(g) == 1 else "")
+        lines.append(f"| {tie} | {r.name} | {r.time_s * 1e6:.1f} | "
+                     f"{r.time_s / fastest:.3f} | {note} |")
+    return "\n".join(lines)
+
+  def __str__(self):
+    return self.table()
+
+
+def compare(candidates, *args, resolution=RESOLUTION, options=None, **kwargs):
+  """Estimates each of `candidates` ({name: fn}, or (name, fn) pairs: the
+  configurations of one kernel, each a function of the same `args`) as
+  ps.estimate does, and ranks them: a Comparison whose `groups` hold the
+  configurations the model does not tell apart (predicted within
+  `resolution` of each other, by default 2%: the H200's run-to-run spread),
+  and whose `table()` says why. Other options as for ps.estimate."""
+  from pallas_sim.api import estimate
+  if resolution < 0:
+    raise ValueError(f"ps.compare: resolution={resolution} must be >= 0")
+  items = list(candidates.items() if isinstance(candidates, dict) else candidates)
+  if not items:
+    raise ValueError("ps.compare: no candidates given")
+  rows = []
+  for name, fn in items:
+    if not callable(fn):
+      raise TypeError(f"ps.compare: candidate {name!r} is {type(fn).__name__}, not a "
+                      "function")
+    rep = estimate(fn, *args, options=options, **kwargs)
+    rows.append(Row(str(name), rep.time_s, rep,
+                    bool(rep.kernels) and all(k.at_floor for k in rep.kernels)))
+  rows.sort(key=lambda r: r.time_s)
+  groups = []
+  for r in rows:
+    if groups and r.time_s <= groups[-1][0].time_s * (1 + resolution):
+      groups[-1].append(r)
+    else:
+      groups.append([r])
+  return Comparison(rows, groups, resolution)

@@ -1,0 +1,62 @@
+"""ps.compare: configurations estimated side by side, ranked, and those the
+model cannot tell apart grouped and said to be so."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import pallas_sim as ps
+from kernels import pipeline_elementwise
+from test_quickstart import matmul_mcs
+
+S = jax.ShapeDtypeStruct
+
+
+def _matmuls():
+  return {f"128x{tn}x{tk} mcs={m}": functools.partial(matmul_mcs, tile_n=tn, tile_k=tk,
+                                                      max_concurrent_steps=m)
+          for tn, tk, m in ((128, 64, 2), (128, 64, 4), (64, 32, 2), (256, 64, 2))}
+
+
+def test_matmul_configurations_are_ranked_fastest_first():
+  a = S((4096, 4096), jnp.float16)
+  cmp = ps.compare(_matmuls(), a, a, gpu="h200")
+  times = [r.time_s for r in cmp.rows]
+  assert times == sorted(times) and len(cmp.rows) == 4
+  assert [n for g in cmp.ranking for n in g] == [r.name for r in cmp.rows]
+  # each group spans at most the resolution from its fastest
+  for g in cmp.groups:
+    assert g[-1].time_s <= g[0].time_s * (1 + cmp.resolution)
+  # the small tiles run far slower: never tied with the fastest
+  assert "128x64x32 mcs=2" not in cmp.best and len(cmp.groups) > 1
+  for name, fn in _matmuls().items():   # (the same estimate as ps.estimate's)
+    if name in cmp.best[:1]:
+      assert ps.estimate(fn, a, a, gpu="h200").time_s == cmp.rows[0].time_s
+  table = cmp.table()
+  assert all(n in table for n in _matmuls())
+
+
+def test_configurations_at_the_hbm_floor_are_not_ranked():
+  """A + B over 64M f32 through TMA pipelines of different tiles: HBM sets
+  every one's time, and the comparison says it cannot order them."""
+  x = S((8192, 8192), jnp.float32)
+  cands = {f"{tm}x{tn} mcs={m}": functools.partial(pipeline_elementwise, blocks=128,
+                                                    tile_m=tm, tile_n=tn, mcs=m)
+           for tm, tn, m in ((32, 256, 2), (64, 128, 2), (16, 256, 4))}
+  cmp = ps.compare(cands, x, x, gpu="h200")
+  assert len(cmp.groups) == 1 and all(r.at_floor for r in cmp.rows)
+  assert "not told apart: the HBM floor sets each one's time" in cmp.table()
+  assert "ranking: the HBM floor sets this time" in cmp.rows[0].report.summary()
+  # not even told apart with no resolution at all: their floors are equal
+  assert len(ps.compare(cands, x, x, gpu="h200", resolution=0.0).groups) == 1
+
+
+def test_bad_candidates_are_named():
+  a = S((256, 256), jnp.float16)
+  with pytest.raises(TypeError, match="candidate 'b' is int"):
+    ps.compare({"a": _matmuls()["128x128x64 mcs=2"], "b": 3}, a, a)
+  with pytest.raises(ValueError, match="resolution=-0.1"):
+    ps.compare(_matmuls(), a, a, resolution=-0.1)
+  with pytest.raises(ValueError, match="no candidates"):
+    ps.compare({}, a, a)
