@@ -114,9 +114,9 @@ def main(argv=None):
     ratio = est.time_s / full.time_s
     worst = max(worst, abs(ratio - 1))
     what = est.classes.split(": ", 1)[-1] if est.classes else "every block"
-    print(f"| {name} | {est.time_s * 1e6:.2f} | {full.time_s * 1e6:.2f} | {ratio:.4f} | "
+    print(f"| {name} | {est.time_s * 1e6:.2f} | {full.time_s * 1e6:.2f} | {ratio:.6f} | "
           f"{t_est:.1f} | {t_full:.1f} | {t_full / t_est:.1f}x | {what[:90]} |")
-  print(f"\nlargest difference from the full simulation: {worst:.2%}")
+  print(f"\nlargest difference from the full simulation: {worst:.1e} (relative)")
 
 
 if __name__ == "__main__":

@@ -6,15 +6,17 @@
 #              written anew, with its provenance), the whole test suite with the
 #              gpu-marked tests;
 #   agreement  the thorough agreement suite (tests/agreement/run.py);
-#   timing     the timing table and the hardware probes.
+#   timing     the timing table and the hardware probes;
+#   families   our own kernel families (lab/families.py), sustained, into
+#              $OUT/families/h200_measured.json (committed as "families_study").
 # Results go to $OUT (default ./gpu-results): a few files and one tarball, as
 # the device machine returns at most 8 files.
-#     bash lab/gpu_suite.sh [tests] [agreement] [timing]
+#     bash lab/gpu_suite.sh [tests] [agreement] [timing] [families]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-PARTS="${*:-tests agreement timing}"
+PARTS="${*:-tests agreement timing families}"
 export PYTHONUNBUFFERED=1 PALLAS_SIM_COMMIT="${PALLAS_SIM_COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"
 LOGS="$OUT/logs"; mkdir -p "$LOGS"
 $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
@@ -40,5 +42,9 @@ if [[ " $PARTS " == *" timing "* ]]; then
   $PY -m lab.gpu_timing 2>&1 | tee "$LOGS/gpu_timing.txt"
   $PY -m lab.gpu_probes 2>&1 | tee "$LOGS/gpu_probes.txt"
   $PY -m lab.contraction_probe 2>&1 | tee "$LOGS/contraction.txt"
+fi
+if [[ " $PARTS " == *" families "* ]]; then
+  $PY -m lab.measure_gpu --only-suite --families --sustain-s 1.0 --batch-s 0.1 \
+    --deadline 480 --out "$OUT/families" 2>&1 | tee "$LOGS/families.txt" | tail -60
 fi
 tar czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"

@@ -60,18 +60,21 @@ def _ended(cycles, st):
 
 class Span(typing.NamedTuple):
   """What a stretch of a block took (between two Marks): cycles, tallies,
-  load sites, and its TMA loads at cycles from the stretch's start."""
+  load sites, and its TMA loads at cycles from the stretch's start (and
+  their threads and sites, in order)."""
   cycles: float
   tally: np.ndarray
   sites: dict
   loads: list
+  order: tuple
 
 
 def _span(a, b, loads):
   sites = {k: (v[0] - a.sites.get(k, (0, 0))[0], v[1] - a.sites.get(k, (0, 0))[1])
            for k, v in b.sites.items()}
   rel = [ld._replace(cycle=ld.cycle - a.time) for ld in loads[a.loads:b.loads]]
-  return Span(b.time - a.time, b.tally - a.tally, sites, rel)
+  return Span(b.time - a.time, b.tally - a.tally, sites, rel,
+              tuple((ld.thread, ld.site) for ld in rel))
 
 
 def plan(found, groups, share, num_threads):
@@ -207,7 +210,7 @@ class Plan:
     count = collections.Counter()
     for el, mine in zip(parts, pieces):
       sp = self.spans[el]
-      loads += _timed(mine, sp.loads, t, b)
+      loads += _timed(mine, sp, t, b)
       t += sp.cycles
       tally = sp.tally.copy() if tally is None else tally + sp.tally
       for k, (nb, nl) in sp.sites.items():
@@ -224,9 +227,13 @@ class Plan:
     return GroupResult([b], [t], [st], [], [])
 
 
-def _timed(sliced, timed, offset, b):
-  """The slice's loads `sliced` (no cycles) at the cycles of the timed run's
-  `timed` (relative), load for load per thread and site, plus `offset`."""
+def _timed(sliced, span, offset, b):
+  """The slice's loads `sliced` (no cycles) at the cycles of the Span
+  timed for them (relative), load for load per thread and site, plus
+  `offset`."""
+  timed = span.loads
+  if len(sliced) == len(timed) and tuple((ld.thread, ld.site) for ld in sliced) == span.order:
+    return [ld._replace(cycle=t.cycle + offset) for ld, t in zip(sliced, timed)]
   cycles = collections.defaultdict(list)
   for ld in timed:
     cycles[ld.thread, ld.site].append(ld.cycle)
