@@ -75,12 +75,11 @@ class _Walk(walker.Forward):
   def result(self, var, taint):
     return taint | {FLOAT} if _value_of(var, jnp.floating) else taint
 
-  def equation(self, eqn, ins):
+  def entering(self, eqn, ins):
     self.where.append(capture.eqn_location(eqn) or self.where[-1])
-    try:
-      return super().equation(eqn, ins)
-    finally:
-      self.where.pop()
+
+  def leaving(self, eqn):
+    self.where.pop()
 
   def branch_index(self, eqn, index):
     _decide(index, eqn, self, "which branch a cond takes")

@@ -117,10 +117,9 @@ class _Congruences(walker.Forward):
   def widen(self, old, new):
     return widen(old, new)
 
-  def equation(self, eqn, cs):
+  def entering(self, eqn, cs):
     seen = self.starts.ins.get(id(eqn))
     self.starts.ins[id(eqn)] = cs if seen is None else [join(a, b) for a, b in zip(seen, cs)]
-    return super().equation(eqn, cs)
 
   def transfer(self, eqn, cs):
     return _eqn(eqn, cs, self.starts)

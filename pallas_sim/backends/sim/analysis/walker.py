@@ -91,9 +91,26 @@ class Call:
     return [mixed] * (len(body.constvars) + len(body.invars))
 
 
+# id(eqn) -> (eqn, its form): a launch's analyses walk the same equations
+# several times (each analysis, and a loop's body until it holds); bounded,
+# as it keeps the equations alive.
+_FORMS = {}
+_FORMS_KEPT = 8192
+
+
 def structure(eqn):
   """eqn's control flow or call (a form above, whose `visit` names the
   walkers' method for it), or None for a primitive without bodies."""
+  hit = _FORMS.get(id(eqn))
+  if hit is not None and hit[0] is eqn:
+    return hit[1]
+  if len(_FORMS) >= _FORMS_KEPT:
+    _FORMS.clear()
+  form = _FORMS[id(eqn)] = (eqn, _structure(eqn))
+  return form[1]
+
+
+def _structure(eqn):
   name = eqn.primitive.name
   p = eqn.params
   if name == "cond":
@@ -170,18 +187,26 @@ class Forward:
         return literal(v)
       return env.get(v, unknown)
 
+    # (the dispatch is inline, not a method: each frame a nested jaxpr adds
+    # to the walk's recursion costs CPython's frame stack a 16 KiB chunk
+    # mapped and unmapped wherever the recursion crosses a chunk's end)
+    entering, leaving = self.entering, self.leaving
     for eqn in jaxpr.eqns:
-      outs = self.equation(eqn, [get(v) for v in eqn.invars])
+      ins = [get(v) for v in eqn.invars]
+      form = structure(eqn)
+      entering(eqn, ins)
+      outs = (self.transfer(eqn, ins) if form is None else
+              getattr(self, form.visit)(eqn, form, ins))
+      leaving(eqn)
       for v, x in zip(eqn.outvars, outs):
         env[v] = self.result(v, x)
     return [get(v) for v in jaxpr.outvars]
 
-  def equation(self, eqn, ins):
-    """The values of eqn's results, from its operands'."""
-    form = structure(eqn)
-    if form is None:
-      return self.transfer(eqn, ins)
-    return getattr(self, form.visit)(eqn, form, ins)
+  def entering(self, eqn, ins):
+    """Before eqn's results are found from its operands' values `ins`."""
+
+  def leaving(self, eqn):
+    """After (not where the walk raised)."""
 
   def cond(self, eqn, form, ins):
     """Any branch's results: joined over the branches."""
