@@ -100,6 +100,25 @@ def test_a_long_persistent_loop_is_timed_by_its_iterations():
   assert k.block_cycles_max > k.block_cycles_min
 
 
+def _inner_trips(x):
+  """A loop inside a loop: the inner one's trip count is the block's (a
+  loop in another is no persistent loop: its trip count is a decision)."""
+  @plgpu.kernel(out_type=S((4, 128), F32), grid=(4,), grid_names=("b",))
+  def k(x_ref, o_ref):
+    b = lax.axis_index("b")
+
+    def outer(i, v):
+      return lax.fori_loop(0, b + i, lambda j, u: u * 1.5 + 1.0, v)
+    o_ref[b] = lax.fori_loop(0, 2, outer, x_ref[b])
+  return k(x)
+
+
+def test_an_inner_loops_trip_count_is_part_of_the_path():
+  k = _estimated(_inner_trips, jnp.ones((4, 128), F32))
+  assert k.simulated_blocks == 4 and "4 class(es)" in k.classes
+  assert k.block_cycles_max > k.block_cycles_min
+
+
 def _branchy(x):
   """Equal trip counts, but inside the loop a branch (ALU work, no load)
   taken on (block + step) odd: the path, not the loads, tells the blocks
