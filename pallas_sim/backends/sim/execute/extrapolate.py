@@ -103,10 +103,10 @@ class Plan:
       its = found.iterations[b].paths
       f = self.frames[b]
       # What timing the block needs, and the iterations that give it: its
-      # prologue and epilogue, its first iteration, and each after the one
-      # before it (what that one leaves in flight: TMA stores, the tensor
-      # cores' queue, is the next one's start).
-      # (its epilogue: until the last iteration's TMA stores have landed)
+      # prologue, its first iteration, each after the one before it (what
+      # that one leaves in flight, TMA stores and the tensor cores' queue,
+      # is the next one's start), and its epilogue after its last (until
+      # that one's TMA stores have landed).
       last = its[-1] if its else None
       want = {("end", f, last): (len(its) - 1,) if its else ()}
       if its:
