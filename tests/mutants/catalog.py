@@ -1100,8 +1100,8 @@ MUTANTS = [
     Mutant("paths-loads-at-the-class-sources", "pallas_sim/backends/sim/analysis/paths.py",
            "a block not simulated loads its own sources at its class's cycles; the "
            "mutant gives it the simulated block's sources",
-           "                     f\"its class's simulated block {len(rep_events)}\")\n    return out\n",
-           "                     f\"its class's simulated block {len(rep_events)}\")\n    return list(rep_events)\n",
+           "                     f\"block {number}'s path\", \"its class's simulated block\")\n",
+           "                     f\"block {number}'s path\", \"its class's simulated block\") and list(rep_events)\n",
            ("tests/test_paths.py",)),
     Mutant("paths-cut-boxes-unseen", "pallas_sim/backends/sim/analysis/paths.py",
            "a TMA box cut at the array's ends moves fewer bytes: part of the path; "

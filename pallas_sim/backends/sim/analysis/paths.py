@@ -299,6 +299,11 @@ class _Lanes:
     self.n, self.total = n, total   # real lanes, and with the padding
 
 
+def _per_lane(x, lanes):
+  """Whether x holds a value per lane (lanes: the block's, or None)."""
+  return lanes is not None and isinstance(x, np.ndarray) and x.shape == (lanes.total,)
+
+
 def _one(wg, x):
   """x, a decision's value, as the one value every lane takes."""
   a = np.asarray(x)
@@ -418,8 +423,7 @@ def _iterations(eqn, cx, loop):
     eng = wg.block.engines
     lanes = eng.lanes
     n = 1 if lanes is None else lanes.n
-    lane_of = lambda x: (lanes is not None and isinstance(x, np.ndarray)
-                         and x.shape == (lanes.total,))
+    lane_of = lambda x: _per_lane(x, lanes)
     start = np.asarray(carry[loop.index])
     trips = np.maximum(np.asarray(carry[loop.bound]) - start, 0)
     trips = [int(trips[k] if lane_of(trips) else trips) for k in range(n)]
@@ -471,11 +475,10 @@ def _get(eqn, cx):
 
   def get(wg, ref, *leaves):
     lanes = wg.block.engines.lanes
-    if lanes is None or not any(isinstance(x, np.ndarray) and x.shape == (lanes.total,)
-                                for x in leaves):
+    if not any(_per_lane(x, lanes) for x in leaves):
       return read(wg, ref, *leaves)
-    each = [read(wg, ref, *[x[k] if isinstance(x, np.ndarray) and x.shape == (lanes.total,)
-                            else x for x in leaves]) for k in range(lanes.total)]
+    each = [read(wg, ref, *[x[k] if _per_lane(x, lanes) else x for x in leaves])
+            for k in range(lanes.total)]
     if any(np.ndim(v) for v in each):
       raise NotLanes("a read of an array whose indices differ by lane")
     return np.array(each)
@@ -670,21 +673,32 @@ class Paths:
 
   def joined(self, number, rep_events):
     """Block `number`'s loads at the issue cycles of its class's simulated
-    block (`rep_events`: its Loads, as the TMA rule traced them): load for
-    load, per thread and site in order."""
-    cycles = collections.defaultdict(list)
-    for ev in rep_events:
-      cycles[ev.thread, ev.site].append(ev.cycle)
-    seen = collections.Counter()
-    out = []
-    for ld in self.loads[number]:
-      k = seen[ld.thread, ld.site]
-      seen[ld.thread, ld.site] += 1
-      out.append(ld._replace(cycle=cycles[ld.thread, ld.site][k]))
-    if sum(seen.values()) != len(rep_events):
-      raise SimError(f"block {number}'s path issues {sum(seen.values())} TMA loads, "
-                     f"its class's simulated block {len(rep_events)}")
-    return out
+    block (`rep_events`: its Loads, as the TMA rule traced them)."""
+    return at_cycles(self.loads[number], rep_events, 0.0,
+                     f"block {number}'s path", "its class's simulated block")
+
+
+def at_cycles(sliced, timed, offset, whose, against):
+  """The slice's loads `sliced` (no cycles) at the cycles of `timed` (Loads a
+  simulated run traced) plus `offset`: load for load, per thread and site in
+  order. `whose` and `against` name the two in the error where they
+  differ."""
+  cycles = collections.defaultdict(list)
+  for ev in timed:
+    cycles[ev.thread, ev.site].append(ev.cycle)
+  seen = collections.Counter()
+  out = []
+  for ld in sliced:
+    k = seen[ld.thread, ld.site]
+    seen[ld.thread, ld.site] += 1
+    at = cycles[ld.thread, ld.site]
+    if k >= len(at):
+      raise SimError(f"{whose} issues more TMA loads at a site than {against}")
+    out.append(ld._replace(cycle=at[k] + offset))
+  if sum(seen.values()) != len(timed):
+    raise SimError(f"{whose} issues {sum(seen.values())} TMA loads, {against} "
+                   f"{len(timed)}")
+  return out
 
 
 class _Recorder:

@@ -22,6 +22,7 @@ import typing
 
 import numpy as np
 
+from pallas_sim.backends.sim.analysis import paths
 from pallas_sim.backends.sim.execute.group import GroupResult
 from pallas_sim.backends.sim.interpret.compiler import RULES, Gen, run_gen
 from pallas_sim.backends.sim.machine.state import STALLS, BlockStats
@@ -42,20 +43,23 @@ class Mark(typing.NamedTuple):
   loads: int
 
 
+def _at(time, st, units, loads):
+  """A Mark: `st` a block's BlockStats, `units` its (TMA, tensor core,
+  thread clock) cycles, `loads` its Loads so far (or None)."""
+  tally = np.array([getattr(st, f) for f in _COUNTS] + [st.stalls[k] for k in STALLS]
+                   + list(units), np.float64)
+  return Mark(time, tally, {k: tuple(v) for k, v in st.load_sites.items()},
+              len(loads) if loads is not None else 0)
+
+
 def _mark(wg):
   st, eng = wg.block.stats, wg.block.engines
-  tally = np.array([getattr(st, f) for f in _COUNTS] + [st.stalls[k] for k in STALLS]
-                   + [eng.tma_work, eng.tc_work, wg.time], np.float64)
-  return Mark(wg.time, tally, {k: tuple(v) for k, v in st.load_sites.items()},
-              len(eng.loads) if eng.loads is not None else 0)
+  return _at(wg.time, st, (eng.tma_work, eng.tc_work, wg.time), eng.loads)
 
 
 def _ended(cycles, st):
   """A finished block's Mark (BlockStats.finish has its units' work)."""
-  tally = np.array([getattr(st, f) for f in _COUNTS] + [st.stalls[k] for k in STALLS]
-                   + [st.tma_cycles, st.tensor_cycles, st.thread_cycles], np.float64)
-  return Mark(cycles, tally, {k: tuple(v) for k, v in st.load_sites.items()},
-              len(st.loads) if st.loads is not None else 0)
+  return _at(cycles, st, (st.tma_cycles, st.tensor_cycles, st.thread_cycles), st.loads)
 
 
 class Span(typing.NamedTuple):
@@ -228,26 +232,11 @@ class Plan:
 
 
 def _timed(sliced, span, offset, b):
-  """The slice's loads `sliced` (no cycles) at the cycles of the Span
-  timed for them (relative), load for load per thread and site, plus
-  `offset`."""
+  """The slice's loads `sliced` (no cycles) at the cycles of the Span timed
+  for them (relative), plus `offset`: at once where their threads and sites
+  come in the same order (the same path), else paths.at_cycles."""
   timed = span.loads
   if len(sliced) == len(timed) and tuple((ld.thread, ld.site) for ld in sliced) == span.order:
     return [ld._replace(cycle=t.cycle + offset) for ld, t in zip(sliced, timed)]
-  cycles = collections.defaultdict(list)
-  for ld in timed:
-    cycles[ld.thread, ld.site].append(ld.cycle)
-  seen = collections.Counter()
-  out = []
-  for ld in sliced:
-    k = seen[ld.thread, ld.site]
-    seen[ld.thread, ld.site] += 1
-    at = cycles[ld.thread, ld.site]
-    if k >= len(at):
-      raise SimError(f"block {b}'s path issues more TMA loads at a site than the "
-                     "iteration timed for it")
-    out.append(ld._replace(cycle=at[k] + offset))
-  if sum(seen.values()) != len(timed):
-    raise SimError(f"block {b}'s path issues {sum(seen.values())} TMA loads where the "
-                   f"stretch timed for it issued {len(timed)}")
-  return out
+  return paths.at_cycles(sliced, timed, offset, f"block {b}'s path",
+                         "the stretch timed for it")
