@@ -8,6 +8,7 @@ from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.analysis import resources
 from pallas_sim.backends.sim.frontend import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
+from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.checks import initcheck
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.checks.races import element_view, element_map
@@ -243,7 +244,10 @@ def _run_scoped(eqn, cx):
   return scoped
 
 
-@rule("run_state")
+# Its own cost is none: the lowering wraps the operand registers as the
+# accumulator (WGMMAAccumulator.from_registers) and hands them back, and its
+# body's equations are charged as they run.
+@rule("run_state", op=OpClass.SHAPE_ONLY)
 def _run_state(eqn, cx):
   """Fresh refs initialized from the operands (or poisoned where
   `is_initialized` says none was given). Its results are the lowering's
