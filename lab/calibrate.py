@@ -290,6 +290,60 @@ def tma_panel(x, *, n, blocks, tile_rows, box_cols, slots, swizzle=None):
       grid=(blocks,), grid_names=("b",))(x)
 
 
+def tma_panel_copy(x, *, n, blocks, tile_rows, box_cols, slots):
+  """out = x[:, :n * box_cols]: block b walks its own
+  panel (rows b * tile_rows on) along the columns, each (tile_rows,
+  box_cols) box loaded by TMA (`slots` in flight) and stored back by TMA
+  to the same place in out; a slot is refilled once its store has read
+  it. The stores' rows are as strided as the loads'."""
+  import jax
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  assert n >= slots
+
+  def body(x_ref, o_ref, smem, bars):
+    b = lax.axis_index("b")
+    box = lambda ref, i: ref.at[pl.ds(b * tile_rows, tile_rows), pl.ds(i * box_cols, box_cols)]
+
+    def issue(i, slot):
+      plgpu.copy_gmem_to_smem(box(x_ref, i), smem.at[slot], bars.at[slot])
+
+    for s in range(slots):
+      issue(s, s)
+
+    def step(i, c):
+      slot = lax.rem(i, slots)
+      plgpu.barrier_wait(bars.at[slot])
+      plgpu.copy_smem_to_gmem(smem.at[slot], box(o_ref, i))
+
+      @pl.when(i + slots < n)
+      def _():
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        issue(i + slots, slot)
+      return c
+
+    lax.fori_loop(0, n, step, None)
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((x.shape[0], n * box_cols), x.dtype),
+      scratch_types=[plgpu.SMEM((slots, tile_rows, box_cols), x.dtype),
+                     plgpu.Barrier(num_barriers=slots)],
+      grid=(blocks,), grid_names=("b",))(x)
+
+
+def _build_panel_copy(n, *, blocks, box_cols, cols, slots, tile_rows=64, dtype="float16",
+                      cpu=False):
+  if cpu:
+    blocks, cols = 2, max(16, n) * box_cols
+  x = _array((blocks * tile_rows, cols), dtype=dtype, seed=15)
+  w = n * box_cols
+  return Built(functools.partial(tma_panel_copy, n=n, blocks=blocks, tile_rows=tile_rows,
+                                 box_cols=box_cols, slots=slots),
+               (x,), lambda x: x[:, :w], tol=0.0)
+
+
 def _build_panel(n, *, blocks, box_cols, cols, slots, dtype="float16", tile_rows=128,
                  swizzle=None, cpu=False):
   import jax.numpy as jnp
@@ -994,6 +1048,25 @@ class Micro:
     return d
 
 
+HBM_ROWS_BYTES = 32768  # (the arrays' rows)
+
+
+def _hbm_rows_micro(row_bytes, slots, bps, copy):
+  """hbm_rows[_copy]_{row_bytes}b_{slots}slots_{bps}_per_sm (_micros, c3')."""
+  dtype, item = ("float32", 4) if row_bytes > 512 else ("float16", 2)
+  box, cols, blocks = row_bytes // item, HBM_ROWS_BYTES // item, 128 * bps
+  what = "copying" if copy else "reading"
+  return Micro(
+      f"hbm_rows{'_copy' if copy else ''}_{row_bytes}b_{slots}slots_{bps}_per_sm",
+      "HBM " + ("read + write" if copy else "bandwidth") + " by the TMA box's row bytes "
+      "(strided rows)", _build_panel_copy if copy else _build_panel,
+      dict(blocks=blocks, box_cols=box, cols=cols, slots=slots, tile_rows=64, dtype=dtype),
+      2 * slots, cols // box, work=(2 if copy else 1) * blocks * 64 * row_bytes,
+      unit="bytes", cpu_n=(slots, slots + 2),
+      note=f"{blocks} blocks {what} boxes of 64 rows x {row_bytes} B along rows of 32 KiB, "
+           f"{slots} in flight" + (", bytes read + written" if copy else ""))
+
+
 def _micros():
   out = []
   # (a) TMA latency.
@@ -1102,6 +1175,24 @@ def _micros():
         work=bps * NUM_SMS * 128 * row_bytes, unit="bytes", cpu_n=(slots, slots + 2),
         note=f"{bps * NUM_SMS} blocks, boxes of 128 rows x {row_bytes} B along rows "
              f"of 16 KiB, {slots} in flight"))
+  # (c3') HBM read as a row kernel reads its tiles (RMSnorm, softmax): 128
+  # blocks per `bps` (one, two or four an SM), each walking its own 64 rows
+  # of an array with rows of 32 KiB, one pass (256 MiB a block an SM), in
+  # boxes of 64 rows whose rows are 64 to 1024 bytes of a long row: every box
+  # row its own piece of DRAM. What is in flight an SM, bps * slots boxes,
+  # and the rows' length vary. n1 is a few loads (launch and ramp), n2 the
+  # whole panel. (1024-byte rows: f32, a box row is at most 256 elements.)
+  for row_bytes, slots, bps in ((64, 16, 2), (128, 8, 2), (256, 4, 2), (512, 2, 2),
+                                (128, 2, 2), (128, 4, 2), (256, 1, 2), (256, 2, 2),
+                                (512, 1, 2), (512, 4, 2), (1024, 2, 2),
+                                (256, 1, 1), (256, 2, 1), (256, 4, 1),
+                                (256, 1, 4), (256, 2, 4), (256, 4, 4),
+                                (128, 1, 1), (128, 2, 1), (128, 4, 1)):
+    out.append(_hbm_rows_micro(row_bytes, slots, bps, copy=False))
+  # (c3'') The same, each box stored back to its place in a second array:
+  # bytes counted read + written.
+  for row_bytes, slots in ((128, 8), (256, 4), (512, 2), (128, 2), (64, 16), (1024, 2)):
+    out.append(_hbm_rows_micro(row_bytes, slots, 2, copy=True))
   # (c4) The same from the L2: each block's panel 1 KiB wide (33 MiB in all
   # at two blocks per SM), walked round and round.
   # (and 32- and 16-byte rows: a tile_k=16 f16 A tile, a 4-wide f32 one)

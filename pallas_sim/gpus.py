@@ -138,6 +138,29 @@ class GPU:
   # 440 less the issue's 43 (less the 4 an equation was charged before).
   tma_latency: int = 361
   hbm_latency_extra: int = 530
+  # What a byte costs HBM, read and written, when a TMA box's rows are runs
+  # of at most this many bytes in GMEM (pieces of longer rows), against the
+  # contiguous rates above: 256 blocks streaming their own 64 rows of 32 KiB
+  # rows in boxes of 64 rows, enough in flight to keep HBM busy, read at 3.73
+  # TB/s in 64-byte runs and 4.33 in 128; box by box copies wrote at 2.52 and
+  # 2.89 TB/s, with the reads at those rates (hbm_rows_* and hbm_rows_copy_*
+  # in micros_2026_12_05, H200; two runs' mean). Runs of 256 bytes and more:
+  # the contiguous rates (those copies wrote at 3.34 TB/s; the streams read at
+  # 4.2-4.33, where elementwise kernels reading 256- and 512-byte runs of 8-16
+  # KiB rows ran as fast as in 1 KiB runs: not modelled).
+  hbm_runs: tuple = ((64, 4.57 / 3.73, 3.33 / 2.52), (128, 4.57 / 4.33, 3.33 / 2.89))
+  # A miss's wait at HBM while the other SMs keep it busy: busy / (1 - busy)
+  # times this, busy the share of its SM's share of HBM bandwidth (the
+  # contiguous rates; more in short runs: hbm_cost) that its blocks keep busy,
+  # at most hbm_queue_cap (timing.Timing._hbm_queue). The same streams with
+  # 8 to 128 KiB in flight an SM (one, two or four blocks an SM, 1 to 16
+  # boxes each) went at 33% of HBM's rate with 8 KiB, 58% with 16, 84-88%
+  # with 32 and all of it from 64 on: 100 cycles puts the model within 2.6%
+  # of those 26 streams and copies on average (50: 3.5%, 200: 3.9%), its
+  # largest errors the 8 KiB boxes at one block an SM, 11-13% short
+  # (micros_2026_12_05, H200).
+  hbm_queue_cycles: float = 100.0
+  hbm_queue_cap: float = 0.95
   # wgmma then wgmma_wait(0), one block: 195 cycles at m64n64k64 and 657 at
   # m64n256k64, 7 and 85 over their FLOPs and issue cycles (H200).
   wgmma_latency: int = 45
@@ -237,6 +260,14 @@ class GPU:
   boost_mhz: float = 1980.0
   sm_clock_mhz: float | None = None
 
+  def hbm_cost(self, run_bytes):
+    """(read, write): what a byte costs HBM against the contiguous rates
+    (hbm_bytes_per_s, hbm_write_bytes_per_s) in runs of `run_bytes`."""
+    for most, read, write in self.hbm_runs:
+      if run_bytes <= most:
+        return read, write
+    return 1.0, 1.0
+
   def tensor_rate(self, operand_kind):
     """Tensor-core FLOP per clock per SM for operands of this kind."""
     return dict(self.tensor_flop_per_clk)[operand_kind]
@@ -294,4 +325,5 @@ def at_clock(gpu, mhz):
                                 for k, v in gpu.tensor_flop_per_clk),
       tensor_rate_mhz=tuple((k, mhz) for k, _ in gpu.tensor_rate_mhz),
       tma_latency=gpu.tma_latency * r, hbm_latency_extra=gpu.hbm_latency_extra * r,
+      hbm_queue_cycles=gpu.hbm_queue_cycles * r,
       local_l2_bytes_per_clk=gpu.local_l2_bytes_per_clk / r)

@@ -30,7 +30,9 @@ from pallas_sim.errors import SimError
 
 # BlockStats counters a mark takes, then the stalls, the units' work and the
 # thread's clock (BlockStats.finish: tma_cycles, tensor_cycles, thread_cycles)
-_COUNTS = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops")
+_COUNTS = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
+           "hbm_read_cost", "hbm_write_cost")
+_WHOLE = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops")  # (counts, not weights)
 
 
 class Mark(typing.NamedTuple):
@@ -222,7 +224,7 @@ class Plan:
         count[k] += nl
     st = BlockStats()
     for f_, x in zip(_COUNTS, tally):
-      setattr(st, f_, x if f_ == "tensor_f16_flops" else int(round(x)))
+      setattr(st, f_, int(round(x)) if f_ in _WHOLE else x)
     n = len(_COUNTS)
     st.stalls = dict(zip(STALLS, tally[n:n + len(STALLS)].tolist()))
     st.tma_cycles, st.tensor_cycles, st.thread_cycles = tally[n + len(STALLS):].tolist()

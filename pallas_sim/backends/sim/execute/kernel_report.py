@@ -16,7 +16,10 @@ def kernel_report(gpu, launch, arrays, prep, grid, placement, merge, wall, trace
   else:  # (kernels without TMA move their operands with plain loads and stores)
     reads, writes = inputs, outputs
   hbm = reads + writes
-  kt = placement.kernel_time(cycles, reads, writes)
+  kt = placement.kernel_time(
+      cycles, reads, writes,
+      totals.hbm_read_cost / totals.tma_load_bytes if totals.tma_load_bytes else 1.0,
+      totals.hbm_write_cost / totals.tma_store_bytes if totals.tma_store_bytes else 1.0)
   util = bound.utilisation(kt, totals, gpu, hbm)
   words, why = bound.name(kt, totals, util, prep.regs)
   return KernelReport(

@@ -19,6 +19,7 @@ class BlockStats:
   by what they waited for (`stalls`, cycles summed over warpgroups); the
   cycles its SM's units worked for it (`tma_cycles`, `tensor_cycles`)."""
   __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
+               "hbm_read_cost", "hbm_write_cost",
                "thread_cycles", "stalls", "tma_cycles", "tensor_cycles", "load_sites", "loads",
                "path")
 
@@ -27,6 +28,10 @@ class BlockStats:
     self.tma_store_bytes = 0
     self.wgmma_flops = 0
     self.tensor_f16_flops = 0.0  # (as many f16 FLOP as take the tensor cores as long)
+    # TMA bytes loaded and stored, each weighted by what a byte in runs as
+    # long as its box's costs HBM (gpus.GPU.hbm_cost)
+    self.hbm_read_cost = 0.0
+    self.hbm_write_cost = 0.0
     self.thread_cycles = 0.0
     self.stalls = dict.fromkeys(STALLS, 0.0)
     self.tma_cycles = 0.0
@@ -38,7 +43,8 @@ class BlockStats:
   def add(self, other, times=1):
     """Adds another block's tallies (`times` blocks like it)."""
     for name in ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
-                 "thread_cycles", "tma_cycles", "tensor_cycles"):
+                 "hbm_read_cost", "hbm_write_cost", "thread_cycles", "tma_cycles",
+                 "tensor_cycles"):
       setattr(self, name, getattr(self, name) + times * getattr(other, name))
     for k, v in other.stalls.items():
       self.stalls[k] += times * v

@@ -49,11 +49,17 @@ class Engines:
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
                "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path", "far",
-               "l2_rows")
+               "l2_rows", "miss", "hbm_cycles", "hbm_work")
 
   def __init__(self, share=1, spill=(0.0, 0.0), l2_rate=None, latency=None, loads=False,
-               byte_cycles=None, far=1.0, l2_rows=None):
+               byte_cycles=None, far=1.0, l2_rows=None, miss=None, hbm_cycles=None):
     self.share = share
+    # TMA load site -> the share of its bytes that come from HBM (set_loads)
+    self.miss = miss or {}
+    # cycles a byte read and a byte written take of the SM's share of HBM's
+    # bandwidth (None: no queue at HBM, LaunchTiming)
+    self.hbm_cycles = hbm_cycles
+    self.hbm_work = 0.0  # cycles of it its transfers took
     # the share of its L2 reads served by the far partition, which queue
     # (LaunchTiming.far)
     self.far = far
@@ -243,7 +249,8 @@ class Timing:
       return g.beside_tensor_fma
     return g.beside_tensor_other
 
-  def tma(self, engines, t, nbytes, site=None, row_bytes=None, shared=True, via_l2=True):
+  def tma(self, engines, t, nbytes, site=None, row_bytes=None, shared=True, via_l2=True,
+          store=False, hbm_cost=1.0):
     """A transfer issued at t (a load from `site`, whose latency and L2 share
     the L2 model set: LaunchTiming.set_loads; its box's rows `row_bytes`
     long): (start, end of the transfer, completion). `shared`: False for a
@@ -264,10 +271,18 @@ class Timing:
     each row is an L2 request: they go at most at the SM's share of the
     L2's requests (l2_requests_per_s) and at its engine's rate
     (tma_narrow_rows_per_clk), and their lookups keep the share busy where
-    they take longer than their bytes (32-byte rows: twice as long)."""
+    they take longer than their bytes (32-byte rows: twice as long).
+
+    What comes from HBM (a load's missing share, all of a store: `store`)
+    keeps the SM's share of HBM's bandwidth busy, read or write (count_hbm;
+    `hbm_cost` a byte, for the runs it comes in: gpus.GPU.hbm_cost), and a
+    miss's latency queues there (Timing._hbm_queue)."""
     g = self.gpu
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
+    miss = 1.0 if store else engines.miss.get(site, 0.0)
+    if miss and not store:
+      lat += miss * self._hbm_queue(engines, start)
     per = engines.byte_cycles.get(site) if shared else None
     if per is not None:  # (a site whose sources are shared: the far reads queue)
       far = engines.far
@@ -288,8 +303,32 @@ class Timing:
     engines.tma_work += work
     if via_l2:
       engines.l2_work += nbytes * l2_per
+      if miss:
+        self.count_hbm(engines, nbytes * miss * hbm_cost, store)
     engines.tma_free = end
     return start, end, end + lat
+
+  @staticmethod
+  def count_hbm(engines, nbytes, write):
+    """Counts `nbytes` that HBM reads (or writes) for the block against its
+    SM's share of HBM's bandwidth (each busy SM gets its share:
+    LaunchTiming), for the queue they make (_hbm_queue). The bandwidth
+    itself binds the launch as a whole (LaunchTiming.kernel_time): an SM
+    takes more than its share while others take less."""
+    if engines.hbm_cycles:
+      engines.hbm_work += nbytes * engines.hbm_cycles[1 if write else 0]
+
+  def _hbm_queue(self, engines, t):
+    """The wait a miss adds to its latency at t, queued behind the other
+    SMs' requests at HBM: hbm_queue_cycles * busy / (1 - busy), busy the
+    share of its SM's share of HBM bandwidth the block's transfers (and the
+    co-resident blocks', taken alike) kept busy so far, at most
+    hbm_queue_cap (gpus.GPU.hbm_queue_cycles)."""
+    if t <= 0 or not engines.hbm_cycles:
+      return 0.0
+    g = self.gpu
+    busy = min(g.hbm_queue_cap, engines.share * engines.hbm_work / t)
+    return g.hbm_queue_cycles * busy / (1 - busy)
 
   def spill(self, engines, t):
     """What a spilled accumulator costs a warpgroup at t, before its wgmma
@@ -371,6 +410,13 @@ class LaunchTiming:
     self.active = active = max(1, min(num_blocks, g.num_sms))
     self.l2_rate = g.l2_bytes_per_s / g.clock_hz / active
     self.l2_rows = g.l2_requests_per_s / g.clock_hz / active  # (rows under 128 bytes)
+    # ... and of HBM's: cycles a byte read, a byte written (none where the
+    # launch's inputs and outputs fit in the L2: its loads hit there once
+    # read, and the few first reads make no queue)
+    fits = footprint is not None and footprint <= g.l2_bytes
+    self.hbm_cycles = None if fits else (g.clock_hz * active / g.hbm_bytes_per_s,
+                                         g.clock_hz * active / g.hbm_write_bytes_per_s)
+    self.miss = {}  # TMA load site -> the share of its bytes from HBM (set_loads)
     self.latency = {}
     self.byte_cycles = {}
     self.distinct = {}  # TMA load site -> distinct sources per wave (set_loads)
@@ -411,7 +457,8 @@ class LaunchTiming:
     """The block's share of its SM's units (a fresh Engines)."""
     share = self.share(block_index)
     return Engines(share, self.spill_cycles(share), self.l2_rate, self.latency,
-                   self.trace_loads, self.byte_cycles, self.far, self.l2_rows)
+                   self.trace_loads, self.byte_cycles, self.far, self.l2_rows, self.miss,
+                   self.hbm_cycles)
 
   def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the
@@ -426,6 +473,7 @@ class LaunchTiming:
       self.distinct[site] = [self._distinct(wave, axes) for wave in waves]
       first = sum(self.distinct[site]) / n if n else 1.0  # (the share that misses)
       self.latency[site] = g.tma_latency + g.hbm_latency_extra * first
+      self.miss[site] = first
       # Where the wave's blocks share sources (a matmul's A and B tiles), the
       # L2 streams the first read of each (`first` of the bytes) and
       # serves the rest at its shared rate; each busy SM gets its share, up
@@ -472,13 +520,15 @@ class LaunchTiming:
       return 1
     return len(np.unique(wave[:, list(axes)], axis=0))
 
-  def kernel_time(self, block_cycles, hbm_reads, hbm_writes):
+  def kernel_time(self, block_cycles, hbm_reads, hbm_writes, read_cost=1.0, write_cost=1.0):
     """The SMs' block slots (per_sm on each) take blocks in launch order as
     they free up, as the GPU's block scheduler hands them out: a launch of
     like blocks runs in waves, and one of unlike blocks (causal attention)
     evens out over the slots. The kernel takes its last block's end, and
     cannot beat HBM bandwidth for the bytes it moves; plus launch
-    overhead. Returns a KernelTime."""
+    overhead; read_cost, write_cost: what a byte costs HBM for the runs the
+    kernel's boxes read and write in (gpus.GPU.hbm_cost), on average. Returns
+    a KernelTime."""
     g = self.timing.gpu
     cycles = np.asarray(block_cycles, dtype=np.float64)
     free = [(0.0, slot) for slot in range(min(self.slots, len(cycles)))]
@@ -492,7 +542,8 @@ class LaunchTiming:
     idle = min(t for t, _ in free) if free else 0.0
     compute_s = end / g.clock_hz
     tail_s = (end - idle) / g.clock_hz if self.waves > 1 else 0.0
-    memory_s = hbm_reads / g.hbm_bytes_per_s + hbm_writes / g.hbm_write_bytes_per_s
+    memory_s = (hbm_reads * read_cost / g.hbm_bytes_per_s
+                + hbm_writes * write_cost / g.hbm_write_bytes_per_s)
     return KernelTime(max(compute_s, memory_s) + g.launch_overhead_s, compute_s,
                       memory_s, g.launch_overhead_s, tail_s,
                       (len(cycles) % self.slots or self.slots) / self.slots)

@@ -41,6 +41,18 @@ def _row_bytes(ref):
   return min(row, swizzle) if swizzle else row
 
 
+def _run_bytes(view):
+  """The bytes of the longest runs a GMEM box `view` (a numpy view) lies in
+  contiguously: its rows where they are pieces of longer rows, more where
+  whole rows follow one another."""
+  run = view.itemsize
+  for n, stride in zip(reversed(view.shape), reversed(view.strides)):
+    if n > 1 and stride != run:
+      break
+    run *= n
+  return run
+
+
 def _check_box(ref, what, bulk=False):
   """The lowering's TMA limits (mosaic/gpu/launch_context.py), its messages.
   `bulk`: the copy takes the plain bulk path (cp.async.bulk of one
@@ -158,8 +170,10 @@ def _copy_gmem_to_smem(eqn, cx):
       targets = [(d, slot) if peer is blk else
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
+    cost = timing.gpu.hbm_cost(_run_bytes(s.view))[0]
     start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site, _row_bytes(d),
-                                shared=not collective)
+                                shared=not collective, hbm_cost=cost)
+    blk.stats.hbm_read_cost += s.view.nbytes * cost
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
       blk.engines.loads.append(Load(start, source_key(s), s.view.nbytes, wg.index, site))
     blk.stats.tma_load_bytes += s.view.nbytes
@@ -338,8 +352,11 @@ def _commit(wg, timing, after=0.0):
     blk.hb.store_pending(op, s, where)
     sview, dview = s.view, d.view
     nbytes = sview.nbytes
-    start, read_done, done = timing.tma(blk.engines, wg.time + after, nbytes)
+    cost = timing.gpu.hbm_cost(_run_bytes(dview))[1]
+    start, read_done, done = timing.tma(blk.engines, wg.time + after, nbytes, store=True,
+                                        hbm_cost=cost)
     blk.stats.tma_store_bytes += nbytes
+    blk.stats.hbm_write_cost += nbytes * cost
     snap = []
 
     def read(s=s, sview=sview, snap=snap, where=where):

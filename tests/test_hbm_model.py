@@ -1,0 +1,119 @@
+"""HBM in the timing model: what a byte costs in the runs a TMA box reads
+and writes (gpus.GPU.hbm_runs), and the wait a miss adds while the other SMs
+keep HBM busy (gpus.GPU.hbm_queue_cycles), against the H200's streams of
+lab/calibrate.py (hbm_rows_*, read from lab/data/h200_measured.json)."""
+import functools
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import pallas_sim as ps
+from pallas_sim import gpus
+from pallas_sim.backends.sim.interpret.rules.tma import _run_bytes
+from pallas_sim.backends.sim.timing.model import Timing
+
+from lab import DATA
+from lab import calibrate as C
+
+H = gpus.get("h200")
+
+with open(os.path.join(DATA, "h200_measured.json")) as _f:
+  _RUNS = json.load(_f)["micros_2026_12_05"]
+
+
+def _measured_us(name):
+  """A stream's call over its whole array, the mean of the runs that have it."""
+  ts = [r["t2_s"] for key in ("micros_first", "micros") for r in _RUNS[key]
+        if r["name"] == name]
+  return 1e6 * sum(ts) / len(ts)
+
+
+def _predicted_us(name):
+  m = C.by_name(name)
+  p = m.params
+  fn = C.tma_panel_copy if "copy" in name else C.tma_panel
+  x = jax.ShapeDtypeStruct((p["blocks"] * p["tile_rows"], p["cols"]), jnp.dtype(p["dtype"]))
+  f = functools.partial(fn, n=m.n2, blocks=p["blocks"], tile_rows=p["tile_rows"],
+                        box_cols=p["box_cols"], slots=p["slots"])
+  return 1e6 * ps.estimate(f, x, gpu="h200", clock_mhz=1980).time_s
+
+
+def test_a_box_lies_in_runs_as_long_as_its_rows_or_the_whole_box():
+  x = np.zeros((64, 8192), np.float16)
+  assert _run_bytes(x[:, 128:192]) == 128            # pieces of longer rows
+  assert _run_bytes(x[8:40]) == 32 * 8192 * 2        # whole rows follow on
+  assert _run_bytes(x[:, 5:6]) == 2                  # a column
+  assert _run_bytes(np.zeros((4, 1, 256), np.float32)[1:3]) == 2 * 256 * 4
+
+
+def test_short_runs_cost_hbm_more_and_long_ones_nothing():
+  assert H.hbm_cost(64) == pytest.approx((4.57 / 3.73, 3.33 / 2.52))
+  assert H.hbm_cost(128)[0] > 1 and H.hbm_cost(128)[1] > H.hbm_cost(128)[0]
+  assert H.hbm_cost(256) == H.hbm_cost(1 << 20) == (1.0, 1.0)
+
+
+def _streaming_launch(footprint=None):
+  """Every block reading its own tiles: all of each load from HBM."""
+  lt = Timing(H).launch(1024, 32 * 1024, 128, footprint=footprint)
+  lt.set_loads(np.array([(b,) for b in range(1024)]), {"x": (0,)})
+  return lt
+
+
+def test_a_miss_waits_longer_the_busier_its_sm_keeps_hbm():
+  lt = _streaming_launch()
+  assert lt.miss["x"] == 1.0
+  t = Timing(H)
+  e = lt.engines(0)
+  _, end, done = t.tma(e, 0.0, 16384, "x", row_bytes=256)
+  assert done - end == pytest.approx(lt.latency["x"])  # (nothing before it)
+  t.tma(e, end, 1 << 24, "x", row_bytes=256)             # (keeps the share busy)
+  _, end2, done2 = t.tma(e, end + 10.0, 16384, "x", row_bytes=256)
+  cap = H.hbm_queue_cap
+  assert done2 - end2 - lt.latency["x"] == pytest.approx(
+      H.hbm_queue_cycles * cap / (1 - cap), rel=0.05)
+  # A launch whose data fits in the L2 reads each byte from HBM once: no queue.
+  lt = _streaming_launch(footprint=H.l2_bytes // 2)
+  e = lt.engines(0)
+  t.tma(e, 0.0, 1 << 24, "x", row_bytes=256)
+  _, end, done = t.tma(e, 10.0, 16384, "x", row_bytes=256)
+  assert done - end == pytest.approx(lt.latency["x"])
+
+
+def test_a_store_keeps_hbm_busy_at_the_write_rate():
+  lt = _streaming_launch()
+  t = Timing(H)
+  e = lt.engines(0)
+  t.tma(e, 0.0, 4096, store=True, hbm_cost=1.5)
+  assert e.hbm_work == pytest.approx(4096 * 1.5 * lt.hbm_cycles[1])
+  t.tma(e, 0.0, 4096, via_l2=False)  # (SMEM to SMEM: no HBM)
+  assert e.hbm_work == pytest.approx(4096 * 1.5 * lt.hbm_cycles[1])
+
+
+@pytest.mark.parametrize("fewer,more", [
+    # the same bytes, 16 and 64 KiB in flight an SM: 143.8 and 127.1 us on the H200
+    ("hbm_rows_256b_1slots_2_per_sm", "hbm_rows_256b_4slots_2_per_sm"),
+    # 16 and 32 KiB at one block an SM: 109.3 and 76.2 us
+    ("hbm_rows_256b_1slots_1_per_sm", "hbm_rows_256b_2slots_1_per_sm"),
+])
+def test_too_little_in_flight_leaves_hbm_idle_as_on_the_h200(fewer, more):
+  """Little's law: with 16 KiB in flight an SM a stream's latency, not HBM's
+  bandwidth, sets its pace; the model's ratio is the H200's within 8%."""
+  measured = _measured_us(fewer) / _measured_us(more)
+  predicted = _predicted_us(fewer) / _predicted_us(more)
+  assert measured > 1.1
+  assert predicted == pytest.approx(measured, rel=0.08)
+
+
+@pytest.mark.parametrize("name", [
+    "hbm_rows_64b_16slots_2_per_sm",       # reads in 64-byte runs
+    "hbm_rows_copy_64b_16slots_2_per_sm",  # and writes
+    "hbm_rows_copy_128b_8slots_2_per_sm",  # writes in 128-byte runs
+    "hbm_rows_copy_256b_4slots_2_per_sm",  # runs as fast as whole rows
+    "hbm_rows_copy_1024b_2slots_2_per_sm",
+])
+def test_the_h200s_streams_in_short_runs_are_predicted_within_4_percent(name):
+  assert _predicted_us(name) == pytest.approx(_measured_us(name), rel=0.04)
