@@ -27,7 +27,7 @@ def kernel(op, dest, source):
     if source == "plain":
       val = x_ref[...]
     elif source == "plgpu.load":
-      val = plgpu.load(x_ref, (), layout=plgpu.Layout.WGMMA, optimized=False)
+      val = plgpu.load(x_ref, layout=plgpu.Layout.WGMMA, optimized=False)
     else:
       val = x_ref[...] * 1 + 0
     fn(dst, val)

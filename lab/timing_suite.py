@@ -304,7 +304,7 @@ def row_sums(x, *, block_m=128, tile_k=128, mcs=2):
 
     def step(indices, x_smem, carry):
       del indices
-      v = plgpu.load(x_smem, (), layout=plgpu.Layout.WGMMA)
+      v = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA)
       return carry + jnp.sum(v, axis=1)
 
     init = plgpu.layout_cast(jnp.zeros((block_m,), jnp.float32),
