@@ -117,3 +117,22 @@ def test_too_little_in_flight_leaves_hbm_idle_as_on_the_h200(fewer, more):
 ])
 def test_the_h200s_streams_in_short_runs_are_predicted_within_4_percent(name):
   assert _predicted_us(name) == pytest.approx(_measured_us(name), rel=0.04)
+
+
+def test_a_block_counts_no_more_than_its_share_of_a_source_against_hbm():
+  """A persistent matmul's blocks each load far more of A than A holds over
+  the blocks: the rest are re-reads the L2 serves, which make no queue."""
+  lt = _streaming_launch()
+  t = Timing(H)
+  e = lt.engines(0)
+  source = (object(), 1024 * 16384)  # (a buffer of 16 KiB per block of 1024)
+  t.tma(e, 0.0, 16384, "x", row_bytes=256, source=source)
+  once = e.hbm_work
+  assert once == pytest.approx(16384 * lt.hbm_cycles[0])
+  t.tma(e, 100.0, 16384, "x", row_bytes=256, source=source)
+  assert e.hbm_work == once
+  # addresses from data: the analysis cannot tell misses, none are counted
+  lt.set_loads(np.array([(b,) for b in range(1024)]), {"d": None})
+  e = lt.engines(0)
+  t.tma(e, 0.0, 16384, "d", row_bytes=256)
+  assert e.hbm_work == 0.0

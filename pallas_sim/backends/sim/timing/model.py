@@ -49,10 +49,10 @@ class Engines:
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
                "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path", "far",
-               "l2_rows", "miss", "hbm_cycles", "hbm_work")
+               "l2_rows", "miss", "hbm_cycles", "hbm_work", "hbm_left", "blocks")
 
   def __init__(self, share=1, spill=(0.0, 0.0), l2_rate=None, latency=None, loads=False,
-               byte_cycles=None, far=1.0, l2_rows=None, miss=None, hbm_cycles=None):
+               byte_cycles=None, far=1.0, l2_rows=None, miss=None, hbm_cycles=None, blocks=1):
     self.share = share
     # TMA load site -> the share of its bytes that come from HBM (set_loads)
     self.miss = miss or {}
@@ -60,6 +60,13 @@ class Engines:
     # bandwidth (None: no queue at HBM, LaunchTiming)
     self.hbm_cycles = hbm_cycles
     self.hbm_work = 0.0  # cycles of it its transfers took
+    # Each byte of a load's source comes from HBM at least once a launch, and
+    # the launch's blocks share that: a block counts at most its share of
+    # each source's bytes against HBM,
+    # the rest being re-reads the L2 serves (a persistent matmul's tiles):
+    # buffer -> bytes left to count.
+    self.hbm_left = {}
+    self.blocks = blocks  # the launch's
     # the share of its L2 reads served by the far partition, which queue
     # (LaunchTiming.far)
     self.far = far
@@ -250,7 +257,7 @@ class Timing:
     return g.beside_tensor_other
 
   def tma(self, engines, t, nbytes, site=None, row_bytes=None, shared=True, via_l2=True,
-          store=False, hbm_cost=1.0):
+          store=False, hbm_cost=1.0, source=None):
     """A transfer issued at t (a load from `site`, whose latency and L2 share
     the L2 model set: LaunchTiming.set_loads; its box's rows `row_bytes`
     long): (start, end of the transfer, completion). `shared`: False for a
@@ -275,8 +282,9 @@ class Timing:
 
     What comes from HBM (a load's missing share, all of a store: `store`)
     keeps the SM's share of HBM's bandwidth busy, read or write (count_hbm;
-    `hbm_cost` a byte, for the runs it comes in: gpus.GPU.hbm_cost), and a
-    miss's latency queues there (Timing._hbm_queue)."""
+    `hbm_cost` a byte, for the runs it comes in: gpus.GPU.hbm_cost; a load's
+    `source`: (its buffer, bytes)), and a miss's latency queues there
+    (Timing._hbm_queue)."""
     g = self.gpu
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
@@ -304,19 +312,26 @@ class Timing:
     if via_l2:
       engines.l2_work += nbytes * l2_per
       if miss:
-        self.count_hbm(engines, nbytes * miss * hbm_cost, store)
+        self.count_hbm(engines, nbytes * miss, hbm_cost, store, source)
     engines.tma_free = end
     return start, end, end + lat
 
   @staticmethod
-  def count_hbm(engines, nbytes, write):
-    """Counts `nbytes` that HBM reads (or writes) for the block against its
-    SM's share of HBM's bandwidth (each busy SM gets its share:
-    LaunchTiming), for the queue they make (_hbm_queue). The bandwidth
-    itself binds the launch as a whole (LaunchTiming.kernel_time): an SM
-    takes more than its share while others take less."""
-    if engines.hbm_cycles:
-      engines.hbm_work += nbytes * engines.hbm_cycles[1 if write else 0]
+  def count_hbm(engines, nbytes, cost, write, source=None):
+    """Counts `nbytes` that HBM reads (or writes), at `cost` a byte, for the
+    block against its SM's share of HBM's bandwidth (each busy SM gets its
+    share: LaunchTiming), for the queue they make (_hbm_queue); a load's no
+    more than the block's share of its source (Engines.hbm_left). The
+    bandwidth itself binds the launch as a whole (LaunchTiming.kernel_time):
+    an SM takes more than its share while others take less."""
+    if not engines.hbm_cycles:
+      return
+    if source is not None:
+      buf, size = source
+      left = engines.hbm_left.get(buf, size / engines.blocks)
+      nbytes = min(nbytes, left)
+      engines.hbm_left[buf] = left - nbytes
+    engines.hbm_work += nbytes * cost * engines.hbm_cycles[1 if write else 0]
 
   def _hbm_queue(self, engines, t):
     """The wait a miss adds to its latency at t, queued behind the other
@@ -458,7 +473,7 @@ class LaunchTiming:
     share = self.share(block_index)
     return Engines(share, self.spill_cycles(share), self.l2_rate, self.latency,
                    self.trace_loads, self.byte_cycles, self.far, self.l2_rows, self.miss,
-                   self.hbm_cycles)
+                   self.hbm_cycles, self.num_blocks or 1)
 
   def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the
@@ -473,7 +488,9 @@ class LaunchTiming:
       self.distinct[site] = [self._distinct(wave, axes) for wave in waves]
       first = sum(self.distinct[site]) / n if n else 1.0  # (the share that misses)
       self.latency[site] = g.tma_latency + g.hbm_latency_extra * first
-      self.miss[site] = first
+      # (HBM's queue counts no misses where addresses come from data: the
+      # analysis takes every such load for a miss, most of which the L2 serves)
+      self.miss[site] = first if axes is not None else 0.0
       # Where the wave's blocks share sources (a matmul's A and B tiles), the
       # L2 streams the first read of each (`first` of the bytes) and
       # serves the rest at its shared rate; each busy SM gets its share, up

@@ -172,7 +172,8 @@ def _copy_gmem_to_smem(eqn, cx):
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
     cost = timing.gpu.hbm_cost(_run_bytes(s.view))[0]
     start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site, _row_bytes(d),
-                                shared=not collective, hbm_cost=cost)
+                                shared=not collective, hbm_cost=cost,
+                                source=(s.buf, s.buf.nbytes))
     blk.stats.hbm_read_cost += s.view.nbytes * cost
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
       blk.engines.loads.append(Load(start, source_key(s), s.view.nbytes, wg.index, site))
