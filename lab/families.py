@@ -19,6 +19,7 @@ timing_suite.shapes_only() gives shapes here too.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 
@@ -46,7 +47,7 @@ def _mma_transforms(dtype, row_bytes=128):
 # ---------------------------------------------------------------------------
 
 def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
-              split="N"):
+              split="N", compiler_params=None, scopes=False):
   """C = A @ B (f16 in, f32 accumulator, f16 out) with
   plgpu.emit_pipeline_warp_specialized: a memory warpgroup streams
   (block_m, tile_k) tiles of A and (tile_k, block_n) tiles of B by TMA into
@@ -55,7 +56,9 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
   share B's tile and read their own rows of A's; "N": they share A's tile
   and read their own columns of B's). Each consumer carries its
   accumulator through the pipeline (a wgmma per step) and stores its tile
-  through SMEM by TMA."""
+  through SMEM by TMA. `scopes`: each step's run_state in a named scope
+  "acc" and its wgmma's issue in "issue", for Mosaic GPU's profiler
+  (`compiler_params`; lab/ws_trace.py)."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -70,6 +73,8 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
   # (wgmma takes A and B at one swizzle, as wide as A's K rows allow)
   a_tf = b_tf = _mma_transforms(dtype, tile_k * 2)
   o_tf = _mma_transforms(dtype, tile_n * 2)
+
+  scope = jax.named_scope if scopes else lambda _: contextlib.nullcontext()
 
   def kernel(a_gmem, b_gmem, o_gmem, o_smem):
     wg = lax.axis_index("wg")
@@ -95,8 +100,10 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
         b_smem = b_smem.at[:, pl.ds(wg * tile_n, tile_n)]
 
       def mma(acc_ref):
-        plgpu.wgmma(acc_ref, a_smem, b_smem)
-      return pl.run_state(mma)(plgpu.ACC.init(carry))
+        with scope("issue"):
+          plgpu.wgmma(acc_ref, a_smem, b_smem)
+      with scope("acc"):
+        return pl.run_state(mma)(plgpu.ACC.init(carry))
 
     plgpu.emit_pipeline_warp_specialized(
         step,
@@ -112,7 +119,7 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
       kernel, out_type=jax.ShapeDtypeStruct((m, n), dtype),
       scratch_types=[plgpu.SMEM((consumers, tile_m, tile_n), dtype, transforms=o_tf)],
       grid=(m // block_m, n // block_n), grid_names=("m", "n"),
-      num_threads=consumers + 1, thread_name="wg")(a, b)
+      num_threads=consumers + 1, thread_name="wg", compiler_params=compiler_params)(a, b)
 
 
 def ws_smem(tile_m, tile_n, tile_k, mcs, consumers, split, itemsize=2):
@@ -143,15 +150,16 @@ WS_CONFIGS = (
 WS_SIZES = ((4096, 4096, 4096), (8192, 2048, 8192))   # M x K x N
 
 
-def _ws_cases():
+def _ws_cases(sizes=WS_SIZES, configs=WS_CONFIGS, tag=""):
   out = []
-  for m, k, n in WS_SIZES:
-    for cons, split, tm, tn, tk, mcs in WS_CONFIGS:
+  for m, k, n in sizes:
+    for cons, split, tm, tn, tk, mcs in configs:
       assert ws_smem(tm, tn, tk, mcs, cons, split) <= _ts().SMEM_LIMIT
       block = (tm * (cons if split == "M" else 1), tn * (cons if split == "N" else 1))
       how = f"{cons}x{tm}x{tn} split {split}" if cons > 1 else f"1x{tm}x{tn}"
       out.append(_case(
-          f"own ws_matmul f16 {m}x{k}x{n} block {block[0]}x{block[1]}x{tk} {how} mcs={mcs}",
+          f"own ws_matmul f16 {m}x{k}x{n} block {block[0]}x{block[1]}x{tk} {how} mcs={mcs}"
+          + tag,
           f"own ws_matmul f16 {m}x{k}x{n}",
           dict(m=m, k=k, n=n, tile_m=tm, tile_n=tn, tile_k=tk, mcs=mcs,
                consumers=cons, split=split),
@@ -239,13 +247,13 @@ def fp8_smem(tile_m, tile_n, tile_k, mcs, out_itemsize=2):
           + mcs * (_align(tile_m * tile_k) + _align(tile_n * tile_k)))
 
 
-def _fp8_cases():
-  m, k, n = FP8_SIZE
+def _fp8_cases(size=FP8_SIZE, configs=FP8_CONFIGS, tag=""):
+  m, k, n = size
   out = []
-  for tm, tn, tk, mcs in FP8_CONFIGS:
+  for tm, tn, tk, mcs in configs:
     assert fp8_smem(tm, tn, tk, mcs) <= _ts().SMEM_LIMIT
     out.append(_case(
-        f"own fp8 matmul e4m3 {m}x{k}x{n} {tm}x{tn}x{tk} mcs={mcs}",
+        f"own fp8 matmul e4m3 {m}x{k}x{n} {tm}x{tn}x{tk} mcs={mcs}" + tag,
         f"own fp8 matmul e4m3 {m}x{k}x{n}",
         dict(m=m, k=k, n=n, tile_m=tm, tile_n=tn, tile_k=tk, mcs=mcs),
         flops=2.0 * m * k * n, bytes=m * k + k * n + 2.0 * m * n, make=_make_fp8))
@@ -398,8 +406,8 @@ def _make_softmax(rows, cols, seed=40, **kw):
   return ts.Built(functools.partial(softmax_rows, **kw), (x,), _softmax_ref, tol=1e-2)
 
 
-def _rows_cases():
-  rows, cols = ROWS_SIZE
+def _rows_cases(size=ROWS_SIZE, configs=ROWS_CONFIGS, tag=""):
+  rows, cols = size
   n = rows * cols
   out = []
   # flops an element: RMSnorm squares and sums, then scales twice (4);
@@ -407,9 +415,9 @@ def _rows_cases():
   # scales (7). Bytes: x read once, out written once (and w).
   for what, make, flops, extra in (("rmsnorm", _make_rms, 4, cols),
                                    ("softmax", _make_softmax, 7, 0)):
-    for bm, tn, mcs in ROWS_CONFIGS:
+    for bm, tn, mcs in configs:
       out.append(_case(
-          f"own {what} bf16 {rows}x{cols} {bm} rows/block {bm}x{tn} mcs={mcs}",
+          f"own {what} bf16 {rows}x{cols} {bm} rows/block {bm}x{tn} mcs={mcs}" + tag,
           f"own {what} bf16 {rows}x{cols}",
           dict(rows=rows, cols=cols, block_m=bm, tile_n=tn, mcs=mcs),
           flops=flops * n, bytes=2.0 * (2 * n + extra), make=make))
@@ -479,24 +487,26 @@ COPY_CONFIGS = ((512, 32, 256, 2), (512, 32, 256, 4), (256, 64, 256, 3),
                 (1024, 16, 256, 6), (256, 64, 128, 4), (1024, 8, 256, 8))
 
 
-def _make_copy(rows, cols, seed=50, **kw):
+def _make_copy(rows, cols, seed=50, dtype="float32", **kw):
   import jax.numpy as jnp
   ts = _ts()
-  x = ts._rand(seed, (rows, cols), jnp.float32)
+  x = ts._rand(seed, (rows, cols), jnp.dtype(dtype))
   return ts.Built(functools.partial(tma_copy, **kw), (x,), lambda x: x, tol=0.0)
 
 
-def _copy_cases():
-  rows, cols = COPY_SIZE
+def _copy_cases(size=COPY_SIZE, configs=COPY_CONFIGS, dtype="float32", tag=""):
+  rows, cols = size
   n = rows * cols
+  item, short = _dtype_names(dtype)
   out = []
-  for blocks, tm, tn, slots in COPY_CONFIGS:
-    assert slots * tm * tn * 4 <= _ts().SMEM_LIMIT and rows % (blocks * tm) == 0
+  for blocks, tm, tn, slots in configs:
+    assert slots * tm * tn * item <= _ts().SMEM_LIMIT and rows % (blocks * tm) == 0
     out.append(_case(
-        f"own tma copy f32 {rows}x{cols} {blocks} blocks {tm}x{tn} slots={slots}",
-        f"own tma copy f32 {rows}x{cols}",
-        dict(rows=rows, cols=cols, blocks=blocks, tile_m=tm, tile_n=tn, slots=slots),
-        flops=n, bytes=2.0 * n * 4, make=_make_copy,
+        f"own tma copy {short} {rows}x{cols} {blocks} blocks {tm}x{tn} slots={slots}" + tag,
+        f"own tma copy {short} {rows}x{cols}",
+        dict(rows=rows, cols=cols, blocks=blocks, tile_m=tm, tile_n=tn, slots=slots,
+             **({} if dtype == "float32" else {"dtype": dtype})),
+        flops=n, bytes=2.0 * n * item, make=_make_copy,
         note="flops: one per element moved (a copy computes nothing)"))
   return out
 
@@ -544,24 +554,26 @@ FMA4_CONFIGS = ((1024, 16, 256, 2), (512, 32, 256, 2), (1024, 16, 128, 4),
                 (256, 32, 128, 3), (2048, 8, 256, 4), (256, 64, 64, 2))
 
 
-def _make_fma4(rows, cols, seed=60, **kw):
+def _make_fma4(rows, cols, seed=60, dtype="bfloat16", **kw):
   import jax.numpy as jnp
   ts = _ts()
-  args = tuple(ts._rand(seed + 100 * i, (rows, cols), jnp.bfloat16) for i in range(4))
+  args = tuple(ts._rand(seed + 100 * i, (rows, cols), jnp.dtype(dtype)) for i in range(4))
   return ts.Built(functools.partial(fma4, **kw), args, _fma4_ref, tol=1e-2)
 
 
-def _fma4_cases():
-  rows, cols = FMA4_SIZE
+def _fma4_cases(size=FMA4_SIZE, configs=FMA4_CONFIGS, dtype="bfloat16", tag=""):
+  rows, cols = size
   n = rows * cols
+  item, short = _dtype_names(dtype)
   out = []
-  for blocks, tm, tn, mcs in FMA4_CONFIGS:
-    assert 5 * mcs * tm * tn * 2 <= _ts().SMEM_LIMIT and rows % (blocks * tm) == 0
+  for blocks, tm, tn, mcs in configs:
+    assert 5 * mcs * tm * tn * item <= _ts().SMEM_LIMIT and rows % (blocks * tm) == 0
     out.append(_case(
-        f"own a*b+c*d bf16 {rows}x{cols} {blocks} blocks {tm}x{tn} mcs={mcs}",
-        f"own a*b+c*d bf16 {rows}x{cols}",
-        dict(rows=rows, cols=cols, blocks=blocks, tile_m=tm, tile_n=tn, mcs=mcs),
-        flops=3.0 * n, bytes=5.0 * n * 2, make=_make_fma4))
+        f"own a*b+c*d {short} {rows}x{cols} {blocks} blocks {tm}x{tn} mcs={mcs}" + tag,
+        f"own a*b+c*d {short} {rows}x{cols}",
+        dict(rows=rows, cols=cols, blocks=blocks, tile_m=tm, tile_n=tn, mcs=mcs,
+             **({} if dtype == "bfloat16" else {"dtype": dtype})),
+        flops=3.0 * n, bytes=5.0 * n * item, make=_make_fma4))
   return out
 
 
@@ -594,15 +606,54 @@ def _attention_cases():
 # Cases.
 # ---------------------------------------------------------------------------
 
+def _dtype_names(dtype):
+  """(bytes an element, the name cases give it)."""
+  import numpy as np
+  import jax.numpy as jnp
+  d = jnp.dtype(dtype)
+  return d.itemsize, {np.dtype(np.float32): "f32", jnp.dtype(jnp.bfloat16): "bf16"}.get(
+      d, d.name)
+
+
 def _case(name, family, params, *, flops, bytes, make, small=False, note=""):
   return _ts().Case(name=name, family=family, params=params, flops=float(flops),
                     bytes=float(bytes), make=make, small=small, note=note)
 
 
+# A second blind set: the same families at other sizes and tiles, predicted
+# (lab/data/blind_predictions_own_families_2.json) before any was measured,
+# by the model with HBM's run costs and queue (gpus.GPU.hbm_runs,
+# hbm_queue_cycles). Names end " (blind 2)".
+SECOND = " (blind 2)"
+WS_CONFIGS_2 = (
+    (2, "N", 128, 128, 64, 2), (2, "N", 128, 128, 64, 3), (2, "N", 128, 128, 32, 4),
+    (2, "M", 64, 256, 64, 2), (2, "M", 64, 256, 64, 3),
+    (2, "M", 128, 128, 64, 3), (1, "N", 128, 128, 64, 3),
+)
+FP8_CONFIGS_2 = ((128, 128, 128, 2), (128, 128, 128, 4), (64, 256, 128, 2),
+                 (64, 256, 128, 4))
+ROWS_CONFIGS_2 = ((64, 64, 2), (64, 128, 2), (64, 128, 3), (64, 256, 2), (128, 64, 2),
+                  (128, 128, 2), (64, 64, 4))
+# bf16 boxes in runs of 128, 256, 64, 256, 512 and 128 bytes
+COPY_CONFIGS_2 = ((512, 64, 64, 4), (512, 32, 128, 4), (512, 64, 32, 8),
+                  (256, 64, 128, 2), (1024, 16, 256, 4), (512, 64, 64, 2))
+# f32 boxes in runs of 128, 256, 256, 512, 512 and 128 bytes
+FMA4_CONFIGS_2 = ((256, 32, 32, 2), (512, 16, 64, 2), (256, 32, 64, 3),
+                  (1024, 8, 128, 4), (512, 16, 128, 2), (256, 16, 32, 4))
+
+
+def second_cases():
+  return (_ws_cases(((6144, 6144, 6144),), WS_CONFIGS_2, SECOND)
+          + _fp8_cases((8192, 4096, 8192), FP8_CONFIGS_2, SECOND)
+          + _rows_cases((32768, 4096), ROWS_CONFIGS_2, SECOND)
+          + _copy_cases((32768, 4096), COPY_CONFIGS_2, "bfloat16", SECOND)
+          + _fma4_cases((8192, 4096), FMA4_CONFIGS_2, "float32", SECOND))
+
+
 def family_cases():
   """Every case of the families, GPU sizes."""
   return (_ws_cases() + _fp8_cases() + _rows_cases() + _copy_cases() + _fma4_cases()
-          + _attention_cases())
+          + _attention_cases() + second_cases())
 
 
 def sim_params(case):

@@ -27,6 +27,9 @@ CHECKED = [
     "own tma copy f32 16384x4096 512 blocks 32x256 slots=4",
     "own a*b+c*d bf16 16384x4096 1024 blocks 16x128 mcs=4",
     "own attention_mgpu fwd b1 s16384 h4 d128 causal bq64 bkv128 mcs=2",
+    # the second set's other element types
+    "own tma copy bf16 32768x4096 512 blocks 64x32 slots=8 (blind 2)",
+    "own a*b+c*d f32 8192x4096 256 blocks 32x32 mcs=2 (blind 2)",
 ]
 
 

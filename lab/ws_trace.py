@@ -1,0 +1,147 @@
+"""Where a warp-specialized matmul's pipeline step goes (lab/families.py
+ws_matmul, JAX's emit_pipeline_warp_specialized): each consumer's step in
+named scopes, "acc" (the step's run_state: its wgmma's issue and the wait for
+it) and "issue" (the wgmma's issue), stamped by Mosaic GPU's profiler with
+the SM's cycle counter. Per consumer and steady step (past the first mcs + 1,
+before the last):
+
+* `acc`: the run_state, issue to the accumulator back (the tensor cores,
+  this consumer's wgmma and the other's before it);
+* `gap`: from its end to the next step's start: the consumed barrier's
+  arrive, the loop, and the wait on the produced barrier (the loads);
+* `step`: one start to the next.
+
+On the GPU machine (each case warmed up unprofiled first, so the clock is the
+one a sustained run holds):
+
+    python3 -m lab.ws_trace --out $OUT
+
+On a CPU, the simulator's trace of the same kernel, in the same cycles
+(report/profiler.py), at the clock the GPU run held:
+
+    ./dev python -m lab.ws_trace --sim [--mhz 1500]
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from lab import families
+from lab.pipeline_trace import newest_trace, ranges
+
+# (tile_m, tile_n, split, mcs): the families' split-N block 128x256x64 at its
+# two depths, and the split-M one.
+CASES = [(128, 128, "N", 2), (128, 128, "N", 3), (64, 256, "M", 2), (64, 256, "M", 3)]
+SIZE = 4096
+SPACE = 64  # ranges a warpgroup records (2 a step): the first ~30 steps
+
+
+def name_of(tile_m, tile_n, split, mcs):
+  return f"ws {SIZE} {tile_m}x{tile_n} split {split} mcs={mcs}"
+
+
+def kernel_of(tile_m, tile_n, split, mcs, profile_dir=None):
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  params = (plgpu.CompilerParams(profile_space=SPACE, profile_dir=profile_dir,
+                                 profile_bounds_check=True) if profile_dir else None)
+  return functools.partial(families.ws_matmul, tile_m=tile_m, tile_n=tile_n, tile_k=64,
+                           mcs=mcs, split=split, scopes=bool(profile_dir),
+                           compiler_params=params)
+
+
+def parts(trace, mcs):
+  """Medians (and 10th/90th percentiles) of acc, gap and step over every
+  consumer track's steady steps, in cycles."""
+  tracks, _ = ranges(trace)
+  out = {"acc": [], "gap": [], "step": [], "issue": []}
+  for rs in tracks.values():
+    acc = [(b, e) for name, b, e in rs if name == "acc"]
+    issue = [(b, e) for name, b, e in rs if name == "issue"]
+    for j in range(mcs + 1, len(acc) - 1):
+      out["acc"].append(acc[j][1] - acc[j][0])
+      out["gap"].append(acc[j + 1][0] - acc[j][1])
+      out["step"].append(acc[j + 1][0] - acc[j][0])
+      if j < len(issue):
+        out["issue"].append(issue[j][1] - issue[j][0])
+  return {k: ({"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
+               "p90": float(np.percentile(v, 90))} if v else None) for k, v in out.items()}
+
+
+def _operands(sim):
+  import jax
+  import jax.numpy as jnp
+  if sim:
+    return (jax.ShapeDtypeStruct((SIZE, SIZE), jnp.float16),) * 2
+  k1, k2 = jax.random.split(jax.random.key(0))
+  return (jax.random.normal(k1, (SIZE, SIZE), jnp.float16),
+          jax.random.normal(k2, (SIZE, SIZE), jnp.float16))
+
+
+def gpu(out_dir, warm_s):
+  import jax
+  from lab.pipeline_trace import _clock_of, _clock_sampler
+  a, b = _operands(False)
+  rows = []
+  for case in CASES:
+    f = jax.jit(kernel_of(*case))
+    jax.block_until_ready(f(a, b))
+    clock = _clock_sampler()
+    t0, calls = time.time(), 0
+    while time.time() - t0 < warm_s:
+      out = f(a, b)
+      calls += 1
+    jax.block_until_ready(out)
+    per_call = (time.time() - t0) / calls
+    mhz = _clock_of(clock)
+    with tempfile.TemporaryDirectory() as d:
+      jax.block_until_ready(jax.jit(kernel_of(*case, profile_dir=d))(a, b))
+      trace = newest_trace(d)
+    row = dict(name=name_of(*case), case=case, per_call_us=per_call * 1e6, mhz=mhz,
+               **parts(trace, case[3]))
+    rows.append(row)
+    _print(row)
+  with open(os.path.join(out_dir, "ws_trace.json"), "w") as fh:
+    json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
+
+
+def sim(mhz):
+  import pallas_sim as ps
+  a, b = _operands(True)
+  for case in CASES:
+    with tempfile.TemporaryDirectory() as d:
+      ps.estimate(kernel_of(*case, profile_dir=d), a, b, gpu="h200", clock_mhz=mhz)
+      trace = newest_trace(d)
+    _print(dict(name=name_of(*case), mhz=mhz, **parts(trace, case[3])))
+
+
+def _print(row):
+  def f(p):
+    return f"{p['median']:6.0f} ({p['p10']:.0f}-{p['p90']:.0f})" if p else "     -"
+  print(f"{row['name']:32s} {row.get('mhz') or 0:5.0f} MHz  acc {f(row['acc'])}  "
+        f"gap {f(row['gap'])}  step {f(row['step'])}  issue {f(row['issue'])}"
+        + (f"  {row['per_call_us']:.1f} us a call" if "per_call_us" in row else ""),
+        flush=True)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser()
+  ap.add_argument("--out", default=os.environ.get("OUT", "."))
+  ap.add_argument("--warm-s", type=float, default=1.0)
+  ap.add_argument("--sim", action="store_true", help="the simulator's trace, on a CPU")
+  ap.add_argument("--mhz", type=float, default=1500.0)
+  ns = ap.parse_args(argv)
+  if ns.sim:
+    sim(ns.mhz)
+  else:
+    gpu(ns.out, ns.warm_s)
+
+
+if __name__ == "__main__":
+  main()
