@@ -578,3 +578,25 @@ def test_the_quickstarts_hbm_bytes_at_8192_are_ncus_where_its_waves_stay_sharp(
   r = ps.estimate(lambda a, b: matmul_mcs(a, b, tile_k=tile_k, max_concurrent_steps=mcs),
                   x, x, gpu="h200")
   assert r.kernels[0].hbm_bytes / 1e9 == pytest.approx(ncu_gb, rel=0.03)
+
+
+def _state_loop(steps):
+  """One warpgroup carrying a 128x128 f32 accumulator through `steps`
+  run_states with empty bodies."""
+  def body(o_ref):
+    def step(_, acc):
+      return pl.run_state(lambda acc_ref: None)(plgpu.ACC.init(acc))
+    acc = lax.fori_loop(0, steps, step, plgpu.layout_cast(
+        jnp.zeros((128, 128), F32), plgpu.Layout.WGMMA))
+    o_ref[...] = acc
+  return plgpu.kernel(body, out_type=S((128, 128), F32), grid=(1,), grid_names=("x",))
+
+
+def test_run_state_costs_its_body_not_a_copy_of_its_accumulator():
+  """The lowering wraps run_state's operand registers as the accumulator
+  (WGMMAAccumulator.from_registers) and hands them back: no instruction a
+  register. 32 more steps of an empty body cost the loop's own equations,
+  not 32 copies of 128 vectors."""
+  cycles = [ps.estimate(_state_loop(n)).kernels[0].block_cycles_max for n in (16, 48)]
+  per_step = (cycles[1] - cycles[0]) / 32
+  assert 0 < per_step < 0.25 * 128 * gpus.H100.alu_cycles_per_vector * 2

@@ -394,6 +394,9 @@ def test_the_h200_figures_predict_the_h200_measurements(pin):
 #    model never reaches the 160 B/clk cap in a measured kernel (it serves
 #    l2_same_tile_* at l2_shared_bytes_per_s), and it is 15% slow on tf32.
 #    tensor_flop_per_clk[int8] / tensor_rate_mhz[int8]: never measured.
+#  - hbm_runs, hbm_queue_cycles, hbm_queue_cap: against the hbm_rows_* streams
+#    in tests/test_hbm_model.py (the queue's effect is graded, by what is in
+#    flight, not one figure a stream).
 #  - l2_far_ramp, l2_queue_cap (the latter not calibrated, per gpus.py),
 #    l2_bytes, l2_shared_min_row_bytes, register_base (a threshold: 24 is "a
 #    lead" below 31), smem/threads/carve-out limits, clocks, num_sms.
