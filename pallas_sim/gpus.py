@@ -155,10 +155,12 @@ class GPU:
   # at most hbm_queue_cap (timing.Timing._hbm_queue). The same streams with
   # 8 to 128 KiB in flight an SM (one, two or four blocks an SM, 1 to 16
   # boxes each) went at 33% of HBM's rate with 8 KiB, 58% with 16, 84-88%
-  # with 32 and all of it from 64 on: 100 cycles puts the model within 2.6%
-  # of those 26 streams and copies on average (50: 3.5%, 200: 3.9%), its
-  # largest errors the 8 KiB boxes at one block an SM, 11-13% short
-  # (micros_2026_12_05, H200).
+  # with 32 and all of it from 64 on. With 100 cycles the model is within
+  # 4.3% of those 26 streams and copies on average, 13.4% at most (the 8 KiB
+  # boxes at one block an SM, short); without the queue 7.5% and 25%; 150
+  # and 200 cycles give 3.7% and 4.0% (benchmarks/RESULTS.md, 2026-12-05:
+  # 100 is what the second blind set was predicted with; micros_2026_12_05,
+  # H200).
   hbm_queue_cycles: float = 100.0
   hbm_queue_cap: float = 0.95
   # wgmma then wgmma_wait(0), one block: 195 cycles at m64n64k64 and 657 at
