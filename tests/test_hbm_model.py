@@ -2,44 +2,28 @@
 and writes (gpus.GPU.hbm_runs), and the wait a miss adds while the other SMs
 keep HBM busy (gpus.GPU.hbm_queue_cycles), against the H200's streams of
 lab/calibrate.py (hbm_rows_*, read from lab/data/h200_measured.json)."""
-import functools
-import json
-import os
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import pallas_sim as ps
 from pallas_sim import gpus
 from pallas_sim.backends.sim.interpret.rules.tma import _run_bytes
 from pallas_sim.backends.sim.timing.model import Timing
 
-from lab import DATA
+from benchmarks import hbm_streams
 from lab import calibrate as C
 
 H = gpus.get("h200")
 
-with open(os.path.join(DATA, "h200_measured.json")) as _f:
-  _RUNS = json.load(_f)["micros_2026_12_05"]
+_MEASURED = hbm_streams.measured()
 
 
 def _measured_us(name):
   """A stream's call over its whole array, the mean of the runs that have it."""
-  ts = [r["t2_s"] for key in ("micros_first", "micros") for r in _RUNS[key]
-        if r["name"] == name]
-  return 1e6 * sum(ts) / len(ts)
+  return _MEASURED[name]
 
 
 def _predicted_us(name):
-  m = C.by_name(name)
-  p = m.params
-  fn = C.tma_panel_copy if "copy" in name else C.tma_panel
-  x = jax.ShapeDtypeStruct((p["blocks"] * p["tile_rows"], p["cols"]), jnp.dtype(p["dtype"]))
-  f = functools.partial(fn, n=m.n2, blocks=p["blocks"], tile_rows=p["tile_rows"],
-                        box_cols=p["box_cols"], slots=p["slots"])
-  return 1e6 * ps.estimate(f, x, gpu="h200", clock_mhz=1980).time_s
+  return hbm_streams.predicted(C.by_name(name), H)
 
 
 def test_a_box_lies_in_runs_as_long_as_its_rows_or_the_whole_box():
