@@ -10,7 +10,8 @@ Families (every case's name starts with "own "):
   c. RMSnorm and softmax over rows, two TMA pipelines over column tiles;
   d. a TMA-only tile copy (GMEM -> SMEM -> GMEM, no register work);
   e. out = a*b + c*d through emit_pipeline;
-  f. JAX's attention_mgpu at head_dim 128, at shapes the suite lacks.
+  f. JAX's attention_mgpu at head_dim 128, at shapes the suite lacks;
+and a second blind set of a-e at other sizes and tiles (second_cases).
 
 Matmul sizes are written M x K x N, as in timing_suite. A library: importing
 it builds nothing; timing_suite is imported inside the functions (it imports
