@@ -17,7 +17,7 @@ import pallas_sim as ps
 from pallas_sim import gpus
 from pallas_sim.backends.sim.timing import bound, occupancy
 from pallas_sim.backends.sim.machine.state import BlockStats
-from pallas_sim.backends.sim.timing.model import Engines, KernelTime, Timing
+from pallas_sim.backends.sim.timing.model import Engines, KernelTime, OpClass, Timing
 from test_quickstart import matmul_mcs
 
 from lab import calibrate
@@ -600,3 +600,15 @@ def test_run_state_costs_its_body_not_a_copy_of_its_accumulator():
   cycles = [ps.estimate(_state_loop(n)).kernels[0].block_cycles_max for n in (16, 48)]
   per_step = (cycles[1] - cycles[0]) / 32
   assert 0 < per_step < 0.25 * 128 * gpus.H100.alu_cycles_per_vector * 2
+
+
+def test_a_reduction_costs_the_elements_it_reduces():
+  """A row sum of a 128x128 tile does ALU work on its 16384 elements (each
+  lane's partial sums), not on the 128 it returns: it costs about what an
+  elementwise op over the tile costs."""
+  x = S((128, 128), F32)
+  t = Timing(gpus.H100)
+  reduce_eqn = jax.make_jaxpr(lambda v: jnp.sum(v, axis=1))(x).jaxpr.eqns[0]
+  square_eqn = jax.make_jaxpr(lambda v: v * v)(x).jaxpr.eqns[0]
+  assert t.issue_cycles(OpClass.REDUCE, reduce_eqn) == t.issue_cycles(OpClass.ALU, square_eqn)
+  assert t.issue_cycles(OpClass.REDUCE, reduce_eqn) > 8 * t.issue_cycles(OpClass.ALU, reduce_eqn)

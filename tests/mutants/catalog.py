@@ -952,6 +952,12 @@ MUTANTS = [
            "      nbytes = min(nbytes, left)\n",
            "      nbytes = nbytes\n",
            ("tests/test_hbm_model.py",)),
+    Mutant("reduce-costs-its-output", "pallas_sim/backends/sim/timing/model.py",
+           "a reduction's ALU work is over the elements it reduces; the mutant charges "
+           "the few it returns",
+           "    for v in (eqn.invars if op is OpClass.REDUCE else eqn.outvars):\n",
+           "    for v in eqn.outvars:\n",
+           ("tests/test_timing_model.py",)),
     Mutant("run-state-copies-its-accumulator", "pallas_sim/backends/sim/interpret/rules/refs.py",
            "run_state costs no vector work of its own; the mutant charges a copy of its "
            "operands as ALU work",

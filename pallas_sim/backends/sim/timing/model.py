@@ -107,6 +107,10 @@ class OpClass(enum.Enum):
   # Vector work on the ALUs: an overhead, and per 128 elements of its
   # widest output, alu_cycles_per_vector.
   ALU = "alu"
+  # A reduction: ALU work per 128 elements of what it reduces, its widest
+  # operand (the lanes' partial results, then their exchange, which is not
+  # measured: the ALU's part alone).
+  REDUCE = "reduce"
   # ALU work on the FMA pipes (float add, sub, mul, neg): what the
   # beside_fma micro-benchmark's v * a + b stream measured beside a wgmma.
   FMA = "fma"
@@ -213,7 +217,7 @@ class Timing:
     the ALU's, or for transcendental functions the library's (or with
     approx_math, one special-function unit op's)."""
     size = 1
-    for v in eqn.outvars:
+    for v in (eqn.invars if op is OpClass.REDUCE else eqn.outvars):
       size = max(size, math.prod(getattr(v.aval, "shape", ())))
     g = self.gpu
     if op is OpClass.CONVERT and eqn.invars and getattr(

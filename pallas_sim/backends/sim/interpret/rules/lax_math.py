@@ -430,15 +430,16 @@ def _zeros_ordered_reduce(np_fn, negative_wins):
 
 # plgpu.sum/prod/max/min (mosaic_gpu_reduce_*) are the same reductions; their
 # accumulator_ilp only changes the order of the GPU's partial sums.
-rule("reduce_sum", "mosaic_gpu_reduce_sum")(_reduce(np.sum, f32_halves=True))
-rule("reduce_prod", "mosaic_gpu_reduce_prod")(_reduce(np.prod, f32_halves=True))
-rule("reduce_max", "mosaic_gpu_reduce_max")(
+_R = OpClass.REDUCE
+rule("reduce_sum", "mosaic_gpu_reduce_sum", op=_R)(_reduce(np.sum, f32_halves=True))
+rule("reduce_prod", "mosaic_gpu_reduce_prod", op=_R)(_reduce(np.prod, f32_halves=True))
+rule("reduce_max", "mosaic_gpu_reduce_max", op=_R)(
     _reduce(_zeros_ordered_reduce(np.max, negative_wins=False)))
-rule("reduce_min", "mosaic_gpu_reduce_min")(
+rule("reduce_min", "mosaic_gpu_reduce_min", op=_R)(
     _reduce(_zeros_ordered_reduce(np.min, negative_wins=True)))
-rule("reduce_and")(_reduce(np.all))
-rule("reduce_or")(_reduce(np.any))
-rule("reduce_xor")(_reduce(lambda x, axis: np.bitwise_xor.reduce(x, axis=axis)))
+rule("reduce_and", op=_R)(_reduce(np.all))
+rule("reduce_or", op=_R)(_reduce(np.any))
+rule("reduce_xor", op=_R)(_reduce(lambda x, axis: np.bitwise_xor.reduce(x, axis=axis)))
 
 
 def _arg(np_fn):
