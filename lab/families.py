@@ -11,7 +11,8 @@ Families (every case's name starts with "own "):
   d. a TMA-only tile copy (GMEM -> SMEM -> GMEM, no register work);
   e. out = a*b + c*d through emit_pipeline;
   f. JAX's attention_mgpu at head_dim 128, at shapes the suite lacks;
-and a second blind set of a-e at other sizes and tiles (second_cases).
+and a second blind set of a-e at other sizes and tiles (second_cases), a
+third of c over longer rows (third_cases).
 
 Matmul sizes are written M x K x N, as in timing_suite. A library: importing
 it builds nothing; timing_suite is imported inside the functions (it imports
@@ -651,10 +652,20 @@ def second_cases():
           + _fma4_cases((8192, 4096), FMA4_CONFIGS_2, "float32", SECOND))
 
 
+# A third blind set: RMSnorm and softmax over longer rows, predicted
+# (lab/data/blind_predictions_own_families_3.json) once reductions cost the
+# elements they reduce. Names end " (blind 3)".
+THIRD = " (blind 3)"
+
+
+def third_cases():
+  return _rows_cases((8192, 16384), ROWS_CONFIGS_2, THIRD)
+
+
 def family_cases():
   """Every case of the families, GPU sizes."""
   return (_ws_cases() + _fp8_cases() + _rows_cases() + _copy_cases() + _fma4_cases()
-          + _attention_cases() + second_cases())
+          + _attention_cases() + second_cases() + third_cases())
 
 
 def sim_params(case):
