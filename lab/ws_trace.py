@@ -29,7 +29,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -86,19 +85,14 @@ def _operands(sim):
 
 def gpu(out_dir, warm_s):
   import jax
-  from lab.pipeline_trace import _clock_of, _clock_sampler
+  from lab.pipeline_trace import _clock_of, _clock_sampler, _warm
   a, b = _operands(False)
   rows = []
   for case in CASES:
     f = jax.jit(kernel_of(*case))
     jax.block_until_ready(f(a, b))
     clock = _clock_sampler()
-    t0, calls = time.time(), 0
-    while time.time() - t0 < warm_s:
-      out = f(a, b)
-      calls += 1
-    jax.block_until_ready(out)
-    per_call = (time.time() - t0) / calls
+    per_call = _warm(f, a, b, warm_s)
     mhz = _clock_of(clock)
     with tempfile.TemporaryDirectory() as d:
       jax.block_until_ready(jax.jit(kernel_of(*case, profile_dir=d))(a, b))

@@ -61,12 +61,11 @@ class Engines:
     self.hbm_cycles = hbm_cycles
     self.hbm_work = 0.0  # cycles of it its transfers took
     # Each byte of a load's source comes from HBM at least once a launch, and
-    # the launch's blocks share that: a block counts at most its share of
-    # each source's bytes against HBM,
-    # the rest being re-reads the L2 serves (a persistent matmul's tiles):
-    # buffer -> bytes left to count.
+    # the launch's `blocks` share that: a block counts at most its share of
+    # each source's bytes against HBM, the rest being re-reads the L2 serves
+    # (a persistent matmul's tiles). Buffer -> bytes left to count.
     self.hbm_left = {}
-    self.blocks = blocks  # the launch's
+    self.blocks = blocks
     # the share of its L2 reads served by the far partition, which queue
     # (LaunchTiming.far)
     self.far = far
@@ -183,6 +182,13 @@ def _stretch(share, work, t):
   if share == 1:
     return 1.0
   return _leftover((share - 1) * (work / t if t > 0 else 1.0), share)
+
+
+def _busy(engines, work, t, cap):
+  """The share of its SM's share of a unit (the L2, HBM) a block's `work`
+  cycles there, and its co-resident blocks' (taken alike), kept busy up to
+  t, at most `cap`: what its next request queues behind."""
+  return min(cap, engines.share * work / t) if t > 0 else 0.0
 
 
 def _leftover(others, cap):
@@ -343,10 +349,10 @@ class Timing:
     share of its SM's share of HBM bandwidth the block's transfers (and the
     co-resident blocks', taken alike) kept busy so far, at most
     hbm_queue_cap (gpus.GPU.hbm_queue_cycles)."""
-    if t <= 0 or not engines.hbm_cycles:
+    if not engines.hbm_cycles:
       return 0.0
     g = self.gpu
-    busy = min(g.hbm_queue_cap, engines.share * engines.hbm_work / t)
+    busy = _busy(engines, engines.hbm_work, t, g.hbm_queue_cap)
     return g.hbm_queue_cycles * busy / (1 - busy)
 
   def spill(self, engines, t):
@@ -362,9 +368,7 @@ class Timing:
     (a queue's wait is 1 / left as long): 1 - busy, busy the share the
     block's transfers (and the co-resident blocks', taken alike) kept it
     busy so far, at most l2_queue_cap."""
-    if t <= 0:
-      return 1.0
-    return 1 - min(self.gpu.l2_queue_cap, engines.share * engines.l2_work / t)
+    return 1 - _busy(engines, engines.l2_work, t, self.gpu.l2_queue_cap)
 
   def f16_equivalent(self, dtype):
     """An f16 FLOP's worth of tensor-core time per FLOP of operands of this
