@@ -59,6 +59,7 @@ import numpy as np
 
 from lab import DATA, timing_suite
 from lab.timing_suite import predict
+from pallas_sim.compare import RESOLUTION
 
 
 def spearman(x, y):
@@ -80,24 +81,83 @@ def spearman(x, y):
   return float(np.corrcoef(rx, ry)[0, 1])
 
 
-def summarize(rows, title, small, again=None):
+def noise_of(name, t, again, spread):
+  """A row's run-to-run noise, relative: the difference between its two
+  sustained runs where it has been measured twice, else its batches' own
+  spread; never under compare.RESOLUTION (the H200's run-to-run spread
+  over the 673 rows measured before)."""
+  other = again.get(name) if again else None
+  own = abs(t / other - 1) if other else (spread or {}).get(name, 0.0)
+  return max(RESOLUTION, own)
+
+
+def apart(fr, noise):
+  """The pairs of rows (case, measured, predicted, ...) whose measured times
+  differ by more than either's noise: (i, j) with row i measured faster."""
+  out = []
+  for i, a in enumerate(fr):
+    for b in fr[i + 1:]:
+      lo, hi = (a, b) if a[1] <= b[1] else (b, a)
+      if hi[1] / lo[1] - 1 > max(noise[a[0].name], noise[b[0].name]):
+        out.append((lo, hi))
+  return out
+
+
+def ordered_share(pairs):
+  """Of pairs told apart on the GPU, the share the model orders the same
+  way; a pair predicted within compare.RESOLUTION of each other (the model
+  cannot tell them apart) counts half."""
+  if not pairs:
+    return float("nan")
+  score = sum(0.5 if abs(hi[2] / lo[2] - 1) <= RESOLUTION else float(hi[2] > lo[2])
+              for lo, hi in pairs)
+  return score / len(pairs)
+
+
+def noise_ranks(fr, noise):
+  """The measured times with configurations within noise of each other made
+  equal (fastest first, a group closes at the first row past its fastest's
+  noise): what the H200 tells apart, for a Spearman that counts no
+  ordering inside the noise."""
+  order = sorted(fr, key=lambda r: r[1])
+  out, head = {}, None
+  for r in order:
+    if head is None or r[1] / head[1] - 1 > max(noise[head[0].name], noise[r[0].name]):
+      head = r
+    out[r[0].name] = head[1]
+  return [out[r[0].name] for r in fr]
+
+
+def summarize(rows, title, small, again=None, spread=None):
   """Per family: Spearman of predicted against measured, mean abs error;
   then the mean and largest over the rows counted. rows: (case, measured,
   predicted, error). again: a second measurement of the rows (name ->
   seconds), where there is one: the GPU's Spearman against itself says
   whether the family's ranking reproduces on the GPU at all (configurations
-  within its run-to-run noise of each other do not)."""
+  within its run-to-run noise of each other do not). spread: name -> a
+  row's own batches' spread, the noise where there is no second run.
+
+  Beside the plain Spearman, the ranking where the GPU's differences exceed
+  its noise (noise_of): the Spearman with configurations measured within
+  noise of each other tied, and of the pairs told apart on the GPU, the
+  share the model orders the same way."""
   print(f"\n{title}\n")
-  print("| family | rows | Spearman (predicted vs measured) | mean abs error | "
+  print("| family | rows | Spearman (predicted vs measured) | Spearman, measured within "
+        "noise tied | pairs apart past the noise: ordered right | mean abs error | "
         "the GPU against itself (Spearman of two sustained runs) |")
-  print("|---|---:|---:|---:|---:|")
+  print("|---|---:|---:|---:|---:|---:|---:|")
   for fam in dict.fromkeys(r[0].family for r in rows):
     fr = [r for r in rows if r[0].family == fam]
     rho = spearman([r[1] for r in fr], [r[2] for r in fr])
+    noise = {r[0].name: noise_of(r[0].name, r[1], again, spread) for r in fr}
+    rho_noise = spearman(noise_ranks(fr, noise), [r[2] for r in fr])
+    pairs = apart(fr, noise)
+    share = ordered_share(pairs)
     twice = [r for r in fr if again and r[0].name in again]
     self_rho = (f"{spearman([r[1] for r in twice], [again[r[0].name] for r in twice]):.2f}"
                 if len(twice) == len(fr) else "")
-    print(f"| {fam} | {len(fr)} | {rho:.2f} | "
+    print(f"| {fam} | {len(fr)} | {rho:.2f} | {rho_noise:.2f} | "
+          f"{share:.0%} of {len(pairs)} | "
           f"{np.mean([abs(r[3]) for r in fr]):.0%} | {self_rho} |")
   counted = [r for r in rows if small or not r[0].small]
   if counted:
@@ -146,6 +206,10 @@ def main(argv=None):
     # (later studies of the same kind: "blind_study_twentieth"...)
     study = [r for k in sorted(data) if k == key or k.startswith(key + "_")
              for r in data[k].get("cases", [])]
+    # (a second sustained run of a study's rows, for their noise:
+    # "families_again_...")
+    repeat = [r for k in sorted(data) if k.startswith(key.split("_")[0] + "_again")
+              for r in data[k].get("cases", [])]
     data = dict(cases=[], sustained=dict(cases=study))
     clocks = timing_suite.sustained_clocks(study) if ns.clock else {}
   # (small rows: the per-kernel time of 32 chained in one program, which
@@ -164,6 +228,10 @@ def main(argv=None):
                 if kind == "suite" else {})
   again = {c.name: (short if c.small else power_runs).get(c.name) for c in cases}
   again = {k: v for k, v in again.items() if v}
+  if kind != "suite":
+    again = seconds(repeat)
+  spread = {r["name"]: r["spread"] for r in data.get("sustained", {}).get("cases", [])
+            if r.get("spread") is not None}
   rows, at_clock = [], []
   print(f"| kernel | measured, {ns.truth} (us) | predicted (us) | error | "
         f"error against the {'short-batch' if ns.truth == 'sustained' else 'sustained'} "
@@ -218,14 +286,15 @@ def main(argv=None):
     print(f"| {case.name}{' (small)' if case.small else ''} | {t_real * 1e6:.1f} | "
           f"{t_pred * 1e6:.1f} | {err:+.0%} | {err2} | {bounds} | {mhz_model:.0f} | "
           f"{wall:.2f} | {there} |")
-  summarize(rows, "Predicted (the model's own clocks) against measured:", ns.small, again)
+  summarize(rows, "Predicted (the model's own clocks) against measured:", ns.small, again,
+            spread)
   if clock_err:
     print(f"\nthe model's clock against the measured one, over {len(clock_err)} rows (not "
           f"small): mean absolute error {np.mean(clock_err):.1%}, largest "
           f"{max(clock_err):.0%}")
   if at_clock:
     summarize(at_clock, "Predicted at each kernel's measured clock against measured:",
-              ns.small, again)
+              ns.small, again, spread)
 
 
 if __name__ == "__main__":

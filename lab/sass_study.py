@@ -12,7 +12,7 @@ which runs neither, must otherwise guess.
 Run on the GPU machine (jax with CUDA; ptxas runs when a kernel compiles):
 
     python3 -m lab.sass_study --out $OUT [--set suite holdout blind
-                                     diagnostic | all] [--filter S] [--jobs 3]
+                                     diagnostic families | all] [--filter S] [--jobs 3]
 
 Each case compiles (and runs once) in a process of its own with Mosaic GPU's
 dump switches on (MOSAIC_GPU_DUMP_SASS, _PTX, _PTXAS, _TO), its dump in a
@@ -96,7 +96,7 @@ def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--out", default=os.environ.get("OUT", "."))
   ap.add_argument("--set", nargs="+", default=["suite"],
-                  choices=("suite", "holdout", "blind", "diagnostic", "all"))
+                  choices=("suite", "holdout", "blind", "diagnostic", "families", "all"))
   ap.add_argument("--filter", default="")
   ap.add_argument("--jobs", type=int, default=3)
   ap.add_argument("--timeout", type=float, default=240.0)
@@ -120,7 +120,8 @@ def main(argv=None):
     _report(a.out, old["command"], rows)
     return 0
   from lab import timing_suite
-  sets = (("suite", "holdout", "blind", "diagnostic") if "all" in a.set else a.set)
+  sets = (("suite", "holdout", "blind", "diagnostic", "families") if "all" in a.set
+          else a.set)
   names = [c.name for s in sets for c in timing_suite.cases(s) if a.filter in c.name]
   os.makedirs(a.out, exist_ok=True)
   root = tempfile.mkdtemp(prefix="sass_study_")  # (OUT takes a few files only)
