@@ -972,6 +972,59 @@ def _build_scalar(n, *, rounds, blocks, cpu=False):
 
 
 # ---------------------------------------------------------------------------
+# (j) Row reductions in the WGMMA layout, as row kernels (RMSnorm, softmax)
+# reduce their tiles: a lane's own columns, then an exchange across the four
+# lanes that share a row. One iteration: v - 0.001 * reduce(v, rows), so
+# each depends on the last.
+# ---------------------------------------------------------------------------
+
+ROW_REDUCE_OPS = ("max", "sum")
+
+
+def _row_step(op):
+  import jax.numpy as jnp
+  red = jnp.max if op == "max" else jnp.sum
+  return lambda i, v: v - (0.001 * red(v, axis=1))[:, None]
+
+
+def row_reduce_loop(x, *, n, blocks, op):
+  """Block b puts x (64 x W, f32) into SMEM, loads it in the WGMMA layout,
+  runs n dependent iterations of _row_step(op) on it in registers and
+  writes the result to o[b]."""
+  import jax
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(x_ref, o_ref, x_s, bar):
+    b = lax.axis_index("b")
+    plgpu.copy_gmem_to_smem(x_ref, x_s, bar)
+    plgpu.barrier_wait(bar)
+    v = lax.fori_loop(0, n, _row_step(op), plgpu.load(x_s, layout=plgpu.Layout.WGMMA))
+    x_s[...] = v
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(x_s, o_ref.at[b])
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((blocks,) + x.shape, x.dtype),
+                      scratch_types=[plgpu.SMEM(x.shape, x.dtype), plgpu.Barrier()],
+                      grid=(blocks,), grid_names=("b",))(x)
+
+
+def _build_row_reduce(n, *, op, width, blocks, cpu=False):
+  import jax.numpy as jnp
+  from jax import lax
+  if cpu:
+    blocks = min(blocks, 2)
+  x = _array((64, width), seed=44)
+
+  def ref(x):
+    v = lax.fori_loop(0, n, _row_step(op), x.astype(jnp.float32))
+    return jnp.broadcast_to(v, (blocks, 64, width))
+  return Built(functools.partial(row_reduce_loop, n=n, blocks=blocks, op=op), (x,), ref,
+               tol=1e-3)
+
+
+# ---------------------------------------------------------------------------
 # (g) Launch overhead: n tiny kernels chained in one jitted program.
 # ---------------------------------------------------------------------------
 
@@ -1296,6 +1349,18 @@ def _micros():
                        unit="elements", cpu_n=(2, 4),
                        note=f"{ALU_OPS[op][1]} over 128x128 f32 in registers, "
                             f"{bps} block(s) per SM"))
+  # (j) row reductions over 64 x W f32 in the WGMMA layout: cycles an
+  # iteration by W (the per-element part, and the exchange's, which W does
+  # not change), one and two blocks to an SM.
+  for op in ROW_REDUCE_OPS:
+    for width in (64, 128, 256):
+      for bps in (1, 2):
+        out.append(Micro(
+            f"row_{op}_64x{width}_{bps}_per_sm", "reduce_exchange_cycles",
+            _build_row_reduce, dict(op=op, width=width, blocks=bps * NUM_SMS), 200, 1000,
+            work=1, unit="iteration", cpu_n=(2, 4),
+            note=f"v - 0.001 * {op}(v, rows) over 64x{width} f32 in the WGMMA layout, "
+                 f"{bps} block(s) per SM"))
   # (i') scalar equations: a dependent chain of 4 or 32 a loop iteration.
   for rounds in (1, 8):
     out.append(Micro(f"scalar_chain_{4 * rounds}_ops", "op_overhead_cycles",
