@@ -160,7 +160,8 @@ class GPU:
   # boxes at one block an SM, short); without the queue 7.5% and 25%; 150
   # and 200 cycles give 3.7% and 4.0% (benchmarks/RESULTS.md, 2026-12-05:
   # 100 is what the second blind set was predicted with; micros_2026_12_05,
-  # H200).
+  # H200). With a block's own data held to its part of the SM's share of
+  # HBM as well (timing.Timing.tma): 3.6%, 13.3% at most.
   hbm_queue_cycles: float = 100.0
   hbm_queue_cap: float = 0.95
   # wgmma then wgmma_wait(0), one block: 195 cycles at m64n64k64 and 657 at

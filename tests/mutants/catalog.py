@@ -952,6 +952,30 @@ MUTANTS = [
            "      nbytes = min(nbytes, left)\n",
            "      nbytes = nbytes\n",
            ("tests/test_hbm_model.py",)),
+    Mutant("hbm-share-unlimited", "pallas_sim/backends/sim/timing/model.py",
+           "a block's own misses land no sooner than its part of its SM's share of HBM "
+           "delivers them; the mutant lands them at their latency alone",
+           "        return start, end, max(end + lat, engines.hbm_free)\n",
+           "        return start, end, end + lat\n",
+           ("tests/test_hbm_model.py",)),
+    Mutant("hbm-share-binds-shared-loads", "pallas_sim/backends/sim/timing/model.py",
+           "loads other blocks share land at their latency, HBM bringing them once for "
+           "all; the mutant holds them to the block's part of the share too",
+           "      if own and not store:  # (bytes no other block reads: its own to fetch)\n",
+           "      if not store:\n",
+           ("tests/test_hbm_model.py",)),
+    Mutant("hbm-stores-wait-for-hbm", "pallas_sim/backends/sim/timing/model.py",
+           "a store is done once the L2 has it; the mutant waits for HBM's share to "
+           "write it",
+           "      if own and not store:  # (bytes no other block reads: its own to fetch)\n",
+           "      if own:\n",
+           ("tests/test_hbm_model.py",)),
+    Mutant("hbm-pass-counted-once", TMA,
+           "each load site counts its share of a source against HBM (a second pass over "
+           "the data misses again); the mutant counts a buffer once over all sites",
+           "                                source=((site, s.buf), s.buf.nbytes))\n",
+           "                                source=(s.buf, s.buf.nbytes))\n",
+           ("tests/test_hbm_model.py", "tests/test_lab_families.py")),
     Mutant("reduce-costs-its-output", "pallas_sim/backends/sim/timing/model.py",
            "a reduction's ALU work is over the elements it reduces; the mutant charges "
            "the few it returns",

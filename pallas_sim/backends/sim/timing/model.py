@@ -49,7 +49,7 @@ class Engines:
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
                "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path", "far",
-               "l2_rows", "miss", "hbm_cycles", "hbm_work", "hbm_left", "blocks")
+               "l2_rows", "miss", "hbm_cycles", "hbm_work", "hbm_left", "blocks", "hbm_free")
 
   def __init__(self, share=1, spill=(0.0, 0.0), l2_rate=None, latency=None, loads=False,
                byte_cycles=None, far=1.0, l2_rows=None, miss=None, hbm_cycles=None, blocks=1):
@@ -60,10 +60,12 @@ class Engines:
     # bandwidth (None: no queue at HBM, LaunchTiming)
     self.hbm_cycles = hbm_cycles
     self.hbm_work = 0.0  # cycles of it its transfers took
+    self.hbm_free = 0.0  # when its part of that share is next free (Timing.tma)
     # Each byte of a load's source comes from HBM at least once a launch, and
     # the launch's `blocks` share that: a block counts at most its share of
     # each source's bytes against HBM, the rest being re-reads the L2 serves
-    # (a persistent matmul's tiles). Buffer -> bytes left to count.
+    # (a persistent matmul's tiles). (Load site, buffer) -> bytes left to
+    # count: a site that reads the data again (a second pass) counts anew.
     self.hbm_left = {}
     self.blocks = blocks
     # the share of its L2 reads served by the far partition, which queue
@@ -267,7 +269,7 @@ class Timing:
     return g.beside_tensor_other
 
   def tma(self, engines, t, nbytes, site=None, row_bytes=None, shared=True, via_l2=True,
-          store=False, hbm_cost=1.0, source=None):
+          store=False, hbm_cost=1.0, source=None, own=False):
     """A transfer issued at t (a load from `site`, whose latency and L2 share
     the L2 model set: LaunchTiming.set_loads; its box's rows `row_bytes`
     long): (start, end of the transfer, completion). `shared`: False for a
@@ -293,8 +295,18 @@ class Timing:
     What comes from HBM (a load's missing share, all of a store: `store`)
     keeps the SM's share of HBM's bandwidth busy, read or write (count_hbm;
     `hbm_cost` a byte, for the runs it comes in: gpus.GPU.hbm_cost; a load's
-    `source`: (its buffer, bytes)), and a miss's latency queues there
-    (Timing._hbm_queue)."""
+    `source`: (a key for its site's reads of its buffer, the buffer's bytes)),
+    and a miss's latency queues there (Timing._hbm_queue). The block's part
+    of that share (1/share of the SM's) delivers its bytes in turn, reads and
+    writes alike: a transfer completes no sooner than its latency after its
+    end, nor than the share has delivered it and everything the block sent
+    HBM before (hbm_free). So a block whose transfers outrun its share waits
+    for them, and its ALU work and its HBM traffic overlap only as far as its
+    pipeline lets them: a kernel near both limits takes longer than either.
+    That holds for a load of the block's `own` data, which no other block
+    reads (rules/tma._in_own_part): HBM brings data that blocks share (a
+    matmul's tiles) once for all of them, as fast as its bandwidth goes. A
+    store is done once the L2 has it; HBM takes it later, from the share."""
     g = self.gpu
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
@@ -319,11 +331,16 @@ class Timing:
     work = nbytes * max(per, floor)
     end = start + work * _stretch(engines.share, engines.tma_work, start)
     engines.tma_work += work
+    hbm = 0.0
     if via_l2:
       engines.l2_work += nbytes * l2_per
       if miss:
-        self.count_hbm(engines, nbytes * miss, hbm_cost, store, source)
+        hbm = self.count_hbm(engines, nbytes * miss, hbm_cost, store, source)
     engines.tma_free = end
+    if hbm:
+      engines.hbm_free = max(start, engines.hbm_free) + hbm * engines.share
+      if own and not store:  # (bytes no other block reads: its own to fetch)
+        return start, end, max(end + lat, engines.hbm_free)
     return start, end, end + lat
 
   @staticmethod
@@ -331,17 +348,21 @@ class Timing:
     """Counts `nbytes` that HBM reads (or writes), at `cost` a byte, for the
     block against its SM's share of HBM's bandwidth (each busy SM gets its
     share: LaunchTiming), for the queue they make (_hbm_queue); a load's no
-    more than the block's share of its source (Engines.hbm_left). The
-    bandwidth itself binds the launch as a whole (LaunchTiming.kernel_time):
-    an SM takes more than its share while others take less."""
+    more than the block's share of its source (Engines.hbm_left), counted
+    per load site: a second pass over the same data (RMSnorm's) is a site of
+    its own, and counts again. Returns the cycles of the SM's share counted.
+    The bandwidth also binds the launch as a whole
+    (LaunchTiming.kernel_time)."""
     if not engines.hbm_cycles:
-      return
+      return 0.0
     if source is not None:
       buf, size = source
       left = engines.hbm_left.get(buf, size / engines.blocks)
       nbytes = min(nbytes, left)
       engines.hbm_left[buf] = left - nbytes
-    engines.hbm_work += nbytes * cost * engines.hbm_cycles[1 if write else 0]
+    cycles = nbytes * cost * engines.hbm_cycles[1 if write else 0]
+    engines.hbm_work += cycles
+    return cycles
 
   def _hbm_queue(self, engines, t):
     """The wait a miss adds to its latency at t, queued behind the other

@@ -173,7 +173,8 @@ def _copy_gmem_to_smem(eqn, cx):
     cost = timing.gpu.hbm_cost(_run_bytes(s.view))[0]
     start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site, _row_bytes(d),
                                 shared=not collective, hbm_cost=cost,
-                                source=(s.buf, s.buf.nbytes))
+                                source=((site, s.buf), s.buf.nbytes),
+                                own=_in_own_part(s, blk.number, blk.engines.blocks))
     blk.stats.hbm_read_cost += s.view.nbytes * cost
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
       blk.engines.loads.append(Load(start, source_key(s), s.view.nbytes, wg.index, site))
@@ -251,6 +252,22 @@ def _async_store_smem(eqn, cx):
     blk.event(f"{wg.name} TMA", f"async store ->{d.buf.name}", start, done)
     return []
   return store
+
+
+def _in_own_part(s, number, blocks):
+  """Whether a load's box lies in the launch's `number`-th block's own part
+  of its buffer, the buffer cut in `blocks` equal runs in launch order: data
+  the block streams that no other block reads (a row kernel's rows, a
+  copy's tiles), unlike a matmul's tiles, which blocks share."""
+  if blocks <= 1:
+    return True
+  v = s.view
+  lo = v.__array_interface__["data"][0] - s.buf.data.__array_interface__["data"][0]
+  if v.size == 0 or any(st < 0 for st in v.strides):
+    return False
+  hi = lo + sum((n - 1) * st for n, st in zip(v.shape, v.strides)) + v.itemsize
+  part = s.buf.nbytes / blocks
+  return number * part <= lo and hi <= (number + 1) * part
 
 
 def source_key(s):
