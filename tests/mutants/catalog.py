@@ -973,8 +973,8 @@ MUTANTS = [
     Mutant("hbm-pass-counted-once", TMA,
            "each load site counts its share of a source against HBM (a second pass over "
            "the data misses again); the mutant counts a buffer once over all sites",
-           "                                source=((site, s.buf), s.buf.nbytes))\n",
-           "                                source=(s.buf, s.buf.nbytes))\n",
+           "                                source=((site, s.buf), s.buf.nbytes),\n",
+           "                                source=(s.buf, s.buf.nbytes),\n",
            ("tests/test_hbm_model.py", "tests/test_lab_families.py")),
     Mutant("reduce-costs-its-output", "pallas_sim/backends/sim/timing/model.py",
            "a reduction's ALU work is over the elements it reduces; the mutant charges "
