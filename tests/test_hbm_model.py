@@ -185,10 +185,14 @@ def test_a_block_counts_no_more_than_its_share_of_a_source_against_hbm():
   assert e.hbm_work == 0.0
 
 
-def _family_kernel(name):
+def _family_report(name):
   from lab import families, timing_suite
   case = next(c for c in families.family_cases() if c.name == name)
-  return timing_suite.predict(case, "h200")[0].kernels[0].timing
+  return timing_suite.predict(case, "h200")[0].kernels[0]
+
+
+def _family_kernel(name):
+  return _family_report(name).timing
 
 
 def test_a_two_pass_row_kernels_blocks_take_the_hbm_floor_themselves():
@@ -196,8 +200,9 @@ def test_a_two_pass_row_kernels_blocks_take_the_hbm_floor_themselves():
   pass is a load site that counts its bytes against the block's share of
   HBM, so the blocks alone take about the time HBM's bandwidth allows (the
   H200: 208 us, 5% past that floor). Counted once, they ran in 70% of it."""
-  t = _family_kernel("own rmsnorm bf16 16384x8192 64 rows/block 64x128 mcs=2")
-  assert t.compute_s == pytest.approx(t.memory_s, rel=0.05)
+  k = _family_report("own rmsnorm bf16 16384x8192 64 rows/block 64x128 mcs=2")
+  assert k.timing.compute_s == pytest.approx(k.timing.memory_s, rel=0.05)
+  assert k.bound == "HBM"  # (what its blocks wait on: not TMA latency)
 
 
 def test_alu_and_hbm_near_their_limits_take_longer_than_either():
@@ -207,5 +212,6 @@ def test_alu_and_hbm_near_their_limits_take_longer_than_either():
   past it, where a max of the two would put them on it."""
   for name in ("own softmax bf16 16384x8192 64 rows/block 64x64 mcs=2",
                "own softmax bf16 16384x8192 128 rows/block 128x128 mcs=2"):
-    t = _family_kernel(name)
-    assert t.seconds > 1.1 * t.memory_s
+    k = _family_report(name)
+    assert k.timing.seconds > 1.1 * k.timing.memory_s
+    assert k.bound == "HBM" and "ALU" in k.bound_reason

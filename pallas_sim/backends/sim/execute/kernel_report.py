@@ -20,7 +20,7 @@ def kernel_report(gpu, launch, arrays, prep, grid, placement, merge, wall, trace
       cycles, reads, writes,
       totals.hbm_read_cost / totals.tma_load_bytes if totals.tma_load_bytes else 1.0,
       totals.hbm_write_cost / totals.tma_store_bytes if totals.tma_store_bytes else 1.0)
-  util = bound.utilisation(kt, totals, gpu, hbm)
+  util = bound.utilisation(kt, totals, gpu)
   words, why = bound.name(kt, totals, util, prep.regs)
   return KernelReport(
       name=launch.name, where=launch.where, grid=grid, num_threads=launch.num_threads,

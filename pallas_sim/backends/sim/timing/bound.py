@@ -6,20 +6,24 @@ prediction."""
 # Thresholds for naming a bound (fractions). A unit busy this much of the
 # kernel's time is what it waits for; below, the largest stall names it.
 BUSY = 0.6
+# HBM busy this much of the time binds a kernel whose blocks take longer than
+# the HBM floor: they wait on their share of it (timing.Timing.tma).
+HBM_BUSY = 0.8
 LAUNCH = 0.5
 TAIL = 0.25
 SPILL = 0.25
 
 
-def utilisation(kt, totals, gpu, hbm):
+def utilisation(kt, totals, gpu):
   """Fractions of the kernel's predicted time each unit was busy, over the
-  whole chip: tensor cores, TMA engines, HBM."""
+  whole chip: tensor cores, TMA engines, HBM (the time its reads and writes
+  take at their rates, kt.memory_s)."""
   chip = gpu.num_sms * kt.seconds * gpu.clock_hz
   if not chip:
     return {"tensor core": 0.0, "TMA": 0.0, "HBM": 0.0}
   return {"tensor core": totals.tensor_cycles / chip,
           "TMA": totals.tma_cycles / chip,
-          "HBM": hbm / (kt.seconds * gpu.hbm_bytes_per_s)}
+          "HBM": kt.memory_s / kt.seconds}
 
 
 def clock_note(gpu, mhz, asked, watts, boost_watts=None):
@@ -54,6 +58,11 @@ def name(kt, totals, util, regs):
     return "launch overhead", f"{kt.launch_s * 1e6:.1f} us of launch in {kt.seconds * 1e6:.1f} us"
   if kt.memory_s >= kt.compute_s:
     return "HBM", f"{util['HBM']:.0%} of HBM bandwidth"
+  if util["HBM"] >= HBM_BUSY:
+    alu = stall_shares(totals).get("issue", 0.0) >= 0.5
+    return "HBM", (f"{util['HBM']:.0%} of HBM bandwidth" + (
+        ", beside ALU work its blocks' pipelines overlap with it only in part" if alu
+        else ": its blocks wait on their share of it"))
   if kt.tail_s >= TAIL * kt.compute_s:
     return "tail wave", (f"the last wave is {kt.last_wave_fill:.0%} full and takes "
                          f"{kt.tail_s / kt.compute_s:.0%} of the time")
