@@ -174,13 +174,16 @@ def _ws_cases(sizes=WS_SIZES, configs=WS_CONFIGS, tag=""):
 # ---------------------------------------------------------------------------
 
 def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
-               out_dtype="bfloat16"):
+               out_dtype="bfloat16", compiler_params=None, step_scopes=False):
   """C = A @ B^T with fp8 (e4m3) A (M, K) and B given as B^T (N, K): the
   tensor core reads 8-bit operands only K-minor, so B's tiles are passed to
   wgmma transposed. One warpgroup per block owns a (tile_m, tile_n) f32
   accumulator; emit_pipeline streams (tile_m, tile_k) and (tile_n, tile_k)
   tiles through `mcs` slots, a wgmma per step with one left in flight; the
-  result goes out in out_dtype through SMEM by TMA."""
+  result goes out in out_dtype through SMEM by TMA. `step_scopes`: the
+  step's wgmma and wgmma_wait in named scopes "issue" and "wait", and the
+  epilogue in "epilogue", as the quickstart's for lab/pipeline_trace.py
+  (a profiled run: `compiler_params` with profile_space/profile_dir)."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -196,9 +199,13 @@ def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
     pid_m = lax.axis_index("m")
     pid_n = lax.axis_index("n")
 
+    scope = jax.named_scope if step_scopes else lambda _: contextlib.nullcontext()
+
     def step(_, a_smem, b_smem):
-      plgpu.wgmma(acc, a_smem, b_smem.T)
-      plgpu.wgmma_wait(1)  # (the previous step's wgmma: delay_release=1 keeps its slots)
+      with scope("issue"):
+        plgpu.wgmma(acc, a_smem, b_smem.T)
+      with scope("wait"):
+        plgpu.wgmma_wait(1)  # (the previous step's wgmma: delay_release=1 keeps its slots)
 
     plgpu.emit_pipeline(
         step, grid=(k // tile_k,),
@@ -207,18 +214,20 @@ def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
                   plgpu.BlockSpec((tile_n, tile_k), lambda kk: (pid_n, kk),
                                   transforms=tf, delay_release=1)],
         max_concurrent_steps=mcs)(a_gmem, b_gmem)
-    plgpu.wgmma_wait(0)
-    o_smem[...] = acc[...].astype(out_dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(
-        o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m), pl.ds(pid_n * tile_n, tile_n)])
-    plgpu.wait_smem_to_gmem(0)
+    with scope("epilogue"):
+      plgpu.wgmma_wait(0)
+      o_smem[...] = acc[...].astype(out_dtype)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(
+          o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m), pl.ds(pid_n * tile_n, tile_n)])
+      plgpu.wait_smem_to_gmem(0)
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
       scratch_types=[plgpu.SMEM((tile_m, tile_n), out_dtype),
                      plgpu.ACC((tile_m, tile_n), jnp.float32)],
-      grid=(m // tile_m, n // tile_n), grid_names=("m", "n"))(a, bt)
+      grid=(m // tile_m, n // tile_n), grid_names=("m", "n"),
+      compiler_params=compiler_params)(a, bt)
 
 
 def _matmul_nt_ref(a, bt):

@@ -20,6 +20,10 @@ Prints, per case, the median and the 10th/90th percentiles over every block's
 steady steps (past the first mcs + 1 and before the last) of each part in SM
 cycles, and writes OUT/pipeline_trace.json.
 
+`--fp8`: our fp8 matmul (lab/families.py: the same pipeline, K-major B, one
+wgmma of 128 bytes of K a step) in place of the quickstart's, FP8_CASES, each
+row with the clock its warm-up held ("mhz"), which --compare estimates it at.
+
 `--stream-spans`: the same spans for calibrate.tma_stream, every SM loading
 shared tiles from the L2 with 1-8 in flight (STREAM_CASES).
 
@@ -54,8 +58,15 @@ CASES = [(4096, 128, 128, 2), (4096, 128, 64, 2), (8192, 128, 64, 2), (4096, 128
          (4096, 64, 64, 3), (4096, 64, 128, 4), (4096, 64, 128, 2)]
 
 
-def name_of(size, tile_n, tile_k, mcs):
-  return f"quickstart {size} 128x{tile_n}x{tile_k} mcs={mcs}"
+# Our fp8 matmul at one block an SM (three slots and more) and at two (two
+# slots), 4096^3: the H200 runs three slots within 2% of four, where the
+# model has them latency-bound (benchmarks/RESULTS.md, issue 41).
+FP8_CASES = [(4096, 128, 128, 2), (4096, 128, 128, 3), (4096, 128, 128, 4),
+             (4096, 128, 128, 6)]
+
+
+def name_of(size, tile_n, tile_k, mcs, fp8=False):
+  return f"{'own fp8' if fp8 else 'quickstart'} {size} 128x{tile_n}x{tile_k} mcs={mcs}"
 
 
 def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0,
@@ -72,6 +83,26 @@ def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0,
             if profile_dir else None)
   return matmul_mcs(a, b, tile_n=tile_n, tile_k=tile_k, max_concurrent_steps=mcs,
                     compiler_params=params, step_scopes=step_scopes)
+
+
+def traced_fp8(a, bt, *, tile_n, tile_k, mcs, profile_dir=None, space=0, truncate=False,
+               step_scopes=True):
+  """Our fp8 (e4m3) matmul (lab/families.fp8_matmul: B given as B^T, the same
+  pipeline as the quickstart's) with the same scopes, profiled likewise."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from lab import families
+  params = (plgpu.CompilerParams(profile_space=space, profile_dir=profile_dir,
+                                 profile_bounds_check=truncate)
+            if profile_dir else None)
+  return families.fp8_matmul(a, bt, tile_n=tile_n, tile_k=tile_k, mcs=mcs,
+                             compiler_params=params, step_scopes=step_scopes)
+
+
+def tracer(fp8):
+  """The traced kernel and its operands' dtype: the quickstart's (f16) or
+  our fp8 matmul's (its B as B^T, so both operands are size x k)."""
+  import jax.numpy as jnp
+  return (traced_fp8, jnp.float8_e4m3fn) if fp8 else (traced_matmul, jnp.float16)
 
 
 def tma_issue_kernel(x, *, copies, rows=128, cols=64, blocks=132, profile_dir=None):
@@ -306,15 +337,17 @@ def span_summary(spans, grid_n, slots):
           "fast_over_rest_by_wave": fast_ratio}
 
 
-def _operands(size, k=None, m=None):
+def _operands(size, k=None, m=None, fp8=False):
   """The quickstart's two random f16 operands, m x k and k x size (k and m:
-  size unless given), on the device."""
+  size unless given), on the device; with fp8, e4m3 ones, m x k and
+  size x k (B given as B^T)."""
   import jax
   import jax.numpy as jnp
   k, m = k or size, m or size
   ka, kb = jax.random.split(jax.random.key(0))
-  return (jax.random.normal(ka, (m, k), jnp.float16),
-          jax.random.normal(kb, (k, size), jnp.float16))
+  dtype = tracer(fp8)[1]
+  return (jax.random.normal(ka, (m, k), jnp.float32).astype(dtype),
+          jax.random.normal(kb, (size, k) if fp8 else (k, size), jnp.float32).astype(dtype))
 
 
 def _warm(f, x, y, seconds):
@@ -462,7 +495,6 @@ def _sustained_clocks():
 def compare(path):
   """The model's steps beside the GPU's (a pipeline_trace.json), in cycles."""
   import jax
-  import jax.numpy as jnp
   import pallas_sim as ps
   clocks = _sustained_clocks()
   gpu = json.load(open(path))
@@ -472,13 +504,14 @@ def compare(path):
     if "error" in r:
       continue
     size, (_, tn, tk), mcs = r["size"], r["tile"], r["mcs"]
-    mhz = clocks.get(r["name"])
+    mhz = r.get("mhz") or clocks.get(r["name"])
     d = tempfile.mkdtemp(prefix="trace_sim_")
-    x = jax.ShapeDtypeStruct((size, size), jnp.float16)
+    fn, dtype = tracer(r.get("fp8", False))
+    x = jax.ShapeDtypeStruct((size, size), dtype)
     full = profile_space(size, tk)  # (a smaller space: a --space run's, truncated)
     space = r.get("space") or full
-    ps.estimate(lambda a, b: traced_matmul(a, b, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d,
-                                           space=space, truncate=space < full),
+    ps.estimate(lambda a, b: fn(a, b, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d,
+                                space=space, truncate=space < full),
                 x, x, gpu="h200", clock_mhz=mhz)
     m = steps_of(newest_trace(d), mcs)
     # (the GPU: the median block; the model: its slowest class's block, as
@@ -504,6 +537,9 @@ def main(argv=None):
   ap.add_argument("--case", nargs=4, type=int, action="append", default=[],
                   metavar=("SIZE", "TILE_N", "TILE_K", "MCS"),
                   help="trace this configuration (repeatable) in place of CASES")
+  ap.add_argument("--fp8", action="store_true",
+                  help="trace our fp8 matmul (lab/families.py) in place of the quickstart's "
+                  "(FP8_CASES, or --case SIZE TILE_N TILE_K MCS)")
   ap.add_argument("--space", type=int, default=0,
                   help="ranges a warpgroup records (the rest dropped), where the "
                   "whole kernel's would take SMEM that its blocks share unprofiled")
@@ -553,17 +589,20 @@ def main(argv=None):
     return 0
   import jax
   rows = []
-  for size, tn, tk, mcs in ([tuple(c) for c in a.case] or CASES):
-    name = (name_of(size, tn, tk, mcs) + (f" k={a.k}" if a.k else "")
+  fn = tracer(a.fp8)[0]
+  for size, tn, tk, mcs in ([tuple(c) for c in a.case] or (FP8_CASES if a.fp8 else CASES)):
+    name = (name_of(size, tn, tk, mcs, a.fp8) + (f" k={a.k}" if a.k else "")
             + (f" m={a.m}" if a.m else ""))
     if a.filter not in name:
       continue
-    x, y = _operands(size, a.k, a.m)
-    plain = jax.jit(lambda x, y: traced_matmul(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
+    x, y = _operands(size, a.k, a.m, a.fp8)
+    plain = jax.jit(lambda x, y: fn(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
+    clock = _clock_sampler()
     per_call = _warm(plain, x, y, a.warm_s)
+    mhz = _clock_of(clock)
     d = tempfile.mkdtemp(prefix="trace_")
     space = a.space or profile_space(a.k or size, tk)
-    traced = jax.jit(lambda x, y: traced_matmul(
+    traced = jax.jit(lambda x, y: fn(
         x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space,
         truncate=bool(a.space)))
     for _ in range(3):
@@ -580,7 +619,7 @@ def main(argv=None):
       with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:
         json.dump(trace, fh)
     r = {"name": name, "size": size, "k": a.k or size, "m": a.m or size, "tile": [128, tn, tk], "mcs": mcs, "space": space,
-         "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
+         "fp8": a.fp8, "mhz": mhz, "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
     rows.append(r)
     print(f"{name}: step {r['step']['median']:.0f} (p10 {r['step']['p10']:.0f}, p90 "
           f"{r['step']['p90']:.0f}) = issue {r['issue']['median']:.0f} + wait "

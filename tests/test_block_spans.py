@@ -70,3 +70,21 @@ def test_spans_on_the_gpu_give_each_block_its_sm_and_cycles(tmp_path, rng):
   assert sp[:, 0].tolist() == list(range(64))
   assert len(set(sp[:, 1].tolist())) == 64
   assert (sp[:, 3] > 16 * 100).all()  # (16 steps of a wgmma group at least)
+
+
+def test_the_fp8_matmul_traced_gives_its_steps_and_its_values(tmp_path, rng):
+  """pipeline_trace --fp8: our fp8 matmul with the quickstart's scopes is
+  still the matmul (B given as B^T), and its trace gives each steady step's
+  issue, wait and rest, as the quickstart's does."""
+  fn, dtype = pt.tracer(True)
+  a = jnp.asarray(rng.standard_normal((256, 1024)), jnp.float32).astype(dtype)
+  bt = jnp.asarray(rng.standard_normal((256, 1024)), jnp.float32).astype(dtype)
+  with ps.backend("sim"):
+    out = fn(a, bt, tile_n=128, tile_k=128, mcs=2, profile_dir=str(tmp_path),
+             space=pt.profile_space(1024, 128))
+  ref = np.asarray(a, np.float32) @ np.asarray(bt, np.float32).T
+  assert np.abs(np.asarray(out, np.float32) - ref).max() < 0.05 * np.abs(ref).max()
+  m = pt.steps_of(pt.newest_trace(str(tmp_path)), 2)
+  assert m["steps"] == 8 and m["blocks"] == 4
+  assert m["issue"]["median"] > 0 and m["step"]["median"] >= m["issue"]["median"]
+  assert pt.name_of(4096, 128, 128, 3, fp8=True) == "own fp8 4096 128x128x128 mcs=3"
