@@ -201,14 +201,11 @@ def main(argv=None):
   kind = timing_suite.kind_of(ns)
   cases = timing_suite.cases(kind)
   if kind != "suite":  # (measured sustained, each with its clock)
-    key = {"diagnostic": "pipeline_study", "holdout": "holdout_study",
-           "blind": "blind_study", "families": "families_study"}[kind]
-    # (later studies of the same kind: "blind_study_twentieth"...)
-    study = [r for k in sorted(data) if k == key or k.startswith(key + "_")
-             for r in data[k].get("cases", [])]
+    study = timing_suite.study_rows(data, kind)
     # (a second sustained run of a study's rows, for their noise:
     # "families_again_...")
-    repeat = [r for k in sorted(data) if k.startswith(key.split("_")[0] + "_again")
+    again_key = timing_suite.STUDIES[kind].split("_")[0] + "_again"
+    repeat = [r for k in sorted(data) if k.startswith(again_key)
               for r in data[k].get("cases", [])]
     data = dict(cases=[], sustained=dict(cases=study))
     clocks = timing_suite.sustained_clocks(study) if ns.clock else {}

@@ -57,10 +57,7 @@ def measured_rows(data, kind):
     rows = data["sustained"]["cases"]
     clocks = ts.sustained_clocks(data.get("power_study_suite", {}).get("rows", []))
   else:
-    key = {"holdout": "holdout_study", "blind": "blind_study",
-           "families": "families_study"}[kind]
-    rows = [r for k in sorted(data) if k == key or k.startswith(key + "_")
-            for r in data[k].get("cases", [])]
+    rows = ts.study_rows(data, kind)
     clocks = ts.sustained_clocks(rows)
   return {r["name"]: (ts.measured_seconds(r), clocks.get(r["name"]))
           for r in rows if r.get("median_s")}

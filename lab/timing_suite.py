@@ -921,6 +921,19 @@ def measured_seconds(row):
   return row.get("chain_per_kernel_s") or row.get("k2_per_kernel_s") or row["median_s"]
 
 
+# Where each kind's sustained measurements are in h200_measured.json.
+STUDIES = {"diagnostic": "pipeline_study", "holdout": "holdout_study",
+           "blind": "blind_study", "families": "families_study"}
+
+
+def study_rows(data, kind):
+  """A kind's measured rows (h200_measured.json, not the suite's): its study
+  and the later studies of the same kind ("blind_study_twentieth"...)."""
+  key = STUDIES[kind]
+  return [r for k in sorted(data) if k == key or k.startswith(key + "_")
+          for r in data[k].get("cases", [])]
+
+
 def sustained_clocks(rows):
   """Measured row name -> the SM clock (MHz) its sustained run held (rows of
   a study in h200_measured.json; those without a clock are left out): for a
