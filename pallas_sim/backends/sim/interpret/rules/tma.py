@@ -174,7 +174,8 @@ def _copy_gmem_to_smem(eqn, cx):
     start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site, _row_bytes(d),
                                 shared=not collective, hbm_cost=cost,
                                 source=((site, s.buf), s.buf.nbytes),
-                                own=_in_own_part(s, blk.number, blk.engines.blocks))
+                                own=bool(blk.engines.hbm_cycles)  # (only HBM's part asks)
+                                and _in_own_part(s, blk.number, blk.engines.blocks))
     blk.stats.hbm_read_cost += s.view.nbytes * cost
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
       blk.engines.loads.append(Load(start, source_key(s), s.view.nbytes, wg.index, site))
@@ -262,7 +263,7 @@ def _in_own_part(s, number, blocks):
   if blocks <= 1:
     return True
   v = s.view
-  lo = v.__array_interface__["data"][0] - s.buf.data.__array_interface__["data"][0]
+  lo = _byte_offset(s)
   if v.size == 0 or any(st < 0 for st in v.strides):
     return False
   hi = lo + sum((n - 1) * st for n, st in zip(v.shape, v.strides)) + v.itemsize
@@ -270,10 +271,14 @@ def _in_own_part(s, number, blocks):
   return number * part <= lo and hi <= (number + 1) * part
 
 
+def _byte_offset(s):
+  """Where a ref's view starts in its buffer, in bytes."""
+  return s.view.__array_interface__["data"][0] - s.buf.data.__array_interface__["data"][0]
+
+
 def source_key(s):
   """What a TMA load reads, for the L2 model: (buffer, byte offset, box)."""
-  base = s.buf.data.__array_interface__["data"][0]
-  return (s.buf.name, s.view.__array_interface__["data"][0] - base, s.view.shape)
+  return (s.buf.name, _byte_offset(s), s.view.shape)
 
 
 def partition(s, d, k, n):
