@@ -1,0 +1,307 @@
+"""Where a KV step of JAX's attention goes on the GPU, beside the model.
+
+lab/step_costs.py finds that a KV step of JAX's attention (pallas/ops/gpu/
+attention_mgpu.py) costs the H200 700-880 cycles whatever its size, twice the
+model's 380-410. This traces the step's phases with Mosaic GPU's profiler, so
+the missing cost can be put where it is paid. The kernel is JAX's own, run
+as users run it: while it is traced, the `plgpu` and `pl` its module sees
+put its phases in named scopes, and its CompilerParams gain the profiler's
+buffer (scoped_attention). Per compute warpgroup and KV step:
+
+* `qk`: the QK^T wgmma's issue, the schedule barrier the two compute
+  warpgroups hand back and forth, and the wait for the wgmma's result;
+  within it `qk wait schedule_barrier`, the barrier's wait alone;
+* `softmax`: from qk's end to the wait for the V tile: the row max and sum
+  (each ends in an exchange across the 4 lanes of a row), the exponentials,
+  the accumulator's rescale;
+* `wait v_barriers`, `wait schedule_barrier`: the V tile's arrival, and the
+  other warpgroup's end of its softmax (the tensor cores' turn);
+* `pv`: the PV wgmma's issue, the wait for the next K tile (`pv wait
+  k_barriers`), the wait for the wgmma's result;
+* `rest`: from pv's end to the next qk (the slot's release, the loop);
+* `step`: one qk's start to the next.
+
+On the GPU machine (each case warmed up unprofiled first, so its clock is
+the one its sustained run holds; writes OUT/attention_trace.json):
+
+    python3 -m lab.attention_trace --out $OUT [--filter S]
+
+On a CPU, the model's phases beside a GPU run's (the simulator's profiler
+writes the same trace in the same cycles: report/profiler.py), each case
+estimated at the clock the GPU held, and what a step costs whatever its size
+(step_costs.fixed_cost), phase by phase, for cases that differ only in
+block_kv:
+
+    ./dev python -m lab.attention_trace --compare OUT/attention_trace.json
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import linecache
+import os
+import re
+import sys
+import tempfile
+
+import numpy as np
+
+from lab import pipeline_trace as pt
+
+# (batch, seq, heads, head_dim, block_q, block_kv, max_concurrent_steps): the
+# step_costs pairs' kernels at one block an SM (suite rows: two slots; our
+# family's: 128-key steps at two slots, 64-key at three).
+CASES = [(1, 4096, 32, 128, 64, 128, 2), (1, 4096, 32, 128, 64, 64, 2),
+         (2, 4096, 16, 128, 64, 128, 2), (2, 4096, 16, 128, 64, 64, 3)]
+
+# The phases a compute warpgroup's step is cut into, in the order it runs them.
+PARTS = ("qk", "qk wait schedule_barrier", "softmax", "wait v_barriers",
+         "wait schedule_barrier", "pv", "pv wait k_barriers", "rest", "step")
+
+# Scoped phases by the function a run_scoped / run_state call runs.
+_PHASES = {"compute_qk": "qk", "compute_pv": "pv"}
+
+
+def name_of(case):
+  b, s, h, d, bq, bkv, mcs = case
+  return f"attention fwd b{b} s{s} h{h} d{d} bq{bq} bkv{bkv} mcs={mcs}"
+
+
+class _Seen:
+  """A module as attention_mgpu sees it: `real`'s attributes, but for those
+  given."""
+
+  def __init__(self, real, **overrides):
+    self._real = real
+    self.__dict__.update(overrides)
+
+  def __getattr__(self, name):
+    return getattr(self._real, name)
+
+
+def _barrier_of(frame):
+  """The barrier array a barrier_wait call names at its line ("v_barriers"
+  in plgpu.barrier_wait(v_barriers.at[slot]))."""
+  line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+  m = re.search(r"barrier_wait\(\s*(\w+)", line)
+  return m.group(1) if m else f"line {frame.f_lineno}"
+
+
+@contextlib.contextmanager
+def scoped_attention(profile_dir, space):
+  """While inside, JAX's attention kernel (attention_mgpu, traced inside)
+  runs profiled into `profile_dir` (`space` ranges a warpgroup, the rest
+  dropped) with its phases in named scopes: qk and pv (its run_scoped and
+  run_state calls), and each barrier wait, named by its barrier and, inside
+  a phase, by the phase ("pv wait k_barriers")."""
+  import jax
+  from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+  plgpu, pl = am.plgpu, am.pl
+  open_phase = []  # (the phase being traced: a wait inside it says so)
+
+  def phased(name, f):
+    def run(*args, **kw):
+      open_phase.append(name)
+      try:
+        with jax.named_scope(name):
+          return f(*args, **kw)
+      finally:
+        open_phase.pop()
+    return run
+
+  def barrier_wait(*args, **kw):
+    name = "wait " + _barrier_of(sys._getframe(1))
+    if open_phase:
+      name = f"{open_phase[-1]} {name}"
+    with jax.named_scope(name):
+      return plgpu.barrier_wait(*args, **kw)
+
+  def run_scoped(f, *args, **kw):
+    phase = _PHASES.get(getattr(f, "__name__", ""))
+    return (phased(phase, pl.run_scoped) if phase else pl.run_scoped)(f, *args, **kw)
+
+  def run_state(f, *args, **kw):
+    phase = _PHASES.get(getattr(f, "__name__", ""))
+    out = pl.run_state(f, *args, **kw)
+    return phased(phase, out) if phase else out
+
+  def compiler_params(**kw):
+    return plgpu.CompilerParams(**kw, profile_space=space, profile_dir=profile_dir,
+                                profile_bounds_check=True)
+
+  am.plgpu = _Seen(plgpu, barrier_wait=barrier_wait, CompilerParams=compiler_params)
+  am.pl = _Seen(pl, run_scoped=run_scoped, run_state=run_state)
+  try:
+    yield am
+  finally:
+    am.plgpu, am.pl = plgpu, pl
+
+
+def profile_space(case):
+  """Ranges a warpgroup records: seven a step, and room for the rest."""
+  seq, bkv = case[1], case[5]
+  return 7 * (seq // bkv) + 32
+
+
+def attention(q, k, v, case, profile_dir=None):
+  """JAX's attention forward at the case's tiles; profiled with its phases
+  scoped where profile_dir is given."""
+  from jax.experimental.pallas.ops.gpu import attention_mgpu as am
+  _, _, _, _, bq, bkv, mcs = case
+  cfg = am.TuningConfig(block_q=bq, block_kv=bkv, max_concurrent_steps=mcs)
+  if profile_dir is None:
+    return am.attention(q, k, v, cfg)
+  with scoped_attention(profile_dir, profile_space(case)) as scoped:
+    return scoped.attention(q, k, v, cfg)
+
+
+def steps_of(trace, case):
+  """The compute warpgroups' steady steps (past the first mcs + 1 and before
+  the last), phase by phase (PARTS): median, p10, p90 in cycles; and a
+  block's cycles, its steps and its blocks."""
+  tracks, _ = pt.ranges(trace)
+  mcs = case[6]
+  parts = {p: [] for p in PARTS}
+  spans, n_steps = [], 0
+  for rs in tracks.values():
+    qk = [(b, e) for n, b, e in rs if n == "qk"]
+    if len(qk) < mcs + 4:
+      continue  # (the memory warpgroup, or a block the buffer cut short)
+    named = {p: [(b, e) for n, b, e in rs if n == p] for p in PARTS}
+    n_steps = len(qk)
+    spans.append(named["pv"][-1][1] - qk[0][0] if named["pv"] else 0.0)
+    for j in range(mcs + 1, len(qk) - 1):
+      lo, hi = qk[j][0], qk[j + 1][0]
+      inside = {p: [(b, e) for b, e in named[p] if lo <= b < hi] for p in PARTS}
+      if not all(inside[p] for p in ("wait v_barriers", "pv")):
+        continue
+      v_wait, pv = inside["wait v_barriers"][0], inside["pv"][0]
+      for p in PARTS:
+        if inside[p]:
+          b, e = inside[p][0]
+          parts[p].append(e - b)
+      parts["softmax"].append(v_wait[0] - qk[j][1])
+      parts["rest"].append(hi - pv[1])
+      parts["step"].append(hi - lo)
+  out = {}
+  for p, v in parts.items():
+    v = np.asarray(v, float)
+    out[p] = ({"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
+               "p90": float(np.percentile(v, 90))} if v.size else None)
+  out["warpgroups"] = len(spans)
+  out["block_cycles_median"] = float(np.median(spans)) if spans else None
+  out["steps"] = n_steps
+  return out
+
+
+def _operands(case, key=0):
+  import jax
+  import jax.numpy as jnp
+  b, s, h, d = case[:4]
+  keys = jax.random.split(jax.random.key(key), 3)
+  return tuple(jax.random.normal(kk, (b, s, h, d), jnp.float32).astype(jnp.float16)
+               for kk in keys)
+
+
+def measure(cases, out_dir, warm_s):
+  """Each case on the GPU: warmed up unprofiled for warm_s, then one
+  profiled call; its steps' phases (steps_of) and the clock it held."""
+  import jax
+  rows = []
+  for case in cases:
+    name = name_of(case)
+    q, k, v = _operands(case)
+    plain = jax.jit(lambda q, k, v: attention(q, k, v, case))
+    d = tempfile.mkdtemp(prefix="attention_trace_")
+    traced = jax.jit(lambda q, k, v: attention(q, k, v, case, profile_dir=d))
+    jax.block_until_ready(traced(q, k, v))  # (compiled before the clock is sampled)
+    smi = pt._clock_sampler()
+    per_call = pt._warm(lambda q, k: plain(q, k, v), q, k, warm_s)
+    jax.block_until_ready(traced(q, k, v))
+    mhz = pt._clock_of(smi)
+    jax.effects_barrier()
+    trace = pt.newest_trace(d)
+    if trace is None:
+      rows.append({"name": name, "case": list(case), "error": "no trace written"})
+      print(name, "no trace written", flush=True)
+      continue
+    r = {"name": name, "case": list(case), "mhz": mhz, "unprofiled_call_s": per_call,
+         **steps_of(trace, case)}
+    rows.append(r)
+    print(f"{name} at {mhz} MHz: " + ", ".join(
+        f"{p} {r[p]['median']:.0f}" for p in PARTS if r.get(p)) + " cycles (medians)",
+        flush=True)
+  with open(os.path.join(out_dir, "attention_trace.json"), "w") as fh:
+    json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
+  return rows
+
+
+def simulated(case, mhz):
+  """The model's steps_of for a case, estimated at `mhz` (None: its own clock)."""
+  import jax
+  import jax.numpy as jnp
+  import pallas_sim as ps
+  d = tempfile.mkdtemp(prefix="attention_trace_sim_")
+  x = jax.ShapeDtypeStruct(case[:4], jnp.float16)
+  ps.estimate(lambda q, k, v: attention(q, k, v, case, profile_dir=d), x, x, x,
+              gpu="h200", clock_mhz=mhz)
+  return steps_of(pt.newest_trace(d), case)
+
+
+def fixed_by_part(a, b):
+  """Phase by phase, what a step costs whatever its size (step_costs.
+  fixed_cost) from two cases' steps_of rows that differ only in block_kv:
+  a phase's cycles a block are its median a step times the steps."""
+  from lab.step_costs import fixed_cost
+  out = {}
+  for p in PARTS:
+    if a.get(p) and b.get(p):
+      out[p] = fixed_cost(a["steps"], a[p]["median"] * a["steps"],
+                          b["steps"], b[p]["median"] * b["steps"])
+  return out
+
+
+def compare(path):
+  """The model's phases beside a GPU run's (attention_trace.json)."""
+  gpu = [r for r in json.load(open(path))["rows"] if "error" not in r]
+  sims = {}
+  print("| case | clock (MHz) | " + " | ".join(PARTS) + " |")
+  print("|---|---:|" + "---:|" * len(PARTS))
+  for r in gpu:
+    case = tuple(r["case"])
+    m = sims[case] = simulated(case, r.get("mhz"))
+    cell = lambda p: (f"{r[p]['median']:.0f} / {m[p]['median']:.0f}"
+                      if r.get(p) and m.get(p) else "-")
+    print(f"| {r['name']} (GPU / model) | {r.get('mhz')} | "
+          + " | ".join(cell(p) for p in PARTS) + " |", flush=True)
+  print("\nWhat a step costs whatever its size, phase by phase (GPU / model):\n")
+  print("| pair | " + " | ".join(PARTS) + " |")
+  print("|---|" + "---:|" * len(PARTS))
+  by_case = {tuple(r["case"]): r for r in gpu}
+  for case, r in by_case.items():
+    for other, r2 in by_case.items():
+      if case[:5] == other[:5] and case[5] > other[5]:
+        g, s = fixed_by_part(r, r2), fixed_by_part(sims[case], sims[other])
+        print(f"| {r['name']} / bkv{other[5]} mcs={other[6]} | " + " | ".join(
+            f"{g[p]:.0f} / {s[p]:.0f}" if p in g and p in s else "-" for p in PARTS)
+            + " |", flush=True)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", default=os.environ.get("OUT", "."))
+  ap.add_argument("--filter", default="")
+  ap.add_argument("--warm-s", type=float, default=1.0)
+  ap.add_argument("--compare", default=None,
+                  help="a GPU run's attention_trace.json: the model's phases beside it (CPU)")
+  a = ap.parse_args(argv)
+  if a.compare:
+    compare(a.compare)
+    return 0
+  measure([c for c in CASES if a.filter in name_of(c)], a.out, a.warm_s)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
