@@ -168,14 +168,16 @@ def _load_ring(n, slots, issue, bars):
 
 
 def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
-               readers=1, swizzle=None, compiler_params=None):
+               readers=1, lag=0, swizzle=None, compiler_params=None):
   """Block b loads tiles t = (i * blocks + b) [mod region_tiles] of x, i < n,
   (`same`: t = i mod region_tiles, every block the same tile at once;
   `readers`: groups of that many blocks (b // readers) each read one tile at
-  once, t = i * (blocks // readers) + b // readers) into a ring of `slots`
-  SMEM buffers (slots loads in flight; `swizzle`: tiled and swizzled that
-  many bytes, as a matmul's operands), awaiting each before refilling its
-  slot. Writes the last tile each block loaded."""
+  once, t = i * (blocks // readers) + b // readers; `lag`: out of step, the
+  group's r-th reader reads at step i what its first read at i + r * lag,
+  as a matmul's blocks that share a tile but run apart) into a ring of
+  `slots` SMEM buffers (slots loads in flight; `swizzle`: tiled and swizzled
+  that many bytes, as a matmul's operands), awaiting each before refilling
+  its slot. Writes the last tile each block loaded."""
   import jax
   from jax import lax
   from jax.experimental import pallas as pl
@@ -189,7 +191,8 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
     b = lax.axis_index("b")
 
     def issue(i, slot):
-      t = lax.rem(i if same else i * (blocks // readers) + b // readers, R)
+      step = i + lax.rem(b, readers) * lag
+      t = lax.rem(i if same else step * (blocks // readers) + b // readers, R)
       plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)],
                               smem.at[slot], bars.at[slot])
 
@@ -210,17 +213,19 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
       grid=(blocks,), grid_names=("b",), compiler_params=compiler_params)(x)
 
 
-def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None, same=False, readers=1):
+def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None, same=False, readers=1,
+                lag=0):
   import jax.numpy as jnp
   rows, cols = x.shape
   R = region_tiles or rows // tile_rows
-  ts = [((n - 1) if same else ((n - 1) * (blocks // readers) + b // readers)) % R
+  ts = [((n - 1) if same else ((n - 1 + b % readers * lag) * (blocks // readers)
+                               + b // readers)) % R
         for b in range(blocks)]
   return jnp.stack([x[t * tile_rows:(t + 1) * tile_rows] for t in ts])
 
 
 def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
-                  flush=False, same=False, readers=1, swizzle=None, cpu=False):
+                  flush=False, same=False, readers=1, lag=0, swizzle=None, cpu=False):
   if cpu:
     blocks, n_max = min(blocks, 2), 8
     readers = min(readers, blocks)
@@ -232,7 +237,7 @@ def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
   rows = (region_tiles or blocks * n_max) * tile_rows
   x = _array((rows, cols), seed=12)
   kw = dict(n=n, blocks=blocks, tile_rows=tile_rows, region_tiles=region_tiles,
-            same=same, readers=readers)
+            same=same, readers=readers, lag=lag)
   fn = functools.partial(tma_stream, slots=slots, swizzle=swizzle, **kw)
   ref = functools.partial(_stream_ref, **kw)
   if flush and not cpu:
@@ -1204,6 +1209,23 @@ def _micros():
                        400, 2000, work=NUM_SMS * 32 * 128 * F32, unit="bytes",
                        note=f"groups of 12 blocks each loading one 32x128 f32 tile at once, "
                             f"{slots} in flight, over {mib} MiB"))
+  # (c8) The same streams with each group's readers out of step: its r-th
+  # reader reads the tile its first reads r * lag loads later (1: each
+  # reader one load apart from the next; 16: far apart, as a matmul's blocks
+  # that share a tile but whose waves smear). Beside the in-step l2_half_*
+  # streams: what sharing in step saves, and the L2's round trip under a
+  # matmul's kind of load (slots x an iteration's time, Little's law).
+  for mib in (8, 48):
+    for slots in (2, 4):
+      for lag in (1, 16):
+        out.append(Micro(f"l2_lag{lag}_{mib}mib_{slots}slots", "L2 latency, readers apart",
+                         _build_stream, dict(blocks=NUM_SMS, slots=slots, n_max=2000,
+                                             region_mib=mib, readers=12, lag=lag,
+                                             swizzle=128, tile_rows=32, cols=128),
+                         400, 2000, work=NUM_SMS * 32 * 128 * F32, unit="bytes",
+                         note=f"groups of 12 blocks sharing 32x128 f32 tiles, the r-th "
+                              f"reading r * {lag} loads behind the first, {slots} in "
+                              f"flight, over {mib} MiB"))
   for name, blocks, slots, mib in (("l2_stream_2_per_sm", 2 * NUM_SMS, 3, 8),
                                    ("l2_stream_6slots", NUM_SMS, 6, 8),
                                    ("l2_stream_32mib", NUM_SMS, 4, 32),
