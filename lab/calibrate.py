@@ -1194,14 +1194,15 @@ def _micros():
   # (c7) The L2's two halves: a launch that reads 8 MiB (it fits in one
   # partition, half the L2) against one that reads 48 MiB (it does not): one
   # block's chain of dependent 32 KiB loads walking the region, and every
-  # SM loading tiles 12 blocks share (as a matmul's), 1, 2 or 4 in flight,
+  # SM loading tiles 12 blocks share (as a matmul's), 1 to 8 in flight (8:
+  # 128 KiB an SM, as a deep pipeline's first burst),
   # whose loads' round trip is slots x the time an iteration.
   for mib in (8, 48):
     out.append(Micro(f"l2_half_chain_{mib}mib", "L2 latency, near and far", _build_tma_chain,
                      dict(tile_rows=64, cols=128, hbm=False, region_mib=mib), 400, 2000,
                      work=1, unit="load",
                      note=f"one block, a chain of 32 KiB loads over a {mib} MiB region"))
-    for slots in (1, 2, 4):
+    for slots in (1, 2, 4, 8):
       out.append(Micro(f"l2_half_{mib}mib_{slots}slots", "L2 latency, near and far",
                        _build_stream, dict(blocks=NUM_SMS, slots=slots, n_max=2000,
                                            region_mib=mib, readers=12, swizzle=128,
@@ -1216,7 +1217,7 @@ def _micros():
   # streams: what sharing in step saves, and the L2's round trip under a
   # matmul's kind of load (slots x an iteration's time, Little's law).
   for mib in (8, 48):
-    for slots in (2, 4):
+    for slots in (2, 4, 8):
       for lag in (1, 16):
         out.append(Micro(f"l2_lag{lag}_{mib}mib_{slots}slots", "L2 latency, readers apart",
                          _build_stream, dict(blocks=NUM_SMS, slots=slots, n_max=2000,

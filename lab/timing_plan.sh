@@ -3,7 +3,7 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   first call (default), about 9 minutes:
+#   first call (default), about 9.5 minutes:
 #     rows       row max/sum micros (calibrate row_*): the exchange across a
 #                row's 4 lanes, against attention's missing step cost;
 #     attention  JAX's attention step phase by phase (lab/attention_trace.py);
@@ -48,9 +48,9 @@ step() {
 step rows 70 $PY -m lab.measure_gpu --only-micros --filter row_ --deadline 60
 step attention 90 $PY -m lab.attention_trace
 step fp8 80 $PY -m lab.pipeline_trace --fp8
-step l2 80 bash -c "$PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 45 \
+step l2 100 bash -c "$PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 55 \
   && mkdir -p \$OUT/half && $PY -m lab.measure_gpu --only-micros --filter l2_half \
-  --deadline 25 --out \$OUT/half"
+  --deadline 35 --out \$OUT/half"
 step blind3 190 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 180
 step sass 200 $PY -m lab.sass_study --set families --jobs 8 --timeout 120

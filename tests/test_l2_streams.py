@@ -26,7 +26,7 @@ def test_readers_out_of_step_load_the_tiles_their_lag_names(lag):
 
 def test_the_lag_micros_are_the_in_step_streams_but_for_the_lag():
   for mib in (8, 48):
-    for slots in (2, 4):
+    for slots in (2, 4, 8):
       same = C.by_name(f"l2_half_{mib}mib_{slots}slots").params
       for lag in (1, 16):
         m = C.by_name(f"l2_lag{lag}_{mib}mib_{slots}slots")
