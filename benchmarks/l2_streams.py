@@ -12,6 +12,7 @@ The measured rows are the newest run's of each micro in any micros_* key of
 lab/data/h200_measured.json; a micro not measured yet gets its prediction
 alone (--predictions writes them all, with the commit, to compare later)."""
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -50,12 +51,15 @@ def measured():
 
 
 def predicted(micro):
-  """The model's cycles an iteration: two estimates, n1 and n2 loads a block."""
+  """The model's cycles an iteration: two estimates, n1 and n2 loads a block,
+  of the stream `grouped` (calibrate.tma_stream: the model sees which
+  blocks share a tile through the grid's axes, not through b // readers)."""
   times = []
   for n in (micro.n1, micro.n2):
     b = micro.build(n)
     args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in b.args]
-    times.append(ps.estimate(b.fn, *args, gpu="h200", clock_mhz=MHZ).time_s)
+    fn = functools.partial(b.fn, grouped=True)
+    times.append(ps.estimate(fn, *args, gpu="h200", clock_mhz=MHZ).time_s)
   return (times[1] - times[0]) / (micro.n2 - micro.n1) * MHZ * 1e6
 
 

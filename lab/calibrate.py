@@ -168,7 +168,7 @@ def _load_ring(n, slots, issue, bars):
 
 
 def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
-               readers=1, lag=0, swizzle=None, compiler_params=None):
+               readers=1, lag=0, swizzle=None, compiler_params=None, grouped=False):
   """Block b loads tiles t = (i * blocks + b) [mod region_tiles] of x, i < n,
   (`same`: t = i mod region_tiles, every block the same tile at once;
   `readers`: groups of that many blocks (b // readers) each read one tile at
@@ -177,7 +177,11 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
   as a matmul's blocks that share a tile but run apart) into a ring of
   `slots` SMEM buffers (slots loads in flight; `swizzle`: tiled and swizzled
   that many bytes, as a matmul's operands), awaiting each before refilling
-  its slot. Writes the last tile each block loaded."""
+  its slot. Writes the last tile each block loaded. `grouped`: the same
+  kernel with the group and the reader as grid axes (g, r), b = g * readers
+  + r, as the model's analysis of a load's address needs them to see which
+  blocks share its tile (b // readers it takes for the block's own); the
+  GPU's rows were measured without."""
   import jax
   from jax import lax
   from jax.experimental import pallas as pl
@@ -187,12 +191,21 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
   R = region_tiles or rows // tile_rows
   assert R * tile_rows <= rows
 
+  groups = blocks // readers
+  assert not grouped or groups * readers == blocks
+
   def body(x_ref, o_ref, smem, bars):
-    b = lax.axis_index("b")
+    if grouped:
+      g, r = lax.axis_index("g"), lax.axis_index("r")
+      b = g * readers + r
+    else:
+      b = lax.axis_index("b")
+      g, r = b // readers, lax.rem(b, readers)
 
     def issue(i, slot):
-      step = i + lax.rem(b, readers) * lag
-      t = lax.rem(i if same else step * (blocks // readers) + b // readers, R)
+      step = i + r * lag if lag else i  # (no term in r without a lag: the model's
+      # analysis would take the readers for apart)
+      t = lax.rem(i if same else step * groups + g, R)
       plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)],
                               smem.at[slot], bars.at[slot])
 
@@ -210,7 +223,8 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
                                 **(_mma_transforms((tile_rows, cols), x.dtype, swizzle)
                                    if swizzle else {})),
                      plgpu.Barrier(num_barriers=slots)],
-      grid=(blocks,), grid_names=("b",), compiler_params=compiler_params)(x)
+      grid=(groups, readers) if grouped else (blocks,),
+      grid_names=("g", "r") if grouped else ("b",), compiler_params=compiler_params)(x)
 
 
 def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None, same=False, readers=1,

@@ -86,34 +86,14 @@ def _stream(blocks, tile_rows, cols, slots, *, region_mib=None, n_max=None, same
 
 def _shared_stream(readers, slots=4, tile_rows=32, cols=128, region_mib=8, swizzle=128):
   """calibrate.tma_stream(readers=R, swizzle=128) over 132 blocks: groups of
-  R blocks (b // R) each loading one tile at once. The same kernel, with the
-  group and the reader as grid axes (g, r), b = g * R + r, so that the
-  model's analysis of the load's address sees the groups (b // R it takes
-  for the block's own)."""
-  groups = NUM_SMS // readers
+  R blocks (b // R) each loading one tile at once, `grouped` (the group and
+  the reader as grid axes) so that the model's analysis of the load's
+  address sees the groups."""
   region = (region_mib << 20) // (tile_rows * cols * 4)
   x = S((region * tile_rows, cols), F32)
-
-  def make(n):
-    def f(x):
-      def body(x_ref, o_ref, smem, bars):
-        g, r = lax.axis_index("g"), lax.axis_index("r")
-
-        def issue(i, slot):
-          t = lax.rem(i * groups + g, region)
-          plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)],
-                                  smem.at[slot], bars.at[slot])
-        C._load_ring(n, slots, issue, bars)
-        plgpu.copy_smem_to_gmem(smem.at[(n - 1) % slots], o_ref.at[g * readers + r])
-        plgpu.wait_smem_to_gmem(0)
-      return plgpu.kernel(
-          body, out_type=S((NUM_SMS, tile_rows, cols), F32),
-          scratch_types=[plgpu.SMEM((slots, tile_rows, cols), F32,
-                                    **C._mma_transforms((tile_rows, cols), F32, swizzle)),
-                         plgpu.Barrier(num_barriers=slots)],
-          grid=(groups, readers), grid_names=("g", "r"))(x)
-    return f, (x,)
-  return make
+  return lambda n: (lambda x: C.tma_stream(
+      x, n=n, blocks=NUM_SMS, tile_rows=tile_rows, slots=slots, region_tiles=region,
+      readers=readers, swizzle=swizzle, grouped=True), (x,))
 
 
 def _panel(blocks, box_cols, slots, cols=512):
