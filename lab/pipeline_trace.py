@@ -506,13 +506,16 @@ def compare(path):
     size, (_, tn, tk), mcs = r["size"], r["tile"], r["mcs"]
     mhz = r.get("mhz") or clocks.get(r["name"])
     d = tempfile.mkdtemp(prefix="trace_sim_")
-    fn, dtype = tracer(r.get("fp8", False))
-    x = jax.ShapeDtypeStruct((size, size), dtype)
-    full = profile_space(size, tk)  # (a smaller space: a --space run's, truncated)
+    fp8 = r.get("fp8", False)
+    fn, dtype = tracer(fp8)
+    k, m = r.get("k") or size, r.get("m") or size  # (as _operands shapes them)
+    x = jax.ShapeDtypeStruct((m, k), dtype)
+    y = jax.ShapeDtypeStruct((size, k) if fp8 else (k, size), dtype)
+    full = profile_space(k, tk)  # (a smaller space: a --space run's, truncated)
     space = r.get("space") or full
     ps.estimate(lambda a, b: fn(a, b, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d,
                                 space=space, truncate=space < full),
-                x, x, gpu="h200", clock_mhz=mhz)
+                x, y, gpu="h200", clock_mhz=mhz)
     m = steps_of(newest_trace(d), mcs)
     # (the GPU: the median block; the model: its slowest class's block, as
     # an estimate simulates one block a class, the last wave's too)

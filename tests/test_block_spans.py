@@ -88,3 +88,28 @@ def test_the_fp8_matmul_traced_gives_its_steps_and_its_values(tmp_path, rng):
   assert m["steps"] == 8 and m["blocks"] == 4
   assert m["issue"]["median"] > 0 and m["step"]["median"] >= m["issue"]["median"]
   assert pt.name_of(4096, 128, 128, 3, fp8=True) == "own fp8 4096 128x128x128 mcs=3"
+
+
+def test_compare_estimates_each_row_at_its_own_shape(tmp_path, capsys):
+  """--compare on a trace the simulator wrote (a row of size 256, K 1024, fp8
+  and f16): the model's steps are the row's own, so K and the operands'
+  layout (fp8's B given as B^T) must be the row's."""
+  import json
+  rows = []
+  for fp8 in (True, False):
+    d = tmp_path / ("fp8" if fp8 else "f16")
+    fn, dtype = pt.tracer(fp8)
+    x = jax.ShapeDtypeStruct((256, 1024), dtype)
+    y = jax.ShapeDtypeStruct((256, 1024) if fp8 else (1024, 256), dtype)
+    tk = 128 if fp8 else 64
+    ps.estimate(lambda a, b: fn(a, b, tile_n=128, tile_k=tk, mcs=2, profile_dir=str(d),
+                                space=pt.profile_space(1024, tk)),
+                x, y, gpu="h200", clock_mhz=1500)
+    rows.append({"name": pt.name_of(256, 128, tk, 2, fp8) + " k=1024", "size": 256,
+                 "k": 1024, "m": 256, "tile": [128, 128, tk], "mcs": 2, "fp8": fp8,
+                 "mhz": 1500, **pt.steps_of(pt.newest_trace(str(d)), 2)})
+  path = tmp_path / "pipeline_trace.json"
+  path.write_text(json.dumps({"rows": rows}))
+  pt.compare(str(path))
+  out = [l for l in capsys.readouterr().out.splitlines() if "k=1024" in l]
+  assert len(out) == 2 and all("(+0%)" in l for l in out), out
