@@ -33,6 +33,10 @@ estimated at the clock the GPU held, and what a step costs whatever its size
 block_kv:
 
     ./dev python -m lab.attention_trace --compare OUT/attention_trace.json
+
+`--predict FILE` writes the model's phases of CASES at its own clock, before
+the GPU has traced them. (A profiled estimate keeps every block's trace: about
+100 s a case on a 2-core machine.)
 """
 from __future__ import annotations
 
@@ -295,9 +299,21 @@ def main(argv=None):
   ap.add_argument("--warm-s", type=float, default=1.0)
   ap.add_argument("--compare", default=None,
                   help="a GPU run's attention_trace.json: the model's phases beside it (CPU)")
+  ap.add_argument("--predict", default=None, metavar="FILE",
+                  help="the model's phases of CASES, at its own clock, into FILE (CPU: "
+                  "written before the GPU traces them, they are blind)")
   a = ap.parse_args(argv)
   if a.compare:
     compare(a.compare)
+    return 0
+  if a.predict:
+    import subprocess
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    rows = [{"name": name_of(c), "case": list(c), **simulated(c, None)}
+            for c in CASES if a.filter in name_of(c)]
+    with open(a.predict, "w") as fh:
+      json.dump({"command": " ".join(sys.argv), "commit": commit, "rows": rows}, fh, indent=1)
     return 0
   measure([c for c in CASES if a.filter in name_of(c)], a.out, a.warm_s)
   return 0
