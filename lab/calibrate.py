@@ -200,12 +200,15 @@ def tma_stream(x, *, n, blocks, tile_rows, slots, region_tiles=None, same=False,
       b = g * readers + r
     else:
       b = lax.axis_index("b")
-      g, r = b // readers, lax.rem(b, readers)
 
     def issue(i, slot):
-      step = i + r * lag if lag else i  # (no term in r without a lag: the model's
+      # (the group and reader worked out here, as the pinned model figures
+      # were: the model does not hoist a loop's invariant scalars, the GPU
+      # does; and no term in the reader without a lag, or the model's
       # analysis would take the readers for apart)
-      t = lax.rem(i if same else step * groups + g, R)
+      grp, rdr = (g, r) if grouped else (b // readers, lax.rem(b, readers) if lag else 0)
+      step = i + rdr * lag if lag else i
+      t = lax.rem(i if same else step * groups + grp, R)
       plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * tile_rows, tile_rows)],
                               smem.at[slot], bars.at[slot])
 
