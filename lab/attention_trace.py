@@ -41,6 +41,7 @@ the GPU has traced them. (A profiled estimate keeps every block's trace: about
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import json
 import linecache
@@ -172,22 +173,26 @@ def steps_of(trace, case):
     qk = [(b, e) for n, b, e in rs if n == "qk"]
     if len(qk) < mcs + 4:
       continue  # (the memory warpgroup, or a block the buffer cut short)
-    named = {p: [(b, e) for n, b, e in rs if n == p] for p in PARTS}
     n_steps = len(qk)
-    spans.append(named["pv"][-1][1] - qk[0][0] if named["pv"] else 0.0)
+    # Each range to the step it starts in (one qk's start to the next), the
+    # first of each name a step: one pass, not a scan of the track a step.
+    starts = [b for b, _ in qk]
+    steps = [{} for _ in qk]
+    for n, b, e in rs:
+      j = bisect.bisect_right(starts, b) - 1
+      if n in PARTS and j >= 0:
+        steps[j].setdefault(n, (b, e))
+    pv_ends = [st["pv"][1] for st in steps if "pv" in st]
+    spans.append(pv_ends[-1] - qk[0][0] if pv_ends else 0.0)
     for j in range(mcs + 1, len(qk) - 1):
-      lo, hi = qk[j][0], qk[j + 1][0]
-      inside = {p: [(b, e) for b, e in named[p] if lo <= b < hi] for p in PARTS}
-      if not all(inside[p] for p in ("wait v_barriers", "pv")):
+      st, hi = steps[j], qk[j + 1][0]
+      if "wait v_barriers" not in st or "pv" not in st:
         continue
-      v_wait, pv = inside["wait v_barriers"][0], inside["pv"][0]
-      for p in PARTS:
-        if inside[p]:
-          b, e = inside[p][0]
-          parts[p].append(e - b)
-      parts["softmax"].append(v_wait[0] - qk[j][1])
-      parts["rest"].append(hi - pv[1])
-      parts["step"].append(hi - lo)
+      for p, (b, e) in st.items():
+        parts[p].append(e - b)
+      parts["softmax"].append(st["wait v_barriers"][0] - qk[j][1])
+      parts["rest"].append(hi - st["pv"][1])
+      parts["step"].append(hi - qk[j][0])
   out = {}
   for p, v in parts.items():
     v = np.asarray(v, float)
