@@ -9,6 +9,9 @@ pallas_sim package, so that loading it imports nothing of JAX's).
   findings are warnings instead). Races inside jax's own code are warnings
   unless `--pallas-sim-library-races fail`. (Calls that ask for backend="mosaic" explicitly still
   go to the real lowering.)
+* `--pallas-sim-present-gpu`: for the whole session, from collection on,
+  device queries see the `--pallas-sim-gpu` model (ps.present_gpu), so that
+  a kernel library's own tests pick their Mosaic GPU kernels on a CPU.
 * The `gpu` marker: such tests are skipped where no Hopper GPU is present.
 """
 import pytest
@@ -41,6 +44,12 @@ def pytest_addoption(parser):
                   choices=("report", "fail"),
                   help="races inside jax's own code (both accesses in the jax "
                        "package) are warnings (default) or fail the test")
+  group.addoption("--pallas-sim-present-gpu", action="store_true", default=False,
+                  help="with --pallas-sim: device queries (platform, device_kind, "
+                       "compute_capability, core_count, jax.default_backend()) see "
+                       "the --pallas-sim-gpu model for the whole session, so that "
+                       "libraries that choose kernels by the device pick their "
+                       "Mosaic GPU ones")
   group.addoption("--pallas-sim-uninitialized", default="fail",
                   choices=("fail", "report"),
                   help="uninitialized reads and unwritten outputs fail the test "
@@ -52,6 +61,21 @@ def pytest_configure(config):
       "markers", "gpu: needs a CUDA Hopper GPU (sm_90); skipped elsewhere")
   if _unavailable and config.getoption("--pallas-sim"):
     raise pytest.UsageError(f"--pallas-sim: {_unavailable[0]}")
+  if config.getoption("--pallas-sim-present-gpu"):
+    if not config.getoption("--pallas-sim"):
+      raise pytest.UsageError("--pallas-sim-present-gpu needs --pallas-sim (the "
+                              "kernels must run in the simulator)")
+    import contextlib
+
+    import pallas_sim as ps
+    stack = config._pallas_sim_present = contextlib.ExitStack()
+    stack.enter_context(ps.present_gpu(config.getoption("--pallas-sim-gpu")))
+
+
+def pytest_unconfigure(config):
+  stack = getattr(config, "_pallas_sim_present", None)
+  if stack is not None:
+    stack.close()
 
 
 def pytest_collection_modifyitems(config, items):

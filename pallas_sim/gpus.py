@@ -12,6 +12,9 @@ import numbers
 @dataclasses.dataclass(frozen=True)
 class GPU:
   name: str
+  # What jax's Device.device_kind says on one (the H200 machine's nvidia-smi
+  # and jax say "NVIDIA H200"; an H100 SXM says "NVIDIA H100 80GB HBM3").
+  device_kind: str = "NVIDIA H100 80GB HBM3"
   num_sms: int = 132
   # The SM's boost clock, at which the TMA, L2, ALU, barrier and latency
   # micro-benchmarks ran (H200; the H100 SXM's is the same 1980 MHz). Under
@@ -283,7 +286,7 @@ H100 = GPU("h100")
 # reads it off the device (/work/.library/device/KINDS.md, 2026-10-28).
 # Writes: a copy through SMEM (half read, half written) moved 3.85 TB/s:
 # 1/3.85 = (1/4.57 + 1/w) / 2 gives w = 3.33 TB/s for the writes.
-H200 = GPU("h200", hbm_bytes_per_s=4.57e12, hbm_write_bytes_per_s=3.33e12,
+H200 = GPU("h200", device_kind="NVIDIA H200", hbm_bytes_per_s=4.57e12, hbm_write_bytes_per_s=3.33e12,
            l2_bytes=60 * 10 ** 6)
 
 GPUS = {g.name: g for g in (H100, H200)}

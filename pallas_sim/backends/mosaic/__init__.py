@@ -3,6 +3,7 @@ device of compute capability 9.0 (H100/H200). A thin layer over plgpu."""
 import jax
 
 from pallas_sim.errors import BackendError
+from pallas_sim.present import truly
 
 
 def hopper_device():
@@ -21,8 +22,9 @@ def hopper_device():
 def describe_devices():
   out = []
   for d in jax.devices():
-    cc = getattr(d, "compute_capability", None)
-    out.append(f"{d.platform}:{d.device_kind}" + (f" (sm {cc})" if cc else ""))
+    cc = truly(d, "compute_capability")
+    out.append(f"{truly(d, 'platform')}:{truly(d, 'device_kind')}"
+               + (f" (sm {cc})" if cc else ""))
   return ", ".join(out)
 
 

@@ -17,6 +17,7 @@ import math
 import re
 
 from pallas_sim.backends.sim.frontend.jax_internals import primitive_name
+from pallas_sim.backends.sim.machine import named_barriers
 from pallas_sim.errors import LoweringError, SmemOverflowError
 
 SMEM_ALIGNMENT = 1024
@@ -211,8 +212,9 @@ def asked_registers(jaxpr, found=None):
 
 def barrier_count(kernel_jaxpr):
   """How many mbarriers the kernel body's scopes allocate, each scope
-  counted once (however often it runs): the barriers a block can have."""
-  seen, count = set(), 0
+  counted once (however often it runs), and the block's 16 named barriers
+  where an inline_mgpu body may use them: the barriers a block can have."""
+  seen, count, named = set(), 0, 0
   stack = [kernel_jaxpr]
   while stack:
     j = stack.pop()
@@ -220,10 +222,12 @@ def barrier_count(kernel_jaxpr):
       if id(eqn) in seen:
         continue
       seen.add(id(eqn))
+      if primitive_name(eqn) == "inline_mgpu":
+        named = named_barriers.COUNT
       for v in scope_allocations(eqn):
         dt = getattr(getattr(v.aval, "inner_aval", None), "dtype", None)
         if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
           count += math.prod(v.aval.inner_aval.shape)
       for p in eqn.params.values():
         stack.extend(sub_jaxprs(p))
-  return count
+  return count + named

@@ -78,6 +78,7 @@ class NoObserver:
   def wgmma_done(self, op): pass
   def wgmma_awaited(self, wg, n, where=None): pass
   def arrive(self, wg, slot, where=None): pass
+  def named_arrive(self, wg, nb, where): pass
   def phase_completed(self, slot): pass
   def waited(self, wg, slot, n, where=None): pass
   def unordered_waiter(self, slot, wg): return False
@@ -119,7 +120,8 @@ class _BarrierClock:
   thread's _WgClock, where, whether an arrival: else a TMA load), named only
   when a report needs them), and where each thread observed each completion
   (`seen_at`: (thread component, completion) -> where)."""
-  __slots__ = ("comp", "base", "acc", "phases", "waits", "by", "phase_by", "seen_at")
+  __slots__ = ("comp", "base", "acc", "phases", "waits", "by", "phase_by", "seen_at",
+               "clocks", "last")
 
   def __init__(self, comp, base):
     self.comp, self.base = comp, base
@@ -129,6 +131,10 @@ class _BarrierClock:
     self.by = []
     self.phase_by = []
     self.seen_at = {}
+    # A named barrier's arrivals as (thread's _WgClock, its clock then,
+    # where): the pending phase's, and the last completed phase's
+    self.clocks = []
+    self.last = []
 
 
 class _Op:
@@ -411,8 +417,33 @@ class HappensBefore:
     b.by.append((h, where, True))
     self._tick(h)
 
+  def named_arrive(self, wg, nb, where):
+    """An arrival on a named barrier (machine/named_barriers.py): it counts
+    towards the pending phase only if every arrival of the phase before is
+    ordered before it; otherwise, on the hardware, it can come first and
+    fill that phase in another thread's place."""
+    h = wg.hb
+    b = self._barrier(nb)
+    late = [(who, at) for who, clock, at in b.last if h.vc[who.thread] < clock]
+    if late:
+      who, at = late[0]
+      k = nb.completions
+      site = self._site(wg, "thread", "named barrier", where, nb.name, "arrive")
+      wg.block.group.misuse(
+          "named barrier arrival in an earlier phase", site, wg.block,
+          f"{h.who}'s arrival on {nb.name} ({where}) counts towards its phase "
+          f"#{k + 1}, but nothing orders it after {who.who}'s arrival for phase "
+          f"#{k} ({at}): on the hardware it can come first and complete phase "
+          f"#{k} in that thread's place, releasing the threads that sync on it "
+          f"too early. Make {h.who} wait for phase #{k} before it arrives again "
+          f"(bar.sync in place of bar.arrive, or a barrier that {who.who} "
+          "arrives on after its own arrival)")
+    b.clocks.append((h, int(h.vc[h.thread]), where))
+    self.arrive(wg, nb, where)
+
   def phase_completed(self, slot):
     b = self._barrier(slot)
+    b.last, b.clocks = b.clocks, []
     vc, avc = b.acc if b.acc is not None else (self.new_vector(), self.new_vector())
     clock = b.base + slot.completions
     vc[b.comp] = avc[b.comp] = clock
@@ -557,6 +588,8 @@ class HappensBefore:
     if observed is None:
       return None
     n, wait = observed
+    if getattr(slot, "kind", None) == "named":
+      return self._named_phase(slot, b, n, wait, rsite, c, k, csite, h, vc)
     asynchronous = csite.agent != "thread"
     phases = b.phases + ([b.acc] if b.acc is not None else [])
     carry = next((i + 1 for i, (pv, _) in enumerate(phases) if pv[c] >= k), None)
@@ -598,6 +631,30 @@ class HappensBefore:
               f"comes between the {rsite.access} and the arrival: plain SMEM accesses "
               f"reach async work ({csite.where}) only through commit_smem before the "
               "arrival")
+    return None
+
+  def _named_phase(self, slot, b, n, wait, rsite, c, k, csite, h, vc):
+    """explain() for a named barrier whose phase #n the current access's
+    agent observed: the recorded thread arrived in it before its access, or
+    the access reached the agent through it but not across an async-proxy
+    fence."""
+    rh = self.owners.get(c)
+    if rh is None or rsite.agent != "thread":
+      return None
+    mine = [where for who, where, _ in b.phase_by[n - 1] if who is rh]
+    if vc[c] < k and mine:
+      return (f"{wait} observed phase #{n}, which {rh.who} joined "
+              f"({mine[0]}) before its {rsite.access} ({rsite.where}): an arrival "
+              f"releases only what its thread did before it; arrive after the "
+              f"{rsite.access}")
+    if vc[c] >= k and csite.agent != "thread":
+      return (f"{rsite.who}'s plain {rsite.access} ({rsite.where}) is ordered before "
+              f"{csite.where} through {slot.name} ({wait}), but only for the generic "
+              "proxy: async work sees plain SMEM accesses across an async-proxy fence. "
+              f"Fence in {rsite.who} after the {rsite.access} and before its arrival "
+              f"(commit_smem, or nvvm.fence_proxy(async_shared, shared_cta) in "
+              f"inline_mgpu), or in {h.who} after it observed the phase and before "
+              f"{csite.where}")
     return None
 
   @staticmethod

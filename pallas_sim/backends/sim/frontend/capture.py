@@ -53,7 +53,7 @@ def force_sim():
   """Context manager: kernels traced inside are routed to the simulator,
   their equations located where they are traced (jx.real_tracebacks)."""
   with jx.interpret_params_module.force_gpu_interpret_mode(SIM_PARAMS), \
-      jx.real_tracebacks():
+      jx.real_tracebacks(), jx.kernel_effects_allowed():
     yield
 
 

@@ -31,6 +31,8 @@ What each release needs (0.11.2 / 0.12.0.1):
   GMEM Ref made outside the kernel) and im2col_ref (a transform of a TMA
   load's source, Im2ColTransform).
 - InterpretGPUParams: 0.12 adds on_race ("raise" by default).
+- Effects allowed in custom derivatives' forward functions: 0.12 adds the
+  IO callbacks' (kernel_effects_allowed).
 - Unchanged in both: interpret_pallas_call's signature; mpmd_map_p's and
   pallas_call_p's params; the Mosaic GPU core classes imported by name
   (transforms, barrier types, WarpMesh, TraceScope, RefType).
@@ -51,6 +53,7 @@ from jax._src import callback  # noqa: E402
 from jax._src import core  # noqa: E402
 from jax._src import debugging  # noqa: E402
 from jax._src import dtypes  # noqa: E402
+from jax._src import effects  # noqa: E402
 from jax._src import lib  # noqa: E402
 from jax._src import source_info_util  # noqa: E402
 from jax._src.checkify import FailedCheckError  # noqa: E402
@@ -119,6 +122,30 @@ def interpret_params(**kw):
   if _has_field(cls, "on_race"):
     kw.setdefault("on_race", "warn")
   return cls(**kw)
+
+
+@contextlib.contextmanager
+def kernel_effects_allowed():
+  """Inside, simulated kernels pass where GPU kernels do. Traced for the
+  simulator, a kernel carries interpret mode's ordered IO effect, which a
+  kernel lowered for the GPU lacks, and which some transformations refuse:
+  jax.checkpoint (remat_allowed_effects, every release) and, before 0.12, a
+  custom_vjp with optimize_remat=True (tokamax's ops; 0.12's callback module
+  adds the IO effects to custom_derivatives_allowed_effects). While kernels
+  are traced for the simulator they are allowed there, and nowhere else: a
+  rematerialized kernel runs again, as it does on the GPU."""
+  added = []
+  for allowed in (effects.custom_derivatives_allowed_effects,
+                  effects.remat_allowed_effects):
+    for t in (callback.IOEffect, callback.OrderedIOEffect):
+      if not allowed.contains(t()):
+        allowed.add_type(t)
+        added.append((allowed, t))
+  try:
+    yield
+  finally:
+    for allowed, t in added:
+      allowed._effect_types.discard(t)  # pylint: disable=protected-access
 
 
 @contextlib.contextmanager

@@ -76,6 +76,7 @@ class Block:
     self.trace = trace        # list of (number, block, agent, name, start, end) or None
     self.until = 0.0          # when its last async work completes
     self.warpgroups = []
+    self.named = {}           # id -> its named barrier (machine/named_barriers.py), once used
     # Async work on SMEM of run_scoped scopes that ended before it was
     # observed (checks/observer.py, scope_end).
     self.zombies = []

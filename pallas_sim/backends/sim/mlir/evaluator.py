@@ -11,8 +11,13 @@ costs one numpy operation, not one per thread.
 Memory is a byte arena of the buffers the body may touch (its refs, staged
 in the physical order the GPU has them: tiled and swizzled SMEM), with real
 byte addresses, because FragmentedArray code computes swizzled addresses
-and goes through pointers. Lanes run in lockstep, so warpgroup and warp
-barriers and proxy fences order nothing more here. Control flow whose
+and goes through pointers. Lanes run in lockstep, so barriers among the
+lanes that run the body order nothing more here. Named barriers (bar.sync,
+bar.arrive, nvvm.barrier...) and async-proxy fences at the body's top level
+split it into segments (`run_segments`): the rule carries each out between
+them, so that a bar.sync can wait for other warpgroups. Nested in the
+body's control flow, a fence is handed to the rule with its segment, and a
+named barrier must be the lanes' own (its count theirs). Control flow whose
 condition differs between lanes runs both arms under masks.
 
 An op this evaluator does not know raises UnsupportedPrimitiveError naming
@@ -159,8 +164,93 @@ class Lanes:
 # --- compilation: ops -> steps ------------------------------------------------
 
 class Program:
-  """A block's ops as steps over an environment of slots."""
-  __slots__ = ("steps", "args", "results", "nslots")
+  """A block's ops as steps over an environment of slots. At the top level
+  the steps come in `segments`: (steps, Sync or None), each segment's steps
+  then the synchronization that ends it."""
+  __slots__ = ("steps", "args", "results", "nslots", "segments")
+
+
+class Sync:
+  """A named barrier or fence the rule carries out (interpret/rules/
+  inline_mgpu.py): `kind` "bar" (`op` "sync" or "arrive") or "fence" (`op`
+  the proxy it orders: "async_shared", "async_global", "async"); the
+  barrier's id and thread count, each an int, None (the default: barrier
+  0, every thread of the block) or ("operand", slot)."""
+  __slots__ = ("kind", "op", "id", "count", "text")
+
+  def __init__(self, kind, op, bid=None, count=None, text=""):
+    self.kind, self.op, self.id, self.count, self.text = kind, op, bid, count, text
+
+  def value(self, spec, env):
+    if isinstance(spec, tuple):
+      return _uniform(_signed(np.asarray(env[spec[1]])), f"the {self.text} operand")
+    return spec
+
+
+# `bar.sync a{, b};` and its spellings (barrier.sync.aligned, bar.cta.arrive...)
+_BAR_PTX = re.compile(r"^(bar|barrier)(\.cta)?\.(sync|arrive|red)(\.aligned)?"
+                      r"(\.[a-z0-9]+)*\s+([^;]*);?$")
+
+
+def _ptx_operand(text, operands):
+  text = text.strip()
+  if re.fullmatch(r"\$\d+", text):
+    return ("operand", operands[int(text[1:])])
+  try:
+    return int(text, 0)
+  except ValueError:
+    raise unsupported(f"the barrier operand '{text}' in inline PTX") from None
+
+
+def sync_of(op, ctx):
+  """The Sync an op is, None if it is none (or only orders the lanes that
+  run the body: bar.warp.sync, thread fences); raises for barrier forms that
+  are not modelled."""
+  name = op.name
+  slots = lambda vals: [ctx.slot(v) for v in vals]
+  if name == "llvm.inline_asm":
+    if any(str(r.type) != "!llvm.void" for r in op.results):
+      text = str(jx.ir.StringAttr(_attr(op, "asm_string")).value)
+      if _BAR_PTX.match(" ".join(text.split())):
+        raise unsupported(f"inline PTX '{' '.join(text.split())}' (a barrier with a "
+                          "reduction)")
+      return None
+    text = " ".join(str(jx.ir.StringAttr(_attr(op, "asm_string")).value).split())
+    m = _BAR_PTX.match(text)
+    if m:
+      if text.startswith("@") or m.group(3) == "red":
+        raise unsupported(f"inline PTX '{text}' (a predicated barrier or one with "
+                          "a reduction)")
+      operands = slots(op.operands)
+      args = [a for a in m.group(6).split(",") if a.strip()]
+      if not 1 <= len(args) <= 2:
+        raise unsupported(f"inline PTX '{text}'")
+      bid = _ptx_operand(args[0], operands)
+      count = _ptx_operand(args[1], operands) if len(args) > 1 else None
+      return Sync("bar", m.group(3), bid, count, text)
+    if text.startswith("fence.proxy.async"):
+      space = ("async_shared" if ".shared" in text else
+               "async_global" if ".global" in text else "async")
+      return Sync("fence", space, text=text)
+    return None
+  if name in ("gpu.barrier", "nvvm.barrier0"):
+    return Sync("bar", "sync", 0, None, name)
+  if name in ("nvvm.barrier", "nvvm.barrier.arrive"):
+    view = op.opview  # (its optional operands by name)
+    bid, count = view.barrierId, view.numberOfThreads
+    return Sync("bar", "sync" if name == "nvvm.barrier" else "arrive",
+                0 if bid is None else ("operand", ctx.slot(bid)),
+                None if count is None else ("operand", ctx.slot(count)), name)
+  if name == "nvvm.barrier.reduction":
+    raise unsupported("nvvm.barrier.reduction (a barrier with a reduction)")
+  if name == "nvvm.fence.proxy":
+    kind = str(_attr(op, "kind"))
+    if "async" not in kind:
+      return None
+    space = str(op.attributes["space"]) if "space" in op.attributes else ""
+    return Sync("fence", "async_shared" if "shared" in kind + space else
+                "async_global" if "global" in kind + space else "async", text=name)
+  return None
 
 
 class _Ctx:
@@ -181,6 +271,7 @@ def compile_block(block, ctx=None):
   prog = Program()
   prog.args = [ctx.slot(a) for a in block.arguments]
   prog.steps = []
+  prog.segments = []
   prog.results = []
   products = {}  # mulf results of this block -> their operands
   for op in block.operations:
@@ -188,6 +279,14 @@ def compile_block(block, ctx=None):
     name = op.name
     if name in ("scf.yield", "func.return", "mosaic_gpu.return"):
       prog.results = [ctx.slot(v) for v in op.operands]
+      continue
+    sync = sync_of(op, ctx)
+    if sync is not None:
+      if top:  # (the rule carries it out between segments)
+        prog.segments.append((prog.steps, sync))
+        prog.steps = []
+      else:
+        prog.steps.append((_nested_sync, sync, [], []))
       continue
     if name == "arith.mulf":
       products[op.results[0]] = tuple(op.operands)
@@ -202,9 +301,30 @@ def compile_block(block, ctx=None):
     ins = [ctx.slot(v) for v in op.operands]
     outs = [ctx.slot(v) for v in op.results]
     prog.steps.append((handler, static, ins, outs))
+  prog.segments.append((prog.steps, None))
   if top:
     prog.nslots = len(ctx.slots)
   return prog
+
+
+def _nested_sync(lanes, mask, sync):
+  """A barrier or fence inside the body's control flow: a fence goes to the
+  rule with its segment; a named barrier can only be the lanes' own (the
+  body cannot wait for other threads from inside its control flow)."""
+  if mask is not None and not np.any(mask):
+    return None
+  if sync.kind == "fence":
+    lanes.fences.append(sync)
+    return None
+  env = _ENV[-1]
+  count = sync.value(sync.count, env)
+  if count != lanes.n or (mask is not None and not np.all(mask)):
+    raise unsupported(
+        f"'{sync.text}' inside control flow of the body (a barrier over "
+        f"{count if count is not None else 'all the block'}'s threads where "
+        f"{lanes.n} lanes run it: only barriers at the body's top level can wait "
+        "for other threads here)")
+  return None
 
 
 def _contracted(op, products, ctx):
@@ -902,9 +1022,10 @@ def _ptrcast(lanes, mask, _, p):
   return np.asarray(p).astype(np.int64)
 
 
-# Inline PTX that only synchronizes (named barriers, fences): nothing to do
-# for lanes in lockstep.
-_SYNC_PTX = ("bar.sync", "barrier.sync", "bar.warp.sync", "fence.proxy", "fence.acq_rel")
+# Inline PTX that only orders the lanes that run the body (warp barriers,
+# thread fences): nothing to do for lanes in lockstep. (Named barriers and
+# proxy fences are Syncs: compile_block.)
+_LOCAL_PTX = ("bar.warp.sync", "fence.acq_rel", "fence.sc")
 
 
 # Max/min instructions FragmentedArray emits as inline PTX ("max.NaN.f32
@@ -950,7 +1071,7 @@ def _minmax(m, a, b, out_dt):
 def _inline_asm(lanes, mask, static, *xs):
   text, nres, out_dt = static
   if not nres and text.strip().split(" ", 1)[-1 if text.startswith("@") else 0].startswith(
-      _SYNC_PTX):
+      _LOCAL_PTX):
     return None
   m = _MINMAX.match(text.strip())
   if m and nres == 1 and len(xs) == 2:
@@ -1025,13 +1146,13 @@ for _n, _f in _SREG.items():
   _OPS[_n] = _sreg(_f)
 
 
-@op("gpu.barrier", "nvvm.barrier", "nvvm.barrier0", "nvvm.bar.warp.sync",
-    "nvvm.fence.proxy", "nvvm.fence.proxy.acquire", "nvvm.fence.proxy.release",
-    "nvvm.fence.mbarrier.init", "nvvm.cp.async.bulk.commit.group",
-    "nvvm.fence.sc.cluster")
+@op("nvvm.bar.warp.sync", "nvvm.fence.proxy", "nvvm.fence.proxy.acquire",
+    "nvvm.fence.proxy.release", "nvvm.fence.mbarrier.init",
+    "nvvm.cp.async.bulk.commit.group", "nvvm.fence.sc.cluster")
 @prepares(lambda o, c: None)
 def _sync(lanes, mask, _, *xs):
-  # Lanes run in lockstep here: what a barrier or fence orders is done.
+  # Lanes run in lockstep here: what a warp barrier or a fence that is no
+  # Sync (sync_of) orders is done.
   return None
 
 
@@ -1159,13 +1280,39 @@ _ENV = []
 
 
 def run(prog, lanes, args):
-  """Evaluates a compiled block for `lanes`; returns its results."""
-  env = [None] * prog.nslots
-  _ENV.append(env)
+  """Evaluates a compiled block for `lanes`; returns its results. Its
+  barriers and fences order nothing beyond the lanes (see run_segments)."""
+  segments = run_segments(prog, lanes, args)
   try:
-    return _run(prog, lanes, env, args, None)
-  finally:
-    _ENV.pop()
+    while True:
+      next(segments)
+  except StopIteration as stop:
+    return stop.value
+
+
+def run_segments(prog, lanes, args):
+  """Evaluates a compiled block for `lanes`, segment by segment: a generator
+  that yields (Sync, its id, its count) after each segment a top-level
+  barrier or fence ends, and returns the block's results."""
+  env = [None] * prog.nslots
+  lanes.fences = []
+  for s, a in zip(prog.args, args):
+    env[s] = a
+  for steps, sync in prog.segments:
+    _ENV.append(env)
+    try:
+      for handler, static, ins, outs in steps:
+        res = handler(lanes, None, static, *[env[i] for i in ins])
+        if len(outs) == 1:
+          env[outs[0]] = res
+        elif outs:
+          for o, v in zip(outs, res):
+            env[o] = v
+    finally:
+      _ENV.pop()
+    if sync is not None:
+      yield sync, sync.value(sync.id, env), sync.value(sync.count, env)
+  return [env[i] for i in prog.results]
 
 
 @op("pallas_sim.marker")

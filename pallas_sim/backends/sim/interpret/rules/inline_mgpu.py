@@ -18,6 +18,16 @@ primitive's place in the thread's program.
 The launch context (`ctx`) offers `async_copy` between SMEM and GMEM
 (completed when issued: the body's own `await_async_copy` has nothing to
 wait for) and `named_region`; anything else of it is rejected by name.
+
+Named barriers and async-proxy fences at the body's top level end a segment
+of it (mlir/evaluator.py): what the segment read and wrote is recorded and
+copied back, then the barrier is carried out by machine/named_barriers.py
+(a bar.sync may wait for other warpgroups here) and the fence as
+commit_smem's fence (checks/observer.py); refs are staged again after a
+sync, since other threads ran meanwhile. A fence is cumulative: it orders
+the generic-proxy accesses its thread knows of (its own, and those released
+to it) before the async-proxy work it issues next, on either side of a
+hand-off, as the PTX memory model's proxy-preserved causality order allows.
 """
 import contextlib
 import functools
@@ -28,8 +38,9 @@ from jax import tree_util
 import jax.experimental.mosaic.gpu as mgpu
 
 from pallas_sim.backends.sim.interpret import refview
-from pallas_sim.backends.sim.interpret.compiler import rule
+from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.mlir import evaluator as mlir_eval
+from pallas_sim.backends.sim.machine import named_barriers
 from pallas_sim.backends.sim.machine.state import Warp
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 from pallas_sim.backends.sim.frontend import jax_internals as jx
@@ -336,6 +347,7 @@ def _inline_mgpu(eqn, cx):
   ret_ty = p["flat_ret_ty"]
   where = cx.where(eqn)
   launch = cx.launch
+  latency = cx.timing.barrier_latency
   cache = {}
 
   def inline_mgpu(wg, *operands):
@@ -364,21 +376,14 @@ def _inline_mgpu(eqn, cx):
     built = cache.get(key)
     if built is None:
       built = cache[key] = _build(eqn, kinds, warp)
-    return _run(wg, built, staged, warp)
+    return (yield from _run(wg, built, staged, warp))
 
   def _run(wg, built, staged, warp):
     # The buffers lie in an arena, each 1024-aligned (swizzling acts on
     # address bits); refs in their physical order.
     outs = [np.zeros(r.shape, r.dtype) for r in ret_ty]
-    datas = []
-    for obj, order in staged:
-      if order is None:
-        datas.append(np.ascontiguousarray(obj).reshape(-1))
-      else:
-        flat = np.ascontiguousarray(obj.view).reshape(-1)
-        phys = np.empty_like(flat)
-        phys[order] = flat
-        datas.append(phys)
+    datas = [np.ascontiguousarray(obj).reshape(-1) if order is None
+             else _physical_data(obj, order) for obj, order in staged]
     datas += [o.reshape(-1) for o in outs]
     offsets, total = [], 0
     for d in datas:
@@ -389,7 +394,6 @@ def _inline_mgpu(eqn, cx):
     for d, off, k in zip(datas, offsets, [*built.kinds, *(("out", o.shape) for o in outs)]):
       arena.data[off:off + d.nbytes] = d.view(np.uint8)
       refs.append(_memref(off, k[1], d.dtype, k[3] if k[0] == "ref" else "gmem"))
-    blk = wg.block
     block_id, grid_dim, cbid, cdim = cuda_place(launch, wg.axes)
     base = (wg.parent.index * 128 + wg.warp * 32) if warp else wg.index * 128
     lanes = mlir_eval.Lanes(
@@ -397,9 +401,44 @@ def _inline_mgpu(eqn, cx):
         block_id=block_id, grid_dim=grid_dim, cluster_block_id=cbid,
         cluster_dim_blocks=cdim, arena=arena,
         marker=lambda i, xs: _marker(built.markers[i], xs, arena))
-    with np.errstate(all="ignore"):
-      mlir_eval.run(built.prog, lanes, refs)
-    # Refs: report what the body read and wrote, and copy its writes back.
+    segments = mlir_eval.run_segments(built.prog, lanes, refs)
+    while True:
+      with np.errstate(all="ignore"):
+        try:
+          sync, bid, count = next(segments)
+        except StopIteration:  # (results leave through the staged outputs)
+          sync = None
+      _record(wg, staged, offsets, arena)
+      fences, lanes.fences = lanes.fences, []
+      for f in fences:
+        _fence(wg, f)
+      if sync is None:
+        break
+      if sync.kind == "fence":
+        _fence(wg, sync)
+      elif sync.op == "arrive":
+        named_barriers.arrive(wg, bid, count, where)
+      else:
+        yield from named_barriers.sync(wg, bid, count, where, latency)
+        # (other threads ran meanwhile: the body reads the refs as they are now)
+        for (obj, order), off in zip(staged, offsets):
+          if order is not None:
+            d = _physical_data(obj, order)
+            arena.data[off:off + d.nbytes] = d.view(np.uint8)
+    results = []
+    for o, off, r in zip(outs, offsets[len(staged):], ret_ty):
+      flat = arena.data[off:off + o.nbytes].view(o.dtype)
+      v = flat.reshape(o.shape)
+      if isinstance(r.layout.to_mgpu() if hasattr(r.layout, "to_mgpu") else None,
+                    mgpu.WGSplatFragLayout) and o.shape:
+        v = np.full(o.shape, flat[0], o.dtype)
+      results.append(v.copy() if v.ndim else v[()])
+    return results
+
+  def _record(wg, staged, offsets, arena):
+    """What the body read and wrote of its refs since the last segment, at
+    the primitive's place; its writes copied back."""
+    blk = wg.block
     for (obj, order), off in zip(staged, offsets):
       if order is None:
         continue
@@ -423,14 +462,24 @@ def _inline_mgpu(eqn, cx):
         else:
           view[...] = vals
         blk.group.wrote(sub)
-    results = []
-    for o, off, r in zip(outs, offsets[len(staged):], ret_ty):
-      flat = arena.data[off:off + o.nbytes].view(o.dtype)
-      v = flat.reshape(o.shape)
-      if isinstance(r.layout.to_mgpu() if hasattr(r.layout, "to_mgpu") else None,
-                    mgpu.WGSplatFragLayout) and o.shape:
-        v = np.full(o.shape, flat[0], o.dtype)
-      results.append(v.copy() if v.ndim else v[()])
-    return results
+    arena.read[:] = False
+    arena.written[:] = False
 
-  return inline_mgpu
+  return Gen(inline_mgpu)
+
+
+def _physical_data(ref, order):
+  """A ref's elements in the order they have in memory on the GPU."""
+  flat = np.ascontiguousarray(ref.view).reshape(-1)
+  phys = np.empty_like(flat)
+  phys[order] = flat
+  return phys
+
+
+def _fence(wg, sync):
+  """An async-proxy fence: over SMEM (all state spaces, or shared::cta) it
+  orders what commit_smem's fence orders; a fence of GMEM alone orders
+  nothing the simulator tracks (TMA and plain GMEM accesses are one proxy
+  here)."""
+  if sync.op in ("async_shared", "async"):
+    wg.block.hb.commit_smem(wg)
