@@ -10,6 +10,7 @@ from pallas_sim import gpus  # noqa: E402
 from pallas_sim.api import Simulation, backend, estimate, kernel, run, simulate  # noqa: E402
 from pallas_sim.options import Options  # noqa: E402
 from pallas_sim.present import present_gpu  # noqa: E402
+from pallas_sim.unwritten import leave_unwritten  # noqa: E402
 from pallas_sim.compare import Comparison, compare  # noqa: E402
 from pallas_sim.backends.sim.report import KernelReport, Report  # noqa: E402
 from pallas_sim.errors import (  # noqa: E402
@@ -22,7 +23,7 @@ from pallas_sim.errors import (  # noqa: E402
 __version__ = "0.1.0"
 __all__ = [
     "run", "simulate", "estimate", "compare", "Comparison", "backend", "kernel",
-    "present_gpu",
+    "present_gpu", "leave_unwritten",
     "Simulation", "Options", "Report",
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
     "KernelError", "LoweringError", "LoweringTimeoutError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",

@@ -192,11 +192,16 @@ class InitLog:
         "hardware would read leftover bytes)", site, (block, rng))
     f.call_site = self.call_site
 
-  def unwritten_output(self, buf, grid):
-    """A finding for an output that some elements of were never written."""
+  def unwritten_output(self, buf, grid, may_stay=None):
+    """A finding for an output that some elements of were never written,
+    outside the elements `may_stay` (a mask: ps.leave_unwritten) marks."""
     if buf.written is None:
       return
     unwritten = ~buf.written
+    if may_stay is not None:
+      unwritten &= ~may_stay
+      if not unwritten.any():
+        return
     shape = buf.data.shape
     boxes = _boxes(unwritten)
     shown = ", ".join(_slice_text(b) for b in boxes[:3]) + (
@@ -207,7 +212,9 @@ class InitLog:
     n = int(np.count_nonzero(unwritten))
     what = f"{buf.name}{shown}" if len(boxes) == 1 else f"{buf.name} regions {shown}"
     text = (f"{what} of shape {tuple(shape)}: {n} of {buf.data.size} elements were "
-            f"never written{covers} (the hardware leaves whatever the memory held)")
+            f"never written{covers} (the hardware leaves whatever the memory held)"
+            + ("; that is besides the region declared with ps.leave_unwritten"
+               if may_stay is not None else ""))
     self.found[("out", buf.name)] = Uninitialized("unwritten output", buf.name, text)
 
   def findings(self):

@@ -3,6 +3,7 @@ uninitialized memory into the Report, and the errors they raise
 (Options.on_race, on_uninitialized, library_races)."""
 import warnings
 
+from pallas_sim import unwritten
 from pallas_sim.backends.sim.checks import initcheck
 from pallas_sim.errors import RaceError, RaceWarning, UninitializedError
 
@@ -20,8 +21,10 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid):
           f"{in_bufs[i].data.tolist()}: the simulator starts every kernel "
           "with the values the Ref held before it (a later kernel here does "
           "not see these, as it would on a GPU)", stacklevel=3)
-  for buf in out_bufs:
-    merge.init_log.unwritten_output(buf, grid)
+  may_stay = unwritten.allowed(launch.name, [b.data for b in in_bufs],
+                               [b.data.shape for b in out_bufs], launch.arg_names)
+  for buf, ok in zip(out_bufs, may_stay):
+    merge.init_log.unwritten_output(buf, grid, ok)
   unset = merge.init_log.findings()
   initcheck.link_causes(unset, found)
   report.uninitialized.extend(unset)
