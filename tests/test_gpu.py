@@ -1,6 +1,8 @@
 """Agreement with the real Mosaic GPU lowering on a Hopper GPU (H100/H200).
 Marked `gpu`: skipped where there is none (CI). Run with `./dev test -m gpu`
 on a GPU machine, or see docs/gpu-lab.md."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -520,3 +522,49 @@ def test_small_additions_agree():
   with jax.set_mesh(mesh):
     sim, real = both(relu, xs)
   assert_bit_equal(sim, real, "reshard in a kernel")
+
+
+@pytest.mark.parametrize("form", ["ptx", "nvvm"])
+@pytest.mark.parametrize("fence", ["producer", "consumer"])
+def test_named_barrier_producer_consumer_agrees(form, fence):
+  import named_barriers as nb
+  args = nb.producer_consumer_args(0)
+  sim, real = both(lambda *a: nb.producer_consumer(*a, form=form, fence=fence), *args)
+  np.testing.assert_allclose(real, nb.producer_consumer_reference(*args), rtol=1e-5,
+                             atol=1e-4)
+  assert_bit_equal(sim, real, "named barriers")
+
+
+def test_named_barrier_ping_pong_agrees():
+  import named_barriers as nb
+  x = jax.random.normal(jax.random.PRNGKey(1), (4, 64, 128), jnp.float32)
+  sim, real = both(nb.ping_pong, x)
+  assert_bit_equal(sim, real, "ping pong")
+  assert_bit_equal(real, np.asarray(x).sum(0), "ping pong's sum")
+
+
+def test_a_named_barrier_phase_that_never_completes_hangs_the_gpu_too():
+  """The simulator's DeadlockError for a bar.sync that only one consumer
+  releases: on the H200 the same launch never finishes (run in a child
+  process, killed after 25 s)."""
+  import subprocess
+  import sys
+  import textwrap
+  code = textwrap.dedent('''
+      import sys; sys.path[:0] = ["examples"]
+      import jax, named_barriers as nb
+      args = nb.producer_consumer_args(0)
+      jax.block_until_ready(nb.producer_consumer(*args, bug="one_consumer"))
+      print("FINISHED")
+  ''')
+  try:
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=25, cwd=os.path.dirname(os.path.dirname(__file__)))
+    finished = "FINISHED" in p.stdout
+  except subprocess.TimeoutExpired:
+    finished = False
+  assert not finished
+  with pytest.raises(ps.DeadlockError):
+    import named_barriers as nb
+    ps.run(lambda *a: nb.producer_consumer(*a, bug="one_consumer"),
+           *nb.producer_consumer_args(0), backend="sim")

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Third-party kernel libraries on a Hopper machine (jax[cuda]==0.11.2, no
+# network), in one device call; each step has its own time limit, so a step
+# that overruns costs only itself (limits add to 560 s):
+#   named    our named-barrier kernels against the simulator, bit for bit
+#            (tests/test_gpu.py);
+#   kernels  tokamax's sm90 kernels natively: each case's outputs, for
+#            benchmarks/tokamax_suite.py compare against the simulator's;
+#   tests    tokamax's test files (attention, GLU, ragged dot) natively;
+#   hang     a named-barrier phase that never completes (the simulator's
+#            DeadlockError): the launch must not finish on the GPU either.
+# Carry build/tokamax/src (benchmarks/tokamax_suite.py extract) and .whl: the
+# wheels of tokamax's dependencies, as benchmarks/RESULTS.md lists them
+# ("tokamax, unmodified"). Results: $OUT/library_plan.txt (every step's
+# tail) and $OUT/library_plan.tgz (each step's files).
+#     bash lab/library_plan.sh [named] [kernels] [tests] [hang]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
+PY="${PYTHON:-python3}"
+STEPS="${*:-named kernels tests hang}"
+export PYTHONUNBUFFERED=1
+W="$OUT/library_plan"; mkdir -p "$W"
+LOG="$OUT/library_plan.txt"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+$PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
+{ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+  $PY -c "import jax; print('jax', jax.__version__, jax.devices())"
+  echo "commit $(git rev-parse HEAD 2>/dev/null)"; echo "steps: $STEPS"
+  cat build/tokamax/REVISION 2>/dev/null
+} 2>&1 | tee "$LOG"
+
+# step NAME SECONDS COMMAND...: runs it into $W/NAME (its OUT), its output
+# in $W/NAME/log.txt, the tail and the time it took in the summary.
+step() {
+  local name=$1 limit=$2; shift 2
+  [[ " $STEPS " == *" $name "* ]] || return 0
+  mkdir -p "$W/$name"
+  local t0=$SECONDS
+  OUT="$W/$name" timeout "$limit" "$@" >"$W/$name/log.txt" 2>&1
+  local rc=$?
+  { echo "== $name: rc $rc in $((SECONDS - t0)) s (limit $limit): $*"
+    tail -25 "$W/$name/log.txt"; } | tee -a "$LOG"
+}
+
+step named 110 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+  -k "named_barrier and not never_completes"
+step kernels 140 $PY benchmarks/tokamax_suite.py kernels --native --out "$W/kernels"
+# (several processes share the GPU: none takes most of its memory up front)
+step tests 270 env XLA_PYTHON_CLIENT_PREALLOCATE=false $PY benchmarks/tokamax_suite.py \
+  tests --native --out "$W/tests" -n 8 --timeout 100
+step hang 40 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+  -k never_completes
+tar -czf "$OUT/library_plan.tgz" -C "$OUT" library_plan
