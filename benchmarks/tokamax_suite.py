@@ -78,6 +78,8 @@ def pytest_runtest_call(item):
 
 def pytest_runtest_logreport(report):
   log = os.environ.get("TOKAMAX_SUITE_LOG")
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # (xdist's controller logs each once)
+    return
   if log and (report.when == "call" or report.outcome != "passed"):
     msg = ""
     if report.failed:
