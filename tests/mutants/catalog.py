@@ -600,7 +600,7 @@ MUTANTS = [
            ("tests/test_debugging.py",)),
     Mutant("unwritten-outputs-unreported", "pallas_sim/backends/sim/execute/findings.py",
            "outputs with elements no block wrote are reported at the end of a launch",
-           "    merge.init_log.unwritten_output(buf, grid)", "    pass",
+           "    merge.init_log.unwritten_output(buf, grid, ok)", "    pass",
            ("tests/test_debugging.py",)),
     Mutant("runaway-loops-unchecked", "pallas_sim/backends/sim/interpret/rules/control_flow.py",
            "a while loop ends a block past max_cycles; the mutant never checks",
@@ -1316,6 +1316,53 @@ MUTANTS = [
 # The H200 figures of pallas_sim/gpus.py, each changed by 30% (barrier_latency
 # also halved): tests/test_timing_pins.py compares the model's predictions of
 # the micro-benchmarks each was fitted on with the H200's measurements.
+NB = "pallas_sim/backends/sim/machine/named_barriers.py"
+NBT = ("tests/test_named_barriers.py",)
+MUTANTS += [
+    # --- named barriers, fences and what libraries need ---------------------------
+    Mutant("named-sync-no-wait", NB,
+           "bar.sync waits for the phase its arrival joined; the mutant goes on",
+           "  if nb.completions < phase:\n    yield Wait(",
+           "  if False:\n    yield Wait(", NBT),
+    Mutant("named-sync-no-acquire", NB,
+           "a bar.sync acquires what its phase's arrivals released; the mutant does not",
+           "  wg.block.hb.waited(wg, nb, phase, where)\n",
+           "  pass\n", NBT),
+    Mutant("named-count-per-warpgroup", NB,
+           "a body run by a warpgroup arrives with 128 threads, a warp's with 32; the "
+           "mutant counts a warpgroup as one warp",
+           '  return WARP if hasattr(wg, "parent") else 128\n',
+           "  return WARP\n", NBT),
+    Mutant("named-no-count-check", NB,
+           "every arrival of a phase gives the same count; the mutant takes any",
+           "  elif nb.count != count:\n",
+           "  elif False:\n", NBT),
+    Mutant("named-completes-at-last-executed", NB,
+           "a phase completes at its latest arrival's clock; the mutant at the clock of "
+           "the arrival that ran last",
+           "  nb.latest = max(nb.latest, wg.time)\n",
+           "  nb.latest = wg.time\n", NBT),
+    Mutant("named-earlier-phase-unchecked", "pallas_sim/backends/sim/checks/observer.py",
+           "an arrival not ordered after the last phase's arrivals is named; the "
+           "mutant never looks",
+           "    late = [(who, at) for who, clock, at in b.last if h.vc[who.thread] < clock]\n",
+           "    late = []\n", NBT),
+    Mutant("fence-ignored", "pallas_sim/backends/sim/interpret/rules/inline_mgpu.py",
+           "an async-proxy fence in an inline_mgpu body orders what commit_smem orders; "
+           "the mutant ignores it",
+           '  if sync.op in ("async_shared", "async"):\n',
+           "  if False:\n", NBT),
+    Mutant("unwritten-declaration-ignored", "pallas_sim/backends/sim/checks/initcheck.py",
+           "output elements ps.leave_unwritten declares may stay unwritten; the mutant "
+           "reports them",
+           "    if may_stay is not None:\n      unwritten &= ~may_stay\n",
+           "    if False:\n      unwritten &= ~may_stay\n", ("tests/test_libraries.py",)),
+    Mutant("present-gpu-platform", "pallas_sim/present.py",
+           "present_gpu shows platform 'gpu'; the mutant leaves the CPU's",
+           '  values = {"platform": "gpu", ',
+           '  values = {"platform": "cpu", ', ("tests/test_libraries.py",)),
+]
+
 _FIGURES = [  # (name, old, new): x0.7 and x1.3 of each pinned figure
     ("barrier-latency-x0.5", "  barrier_latency: int = 57\n", "  barrier_latency: int = 28\n"),
     ("barrier-latency-x0.7", "  barrier_latency: int = 57\n", "  barrier_latency: int = 40\n"),
