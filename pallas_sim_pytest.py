@@ -111,6 +111,13 @@ def pytest_runtest_call(item):
                   on_race="report" if report_races else "raise",
                   on_uninitialized="report" if report_unset else "raise") as report:
     out = yield
+    # A unittest.TestCase's failure reaches pytest through the item, not as
+    # an exception through here: raised here, it gives way to the error of
+    # a kernel that failed in the test (its outputs were poison), as a
+    # plain test's does.
+    failures = getattr(item, "_excinfo", None)
+    if failures:
+      raise failures.pop(0).value
   for r in report.races:
     warnings.warn(ps.RaceWarning(str(r)))
   for f in report.uninitialized:

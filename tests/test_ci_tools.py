@@ -111,3 +111,28 @@ def test_gpu_choices_come_from_the_model_table(tmp_path):
   assert r.returncode == 2
   assert "--gpu {" + ",".join(gpus.NAMES) + "}" in r.stderr, r.stderr
   assert gpus.NAMES == tuple(sorted(gpus.GPUS)) and set(gpus.NAMES) == {"h100", "h200"}
+
+
+def test_a_unittest_case_shows_the_kernel_error_behind_its_failure(tmp_path):
+  # unittest.TestCase failures reach pytest through the item, not as an
+  # exception: the kernel's own error must still be what the report shows.
+  (tmp_path / "test_unit.py").write_text(textwrap.dedent('''
+      import unittest
+      import jax, jax.numpy as jnp, numpy as np
+      from jax.experimental.pallas import mosaic_gpu as plgpu
+
+      @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                    scratch_types=[plgpu.Barrier()])
+      def never_arrives(o_ref, bar):
+        plgpu.barrier_wait(bar)
+        o_ref[...] = jnp.ones((128,), jnp.float32)
+
+      class KernelTest(unittest.TestCase):
+        def test_values(self):
+          np.testing.assert_array_equal(never_arrives(), np.ones(128))
+  '''))
+  r = run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--pallas-sim",
+           "test_unit.py"], tmp_path)
+  out = r.stdout + r.stderr
+  assert r.returncode == 1, out
+  assert "DeadlockError" in out and "the failed kernels' outputs were poison" in out, out

@@ -195,3 +195,40 @@ def test_what_the_lowering_rejects_in_a_warp_raises_the_lowerings_error():
     ps.run(k, jnp.ones((2,), I32), backend="sim")
   assert isinstance(e.value, ps.LoweringError)
   assert "test_warps.py" in str(e.value)
+
+
+def one_warp_waits_each_map(maps=3, warpgroup_waits=False):
+  """A warp_map per step in which warp 1 alone waits on a barrier warp 0's
+  TMA load completes (tokamax's quantized ragged dot waits on its output
+  barrier so, tile after tile): warp 1's lanes keep their own phase, map
+  after map. A wait of the whole warpgroup after that is an error: its
+  lanes disagree on the phase."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((maps, 128), jnp.float32),
+                scratch_types=[plgpu.SMEM((maps, 128), jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    for m in range(maps):
+      @plgpu.warp_map
+      def _(warp):
+        @pl.when(warp == 0)
+        def _():
+          plgpu.copy_gmem_to_smem(x_ref.at[m], smem.at[m], bar)
+
+        @pl.when(warp == 1)
+        def _():
+          plgpu.barrier_wait(bar)
+    if warpgroup_waits:
+      plgpu.barrier_wait(bar)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+def test_a_warp_that_alone_waits_on_a_barrier_keeps_its_phase_across_maps():
+  x = jnp.arange(3 * 128, dtype=jnp.float32).reshape(3, 128)
+  out, report = _sim(one_warp_waits_each_map(), x)
+  np.testing.assert_array_equal(out, x)
+  assert report.races == []
+  with pytest.raises(ps.KernelError, match="its warps waited on this barrier different "
+                                           "numbers of times"):
+    ps.run(one_warp_waits_each_map(warpgroup_waits=True), x, backend="sim")

@@ -109,7 +109,7 @@ class Warpgroup(Task):
   """One Pallas thread of a block: a warpgroup of 128 lanes, running the
   kernel body as a coroutine."""
   __slots__ = ("block", "index", "axes", "wgmma", "wgmma_res", "stores",
-               "store_res", "open_group", "bar_waits", "scope_counts",
+               "store_res", "open_group", "bar_waits", "warp_waits", "scope_counts",
                "wg_issued", "store_groups", "store_reads_awaited", "hb")
 
   def __init__(self, block, index, axes, name):
@@ -123,6 +123,9 @@ class Warpgroup(Task):
     self.store_res = Resource(f"{name} TMA stores")
     self.open_group = []        # TMA stores not yet committed to a group
     self.bar_waits = {}         # BarrierSlot -> waits done by this warpgroup
+    # BarrierSlot -> waits done by each of its warps, where warp_map's warps
+    # waited on it unequally (each warp's lanes keep their own phase)
+    self.warp_waits = {}
     self.scope_counts = {}      # id(eqn) -> times this warpgroup entered it
     self.wg_issued = 0          # wgmma groups issued so far
     self.store_groups = 0       # TMA store groups committed so far
@@ -180,5 +183,7 @@ class Warp(Warpgroup):
     self.index = f"{parent.index} warp {warp}"  # ("thread 0 warp 1" in reports)
     self.axes = axes
     self.bar_waits = dict(parent.bar_waits)
+    for slot, counts in parent.warp_waits.items():
+      self.bar_waits[slot] = counts[warp]
     self.time = parent.time
     self.hb = None

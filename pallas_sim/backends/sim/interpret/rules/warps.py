@@ -59,17 +59,22 @@ def _mpmd_map(eqn, cx):
     wg.block.hb.join(wg, warps)
     # Barrier phases are per lane (mosaic's BarrierRef keeps parities in
     # each thread's registers): waits made inside the map count for the
-    # warpgroup only where every warp made the same number. The warps stop
-    # being waiters (a later completion cannot be lost on them).
+    # warpgroup only where every warp made the same number; otherwise each
+    # warp keeps its own count for the next warp_map (a warp that alone
+    # waits on a barrier, map after map, agrees with itself), and a wait of
+    # the whole warpgroup is an error. The warps stop being waiters (a later
+    # completion cannot be lost on them).
     for slot in dict.fromkeys(s for w in warps for s in w.bar_waits):
-      counts = {w.bar_waits.get(slot, 0) for w in warps}
+      counts = [w.bar_waits.get(slot, 0) for w in warps]
       seen = [slot.waits.pop(w, None) for w in warps]
-      if len(counts) == 1:
-        wg.bar_waits[slot] = counts.pop()
+      if len(set(counts)) == 1:
+        wg.bar_waits[slot] = counts[0]
+        wg.warp_waits.pop(slot, None)
         if any(seen):
           slot.waits[wg] = [wg.bar_waits[slot], next(s for s in seen if s)[1]]
       else:
         wg.bar_waits[slot] = DIVERGED
+        wg.warp_waits[slot] = counts
         slot.waits.pop(wg, None)
     return []
   return Gen(warp_map)
