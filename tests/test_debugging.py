@@ -134,7 +134,9 @@ def test_a_read_of_smem_nothing_wrote_names_buffer_elements_primitive_and_line()
       "(block ()):",
       f"    read of smem by thread 0 (load at {line})",
       "    nothing wrote these elements before this read in this launch (the hardware "
-      "would read leftover bytes)"]
+      "would read leftover bytes)",
+      "    it reaches the outputs: run again with other bits in the memory nothing "
+      "wrote, o_ref[64, 0] came out different"]
 
 
 def _marked_line(fn):
@@ -425,3 +427,29 @@ def test_the_estimate_check_prints_nothing_twice(capsys, monkeypatch, tmp_path):
   monkeypatch.setenv(estimate_check.ENV, str(log))
   test_an_array_prints_one_line_per_element(capsys)
   assert len(log.read_text().splitlines()) == 1
+
+
+def test_a_read_of_smem_nothing_wrote_that_reaches_no_output_warns():
+  """tokamax's quantized ragged dot loads only the rows its group needs and
+  multiplies the whole tile: the rows nothing wrote reach only output rows
+  it does not store. The launch runs again with other bits in that memory;
+  where every output element it wrote is the same, the read is reported as
+  harmless (a warning), not raised."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128, 128), F32),
+                scratch_types=[plgpu.SMEM((128, 128), F32)] * 2)
+  def k(x_ref, o_ref, smem, doubled):
+    smem[pl.ds(0, 64), :] = x_ref[pl.ds(0, 64), :]
+    doubled[...] = smem[...] * 2  # rows 64.. were never written ...
+    o_ref[pl.ds(0, 64), :] = doubled[pl.ds(0, 64), :]  # ... and are not stored
+    o_ref[pl.ds(64, 64), :] = x_ref[pl.ds(64, 64), :]
+  x = jnp.ones((128, 128), F32)
+  with pytest.warns(ps.UninitializedWarning, match="harmless in this launch"):
+    out = ps.run(k, x, backend="sim")
+  np.testing.assert_array_equal(np.asarray(out)[:64], 2.0)
+  sim = ps.simulate(k, x, on_uninitialized="report")
+  [f] = sim.report.uninitialized
+  assert f.kind == "uninitialized read" and f.harmless
+  assert str(f).splitlines()[-1] == (
+      "    harmless in this launch: run again with other bits in the memory nothing "
+      "wrote, every output element it wrote came out the same")
+  assert len(sim.report.kernels) == 1  # (the second run is not a launch of its own)

@@ -1357,6 +1357,15 @@ MUTANTS += [
            "reports them",
            "    if may_stay is not None:\n      unwritten &= ~may_stay\n",
            "    if False:\n      unwritten &= ~may_stay\n", ("tests/test_libraries.py",)),
+    Mutant("garbage-never-run-again", "pallas_sim/backends/sim/execute/executor.py",
+           "an uninitialized read is run again with other bits to tell whether it "
+           "reaches the outputs; the mutant never runs it",
+           "               if merge.init_log.reads() and not self.shapes_only else None)",
+           "               if False else None)", ("tests/test_debugging.py",)),
+    Mutant("garbage-always-harmless", "pallas_sim/backends/sim/execute/executor.py",
+           "an output element that differs with other bits in memory nothing wrote "
+           "makes the read harmful; the mutant never finds one",
+           "      if not same.all():\n", "      if False:\n", ("tests/test_debugging.py",)),
     Mutant("present-gpu-platform", "pallas_sim/present.py",
            "present_gpu shows platform 'gpu'; the mutant leaves the CPU's",
            '  values = {"platform": "gpu", ',

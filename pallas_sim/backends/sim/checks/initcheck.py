@@ -93,6 +93,10 @@ class Uninitialized:
     self.count = 1
     self.cause = None
     self.call_site = ""  # the user's call of a kernel defined outside their files
+    # Whether what it read reaches the outputs, from the launch run again
+    # with other bits in that memory: None (not known), () (no: harmless
+    # there), or (output, element) that came out different
+    self.reaches = None
 
   @property
   def where(self):
@@ -120,7 +124,23 @@ class Uninitialized:
     text = self.text if self.cause is None else "nothing had written these elements yet"
     called = f"\n    the kernel was called from {self.call_site}" if self.call_site else ""
     return (f"{self.kind} of {self.buffer} {rng} (block {block}{times}):\n"
-            f"    {self.site.describe()}\n    {text}" + self.cause_text() + called)
+            f"    {self.site.describe()}\n    {text}" + self.cause_text()
+            + self.reach_text() + called)
+
+  @property
+  def harmless(self):
+    """An uninitialized read whose values reach no element the launch wrote."""
+    return self.reaches == ()
+
+  def reach_text(self):
+    if self.reaches is None:
+      return ""
+    if self.reaches == ():
+      return ("\n    harmless in this launch: run again with other bits in the "
+              "memory nothing wrote, every output element it wrote came out the same")
+    out, at = self.reaches
+    return (f"\n    it reaches the outputs: run again with other bits in the memory "
+            f"nothing wrote, {out}{list(at)} came out different")
 
 
 def link_causes(findings, races):
@@ -219,6 +239,10 @@ class InitLog:
 
   def findings(self):
     return list(self.found.values())
+
+  def reads(self):
+    """Whether the launch read memory nothing wrote."""
+    return any(f.site is not None for f in self.found.values())
 
 
 def _bounds(mask):

@@ -156,6 +156,33 @@ class Executor:
     # (the kernel wrote an input it was lent read-only: buffers.py)
     return self._execute(launch, arrays, copy_inputs=True)
 
+  def _garbage_reaches(self, launch, arrays, out_bufs):
+    """After a launch that read memory nothing wrote: the launch once more
+    with other bits in that memory (seeded, no checks). () when every output
+    element the first run wrote comes out the same (what it read there
+    reaches nothing it wrote), else (the first output that differs, the
+    element)."""
+    first = [(b.data.copy(), None if b.written is None else b.written.copy())
+             for b in out_bufs]
+    kernels, errors, options = len(self.report.kernels), len(self.errors), self.options
+    self.options = dataclasses.replace(options, check_races=False,
+                                       check_uninitialized=False, progress=False)
+    try:
+      with memory.other_garbage(0):
+        again = self._execute_once(launch, arrays, serial=True, copy_inputs=True)
+    finally:
+      self.options = options
+      del self.report.kernels[kernels:], self.errors[errors:]
+    for b, (data, written), other in zip(out_bufs, first, again):
+      same = (data.view(np.uint8) == np.asarray(other).view(np.uint8)).reshape(
+          data.shape + (-1,)).all(-1) if data.ndim else np.array(
+              data.tobytes() == np.asarray(other).tobytes())
+      if written is not None:
+        same |= ~written
+      if not same.all():
+        return b.name, tuple(int(i) for i in np.argwhere(~same)[0])
+    return ()
+
   def _setup(self, launch, arrays, copy_inputs=False):
     """A launch's buffers, groups, placement, race log and group runner."""
     s = types.SimpleNamespace()
@@ -256,8 +283,11 @@ class Executor:
     if s.recorder is not None and not self.checking_estimate:  # (its one file: the run's)
       s.recorder.dump(launch, self.gpu.num_sms)
     wall = time.perf_counter() - t0
+    # (reads of memory nothing wrote: do they reach what the launch wrote?)
+    garbage = (self._garbage_reaches(launch, arrays, s.out_bufs)
+               if merge.init_log.reads() and not self.shapes_only else None)
     self.errors.extend(findings.conclude(launch, self.options, self.report, merge, prep,
-                                         s.in_bufs, s.out_bufs, s.grid))
+                                         s.in_bufs, s.out_bufs, s.grid, garbage))
     rep = kernel_report(self.gpu, launch, arrays, prep, s.grid, s.placement, merge, wall,
                         trace, used)
     rep.simulated_blocks, rep.classes = simulated, note

@@ -5,11 +5,16 @@ import warnings
 
 from pallas_sim import unwritten
 from pallas_sim.backends.sim.checks import initcheck
-from pallas_sim.errors import RaceError, RaceWarning, UninitializedError
+from pallas_sim.errors import (RaceError, RaceWarning, UninitializedError,
+                               UninitializedWarning)
 
 
-def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid):
-  """Adds the launch's findings to `report`; returns the errors to raise."""
+def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
+             garbage=None):
+  """Adds the launch's findings to `report`; returns the errors to raise.
+  `garbage`: whether what the launch read uninitialized reaches its outputs
+  (Uninitialized.reaches), where that was run; reads that reach none warn
+  instead of raising."""
   errors = []
   found = merge.log.races()
   report.races.extend(found)
@@ -27,6 +32,10 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid):
     merge.init_log.unwritten_output(buf, grid, ok)
   unset = merge.init_log.findings()
   initcheck.link_causes(unset, found)
+  if garbage is not None:
+    for f in unset:
+      if f.site is not None and f.cause is None:
+        f.reaches = garbage
   report.uninitialized.extend(unset)
   if found and options.on_race == "raise":
     # Races inside jax's own code warn unless library_races="raise".
@@ -40,9 +49,14 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid):
           f"{len(mine)} race(s) in kernel {launch.name}:\n"
           + "\n".join(str(r) for r in mine) + initcheck.also_found(unset, "races"),
           races=mine, where=launch.where))
+  harmful = [f for f in unset if not f.harmless]
   if unset and options.on_uninitialized == "raise":
+    for f in unset:
+      if f.harmless:
+        warnings.warn(UninitializedWarning(f"kernel {launch.name}: {f}"), stacklevel=3)
+  if harmful and options.on_uninitialized == "raise":
     errors.append(UninitializedError(
-        f"{len(unset)} uninitialized-memory finding(s) in kernel {launch.name}:\n"
-        + "\n".join(str(f) for f in unset) + initcheck.also_found(found, "uninitialized"),
-        findings=unset, where=launch.where))
+        f"{len(harmful)} uninitialized-memory finding(s) in kernel {launch.name}:\n"
+        + "\n".join(str(f) for f in harmful) + initcheck.also_found(found, "uninitialized"),
+        findings=harmful, where=launch.where))
   return errors

@@ -1,4 +1,5 @@
 """Buffers of GMEM, SMEM and accumulators, and the barrier objects in SMEM."""
+import contextlib
 import math
 import mmap
 
@@ -44,11 +45,33 @@ def copy(a):
   return out
 
 
+# Where set (other_garbage), uninitialized memory holds bits drawn from it
+# instead of NaN and sentinels.
+_garbage = []
+
+
+@contextlib.contextmanager
+def other_garbage(seed):
+  """Inside, uninitialized memory holds seeded random bits: a second run
+  tells whether what a kernel read uninitialized reaches its outputs."""
+  _garbage.append(np.random.default_rng(seed))
+  try:
+    yield
+  finally:
+    _garbage.pop()
+
+
 def poison(shape, dtype):
   """Uninitialized memory: NaN for floats, an unlikely sentinel for ints, so a
   kernel that reads too early gets garbage, not a lucky right answer."""
   dtype = np.dtype(dtype)
   out = base_pages(tuple(shape), dtype)
+  if _garbage and dtype.kind != "O":
+    bits = _garbage[-1].integers(0, 256, out.nbytes, np.uint8)
+    out.reshape(-1).view(np.uint8)[...] = bits
+    if dtype.kind == "b":
+      out.view(np.uint8)[...] &= 1
+    return out
   if is_float(dtype):
     out[...] = np.nan
   elif dtype.kind == "b":
