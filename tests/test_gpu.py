@@ -568,3 +568,19 @@ def test_a_named_barrier_phase_that_never_completes_hangs_the_gpu_too():
     import named_barriers as nb
     ps.run(lambda *a: nb.producer_consumer(*a, bug="one_consumer"),
            *nb.producer_consumer_args(0), backend="sim")
+
+
+def test_a_declared_unwritten_tail_agrees_where_written():
+  from test_libraries import N, X, _rows_below_n, ragged_rows
+  with ps.leave_unwritten("ragged_rows", _rows_below_n):
+    sim, real = both(ragged_rows, X, N)
+  n = int(N[0])
+  assert_bit_equal(sim[:n], real[:n], "ragged rows")
+
+
+def test_a_warp_waiting_alone_map_after_map_agrees():
+  from test_warps import one_warp_waits_each_map
+  x = jnp.arange(3 * 128, dtype=jnp.float32).reshape(3, 128)
+  sim, real = both(one_warp_waits_each_map(), x)
+  assert_bit_equal(sim, real, "one warp waits")
+  assert_bit_equal(real, np.asarray(x), "one warp waits, values")

@@ -97,6 +97,7 @@ class Uninitialized:
     # with other bits in that memory: None (not known), () (no: harmless
     # there), or (output, element) that came out different
     self.reaches = None
+    self.smem = False  # a read of SMEM
 
   @property
   def where(self):
@@ -201,7 +202,7 @@ class InitLog:
       s = self.sites[key] = Site(len(self.sites), *key)
     return s
 
-  def add(self, site, block, rng):
+  def add(self, site, block, rng, smem=False):
     f = self.found.get(site.id)
     if f is not None:
       f.count += 1
@@ -211,6 +212,7 @@ class InitLog:
         "nothing wrote these elements before this read in this launch (the "
         "hardware would read leftover bytes)", site, (block, rng))
     f.call_site = self.call_site
+    f.smem = smem
 
   def unwritten_output(self, buf, grid, may_stay=None):
     """A finding for an output that some elements of were never written,
@@ -240,9 +242,10 @@ class InitLog:
   def findings(self):
     return list(self.found.values())
 
-  def reads(self):
-    """Whether the launch read memory nothing wrote."""
-    return any(f.site is not None for f in self.found.values())
+  def smem_reads(self):
+    """Whether the launch read SMEM nothing wrote (a read of an output
+    before it is written is a mistake whatever comes of it)."""
+    return any(f.smem for f in self.found.values())
 
 
 def _bounds(mask):

@@ -67,10 +67,12 @@ class Uninit(NamedTuple):
   thread: int
   block: tuple
   elements: str
+  smem: bool = False
 
   def merge(self, m):
     m.init_log.add(m.init_log.site(self.agent, self.primitive, self.where,
-                                   self.buffer_name, self.thread), self.block, self.elements)
+                                   self.buffer_name, self.thread), self.block, self.elements,
+                   self.smem)
 
   def portable(self, buf_index):
     return self

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 import types
+import warnings
 
 import numpy as np
 
@@ -156,7 +157,7 @@ class Executor:
     # (the kernel wrote an input it was lent read-only: buffers.py)
     return self._execute(launch, arrays, copy_inputs=True)
 
-  def _garbage_reaches(self, launch, arrays, out_bufs):
+  def _garbage_reaches(self, launch, arrays, out_bufs, copy_inputs):
     """After a launch that read memory nothing wrote: the launch once more
     with other bits in that memory (seeded, no checks). () when every output
     element the first run wrote comes out the same (what it read there
@@ -164,15 +165,19 @@ class Executor:
     element)."""
     first = [(b.data.copy(), None if b.written is None else b.written.copy())
              for b in out_bufs]
-    kernels, errors, options = len(self.report.kernels), len(self.errors), self.options
+    rep = self.report
+    kept = [(x, len(x)) for x in (rep.kernels, rep.races, rep.uninitialized, self.errors)]
+    options = self.options
     self.options = dataclasses.replace(options, check_races=False,
                                        check_uninitialized=False, progress=False)
     try:
-      with memory.other_garbage(0):
-        again = self._execute_once(launch, arrays, serial=True, copy_inputs=True)
+      with memory.other_garbage(0), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the first run warned of what it found)
+        again = self._execute_once(launch, arrays, serial=True, copy_inputs=copy_inputs)
     finally:
       self.options = options
-      del self.report.kernels[kernels:], self.errors[errors:]
+      for found, n in kept:
+        del found[n:]
     for b, (data, written), other in zip(out_bufs, first, again):
       same = (data.view(np.uint8) == np.asarray(other).view(np.uint8)).reshape(
           data.shape + (-1,)).all(-1) if data.ndim else np.array(
@@ -284,8 +289,8 @@ class Executor:
       s.recorder.dump(launch, self.gpu.num_sms)
     wall = time.perf_counter() - t0
     # (reads of memory nothing wrote: do they reach what the launch wrote?)
-    garbage = (self._garbage_reaches(launch, arrays, s.out_bufs)
-               if merge.init_log.reads() and not self.shapes_only else None)
+    garbage = (self._garbage_reaches(launch, arrays, s.out_bufs, copy_inputs)
+               if merge.init_log.smem_reads() and not self.shapes_only else None)
     self.errors.extend(findings.conclude(launch, self.options, self.report, merge, prep,
                                          s.in_bufs, s.out_bufs, s.grid, garbage))
     rep = kernel_report(self.gpu, launch, arrays, prep, s.grid, s.placement, merge, wall,

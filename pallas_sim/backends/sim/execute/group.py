@@ -94,7 +94,7 @@ class Group:
     rng = initcheck.unwritten_in(ref)
     if rng is not None:
       self.events.append(Uninit(agent, prim, where, ref.buf.name, thread, block.index,
-                                rng))
+                                rng, ref.buf.space == "smem"))
 
   def misuse(self, kind, site, block, text):
     self.events.append(RaceFound(kind, None, site, block.index, "", text))
