@@ -1360,7 +1360,7 @@ MUTANTS += [
     Mutant("garbage-never-run-again", "pallas_sim/backends/sim/execute/executor.py",
            "an uninitialized read is run again with other bits to tell whether it "
            "reaches the outputs; the mutant never runs it",
-           "               if merge.init_log.reads() and not self.shapes_only else None)",
+           "               if merge.init_log.smem_reads() and not self.shapes_only else None)",
            "               if False else None)", ("tests/test_debugging.py",)),
     Mutant("garbage-always-harmless", "pallas_sim/backends/sim/execute/executor.py",
            "an output element that differs with other bits in memory nothing wrote "
