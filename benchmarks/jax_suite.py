@@ -63,6 +63,8 @@ def pytest_warning_recorded(warning_message, when, nodeid, location):
 
 def pytest_runtest_logreport(report):
   log = os.environ.get("JAX_SUITE_LOG")
+  if os.environ.get("PYTEST_XDIST_WORKER"):  # (xdist's controller logs each once)
+    return
   if log and (report.when == "call" or report.outcome != "passed"):
     msg = ""
     if report.failed:

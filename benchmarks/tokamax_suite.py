@@ -27,6 +27,10 @@ import subprocess
 import sys
 import time
 
+# Each test's result as it comes, and a time limit per test: JAX's suite's
+# own plugin (JAX_SUITE_LOG, JAX_SUITE_TEST_TIMEOUT).
+from jax_suite import COMMON as SUITE_PLUGIN
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORK = os.path.join(ROOT, "build", "tokamax")  # (ignored by git)
 SRC = os.path.join(WORK, "src")
@@ -53,45 +57,6 @@ import pallas_sim as ps
 for _name in ("ragged_dot_sm90", "ragged_dot_quant_sm90"):
   ps.leave_unwritten(_name, lambda *inputs: {0: np.s_[int(np.asarray(inputs[-2]).sum()):]})
 '''
-
-# Each test's result as it comes, and a time limit per test (SIGALRM).
-CONFTEST = '''
-import json, os, signal
-import pytest
-
-class SuiteTimeout(Exception):
-  pass
-
-def _alarm(signum, frame):
-  raise SuiteTimeout("the test ran past the suite's time limit per test")
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-  limit = int(os.environ.get("TOKAMAX_SUITE_TEST_TIMEOUT", "0"))
-  if limit:
-    signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(limit)
-  try:
-    return (yield)
-  finally:
-    signal.alarm(0)
-
-def pytest_runtest_logreport(report):
-  log = os.environ.get("TOKAMAX_SUITE_LOG")
-  if os.environ.get("PYTEST_XDIST_WORKER"):  # (xdist's controller logs each once)
-    return
-  if log and (report.when == "call" or report.outcome != "passed"):
-    msg = ""
-    if report.failed:
-      msg = getattr(report.longrepr, "reprcrash", None)
-      msg = msg.message if msg is not None else str(report.longrepr)[-300:]
-    elif report.skipped:
-      msg = str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
-    with open(log, "a") as f:
-      f.write(json.dumps([report.nodeid, report.outcome, msg.strip()[:400],
-                          round(report.duration, 2)]) + "\\n")
-'''
-
 
 def extract(repo, rev):
   os.makedirs(SRC, exist_ok=True)
@@ -286,15 +251,14 @@ def tests(out_dir, native, expr, files, timeout, n):
   plugins = os.path.join(WORK, "plugins")
   os.makedirs(plugins, exist_ok=True)
   with open(os.path.join(plugins, "tokamax_suite_conftest.py"), "w") as f:
-    f.write(CONFTEST)
+    f.write(SUITE_PLUGIN)
   with open(os.path.join(plugins, "tokamax_declarations.py"), "w") as f:
     f.write(DECLARATIONS)
   log = os.path.abspath(os.path.join(out_dir, "tests.jsonl"))
   if os.path.exists(log):
     os.remove(log)
   path = [plugins, SRC, os.environ.get("PYTHONPATH", ""), _xprof_stand_in() or ""]
-  env = dict(os.environ, TOKAMAX_SUITE_LOG=log,
-             TOKAMAX_SUITE_TEST_TIMEOUT=str(timeout),
+  env = dict(os.environ, JAX_SUITE_LOG=log, JAX_SUITE_TEST_TIMEOUT=str(timeout),
              PYTHONPATH=os.pathsep.join(p for p in path if p))
   args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
           "tokamax_suite_conftest", "-W", "ignore::DeprecationWarning", "-rN"]
@@ -310,8 +274,8 @@ def tests(out_dir, native, expr, files, timeout, n):
   r = subprocess.run(args, cwd=SRC, env=env)
   rows = _read_log(log)
   counts = {}
-  for _, outcome, _, _ in rows:
-    counts[outcome] = counts.get(outcome, 0) + 1
+  for row in rows:
+    counts[row[1]] = counts.get(row[1], 0) + 1
   summary = {"counts": counts, "wall_s": round(time.time() - t0, 1),
              "returncode": r.returncode, "native": native}
   with open(os.path.join(out_dir, "tests_summary.json"), "w") as f:

@@ -33,18 +33,7 @@ $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
   echo "commit $(git rev-parse HEAD 2>/dev/null)"; echo "steps: $STEPS"
 } 2>&1 | tee "$LOG"
 
-# step NAME SECONDS COMMAND...: runs it into $W/NAME (its OUT), its output
-# in $W/NAME/log.txt, the tail and the time it took in the summary.
-step() {
-  local name=$1 limit=$2; shift 2
-  [[ " $STEPS " == *" $name "* ]] || return 0
-  mkdir -p "$W/$name"
-  local t0=$SECONDS
-  OUT="$W/$name" timeout "$limit" "$@" >"$W/$name/log.txt" 2>&1
-  local rc=$?
-  { echo "== $name: rc $rc in $((SECONDS - t0)) s (limit $limit): $*"
-    tail -25 "$W/$name/log.txt"; } | tee -a "$LOG"
-}
+source lab/plan_step.sh
 
 step rows 70 $PY -m lab.measure_gpu --only-micros --filter row_ --deadline 60
 step attention 90 $PY -m lab.attention_trace
