@@ -308,6 +308,16 @@ def _ulps(a, b):
 
 
 def compare(native_dir, sim_dir):
+  """The kernels' table where both folders hold a kernels run, the tests'
+  where both hold a tests run."""
+  if all(os.path.exists(os.path.join(d, "kernels.json")) for d in (native_dir, sim_dir)):
+    _compare_kernels(native_dir, sim_dir)
+  nt, st = (os.path.join(d, "tests.jsonl") for d in (native_dir, sim_dir))
+  if os.path.exists(nt) and os.path.exists(st):
+    _compare_tests(nt, st)
+
+
+def _compare_kernels(native_dir, sim_dir):
   import numpy as np
   nat = json.load(open(os.path.join(native_dir, "kernels.json")))
   sim = json.load(open(os.path.join(sim_dir, "kernels.json")))
@@ -333,23 +343,24 @@ def compare(native_dir, sim_dir):
                      f"largest, {d} {kind} ulp at most, {share:.1%} of elements")
     print(f"| {name} | {s['family']} | {'yes' if equal else 'no'} | "
           f"{'; '.join(diffs) or '-'} | {len(s.get('races', []))} |")
-  nt, st = (os.path.join(d, "tests.jsonl") for d in (native_dir, sim_dir))
-  if os.path.exists(nt) and os.path.exists(st):
-    native_rows = {r[0]: r for r in _read_log(nt)}
-    sim_rows = {r[0]: r for r in _read_log(st)}
-    table = {}
-    for test, row in native_rows.items():
-      s = sim_rows.get(test)
-      key = (row[1], s[1] if s else "not run")
-      table.setdefault(key, []).append(test)
-    print("\n| natively | in the simulator | tests |")
-    print("|---|---|---|")
-    for (a, b), names in sorted(table.items()):
-      print(f"| {a} | {b} | {len(names)} |")
-    for test, row in sim_rows.items():
-      n = native_rows.get(test)
-      if n and n[1] == "passed" and row[1] != "passed":
-        print(f"  {test}: {row[1]}: {row[2][:200]}")
+
+
+def _compare_tests(native_log, sim_log):
+  native_rows = {r[0]: r for r in _read_log(native_log)}
+  sim_rows = {r[0]: r for r in _read_log(sim_log)}
+  table = {}
+  for test, row in native_rows.items():
+    s = sim_rows.get(test)
+    key = (row[1], s[1] if s else "not run")
+    table.setdefault(key, []).append(test)
+  print("\n| natively | in the simulator | tests |")
+  print("|---|---|---|")
+  for (a, b), names in sorted(table.items()):
+    print(f"| {a} | {b} | {len(names)} |")
+  for test, row in sim_rows.items():
+    n = native_rows.get(test)
+    if n and n[1] == "passed" and row[1] != "passed":
+      print(f"  {test}: {row[1]}: {row[2][:200]}")
 
 
 def main(argv=None):
