@@ -340,7 +340,7 @@ def _compare_kernels(native_dir, sim_dir):
         d, kind = _ulps(a[k], b[k])
         share = np.mean(a[k] != b[k])
         diffs.append(f"{k}: {float(np.abs(a[k] - b[k]).max()) / scale:.1e} of its "
-                     f"largest, {d} {kind} ulp at most, {share:.1%} of elements")
+                     f"largest, {d} {kind} ulp at most, {share:.2%} of elements")
     print(f"| {name} | {s['family']} | {'yes' if equal else 'no'} | "
           f"{'; '.join(diffs) or '-'} | {len(s.get('races', []))} |")
 
