@@ -10,8 +10,8 @@
 #   hang     a named-barrier phase that never completes (the simulator's
 #            DeadlockError): the launch must not finish on the GPU either.
 # Carry build/tokamax/src (benchmarks/tokamax_suite.py extract) and .whl: the
-# wheels of tokamax's dependencies, as benchmarks/RESULTS.md lists them
-# ("tokamax, unmodified"). Results: $OUT/library_plan.txt (every step's
+# wheels of tokamax's dependencies, as docs/gpu-lab.md lists them
+# ("The library plan"). Results: $OUT/library_plan.txt (every step's
 # tail) and $OUT/library_plan.tgz (each step's files).
 #     bash lab/library_plan.sh [named] [kernels] [tests] [hang]
 set -uo pipefail
