@@ -4,6 +4,7 @@ custom_vjp ops differentiate (optimize_remat, jax.checkpoint) on every JAX of
 the window, and outputs its contract leaves partly unwritten can be declared
 (ps.leave_unwritten)."""
 import functools
+import inspect
 import os
 import subprocess
 import sys
@@ -21,33 +22,11 @@ from jax.extend import backend
 import pallas_sim as ps
 from pallas_sim.backends import mosaic
 
-# A library's kernel whose contract writes only the rows below n[0] (a
-# multiple of 64): a ragged output, as a ragged dot leaves rows past the sum
-# of its group sizes.
-RAGGED = textwrap.dedent('''
-    import jax, jax.numpy as jnp
-    from jax import lax
-    from jax.experimental import pallas as pl
-    from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    def ragged_rows(x, n):
-      @plgpu.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
-                    grid_names=("b",), kernel_name="ragged_rows",
-                    scratch_types=[plgpu.SMEM((64, 128), jnp.float32), plgpu.Barrier()])
-      def k(x_ref, n_ref, o_ref, smem, bar):
-        b = lax.axis_index("b")
-
-        @pl.when(b * 64 < n_ref[0])
-        def _():
-          plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(b * 64, 64)], smem, bar)
-          plgpu.barrier_wait(bar)
-          plgpu.copy_smem_to_gmem(smem, o_ref.at[pl.ds(b * 64, 64)])
-          plgpu.wait_smem_to_gmem(0)
-      return k(x, n)
-''')
-
-
-def ragged_rows(x, n):  # (RAGGED's kernel, here for in-process tests)
+def ragged_rows(x, n):
+  """A library's kernel whose contract writes only the rows below n[0] (a
+  multiple of 64): a ragged output, as a ragged dot leaves rows past the sum
+  of its group sizes."""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
                 grid_names=("b",), kernel_name="ragged_rows",
                 scratch_types=[plgpu.SMEM((64, 128), jnp.float32), plgpu.Barrier()])
@@ -62,6 +41,14 @@ def ragged_rows(x, n):  # (RAGGED's kernel, here for in-process tests)
       plgpu.wait_smem_to_gmem(0)
   return k(x, n)
 
+
+# The same kernel as a library module of its own, for a subprocess's tests.
+RAGGED = textwrap.dedent('''
+    import jax, jax.numpy as jnp
+    from jax import lax
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+''') + "\n" + inspect.getsource(ragged_rows)
 X = jnp.arange(256 * 128, dtype=jnp.float32).reshape(256, 128)
 N = jnp.array([128], jnp.int32)
 
