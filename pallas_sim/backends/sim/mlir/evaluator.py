@@ -356,14 +356,18 @@ def _fused(lanes, mask, static, x, y, c):
 def _run(prog, lanes, env, args, mask):
   for s, a in zip(prog.args, args):
     env[s] = a
-  for handler, static, ins, outs in prog.steps:
+  _steps(prog.steps, lanes, env, mask)
+  return [env[i] for i in prog.results]
+
+
+def _steps(steps, lanes, env, mask):
+  for handler, static, ins, outs in steps:
     res = handler(lanes, mask, static, *[env[i] for i in ins])
     if len(outs) == 1:
       env[outs[0]] = res
     elif outs:
       for o, v in zip(outs, res):
         env[o] = v
-  return [env[i] for i in prog.results]
 
 
 _OPS = {}
@@ -1301,13 +1305,7 @@ def run_segments(prog, lanes, args):
   for steps, sync in prog.segments:
     _ENV.append(env)
     try:
-      for handler, static, ins, outs in steps:
-        res = handler(lanes, None, static, *[env[i] for i in ins])
-        if len(outs) == 1:
-          env[outs[0]] = res
-        elif outs:
-          for o, v in zip(outs, res):
-            env[o] = v
+      _steps(steps, lanes, env, None)
     finally:
       _ENV.pop()
     if sync is not None:
