@@ -50,11 +50,6 @@ def present_gpu(gpu="h100"):
         setattr(device_type, name, prop)
 
 
-def presented():
-  """The GPU model present_gpu shows now, or None."""
-  return _presenting[-1][0] if _presenting else None
-
-
 def truly(device, name):
   """A device property as the device itself reports it (None where it has
   none), whatever present_gpu shows."""
