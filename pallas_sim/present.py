@@ -14,7 +14,7 @@ from pallas_sim import gpus
 # The Device properties present_gpu overrides, and what it shows: sm_90.
 _PRESENTED = ("platform", "device_kind", "compute_capability", "core_count")
 COMPUTE_CAPABILITY = "9.0"
-_presenting = []  # (the GPU model, the device type's own properties)
+_presenting = []  # the device type's own properties, while presenting
 
 
 @contextlib.contextmanager
@@ -37,7 +37,7 @@ def present_gpu(gpu="h100"):
     setattr(device_type, name, property(lambda self, value=value: value))
   default_backend = jax.default_backend
   jax.default_backend = lambda: "gpu"
-  _presenting.append((gpu, saved))
+  _presenting.append(saved)
   try:
     yield
   finally:
@@ -54,6 +54,6 @@ def truly(device, name):
   """A device property as the device itself reports it (None where it has
   none), whatever present_gpu shows."""
   if _presenting and name in _PRESENTED:
-    prop = _presenting[-1][1][name]
+    prop = _presenting[-1][name]
     return None if prop is None else prop.__get__(device)
   return getattr(device, name, None)
