@@ -1,5 +1,7 @@
 """Atomic stores (plgpu.atomic_add and friends) and async_store_smem (a
 store of registers into a cluster peer's SMEM, completing its barrier)."""
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,36 +138,49 @@ def test_reading_before_the_async_store_lands_races():
   assert "race on smem" in text and "async_store_smem" in text, text
 
 
-def atomic_then_plain_read(plain):
-  """Two blocks add their rows into out[0] atomically; block 1 then reads
-  out[0] with a plain load (`plain`, a race: the other block's add may come
-  later) or adds it once more atomically."""
+def atomic_then_plain_read(plain, reader=1):
+  """Two blocks add their rows into out[0] atomically; block `reader` then
+  reads out[0] with a plain load (`plain`, a race: the other block's add may
+  come later) or adds it once more atomically. (Block 0's accesses are met
+  first: reader 0 puts the plain read first, reader 1 the atomic.)"""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, M, N), jnp.int32), grid=(2,),
                 grid_names=("b",))
   def k(x_ref, o_ref):
     b = lax.axis_index("b")
-    plgpu.atomic_add(o_ref.at[0], x_ref[pl.ds(b * M, M)])
+    plgpu.atomic_add(o_ref.at[0], x_ref[pl.ds(b * M, M)])  # the-atomic
 
-    @pl.when(b == 1)
+    @pl.when(b == reader)
     def _():
       if plain:
-        o_ref[1] = o_ref[0]
+        o_ref[1] = o_ref[0]  # the-plain-read
       else:
         plgpu.atomic_add(o_ref.at[1], x_ref[pl.ds(0, M)])
   return k
 
 
-def test_a_plain_read_of_what_other_blocks_add_atomically_says_so():
+def _line(marker):
+  """A pattern for this file's line that ends with `# marker`, as reports
+  name it (relative to the working directory)."""
+  with open(__file__) as f:
+    hits = [i for i, t in enumerate(f, 1) if t.rstrip().endswith(f"# {marker}")]
+  return rf"\S*test_atomics\.py:{hits[0]}"
+
+
+@pytest.mark.parametrize("reader", [0, 1])
+def test_a_plain_read_of_what_other_blocks_add_atomically_says_so(reader):
   x = _inputs(jnp.int32)
-  sim = ps.simulate(atomic_then_plain_read(False), x, on_uninitialized="report")
+  sim = ps.simulate(atomic_then_plain_read(False, reader), x, on_uninitialized="report")
   assert sim.report.races == []
-  sim = ps.simulate(atomic_then_plain_read(True), x, on_race="report",
+  sim = ps.simulate(atomic_then_plain_read(True, reader), x, on_race="report",
                     on_uninitialized="report")
   found = [r for r in sim.report.races if "between blocks" in r.kind]
   assert found, "\n".join(map(str, sim.report.races))
   for r in found:
-    assert "atomic_add" in r.advice and "make it atomic too" in r.advice, str(r)
-    assert "or use atomics" not in r.advice, str(r)
+    assert re.search(rf"atomic updates \(atomic_add at {_line('the-atomic')}\) are "
+                     "ordered only with other atomic updates", r.advice), str(r)
+    assert re.search(rf"the plain read \({_line('the-plain-read')}\) may come",
+                     r.advice), str(r)
+    assert "make it atomic too" in r.advice and "or use atomics" not in r.advice, str(r)
 
 
 @pytest.mark.parametrize("reader", [0, 1])

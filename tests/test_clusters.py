@@ -260,6 +260,52 @@ def test_a_block_that_ends_after_its_peer_is_done_is_not_reported():
   np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x)[::-1])
 
 
+def two_thread_cluster_kernel(end_sync=True):
+  """Blocks of two threads in a cluster of 2: thread 1 of each block loads
+  its half of x, reads its peer's SMEM through cluster_ref between two
+  cluster barriers (the second, `end_sync`, so that its own SMEM outlives
+  the peer's read), while thread 0 only waits for TMA loads of its own,
+  one after another: it ends last, and the block ends after both."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 64, 32), F32), cluster=(2,),
+                cluster_names=("c",), num_threads=2, thread_name="t",
+                scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.Barrier(),
+                               plgpu.ClusterBarrier(collective_axes=("c",)),
+                               plgpu.SMEM((64, 32), F32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar, cbar, own, own_bar):
+    c = lax.axis_index("c")
+
+    @pl.when(lax.axis_index("t") == 0)
+    def _():
+      for _ in range(6):
+        plgpu.copy_gmem_to_smem(x_ref.at[c], own, own_bar)
+        plgpu.barrier_wait(own_bar)
+
+    @pl.when(lax.axis_index("t") == 1)
+    def _():
+      plgpu.copy_gmem_to_smem(x_ref.at[c], smem, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.barrier_arrive(cbar)
+      plgpu.barrier_wait(cbar)
+      o_ref[c] = plgpu.cluster_ref(smem, {"c": 1 - c})[...]
+      if end_sync:
+        plgpu.barrier_arrive(cbar)
+        plgpu.barrier_wait(cbar)
+  return k
+
+
+def test_a_block_ends_when_all_its_threads_have():
+  """The block's end is ordered after what each of its threads knew, not
+  only the thread that ended last: thread 1 waited for the peer's read,
+  thread 0 (the last to end) knows nothing of it."""
+  x = jnp.arange(2 * 64 * 32, dtype=F32).reshape(2, 64, 32)
+  sim = ps.simulate(two_thread_cluster_kernel(), x)
+  assert sim.report.races == []
+  np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x)[::-1])
+  sim = ps.simulate(two_thread_cluster_kernel(end_sync=False), x, on_race="report")
+  kinds = {r.kind for r in sim.report.races}
+  assert "block ends while a peer may access its SMEM" in kinds, kinds
+
+
 def test_reports_of_a_grid_of_clusters_fold_by_the_blocks_place_in_its_cluster():
   """Sites name a block by its coordinates in its cluster: a race in every
   cluster of the grid is one report per pair of places, with an occurrence

@@ -11,6 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 
@@ -155,6 +158,53 @@ def test_races_in_jax_s_own_code_warn_by_default_and_raise_when_asked():
     assert "only unordered" in str(r) and "cycles of slack" in str(r)
   with pytest.raises(ps.RaceError, match="read-write race"):
     ps.simulate(fn, *inputs, library_races="raise")
+
+
+def user_kernel_around_jax_s_matmul(read):
+  """A user's kernel whose body is JAX's Hopper matmul kernel body
+  (hopper_matmul_mgpu.kernel), then (`read`) a plain read of its output by
+  thread 0: JAX's body awaits its TMA stores only with wait_read_only=True,
+  so their GMEM writes race with the user's read."""
+  import functools
+  cfg = hm.TuningConfig(tile_m=64, tile_n=64, tile_k=64, max_concurrent_steps=2,
+                        epi_tile_m=64, epi_tile_n=64)
+  out = jax.ShapeDtypeStruct((128, 128), jnp.float16)
+
+  @functools.partial(
+      plgpu.kernel, out_type=(out, out), grid=(1,), grid_names=("cluster_grid",),
+      cluster=(1,), cluster_names=("cluster",), num_threads=3, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(
+          lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+  def k(a, b, o, copy):
+    hm.kernel(a, b, None, o, cfg)
+
+    @pl.when(lax.axis_index("wg") == 0)
+    def _():
+      if read:
+        copy[...] = o[...]  # user-read
+      else:
+        copy[...] = a[...]
+  return k
+
+
+def test_a_race_between_jax_s_code_and_the_user_s_is_the_user_s():
+  """One access in jax's package, the other in the user's file: raised (it
+  is the user's to fix), not warned as jax's own."""
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((128, 128)), jnp.float16)
+  assert ps.simulate(user_kernel_around_jax_s_matmul(False), a, a).report.races == []
+  sim = ps.simulate(user_kernel_around_jax_s_matmul(True), a, a, on_race="report",
+                    on_uninitialized="report")
+  assert sim.report.races
+  for r in sim.report.races:
+    files = {side.where.rsplit(":", 1)[0].rsplit("/", 1)[-1]: side.library
+             for side in (r.first, r.second)}
+    assert files == {"hopper_matmul_mgpu.py": True,
+                     "test_production_kernels.py": False}, str(r)
+    assert not r.library and "in jax's own code" not in str(r), str(r)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error", ps.RaceWarning)
+    with pytest.raises(ps.RaceError, match="write-read race on o "):
+      ps.simulate(user_kernel_around_jax_s_matmul(True), a, a, on_uninitialized="report")
 
 
 @pytest.mark.parametrize("name", ["hopper_matmul cluster=M float16", "attention causal",

@@ -110,6 +110,58 @@ def test_wait_on_an_earlier_phase_names_the_completions_it_saw_and_needs():
   assert "commit_smem in thread" not in r.advice, r
 
 
+def second_wait_too_few(correct, late):
+  """One barrier `bar` tracks three TMA loads in turn; the consumer (wg 0)
+  waits for #1 and #2 (each then acked to the producer), but (BUG) reads
+  slot 2 without waiting for #3. `late`: the consumer first waits for loads
+  of its own, so that the third load lands before its read in the simulated
+  order (else the read comes first): the detector's two paths."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3, 64, 32), F32),
+                num_threads=2, thread_name="wg",
+                scratch_types=[plgpu.SMEM((3, 64, 32), F32), plgpu.Barrier(),
+                               plgpu.Barrier(), plgpu.SMEM((64, 32), F32),
+                               plgpu.Barrier()])
+  def k(x_ref, o_ref, slots, bar, ack, own, own_bar):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 1)
+    def _producer():
+      for i in range(3):
+        if i:
+          plgpu.barrier_wait(ack)
+        plgpu.copy_gmem_to_smem(x_ref.at[i], slots.at[i], bar)
+
+    @pl.when(wg == 0)
+    def _consumer():
+      plgpu.barrier_wait(bar)  # two-waits-first
+      o_ref[0] = slots[0]
+      plgpu.barrier_arrive(ack)
+      plgpu.barrier_wait(bar)  # two-waits-second
+      o_ref[1] = slots[1]
+      plgpu.barrier_arrive(ack)
+      if correct:
+        plgpu.barrier_wait(bar)
+      for _ in range(late):
+        plgpu.copy_gmem_to_smem(x_ref.at[0], own, own_bar)
+        plgpu.barrier_wait(own_bar)
+      o_ref[2] = slots[2]
+  return k
+
+
+@pytest.mark.parametrize("late", [0, 4])
+def test_a_report_names_the_wait_that_observed_the_completion(late):
+  """The wait named is the one that observed completion #2 (the second),
+  not the thread's first wait on the barrier, whichever access the detector
+  meets second."""
+  x = _x(3, 64, 32)
+  assert_clean(second_wait_too_few(True, late), x)
+  report = check(second_wait_too_few(False, late), x)
+  r = one_race(report, "read-write" if not late else "write-read")
+  assert "observed completion #2" in r.advice and "#3" in r.advice, r
+  assert names_line(r.advice, "two-waits-second"), r
+  assert not names_line(r.advice, "two-waits-first"), r
+
+
 # --- 2. a release barrier with too small num_arrivals ------------------------
 
 def arrival_count(arrivals):
@@ -202,6 +254,8 @@ def test_lost_completion_says_nothing_orders_the_wait_before_the_next_arrivals()
   assert "observed completion #1" in r.advice, r
   assert "nothing orders that wait before the arrivals that made #2" in r.advice, r
   assert "(it has observed 1)" not in str(r), r
+  # One thread arrives, and num_arrivals is 1: the count is not the cause.
+  assert "num_arrivals" not in str(r), r
 
 
 # --- 4. a read-only TMA wait before a cross-block hand-off --------------------

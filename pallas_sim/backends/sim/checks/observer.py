@@ -23,8 +23,8 @@ grow.
 """
 import numpy as np
 
-from pallas_sim.backends.sim.checks import races
-from pallas_sim.backends.sim.execute.events import RaceFound
+from pallas_sim.backends.sim.checks import races, semaphore_order
+from pallas_sim.backends.sim.execute.events import RaceFound, SemaphoreNeeds
 from pallas_sim.backends.sim.checks.races import timing_verdict
 
 INF = np.iinfo(np.int64).max
@@ -87,8 +87,8 @@ class NoObserver:
   def store_pending(self, op, src, where): pass
   def scope_end(self, wg, bufs, where): pass
   def thread_exit(self, wg, where): pass
-  def sem_signal(self, wg, sem, where=None): pass
-  def sem_acquire(self, wg, sem, where=None): pass
+  def sem_signal(self, wg, log, inc, where=None): pass
+  def sem_acquire(self, wg, log, want, decrement, where=None, read=False): pass
   def fork(self, wg, warps): pass
   def join(self, wg, warps): pass
   def ready(self): pass
@@ -101,7 +101,8 @@ class _WgClock:
   it; `read_only_wait`: where it last waited for its TMA stores with
   wait_read_only=True (explain)."""
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
-               "warps", "wg", "warp", "read_only_wait", "last_waits", "acquired")
+               "warps", "wg", "warp", "read_only_wait", "last_waits", "acquired",
+               "counts")
 
   @property
   def who(self):
@@ -145,8 +146,16 @@ class HappensBefore:
   """Vector clocks for one group of blocks at a time; shadows and reports in
   `tracker` (races.Tracker, reused by the groups of a launch)."""
 
-  def __init__(self, tracker, size, events, comps=None, warps=0):
+  def __init__(self, tracker, size, events, comps=None, warps=0, number=0,
+               sem_order=None):
     self.tracker = tracker
+    self.events = events
+    self.number = number      # the group's number in the launch
+    # The signals each semaphore acquire is to acquire, by its key, when an
+    # earlier run of the launch worked them out (checks/semaphore_order.py);
+    # None: every signal made before it.
+    self.sem_order = sem_order
+    self.sem_logs = {}        # id -> semaphore_order.SemLog, the group's semaphores
     self.warps = warps        # warps per warpgroup with clocks (warp_map), 0 or 4
     self.size = size          # clock components (clock_components)
     self.base = tracker.base  # every clock of earlier groups is below this
@@ -193,6 +202,7 @@ class HappensBefore:
     h.pos = len(self.threads)
     self.threads.append(h.thread)
     h.wg, h.warp, h.read_only_wait, h.last_waits, h.acquired = wg, None, None, {}, {}
+    h.counts = [0, 0]  # (signals and semaphore acquires made: their keys)
     self.owners[h.thread] = self.owners[h.store_write] = self.owners[h.wgmma] = h
     h.vc, h.avc = self.new_vector(), self.new_vector()
     h.vc[h.thread] = self.base + 1
@@ -206,6 +216,7 @@ class HappensBefore:
       self.threads.append(hw.thread)
       hw.wg, hw.warp, hw.read_only_wait = wg, w, None
       hw.last_waits, hw.acquired = h.last_waits, h.acquired
+      hw.counts = [0, 0]
       self.owners[hw.thread] = hw
       h.warps.append(hw)
     wg.hb = h
@@ -659,23 +670,26 @@ class HappensBefore:
 
   @staticmethod
   def _signalled_early(rsite, rh, c, k, h, vc):
-    """explain(): `h` acquired a semaphore `rh` signals, but the signal does
-    not cover `rh`'s access (rsite, stamped (c, k)): it came first, or the
-    access is a TMA store not awaited before it. `vc`: what `h` knew at its
-    access, where known."""
-    for sem, acquired_at in h.acquired.values():
-      mine = [(clock, where) for who, clock, where in sem.signals if who is rh]
-      if not mine:
-        continue
-      wait = f"{h.who} waits on {sem.name} ({acquired_at})"
-      if rsite.agent == "tma_store" and rsite.access == "write":
-        return (f"{wait}, which {rh.who} signals ({mine[-1][1]}), but a signal "
+    """explain(): `h` acquired a semaphore `rh` signals, but not through a
+    signal that covers `rh`'s access (rsite, stamped (c, k)): the wait could
+    complete without that signal (semaphore_order.why_not), the signal came
+    first, or the access is a TMA store not awaited before it. `vc`: what
+    `h` knew at its access, where known."""
+    for log, a in h.acquired.values():
+      mine = [sig for sig in log.signals if sig.who is rh]
+      wait = f"{h.who} waits on {log.name} ({a.where})"
+      if mine and rsite.agent == "tma_store" and rsite.access == "write":
+        return (f"{wait}, which {rh.who} signals ({mine[-1].where}), but a signal "
                 f"covers the GMEM writes of a TMA store ({rsite.where}) only once "
                 f"they are awaited: wait_smem_to_gmem(0) in {rh.who} (with "
                 "wait_read_only=False), then signal")
-      if (vc is not None and rsite.agent == "thread" and c == rh.thread
-          and all(clock < k for clock, _ in mine)):
-        return (f"{wait}, but {rh.who} signals it ({mine[-1][1]}) before its "
+      if rsite.agent != "thread" or c != rh.thread:
+        continue
+      text = semaphore_order.why_not(log, a, c, k)
+      if text:
+        return text
+      if vc is not None and mine and all(sig.clock < k for sig in mine):
+        return (f"{wait}, but {rh.who} signals it ({mine[-1].where}) before its "
                 f"{rsite.access} ({rsite.where}): a signal releases only what its "
                 f"thread did before it; signal after the {rsite.access}")
     return None
@@ -834,28 +848,41 @@ class HappensBefore:
 
   # --- semaphores -----------------------------------------------------------------
 
-  def sem_signal(self, wg, sem, where=None):
+  def sem_signal(self, wg, log, inc, where=None):
     """A signal releases what the signalling thread knows."""
     h = wg.hb
-    if hasattr(sem, "signals"):
-      sem.signals.append((h, int(h.vc[h.thread]), where))
-    if sem.acc is None:
-      sem.acc = (h.vc.copy(), h.avc.copy())
+    s = semaphore_order.Signal()
+    s.key, s.who, s.thread, s.where = (h.thread, h.counts[0]), h, h.thread, where
+    s.clock, s.inc, s.order = int(h.vc[h.thread]), inc, len(log.signals)
+    s.vc, s.avc = h.vc.copy(), h.avc.copy()
+    h.counts[0] += 1
+    log.signals.append(s)
+    log.by_key[s.key] = s
+    self.sem_logs[id(log)] = log
+    if log.acc is None:
+      log.acc = (h.vc.copy(), h.avc.copy())
     else:
-      np.maximum(sem.acc[0], h.vc, out=sem.acc[0])
-      np.maximum(sem.acc[1], h.avc, out=sem.acc[1])
+      np.maximum(log.acc[0], h.vc, out=log.acc[0])
+      np.maximum(log.acc[1], h.avc, out=log.acc[1])
     self._tick(h)
 
-  def sem_acquire(self, wg, sem, where=None):
-    """A wait (or read) acquires every signal made so far (more than the
-    hardware promises when a wait needed fewer of them)."""
-    if where is not None:
-      wg.hb.acquired[id(sem)] = (sem, where)
-    if sem.acc is not None:
-      h = wg.hb
-      np.maximum(h.vc, sem.acc[0], out=h.vc)
-      np.maximum(h.avc, sem.acc[1], out=h.avc)
-      self._tick(h)
+  def sem_acquire(self, wg, log, want, decrement, where=None, read=False):
+    """A wait for `want` (or a read that returned it) acquires the signals
+    it cannot complete without, as an earlier run worked them out
+    (semaphore_order.py); in the first run, every signal made so far."""
+    h = wg.hb
+    a = semaphore_order.Acquire()
+    a.key, a.who, a.thread, a.where = (h.thread, h.counts[1]), h, h.thread, where
+    a.want, a.decrement, a.order, a.read = int(want), bool(decrement), len(log.signals), read
+    h.counts[1] += 1
+    a.need = None if self.sem_order is None else self.sem_order.get(a.key)
+    a.got = semaphore_order.join(log, a.need, h.vc, h.avc)
+    self._tick(h)
+    a.clock, a.vc = int(h.vc[h.thread]), h.vc.copy()
+    log.acquires.append(a)
+    self.sem_logs[id(log)] = log
+    if not read:
+      h.acquired[id(log)] = (log, a)
 
   def end_group(self):
     """The next group's clocks start above every clock this one used."""
@@ -866,6 +893,9 @@ class HappensBefore:
     for slot, b in self.barriers:
       top = max(top, b.base + slot.completions)
     self.tracker.end_group(top + 1)
+    needs = semaphore_order.needs(self.sem_logs.values())
+    if needs:  # (a wait acquired more than it needs: the launch runs again)
+      self.events.append(SemaphoreNeeds(self.number, needs))
 
 
 def clock_components(blocks, warpgroups, barriers_per_block, warps=0):

@@ -111,6 +111,23 @@ class UninitGmem(NamedTuple):
     return self._replace(buffer=bufs[self.buffer])
 
 
+class SemaphoreNeeds(NamedTuple):
+  """A group's semaphore acquires, where one of them acquired more signals
+  than it needs: the signals each needs, by key (checks/semaphore_order.py),
+  for the launch's next run."""
+  group: int
+  needs: dict
+
+  def merge(self, m):
+    m.sem_needs[self.group] = self.needs
+
+  def portable(self, buf_index):
+    return self
+
+  def restored(self, bufs, log):
+    return self
+
+
 class GmemRead(NamedTuple):
   """What a detached group read of GMEM (parallel.Visibility)."""
   buffer: object

@@ -126,8 +126,11 @@ class GroupRunner:
 
   def __init__(self, prep, io_bufs, launch, timing, placement, log, check_races,
                group_size=1, detached=False, check_init=False, profile=None,
-               release_bytes=16 << 20):
+               release_bytes=16 << 20, sem_order=None):
     self.prep, self.launch, self.timing = prep, launch, timing
+    # group number -> {semaphore acquire key: the signals it acquires}, from
+    # an earlier run of the launch (checks/semaphore_order.py)
+    self.sem_order = sem_order or {}
     self.placement, self.log = placement, log
     self.io_bufs = io_bufs
     self.detached = detached
@@ -169,7 +172,8 @@ class GroupRunner:
       size = self.clocks if one else clock_components(
           len(members), launch.num_threads, self.prep.barriers, self.prep.warps)
       group.hb = HappensBefore(self.tracker, size, events, self.comps if one else None,
-                               self.prep.warps)
+                               self.prep.warps, group.number,
+                               self.sem_order.get(group.number))
     refs = self.refs
     if refs is None:
       copies = {id(b): memory.Buffer(b.name, "gmem", b.data.copy(), origin=b)

@@ -19,6 +19,9 @@ class Merge:
     self.cycles = np.zeros(num_blocks)  # per block: when it ended
     self.totals = BlockStats()          # summed over the launch's blocks
     self.loads = {}  # block number -> its TMA loads, where the L2 model follows them
+    # group number -> {semaphore acquire: the signals it needs}, where a
+    # group's acquires took more (events.SemaphoreNeeds)
+    self.sem_needs = {}
 
   def group(self, result):
     """Merges a group's result (group.GroupResult)."""

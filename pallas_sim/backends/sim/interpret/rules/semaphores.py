@@ -9,7 +9,8 @@ add of `inc` (followed by a release fence); a wait spins until the value
 is at least `value` (unsigned), then subtracts it when `decrement`; a read
 is an acquire load. All start at zero in each launch (the lowering passes
 zeros). For happens-before, a signal releases what the signalling thread
-knows and a wait or read acquires every signal made so far.
+knows and a wait or read acquires the signals it could not have completed
+without (checks/semaphore_order.py).
 
 A kernel with global semaphores has blocks that wait for each other: its
 blocks run as one group (execute/executor.py), as if all were resident at once.
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import tree_util
 
+from pallas_sim.backends.sim.checks.semaphore_order import SemLog
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.frontend import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
@@ -27,16 +29,28 @@ from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 
 class Semaphores(memory.Buffer):
-  """A semaphore array (all zero when made); `res`: its waiters; `acc`: the
-  happens-before observer's join of its signals; `signals`: for reports,
-  who signalled it, where, and at what clock of theirs."""
-  __slots__ = ("res", "acc", "signals")
+  """A semaphore array (all zero when made); `res`: its waiters; `logs`:
+  each element's signals and acquires, for the happens-before observer
+  (semaphore_order.SemLog), made as it is first used; `start`: the values
+  the launch began with."""
+  __slots__ = ("res", "logs", "start")
 
   def __init__(self, name, shape):
     super().__init__(name, "sem", np.zeros(shape, np.uint32))
     self.res = Resource(f"semaphore {name}")
-    self.acc = None
-    self.signals = []
+    self.logs = {}
+    self.start = self.data.copy()
+
+  def log(self, view):
+    """The SemLog of the element `view` (a view of one element) holds."""
+    at = (view.__array_interface__["data"][0]
+          - self.data.__array_interface__["data"][0]) // self.data.itemsize
+    log = self.logs.get(at)
+    if log is None:
+      name = self.name if self.data.size == 1 else (
+          f"{self.name}{list(np.unravel_index(at, self.data.shape))}")
+      log = self.logs[at] = SemLog(name, self.start.flat[at])
+    return log
 
 
 def is_semaphore(aval):
@@ -54,6 +68,7 @@ def input_semaphores(name, aval, array):
   kernel's callback receives their values as int32."""
   sems = Semaphores(name, tuple(getattr(aval, "inner_aval", aval).shape))
   sems.data[...] = np.asarray(array).view(np.uint32).reshape(sems.data.shape)
+  sems.start = sems.data.copy()
   return sems
 
 
@@ -90,7 +105,8 @@ def _signal_one(wg, ref, transforms, inc, device_id, prim, where=None):
         f"{prim} to another device or core: one GPU is simulated")
   r = _sem(ref, transforms, prim, wg)
   r.view[...] = r.view + np.uint32(np.int64(inc) & 0xFFFFFFFF)
-  wg.block.hb.sem_signal(wg, r.buf, where)
+  add = int(inc) & 0xFFFFFFFF  # (as a signed add: a negative one takes away)
+  wg.block.hb.sem_signal(wg, r.buf.log(r.view), add - (add >> 31 << 32), where)
   wg.sched.notify(r.buf.res, at=wg.time)
 
 
@@ -140,7 +156,7 @@ def _wait(eqn, cx):
       wg.stalled("barrier", start)
     if decrement:
       r.view[...] = r.view - want
-    wg.block.hb.sem_acquire(wg, r.buf, where)
+    wg.block.hb.sem_acquire(wg, r.buf.log(r.view), int(want), decrement, where)
     wg.time += latency
     return []
   return Gen(wait)
@@ -153,6 +169,7 @@ def _read(eqn, cx):
   def read(wg, *operands):
     ref, transforms = tree_util.tree_unflatten(tree, operands)
     r = _sem(ref, transforms, "semaphore_read", wg)
-    wg.block.hb.sem_acquire(wg, r.buf)
-    return np.int32(r.view.reshape(()).view(np.int32))
+    value = np.int32(r.view.reshape(()).view(np.int32))
+    wg.block.hb.sem_acquire(wg, r.buf.log(r.view), int(value), False, read=True)
+    return value
   return read

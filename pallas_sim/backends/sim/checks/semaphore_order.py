@@ -1,0 +1,152 @@
+"""Which signals a semaphore wait is ordered after.
+
+A semaphore is a counter: a signal adds to it (and releases what its thread
+did before it); a wait for n spins until it holds at least n (then takes n
+away when it decrements); a read returns it. On the hardware a wait is
+ordered after *some* signals that add up to what it needs, not after
+particular ones, so it acquires a signal only when it could not have
+completed without it: when the other signals that can come before it
+(those not ordered after it), less what the waits ordered before it took
+away, add up to less than it needs. A read that returned n is taken as a
+wait for n that takes nothing away.
+
+That depends on signals the simulation may make only after the wait, and on
+the order the waits themselves make. A launch with semaphores therefore runs
+first acquiring every signal made before each wait (more than the hardware
+promises); where a wait then needed fewer (`needed`), it runs again with each
+wait acquiring exactly those (execute/executor.py). Fewer acquisitions order
+less, so the signals a wait needs only shrink from run to run; the runs stop
+when they no longer change.
+"""
+import numpy as np
+
+
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Signal:
+  """One signal: its key (thread component, how many signals that thread
+  made before it), the thread (observer._WgClock), its clock then, where,
+  by how much, what it releases (vc, avc), how many signals came before it."""
+  __slots__ = ("key", "who", "thread", "clock", "where", "inc", "vc", "avc", "order")
+
+
+class Acquire:
+  """One wait or read: its key (thread component, how many acquires that
+  thread made before it), the thread, its clock after the acquire, what it
+  knew then (vc), what it needed (want), whether it took that away
+  (decrement), where, the signals it acquired (keys), how many signals were
+  made before it, and what an earlier run found it needs (Need, or None)."""
+  __slots__ = ("key", "who", "thread", "clock", "vc", "want", "decrement", "where",
+               "got", "order", "read", "need")
+
+
+class Before(NamedTuple):
+  """A signal that can come before a wait, as reports name it."""
+  key: tuple
+  thread: int
+  clock: int
+  where: str
+  inc: int
+  who: str
+
+
+class Need(NamedTuple):
+  """What a run found an acquire needs: the signals it is ordered after
+  (keys), and every signal that can come before it (Before), for reports
+  in the next run, where some of those come only after the acquire."""
+  keys: frozenset
+  before: tuple
+
+
+class SemLog:
+  """One semaphore of a group (an element of a semaphore array): its value
+  at the launch's start, its signals and acquires in simulated order, keys
+  to signals, and the join of every signal so far (what a wait acquires
+  before the order is known)."""
+  __slots__ = ("name", "start", "signals", "acquires", "by_key", "acc")
+
+  def __init__(self, name, start):
+    self.name, self.start = name, int(start)
+    self.signals, self.acquires = [], []
+    self.by_key = {}
+    self.acc = None
+
+
+def _before(log, w):
+  """The signals of `log` not ordered after acquire `w`."""
+  return [s for s in log.signals if s.vc[w.thread] < w.clock]
+
+
+def needed(log, w):
+  """What acquire `w` needs (Need) under the order the run made."""
+  before = _before(log, w)
+  avail = log.start
+  for s in before:
+    if s.inc > 0:
+      avail += s.inc
+  for s in log.signals:  # (a negative add counts where it is ordered before)
+    if s.inc < 0 and w.vc[s.thread] >= s.clock:
+      avail += s.inc
+  for o in log.acquires:
+    if o is not w and o.decrement and w.vc[o.thread] >= o.clock:
+      avail -= o.want
+  keys = frozenset(s.key for s in before
+                   if s.inc > 0 and s.order < w.order and avail - s.inc < w.want)
+  return Need(keys, tuple(Before(s.key, s.thread, s.clock, s.where, s.inc, s.who.who)
+                          for s in before if s.inc > 0))
+
+
+def needs(logs):
+  """{acquire key: Need} for every acquire of `logs`, where one of them
+  acquired signals other than those it needs; {} when none did."""
+  out = {}
+  changed = False
+  for log in logs:
+    for w in log.acquires:
+      n = out[w.key] = needed(log, w)
+      changed |= n.keys != w.got
+  return out if changed else {}
+
+
+def join(log, need, vc, avc):
+  """Joins into (vc, avc) what the signals `need.keys` released (every
+  signal so far when need is None): the keys joined."""
+  if need is None:
+    if log.acc is not None:
+      np.maximum(vc, log.acc[0], out=vc)
+      np.maximum(avc, log.acc[1], out=avc)
+    return frozenset(s.key for s in log.signals)
+  for k in need.keys:
+    s = log.by_key[k]
+    np.maximum(vc, s.vc, out=vc)
+    np.maximum(avc, s.avc, out=avc)
+  return need.keys
+
+
+def why_not(log, w, thread, clock):
+  """Words for a race through the gap, or None: a signal by `thread` at or
+  after its `clock` (after the access that races) can come before wait `w`,
+  but `w` is not ordered after it, since the others are enough."""
+  before = w.need.before if w.need is not None else tuple(
+      Before(s.key, s.thread, s.clock, s.where, s.inc, s.who.who)
+      for s in _before(log, w) if s.inc > 0)
+  cover = [b for b in before if b.thread == thread and b.clock >= clock]
+  if not cover or cover[0].key in w.got:
+    return None
+  s = cover[0]
+  total = sum(b.inc for b in before)
+  own = [b for b in before if b.thread == w.thread]
+  head = (f"{w.who.who} waits for {w.want} of the {total} signals that can precede "
+          f"it on {log.name} ({w.where})")
+  if own:
+    reason = f"its own signal ({own[0].where}) can count towards them"
+    fix = f"wait for all {total}, or signal only from the threads it waits for"
+  else:
+    reason = f"any {w.want} of them complete it"
+    fix = f"wait for all {total}"
+  return (f"{head}; {reason}, so the wait can complete without {s.who}'s signal "
+          f"({s.where}), and a wait is ordered only after the signals it cannot "
+          f"complete without: {fix}")
