@@ -167,6 +167,12 @@ def summarize_checks(path, tolerance=0.02):
   for x in sorted(off, key=lambda x: -abs(x["error"]))[:20]:
     print(f"  {x['error']:+.1%} {x['kernel']} ({x['test']}): simulated "
           f"{x['simulated_s'] * 1e6:.2f} us, estimated {x['estimated_s'] * 1e6:.2f}")
+  # (an estimate is to report the simulation's tallies too, not only its time)
+  tallies = [x for x in ran if x.get("tallies")]
+  print(f"  {len(tallies)} launches whose tallies differ")
+  for x in tallies[:20]:
+    print(f"  {x['kernel']} ({x['test']}): " + ", ".join(
+        f"{k} {e:.4g} (simulated {s:.4g})" for k, (e, s) in x["tallies"].items()))
   kinds = collections.Counter(reason(x["raised"]) for x in raised)
   for k, n in kinds.most_common():
     print(f"  raised x{n}: {k}")

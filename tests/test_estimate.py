@@ -547,6 +547,7 @@ def test_the_estimate_check_compares_every_simulated_launch(tmp_path, monkeypatc
   [line] = [json.loads(x) for x in log.read_text().splitlines()]
   assert line["simulated_s"] == full.kernels[0].time_s == line["estimated_s"]
   assert line["error"] == 0.0 and "control flow is the same" in line["classes"]
+  assert line["tallies"] == {}
   assert "test_quickstart.py:" in line["where"]
 
   real = Executor._execute

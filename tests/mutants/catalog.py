@@ -690,6 +690,14 @@ MUTANTS = [
            "      plain = b if atomic[0] is a else a",
            "      plain = b",
            ("tests/test_atomics.py",)),
+    Mutant("extrapolated-loads-out-of-step", "pallas_sim/backends/sim/execute/extrapolate.py",
+           "an estimate by a persistent loop's iterations issues each iteration's TMA "
+           "loads at its own cycles, for the L2 model; the mutant puts every "
+           "iteration's at the loop's start (a loop that re-reads more than the L2 "
+           "holds then reports other HBM bytes than the full simulation)",
+           "      loads += _timed(mine, sp, t, b)",
+           "      loads += _timed(mine, sp, 0.0, b)",
+           ("tests/test_extrapolate.py",)),
     Mutant("atomics-race-each-other", RACES,
            "atomic updates do not race with each other; the mutant reports them",
            "    if m is not None and atomic and sh.any_atomic:",

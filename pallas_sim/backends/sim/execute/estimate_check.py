@@ -4,10 +4,11 @@ environment's PALLAS_SIM_CHECK_ESTIMATE), each launch
 that ps.simulate (or the pytest plugin) runs is estimated again, as
 ps.estimate would (no tensor-core sums, no checks, one block per class), on the
 same inputs, and a JSON line is appended to <path>: the kernel, the user's
-file:line, pytest's current test, both predicted times, and the estimate's
-error if it raised. Each report's summary and Perfetto trace are made too
+file:line, pytest's current test, both predicted times, the tallies on
+which they differ (`tallies`: bytes, loads, flops, units' busy shares), and
+the estimate's error if it raised. Each report's summary and Perfetto trace are made too
 (what a user asks of it), and an error there is recorded the same way.
-The two must agree within 2% wherever both run;
+The two must agree within 2% wherever both run, their counts exactly;
 `benchmarks/jax_suite.py run --check-estimate` runs JAX's own test suite so,
 over every kernel in it, and sums the lines up."""
 import json
@@ -39,7 +40,8 @@ def check(executor, launch, arrays, path):
       _use(r)
     line.update(estimated_s=rep.time_s, classes=rep.classes,
                 simulated_blocks=rep.simulated_blocks,
-                error=rep.time_s / sim.time_s - 1 if sim.time_s else 0.0)
+                error=rep.time_s / sim.time_s - 1 if sim.time_s else 0.0,
+                tallies=tally_differences(rep, sim))
   except Exception as e:  # (what the check is for: record it, go on)
     if type(e).__module__.split(".")[0] not in OURS:
       raise  # (not the estimate's failure: e.g. a test's time limit, by signal)
@@ -47,6 +49,31 @@ def check(executor, launch, arrays, path):
                 at=traceback.format_exc(limit=-3)[-1500:])
   with open(path, "a") as f:
     f.write(json.dumps(line) + "\n")
+
+
+# A kernel report's counts, which an estimate must reproduce exactly, and
+# its shares, which it must within the time's tolerance
+COUNTS = ("hbm_bytes", "tma_load_bytes", "tma_store_bytes", "wgmma_flops",
+          "tensor_f16_flops")
+SHARES = ("utilisation", "stalls")
+
+
+def tally_differences(est, sim, tolerance=0.02):
+  """{tally: (estimated, simulated)} where two KernelReports' counts differ,
+  or a unit's busy share (or a stall's) differs by more than `tolerance`
+  of the simulation's (absolute below 1%)."""
+  out = {}
+  for name in COUNTS:
+    a, b = getattr(est, name), getattr(sim, name)
+    if a != b:
+      out[name] = (a, b)
+  for name in SHARES:
+    a, b = getattr(est, name), getattr(sim, name)
+    for k in sorted(set(a) | set(b)):
+      x, y = float(a.get(k, 0.0)), float(b.get(k, 0.0))
+      if abs(x - y) > tolerance * max(abs(y), 0.01):
+        out[f"{name}[{k}]"] = (x, y)
+  return out
 
 
 def _use(report):
