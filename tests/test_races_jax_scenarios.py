@@ -373,3 +373,49 @@ def test_unawaited_store_write_side_is_fine():
   found, out = racy(k, x)
   assert found == set()
   np.testing.assert_array_equal(out, x)  # the write still lands at the end
+
+
+def warp_specialized_sum(store):
+  """emit_pipeline_warp_specialized with in_specs only: the compute thread
+  sums x's blocks into its carry, then writes the sum to out with a plain
+  store, or (`store`) through SMEM and a TMA store it never awaits. The
+  pipeline commits a store group each step, with no store in it."""
+  F32 = jnp.float32
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), F32), num_threads=2,
+                thread_name="wg", scratch_types=[plgpu.SMEM((64, 128), F32)])
+  def k(x_ref, o_ref, o_smem):
+    def compute(pipeline):
+      total = pipeline(jnp.zeros((64, 128), F32))
+      if store:
+        o_smem[...] = total
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_ref)
+      else:
+        o_ref[...] = total
+
+    def body(_, x_smem, carry):
+      carry = carry + x_smem[...]
+      plgpu.commit_smem()  # (the plain reads, before the slot's release)
+      return carry
+
+    plgpu.emit_pipeline_warp_specialized(
+        body, in_specs=[plgpu.BlockSpec((64, 128), lambda i: (i, 0))], grid=(4,),
+        compute_context=compute, max_concurrent_steps=2, num_compute_wgs=1,
+        memory_registers=40, memory_thread_idx=1, wg_axis="wg")(x_ref)
+  return k
+
+
+def test_empty_store_groups_of_a_warp_specialized_pipeline_need_no_wait():
+  """Commits with no store before them make empty bulk groups (PTX), which
+  read no SMEM: a thread may end without awaiting them. A group that holds
+  a store still must be awaited."""
+  x = jnp.arange(256 * 128, dtype=jnp.float32).reshape(256, 128)
+  sim = ps.simulate(warp_specialized_sum(False), x)
+  assert sim.report.races == []
+  np.testing.assert_array_equal(sim.outputs, np.asarray(x).reshape(4, 64, 128).sum(0))
+  sim = ps.simulate(warp_specialized_sum(True), x, on_race="report")
+  assert [r.kind for r in sim.report.races] == ["unawaited TMA store"]
+  assert str(sim.report.races[0]).endswith(
+      "thread 0 ends with TMA stores still reading SMEM: wait_smem_to_gmem(0) before "
+      "the kernel ends"), str(sim.report.races[0])

@@ -698,6 +698,12 @@ MUTANTS = [
            "      loads += _timed(mine, sp, t, b)",
            "      loads += _timed(mine, sp, 0.0, b)",
            ("tests/test_extrapolate.py",)),
+    Mutant("empty-store-groups-must-be-awaited", "pallas_sim/backends/sim/execute/group.py",
+           "a thread may end without awaiting store groups that hold no store (empty "
+           "bulk groups read nothing); the mutant asks it to await every group",
+           "  if wg.open_group or wg.store_reads_awaited < wg.stored_group:",
+           "  if wg.open_group or wg.store_reads_awaited < wg.store_groups:",
+           ("tests/test_races_jax_scenarios.py",)),
     Mutant("atomics-race-each-other", RACES,
            "atomic updates do not race with each other; the mutant reports them",
            "    if m is not None and atomic and sh.any_atomic:",

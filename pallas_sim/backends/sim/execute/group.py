@@ -235,13 +235,16 @@ def _warpgroup(prog, refs, wg, launch, group):
   never awaited are reported: the lowering does not wait for them at the end
   (jax 0.11.2 awaits only in wait_smem_to_gmem), and the SMEM they read may
   be freed. (Their GMEM writes still land: seen on an H200,
-  lab/gpu_probes.py, so an unawaited write side is not reported.)"""
+  lab/gpu_probes.py, so an unawaited write side is not reported.) Groups
+  committed with no store in them (emit_pipeline_warp_specialized commits
+  one each step, outputs or not) read nothing: PTX makes them empty bulk
+  groups, which need no wait."""
   if group.profile is not None:  # (the kernel's prologue: its profile's first range)
     group.profile.event(wg, "Init", True)
     group.profile.event(wg, "Init", False)
   yield from run_gen(prog, refs, wg)
   group.hb.thread_exit(wg, launch.where)
-  if wg.open_group or wg.store_reads_awaited < wg.store_groups:
+  if wg.open_group or wg.store_reads_awaited < wg.stored_group:
     site = group.log.site("thread", "end of kernel", launch.where, "TMA stores", "end",
                           wg.index)
     group.misuse("unawaited TMA store", site, wg.block,

@@ -110,7 +110,8 @@ class Warpgroup(Task):
   kernel body as a coroutine."""
   __slots__ = ("block", "index", "axes", "wgmma", "wgmma_res", "stores",
                "store_res", "open_group", "bar_waits", "warp_waits", "scope_counts",
-               "wg_issued", "store_groups", "store_reads_awaited", "hb")
+               "wg_issued", "store_groups", "store_reads_awaited", "stored_group",
+               "hb")
 
   def __init__(self, block, index, axes, name):
     super().__init__(name, block.sched)
@@ -130,6 +131,9 @@ class Warpgroup(Task):
     self.wg_issued = 0          # wgmma groups issued so far
     self.store_groups = 0       # TMA store groups committed so far
     self.store_reads_awaited = 0  # of those, how many it awaited the reads of
+    # The number of the newest of those that holds a store (a commit with no
+    # store before it makes an empty group: nothing of it reads SMEM)
+    self.stored_group = 0
     self.hb = None              # the observer's per-warpgroup state
     block.warpgroups.append(self)
     block.hb.warpgroup(self)
@@ -173,6 +177,7 @@ class Warp(Warpgroup):
   stores, store_res = _parents("stores"), _parents("store_res")
   open_group, store_groups = _parents("open_group"), _parents("store_groups")
   store_reads_awaited = _parents("store_reads_awaited")
+  stored_group = _parents("stored_group")
   wg_issued, scope_counts = _parents("wg_issued"), _parents("scope_counts")
 
   def __init__(self, parent, warp, axes):

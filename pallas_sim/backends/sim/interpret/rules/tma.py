@@ -370,6 +370,8 @@ def _commit(wg, timing, after=0.0):
   sched = blk.sched
   res = wg.store_res
   wg.store_groups += 1
+  if copies:
+    wg.stored_group = wg.store_groups
   op = blk.hb.store_group(wg)
   for s, d, reduce, where in copies:
     blk.hb.store_pending(op, s, where)
