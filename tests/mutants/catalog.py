@@ -505,7 +505,7 @@ MUTANTS = [
            ("tests/test_wgmma.py",)),
     Mutant("races-unawaited-store-unchecked", "pallas_sim/backends/sim/execute/group.py",
            "a warpgroup ending with TMA stores still reading SMEM is reported",
-           "  if wg.open_group or wg.store_reads_awaited < wg.store_groups:",
+           "  if wg.open_group or wg.store_reads_awaited < wg.stored_group:",
            "  if False:",
            ("tests/test_races.py",)),
     Mutant("arrival-overflow-unchecked", BAR,
