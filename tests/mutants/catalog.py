@@ -565,9 +565,9 @@ MUTANTS = [
            ("tests/test_parallel.py",)),
     Mutant("misuse-only-with-races", "pallas_sim/backends/sim/execute/group.py",
            "misuse checks do not need race checking",
-           "  if wg.open_group or wg.store_reads_awaited < wg.store_groups:",
+           "  if wg.open_group or wg.store_reads_awaited < wg.stored_group:",
            "  if not isinstance(group.hb, NoObserver) and (\n"
-           "      wg.open_group or wg.store_reads_awaited < wg.store_groups):",
+           "      wg.open_group or wg.store_reads_awaited < wg.stored_group):",
            ("tests/test_machine.py",)),
     Mutant("known-zero-not-folded", "pallas_sim/backends/sim/interpret/compiler.py",
            "an add of a zero the compiler knows folds away (the product fuses with "
