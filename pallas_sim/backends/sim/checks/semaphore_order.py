@@ -18,9 +18,6 @@ wait acquiring exactly those (execute/executor.py). Fewer acquisitions order
 less, so the signals a wait needs only shrink from run to run; the runs stop
 when they no longer change.
 """
-import numpy as np
-
-
 from typing import NamedTuple
 
 import numpy as np
@@ -80,23 +77,38 @@ def _before(log, w):
   return [s for s in log.signals if s.vc[w.thread] < w.clock]
 
 
-def needed(log, w):
+class _Table:
+  """A SemLog's signals and acquires as arrays, so that what each acquire
+  needs is a few vector operations (a persistent loop may wait thousands of
+  times on one semaphore)."""
+
+  def __init__(self, log):
+    sig, acq = log.signals, log.acquires
+    self.vc = np.array([s.vc for s in sig]).reshape(len(sig), -1)
+    self.thread = np.array([s.thread for s in sig], np.int64)
+    self.clock = np.array([s.clock for s in sig], np.int64)
+    self.inc = np.array([s.inc for s in sig], np.int64)
+    self.order = np.array([s.order for s in sig], np.int64)
+    self.a_thread = np.array([o.thread for o in acq], np.int64)
+    self.a_clock = np.array([o.clock for o in acq], np.int64)
+    self.a_take = np.array([o.want if o.decrement else 0 for o in acq], np.int64)
+
+
+def needed(log, w, table=None):
   """What acquire `w` needs (Need) under the order the run made."""
-  before = _before(log, w)
-  avail = log.start
-  for s in before:
-    if s.inc > 0:
-      avail += s.inc
-  for s in log.signals:  # (a negative add counts where it is ordered before)
-    if s.inc < 0 and w.vc[s.thread] >= s.clock:
-      avail += s.inc
-  for o in log.acquires:
-    if o is not w and o.decrement and w.vc[o.thread] >= o.clock:
-      avail -= o.want
-  keys = frozenset(s.key for s in before
-                   if s.inc > 0 and s.order < w.order and avail - s.inc < w.want)
-  return Need(keys, tuple(Before(s.key, s.thread, s.clock, s.where, s.inc, s.who.who)
-                          for s in before if s.inc > 0))
+  t = table or _Table(log)
+  before = t.vc[:, w.thread] < w.clock if len(t.inc) else np.zeros(0, bool)
+  ordered = w.vc[t.thread] >= t.clock  # (signals ordered before the wait)
+  taken = w.vc[t.a_thread] >= t.a_clock  # (acquires ordered before it: itself too)
+  avail = (log.start + int(t.inc[before & (t.inc > 0)].sum())
+           + int(t.inc[ordered & (t.inc < 0)].sum())
+           - int(t.a_take[taken].sum()) + (w.want if w.decrement else 0))
+  maybe = np.flatnonzero(before & (t.inc > 0))
+  sig = log.signals
+  keys = frozenset(sig[i].key for i in maybe
+                   if t.order[i] < w.order and avail - t.inc[i] < w.want)
+  return Need(keys, tuple(Before(sig[i].key, sig[i].thread, sig[i].clock, sig[i].where,
+                                 sig[i].inc, sig[i].who.who) for i in maybe))
 
 
 def needs(logs):
@@ -105,8 +117,9 @@ def needs(logs):
   out = {}
   changed = False
   for log in logs:
+    table = _Table(log)
     for w in log.acquires:
-      n = out[w.key] = needed(log, w)
+      n = out[w.key] = needed(log, w, table)
       changed |= n.keys != w.got
   return out if changed else {}
 
