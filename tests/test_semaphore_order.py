@@ -108,7 +108,7 @@ def unordered_rows(incs, waits):
 def reported_rows(sim, scope):
   rows = set()
   for r in sim.report.races:
-    assert "o_ref" in str(r), r
+    assert "o_ref" in str(r) or "ws_ref" in str(r), r
     for site in (r.first, r.second):
       who = site.block[0] if scope == "global" else site.thread
       if who != 0:
@@ -189,3 +189,46 @@ def test_a_block_semaphore_wait_for_some_of_its_threads_signals_is_named():
   r = sim.report.races[0]
   assert "thread 0 waits for 2 of the 3 signals that can precede it on " in r.advice, r
   assert "any 2 of them complete it" in r.advice and "wait for all 3" in r.advice, r
+
+
+def split_k(own_signal, blocks=8):
+  """Split-K: block b stores its partial product (elementwise here: the
+  shape of the hand-off is what matters) to a GMEM workspace and signals one
+  global semaphore; block 0 waits for the other blocks' signals and sums the
+  partials. BUG (`own_signal`): block 0 signals too, so one of the 7
+  signals its wait counts can be its own."""
+  @plgpu.kernel(out_type=(jax.ShapeDtypeStruct((blocks, 64, 64), F32),
+                          jax.ShapeDtypeStruct((64, 64), F32)),
+                grid=(blocks,), grid_names=("k",))
+  def k(a_ref, b_ref, ws_ref, o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    i = lax.axis_index("k")
+    ws_ref[i] = a_ref[i] * b_ref[i]
+
+    @pl.when((i != 0) | own_signal)
+    def _():
+      pl.semaphore_signal(sem)
+
+    @pl.when(i == 0)
+    def _():
+      pl.semaphore_wait(sem, blocks - 1)
+      total = ws_ref[0]
+      for j in range(1, blocks):
+        total = total + ws_ref[j]
+      o_ref[...] = total
+  return k
+
+
+def test_split_k_whose_waiting_block_signals_too_races_on_every_partial():
+  rng = np.random.default_rng(0)
+  a, b = (jnp.asarray(rng.standard_normal((8, 64, 64)), F32) for _ in range(2))
+  sim = ps.simulate(split_k(False), a, b)
+  assert sim.report.races == []
+  np.testing.assert_allclose(sim.outputs[1], (np.asarray(a) * np.asarray(b)).sum(0),
+                             rtol=1e-5, atol=1e-5)
+  sim = ps.simulate(split_k(True), a, b, on_race="report", on_uninitialized="report")
+  assert reported_rows(sim, "global") == set(range(1, 8))
+  for r in sim.report.races:
+    assert r.kind.endswith("race") and "ws_ref" in str(r), r
+    assert ("waits for 7 of the 8 signals that can precede it on global semaphore 0"
+            in r.advice and "its own signal" in r.advice), r
