@@ -41,6 +41,7 @@ GPU by 0.11.2 (see its docstring) and is checked with ``interpret=True``.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 from jax import lax
@@ -320,7 +321,15 @@ def core_map_kernel(x):
   def stateful(refs):
     x_ref, y_ref, ids_ref = refs   # GMEM refs; we are not in the kernel yet.
 
-    @pl.core_map(mesh)
+    # (pl.core_map is deprecated for pl.kernel, which plgpu.kernel wraps; this
+    # example keeps it to show that code written with it runs, so the
+    # warning JAX gives for it is expected here.)
+    with warnings.catch_warnings():
+      warnings.filterwarnings("ignore", "jax.experimental.pallas.core_map is deprecated",
+                              DeprecationWarning)
+      core_map = pl.core_map(mesh)
+
+    @core_map
     def _kernel_body():
       @functools.partial(
           pl.run_scoped,

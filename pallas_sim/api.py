@@ -75,13 +75,20 @@ def _simulating(options, **executor_args):
     capture.pop_executor(ex)
 
 
+def _headline(err):
+  """An error's first line, as a sentence: a heading that introduces a list
+  ("...: 2 findings in kernel k:") loses its colon."""
+  return str(err).splitlines()[0].rstrip(":")
+
+
 def _first_with_the_rest(errors):
   """The first error found while running, carrying the others: in `.errors`
   (all of them, in order) and in a note printed with its traceback."""
   first = errors[0]
   first.errors = list(errors)
   if len(errors) > 1:
-    more = "\n".join(f"  {type(e).__name__}: {str(e).splitlines()[0]}" for e in errors[1:])
+    more = "\n".join(f"  {type(e).__name__}: {_headline(e)} (.errors[{i}])"
+                     for i, e in enumerate(errors[1:], 1))
     first.add_note(f"and {len(errors) - 1} more error(s) in this simulation:\n{more}")
   return first
 

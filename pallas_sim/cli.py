@@ -1,8 +1,10 @@
 """`pallas-sim` command.
 
-    pallas-sim run FILE [ARGS...]   run a script with every kernel simulated;
-                                    print the report
-    pallas-sim check TARGET         run TARGET's declared entry points with
+    pallas-sim run FILE [ARGS...]   run a script as `python FILE ARGS...` would,
+                                    with every kernel simulated; print the
+                                    report of the launches it simulated
+    pallas-sim check TARGET [ARGS...]
+                                    run TARGET's declared entry points with
                                     race and uninitialized-memory checks;
                                     exit 1 on any race, uninitialized read,
                                     unwritten output, deadlock or simulator
@@ -15,6 +17,8 @@ its own in the simulator, are, in order of precedence:
   2. otherwise its module-level functions named `check_*` (taking no
      arguments);
   3. otherwise the file itself, run as __main__.
+A file sees sys.argv as `python FILE ARGS...` gives it, at its import too.
+The GPU model is the H100's unless --gpu says otherwise.
 """
 import argparse
 import importlib
@@ -52,15 +56,29 @@ def entry_points(mod):
           and f.__module__ == mod.__name__]
 
 
-def check(target, gpu="h100", out=sys.stdout, uninitialized="fail"):
+class _Argv:
+  """sys.argv as `python FILE ARGS...` gives it to FILE, for a while."""
+
+  def __init__(self, path, args):
+    self.argv = [path or ""] + list(args)
+
+  def __enter__(self):
+    self.saved, sys.argv = sys.argv, self.argv
+
+  def __exit__(self, *exc):
+    sys.argv = self.saved
+
+
+def check(target, gpu="h100", out=sys.stdout, uninitialized="fail", args=()):
   """Runs TARGET's entry points simulated; returns the number that failed.
   uninitialized="report": uninitialized-memory findings are printed, not
-  failures."""
+  failures. `args`: the file's own arguments (its sys.argv[1:])."""
   import pallas_sim as ps
   opts = ps.Options(gpu=gpu, on_race="report", on_uninitialized="report")
   strict = uninitialized == "fail"
+  argv = _Argv(os.path.abspath(target) if target.endswith(".py") else target, args)
   try:  # kernels run at import time are checked too
-    with ps.backend("sim", options=opts) as report:
+    with ps.backend("sim", options=opts) as report, argv:
       mod, path = _load(target)
   except Exception as e:
     print(f"FAIL import of {target}: {type(e).__name__}: {e}", file=out)
@@ -70,14 +88,12 @@ def check(target, gpu="h100", out=sys.stdout, uninitialized="fail"):
   points = entry_points(mod)
   if not points:
     def as_main():
-      argv, sys.argv = sys.argv, [path]
       try:
-        runpy.run_path(path, run_name="__main__")
+        with _Argv(path, args):
+          runpy.run_path(path, run_name="__main__")
       except SystemExit as e:  # a script's own exit status counts
         if e.code not in (0, None):
           raise RuntimeError(f"{path} exited with status {e.code}") from None
-      finally:
-        sys.argv = argv
     points = [("__main__", as_main)]
   for name, fn in points:
     try:
@@ -122,7 +138,8 @@ def main(argv=None):
   sub = ap.add_subparsers(dest="cmd", required=True)
   r = sub.add_parser("run", help="run a script with its kernels simulated")
   r.add_argument("file")
-  r.add_argument("--gpu", default="h100", choices=gpus.NAMES)
+  r.add_argument("--gpu", default="h100", choices=gpus.NAMES,
+                 help="the GPU model (default h100)")
   r.add_argument("--trace", help="write a Chrome trace of the kernels here")
   r.add_argument("--clock-mhz", type=float, default=None,
                  help="predict times with the SMs at this clock (e.g. what nvidia-smi "
@@ -130,14 +147,18 @@ def main(argv=None):
   r.add_argument("args", nargs=argparse.REMAINDER)
   c = sub.add_parser("check", help="check a file's or module's entry points for races")
   c.add_argument("target")
-  c.add_argument("--gpu", default="h100", choices=gpus.NAMES)
+  c.add_argument("--gpu", default="h100", choices=gpus.NAMES,
+                 help="the GPU model (default h100)")
   c.add_argument("--uninitialized", default="fail", choices=("fail", "report"),
                  help="uninitialized reads and unwritten outputs fail the check "
                       "(default) or are only reported")
+  c.add_argument("args", nargs=argparse.REMAINDER,
+                 help="the file's own arguments (its sys.argv[1:])")
   ns = ap.parse_args(argv)
   import pallas_sim as ps
   if ns.cmd == "check":
-    return 1 if check(ns.target, ns.gpu, uninitialized=ns.uninitialized) else 0
+    return 1 if check(ns.target, ns.gpu, uninitialized=ns.uninitialized,
+                      args=ns.args) else 0
   sys.argv = [ns.file] + ns.args
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status = 0
@@ -148,8 +169,14 @@ def main(argv=None):
       status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
       if isinstance(e.code, str):
         print(e.code, file=sys.stderr)
-  print(report.summary())
-  if ns.trace:
+  # (a script that runs its own ps.simulate reports those itself: only the
+  # launches this backend simulated are ours to report)
+  if report.kernels:
+    print(report.summary())
+  else:
+    print("pallas-sim run: no kernel launch outside the script's own simulations",
+          file=sys.stderr)
+  if ns.trace and report.kernels:
     report.save_trace(ns.trace)
     print(f"trace written to {ns.trace}")
   return status

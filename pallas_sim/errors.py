@@ -18,8 +18,12 @@ class SimError(Exception):
 
   def __str__(self):
     """The message, then the user's line of code it points at (as a
-    traceback would show it)."""
+    traceback would show it), where the message is one line: a list of
+    findings names each finding's lines itself, and a line of code after
+    the list would read as part of its last."""
     text = super().__str__()
+    if "\n" in text:
+      return text
     code = _source_line(self.where)
     return f"{text}\n    {code}" if code and code not in text else text
 

@@ -130,8 +130,7 @@ def test_a_read_of_smem_nothing_wrote_names_buffer_elements_primitive_and_line()
   [f] = e.value.findings
   assert f.kind == "uninitialized read" and f.buffer == "smem"
   assert str(f).splitlines() == [
-      "uninitialized read of smem elements (64, 0)..(127, 127) (bytes 32768..65536) "
-      "(block ()):",
+      "uninitialized read of smem elements (64, 0)..(127, 127) (bytes 32768..65536):",
       f"    read of smem by thread 0 (load at {line})",
       "    nothing wrote these elements before this read in this launch (the hardware "
       "would read leftover bytes)",

@@ -78,6 +78,40 @@ def test_pallas_sim_run_passes_on_the_scripts_exit_status(tmp_path):
   assert "pallas-sim report (h200 at 1400 MHz)" in p.stdout
 
 
+# A script that reads its arguments as it is imported, and simulates with
+# ps.simulate itself (on the H200).
+OWN = textwrap.dedent('''
+    import sys
+    import pallas_sim as ps
+    from quickstart import iota
+    N = int(sys.argv[1])
+    if __name__ == "__main__":
+        sim = ps.simulate(iota, gpu="h200")
+        print("own report:", sim.report.summary().splitlines()[0])
+        print("main ran with", N)
+''')
+
+
+def test_the_cli_runs_a_script_with_its_own_argv_and_reports_only_its_own_launches(
+    tmp_path):
+  """`run` and `check` give the script the sys.argv and __name__ that
+  `python script.py 7` would; `run` prints no second report for launches
+  the script simulated itself."""
+  (tmp_path / "own.py").write_text(OWN)
+  p = _cli(["run", "own.py", "7"], tmp_path)
+  assert p.returncode == 0, p.stdout + p.stderr
+  assert p.stdout.splitlines() == [
+      "own report: pallas-sim report (h200): 1 kernel launch(es), 0 race(s), "
+      "0 uninitialized-memory finding(s)",
+      "main ran with 7"], p.stdout
+  assert ("pallas-sim run: no kernel launch outside the script's own simulations"
+          in p.stderr), p.stderr
+  p = _cli(["check", "own.py", "7"], tmp_path)
+  assert p.returncode == 0, p.stdout + p.stderr
+  assert "main ran with 7" in p.stdout
+  assert p.stdout.splitlines()[-1] == "1 passed, 0 failed", p.stdout
+
+
 def test_report_summary_names_kernels_resources_time_and_races(rng):
   a = jnp.asarray(rng.standard_normal((256, 256)), jnp.float16)
   with ps.backend("sim", gpu="h200", on_race="report") as report:
@@ -115,7 +149,7 @@ def test_report_summary_names_kernels_resources_time_and_races(rng):
   # The same read, seen by the uninitialized-memory check.
   assert "1 uninitialized-memory finding(s)" in racy_text.splitlines()[0]
   tail = racy_text[racy_text.index("uninitialized memory:"):].splitlines()
-  assert tail[1] == "  uninitialized read of smem elements (0,)..(127,) (bytes 0..512) (block ()):"
+  assert tail[1] == "  uninitialized read of smem elements (0,)..(127,) (bytes 0..512):"
   assert tail[2].startswith("      read of smem by thread 0 (load at tests/test_entry_points.py:")
 
 

@@ -409,7 +409,8 @@ def test_control_flow_on_tensor_core_sums_takes_the_simulations_paths():
   assert "values read from memory" in est.classes
   assert est.block_cycles_max == full.block_cycles_max
   # (40 trips of the loop: without the sums it would run none)
-  none = ps.estimate(kernel, S(a.shape, F32), S(bt.shape, F32)).kernels[0]
+  with pytest.warns(ps.EstimateWarning, match="zeros stand in for them"):
+    none = ps.estimate(kernel, S(a.shape, F32), S(bt.shape, F32)).kernels[0]
   assert full.block_cycles_max > none.block_cycles_max + 40 * 10
 
 
@@ -510,7 +511,8 @@ def test_run_state_boxes_values_and_scan_carries_keep_their_own_taints():
   assert est.kernels[0].simulated_blocks == 1
   assert _times(est) == _times(_full(k, x))
   for on in ("box", "memory"):  # (a kernel ref read inside stays memory)
-    data = ps.estimate(_boxed_loop(on), S(x.shape, F32)).kernels[0]
+    with pytest.warns(ps.EstimateWarning, match="zeros stand in"):
+      data = ps.estimate(_boxed_loop(on), S(x.shape, F32)).kernels[0]
     assert data.simulated_blocks == 6 and "values read from memory" in data.classes
 
 

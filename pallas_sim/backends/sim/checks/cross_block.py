@@ -56,6 +56,7 @@ class CrossBlock:
     # a record's block number + 1, and its site's id (0: none)
     self.rec_block = np.zeros(64, np.int64)
     self.rec_site = np.zeros(64, np.int64)
+    self.grid_index = {}  # block number + 1 -> its grid index (for reports)
 
   def record(self, me, site):
     """The record of block number me - 1 at `site` (new records may widen
@@ -96,6 +97,7 @@ class CrossBlock:
     (the blocks of one group, a cluster, are ordered by happens-before:
     checked inside the group)."""
     me = number + 1
+    self.grid_index[me] = block
     sh = self._summary(buf)
     V = lambda arr: element_view(arr, off, shape, estrides)
     if not sh.written:
@@ -124,12 +126,15 @@ class CrossBlock:
       m = self._others(rec, me)
       if m is not None:
         rng = element_range(buf, off, estrides, m)
-        for sid in np.unique(self.rec_site[rec[m]]):
+        recs = rec[m]
+        for sid in np.unique(self.rec_site[recs]):
           first = self.log.site_list[int(sid)]
+          other = self.rec_block[recs[self.rec_site[recs] == sid][0]]
           kind = ("write-write" if prior == "write" and write else
                   "read-write" if prior == "read" else "write-read")
           self.log.add(f"{kind} race between blocks", first, site, block, rng,
-                       advice(first, site, same_block=False))
+                       advice(first, site, same_block=False),
+                       first_block=self.grid_index.get(int(other)))
     r = self.record(me, site)  # (before the views: it may widen the arrays)
     if write:
       if atomic:

@@ -18,7 +18,8 @@ store with a reduction, read the destination first.
 import numpy as np
 
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.checks.races import Site, element_view, element_map, element_range
+from pallas_sim.backends.sim.checks.races import (Site, element_map, element_range,
+                                                   element_view, in_block)
 
 
 def track(buf):
@@ -121,10 +122,9 @@ class Uninitialized:
     if self.site is None:
       return f"{self.kind}: {self.text}" + self.cause_text()
     block, rng = self.example
-    times = f"; {self.count} occurrences" if self.count > 1 else ""
     text = self.text if self.cause is None else "nothing had written these elements yet"
     called = f"\n    the kernel was called from {self.call_site}" if self.call_site else ""
-    return (f"{self.kind} of {self.buffer} {rng} (block {block}{times}):\n"
+    return (f"{self.kind} of {self.buffer} {rng}{in_block(f'block {block}', self.count)}:\n"
             f"    {self.site.describe()}\n    {text}" + self.cause_text()
             + self.reach_text() + called)
 

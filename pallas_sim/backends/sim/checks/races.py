@@ -66,21 +66,39 @@ class Site:
     """The thread that made (or issued) it: "thread 1", "thread 0 of block (1, 0)"."""
     return f"thread {self.thread}" + (f" of {self.block_name}" if self.block_name else "")
 
-  def describe(self):
+  def describe(self, block=None):
+    """The access in words; `block`: the grid index of the block that made
+    it, where the site does not name one (a race between blocks)."""
+    me = self.who + (f" of block {block}" if block is not None else "")
     if self.access in ("end", "wait"):
-      return f"{self.who}, {self.prim} ({self.where})"
-    who = {"thread": self.who,
-           "tma_load": f"TMA load issued by {self.who}",
-           "tma_store": f"TMA store issued by {self.who}",
-           "wgmma": f"wgmma group issued by {self.who}"}[self.agent]
+      return f"{me}, {self.prim} ({self.where})"
+    who = {"thread": me,
+           "tma_load": f"TMA load issued by {me}",
+           "tma_store": f"TMA store issued by {me}",
+           "wgmma": f"wgmma group issued by {me}"}[self.agent]
     return f"{self.access} of {self.buffer} by {who} ({self.prim} at {self.where})"
+
+
+def in_block(where, count):
+  """" (block (1, 0); 3 occurrences)", as a report's heading names where
+  its example was found and how often; a kernel without a grid has one
+  block, which goes unnamed. `where`: "block (1, 0)", "blocks (0,) and
+  (1,)", or "block ()"."""
+  parts = [] if where == "block ()" else [where]
+  if count > 1:
+    parts.append(f"{count} occurrences")
+  return f" ({'; '.join(parts)})" if parts else ""
 
 
 class Race:
   """One folded race report: both accesses, an example, and how often."""
 
-  def __init__(self, kind, first, second, example, advice, timing=None, call_site=""):
+  def __init__(self, kind, first, second, example, advice, timing=None, call_site="",
+               first_block=None):
     self.kind, self.first, self.second = kind, first, second
+    # The example's first access's block, where the sites do not name it
+    # (races between blocks): reports name both blocks
+    self.first_block = first_block
     # The user's call of a kernel defined outside their files (RaceLog)
     self.call_site = call_site
     # Both accesses are made by jax's own code (Options.library_races).
@@ -125,15 +143,16 @@ class Race:
 
   def __str__(self):
     block, rng = self.example
-    times = f"; {self.count} occurrences" if self.count > 1 else ""
     if self.first is None:  # misuse: one site
-      return (f"{self.kind} (block {block}{times}): {self.second.describe()}\n"
-              f"    {self.advice}")
+      return (f"{self.kind}{in_block(f'block {block}', self.count)}: "
+              f"{self.second.describe()}\n    {self.advice}")
     timing = self.timing_text()
-    return (f"{self.kind} on {self.second.buffer}{' ' + rng if rng else ''} "
-            f"(block {block}{times}):\n"
-            f"    first:  {self.first.describe()}\n"
-            f"    second: {self.second.describe()}\n"
+    two = self.first_block is not None and self.first.block is None
+    where = f"blocks {self.first_block} and {block}" if two else f"block {block}"
+    return (f"{self.kind} on {self.second.buffer}{' ' + rng if rng else ''}"
+            f"{in_block(where, self.count)}:\n"
+            f"    first:  {self.first.describe(self.first_block if two else None)}\n"
+            f"    second: {self.second.describe(block if two else None)}\n"
             + (f"    timing: {timing}\n" if timing else "")
             + (f"    in jax's own code, not yours: reported, not raised (pass "
                f"library_races='raise' to fail on it)\n" if self.library else "")
@@ -161,12 +180,15 @@ class RaceLog:
       self.site_list.append(s)
     return s
 
-  def add(self, kind, first, second, block, rng, advice, timing=None):
+  def add(self, kind, first, second, block, rng, advice, timing=None, first_block=None):
+    """A race (folded with the others of its kind and sites). `block`: the
+    block it was found in; `first_block`: the first access's, where that is
+    another block whose sites do not name it (a race between blocks)."""
     key = (kind, first.id if first else -1, second.id)
     r = self.reports.get(key)
     if r is None:
       self.reports[key] = Race(kind, first, second, (block, rng), advice, timing,
-                               self.call_site)
+                               self.call_site, first_block)
     else:
       r.count += 1
       r.fold_timing(timing)

@@ -186,10 +186,12 @@ def run(runner, groups, first, trace_blocks, workers, per_task=None, group_s=Non
     pool = ctx.Pool(n, initializer=_init_worker,
                     initargs=(worker_release_bytes(tuning.release_bytes, n),),
                     maxtasksperchild=1 if fresh else None)
-  with warnings.catch_warnings():  # (a fresh worker forks in the pool's thread)
-    if fresh:  # (the same warnings as at the pool's start, above)
-      warnings.filterwarnings("ignore", ".*fork", RuntimeWarning)
-      warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
+  # (The pool's own thread forks a worker whenever one ends: each of a fresh
+  # pool's, or one a failed task took down. The same warnings as at the
+  # pool's start, above.)
+  with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", ".*fork", RuntimeWarning)
+    warnings.filterwarnings("ignore", ".*fork", DeprecationWarning)
     try:
       yield from in_order(pool.imap(_run_task, todo), runner, first)
     except BaseException:  # (a Ctrl-C, a test's time limit, a failed group)

@@ -39,9 +39,10 @@ def _odd_f32(x):
 def to_dtype(x, dtype):
   """float64 x (exact, or already rounded to odd) rounded once to `dtype`."""
   dtype = np.dtype(dtype)
-  if dtype.kind == "V":  # bfloat16, float8_* (ml_dtypes' own kind)
-    return _odd_f32(x).astype(dtype)
-  return x.astype(dtype)
+  with np.errstate(over="ignore"):  # (past the largest finite: inf, as IEEE rounds)
+    if dtype.kind == "V":  # bfloat16, float8_* (ml_dtypes' own kind)
+      return _odd_f32(x).astype(dtype)
+    return x.astype(dtype)
 
 
 def fma(x, y, c, dtype):
