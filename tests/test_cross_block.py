@@ -75,8 +75,10 @@ class Model:
                             key=lambda s: s.id):
           kind = ("write-write" if prior == "write" and write else
                   "read-write" if prior == "read" else "write-read")
+          # (the block of the first element's record at that site, named too)
+          other = next(h[0] for h, m in zip(held, mask.reshape(-1)) if m and h[1] is first)
           self.log.add(f"{kind} race between blocks", first, site, block, rng,
-                       advice(first, site, same_block=False))
+                       advice(first, site, same_block=False), first_block=(other - 1,))
     if write:
       self.any_atomic |= atomic
       slot = self.a if atomic else self.w
