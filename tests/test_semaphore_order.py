@@ -232,3 +232,44 @@ def test_split_k_whose_waiting_block_signals_too_races_on_every_partial():
     assert r.kind.endswith("race") and "ws_ref" in str(r), r
     assert ("waits for 7 of the 8 signals that can precede it on global semaphore 0"
             in r.advice and "its own signal" in r.advice), r
+
+
+def test_block_semaphores_over_worker_processes_report_what_one_process_does(monkeypatch):
+  """Blocks with block semaphores may run in forked workers; the run that
+  orders each wait after what it needs is this process's, whatever ran the
+  first: the same reports, the same outputs."""
+  import multiprocessing.pool
+  from pallas_sim.backends.sim.execute.executor import Executor
+  from pallas_sim.backends.sim.execute.tuning import Tuning
+  from test_machine import run_on
+  pools = []
+  real = multiprocessing.pool.Pool.__init__
+
+  def counted(self, *args, **kw):
+    pools.append(1)
+    real(self, *args, **kw)
+  monkeypatch.setattr(multiprocessing.pool.Pool, "__init__", counted)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 3, 128), F32), grid=(4,),
+                grid_names=("b",), num_threads=3, thread_name="t",
+                scratch_types=[plgpu.SemaphoreType.REGULAR])
+  def k(o_ref, sem):
+    b, t = lax.axis_index("b"), lax.axis_index("t")
+    o_ref[b, t] = jnp.full((128,), 1.0, F32) + t.astype(F32)
+    pl.semaphore_signal(sem)  # (thread 0's own signal counts too: a race)
+
+    @pl.when(t == 0)
+    def _():
+      pl.semaphore_wait(sem, 2)
+      o_ref[b, 0] = o_ref[b, 1] + o_ref[b, 2]
+
+  texts = []
+  for workers in (1, 2):
+    ex = Executor(check_races=True, on_race="report", on_uninitialized="report",
+                  workers=workers, tuning=Tuning(parallel_after_s=0.0))
+    run_on(ex, k)
+    texts.append(sorted(str(r) for r in ex.report.races))
+  assert pools == [1]  # (the first run of workers=2 went over a pool)
+  assert texts[0] == texts[1] and len(texts[0]) == 2, texts
+  assert all("waits for 2 of the 3 signals" in t and "its own signal" in t
+             for t in texts[0])

@@ -161,15 +161,16 @@ class Executor:
     # (the kernel wrote an input it was lent read-only: buffers.py)
     return self._execute(launch, arrays, copy_inputs=True)
 
-  def _semaphores_again(self, launch, arrays, serial, copy_inputs, sem_order, sem_round):
+  def _semaphores_again(self, launch, arrays, copy_inputs, sem_order, sem_round):
     """The launch once more, its semaphore waits acquiring only the signals
     they need (checks/semaphore_order.py): what this run found is dropped,
-    and what it printed is not printed again."""
+    and what it printed is not printed again. In this process: a Ray task
+    runs its launch afresh, without the order found here."""
     options = self.options
     self.options = dataclasses.replace(options, progress=False)
     try:
       with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-        return self._execute_once(launch, arrays, serial, copy_inputs, sem_order,
+        return self._execute_once(launch, arrays, True, copy_inputs, sem_order,
                                   sem_round)
     finally:
       self.options = options
@@ -310,7 +311,7 @@ class Executor:
     # orders more than the hardware promises, which can hide, never invent,
     # a race.)
     if merge.sem_needs and sem_round < SEMAPHORE_ROUNDS:
-      return self._semaphores_again(launch, arrays, serial, copy_inputs,
+      return self._semaphores_again(launch, arrays, copy_inputs,
                                     {**(sem_order or {}), **merge.sem_needs},
                                     sem_round + 1)
     if s.recorder is not None and not self.checking_estimate:  # (its one file: the run's)
