@@ -1,0 +1,98 @@
+"""A timing plan's measurements read back on the CPU: each step's
+h200_measured.json (lab/timing_plan.sh writes one a step) merged into
+lab/data/h200_measured.json under a key that says what it holds, with its
+provenance (the command, when, on what, at which commit).
+
+    ./dev python -m lab.read_back PLAN_DIR --date 2026_12_05 [--summary PLAN.txt ...]
+
+PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
+their keys: rows and l2 (micros) -> micros_<date>_<step>; blind3 (the third
+blind set) -> families_study_3, which benchmarks/accuracy.py --families
+scores against its committed predictions; again (every family a second time)
+-> families_again_<date>, each row's noise for accuracy.py. A key already
+there is left alone unless --replace.
+"""
+import argparse
+import json
+import os
+import re
+
+MEASURED = os.path.join(os.path.dirname(__file__), "data", "h200_measured.json")
+
+# step -> (key pattern, which list of the step's file, what it is)
+STEPS = {
+    "rows": ("micros_{date}_rows", "micros",
+             "row max/sum micros (calibrate row_*): the exchange across a row's lanes"),
+    "l2": ("micros_{date}_l2_lag", "micros",
+           "L2 streams whose readers share tiles out of step (calibrate l2_lag*)"),
+    "blind3": ("families_study_3", "cases",
+               "our own families' third set (lab/families.py, names ending "
+               "'(blind 3)'), measured after their blind predictions "
+               "(lab/data/blind_predictions_own_families_3.json) were committed"),
+    "again": ("families_again_{date}", "cases",
+              "every family of lab/families.py a second time, sustained: each row's "
+              "noise for benchmarks/accuracy.py"),
+}
+
+
+def _command(log_text, step):
+  """The step's command line, from its log's '== step: ...: CMD' line."""
+  m = re.search(rf"^== {step}: .*?\): (.*)$", log_text, re.M)
+  return m.group(1).strip() if m else None
+
+
+def _commit(summaries):
+  for path in summaries:
+    m = re.search(r"^project commit ([0-9a-f]{7,40})", open(path).read(), re.M)
+    if m:
+      return m.group(1)
+  return None
+
+
+def read_back(plan_dir, date, summaries=(), replace=False, measured=MEASURED):
+  """Merges the plan's steps into `measured`; returns {key: rows merged}."""
+  data = json.load(open(measured))
+  commit = _commit(summaries)
+  done = {}
+  for step, (pattern, field, what) in STEPS.items():
+    folder = os.path.join(plan_dir, "timing_plan", step)
+    path = os.path.join(folder, "h200_measured.json")
+    if not os.path.exists(path):
+      continue
+    got = json.load(open(path))
+    rows = got.get(field) or []
+    if not rows:
+      raise SystemExit(f"{path}: no {field} measured: nothing to read back for {step}")
+    key = pattern.format(date=date)
+    if key in data and not replace:
+      raise SystemExit(f"{key} is in {measured} already (--replace to overwrite)")
+    log = os.path.join(folder, "log.txt")
+    command = _command(open(log).read(), step) if os.path.exists(log) else None
+    for name in summaries:  # (the step's line is in its call's summary too)
+      command = command or _command(open(name).read(), step)
+    entry = {"command": command, "time": date.replace("_", "-"), "env": got.get("env"),
+             "note": f"{what}; lab/timing_plan.sh at commit {commit or '?'}",
+             field: rows}
+    if got.get("micro_raw"):
+      entry["micro_raw"] = got["micro_raw"]
+    data[key] = entry
+    done[key] = len(rows)
+  with open(measured, "w") as f:  # (as the file is written: indent 1, no last newline)
+    json.dump(data, f, indent=1)
+  return done
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("plan_dir")
+  ap.add_argument("--date", required=True, help="YYYY_MM_DD, as keys name it")
+  ap.add_argument("--summary", nargs="*", default=[],
+                  help="the plan's .txt summaries (the commit it ran at)")
+  ap.add_argument("--replace", action="store_true")
+  ns = ap.parse_args(argv)
+  for key, n in read_back(ns.plan_dir, ns.date, ns.summary, ns.replace).items():
+    print(f"{key}: {n} rows")
+
+
+if __name__ == "__main__":
+  main()
