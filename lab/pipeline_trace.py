@@ -206,6 +206,33 @@ def profile_space(size, tile_k):
   return 2 * (size // tile_k) * 2 + 64
 
 
+def fitting_space(fn, shapes, space, *, tile_n, tile_k, mcs, gpu="h200"):
+  """The most profiler ranges (at most `space`) with which the profiled
+  kernel still fits in SMEM, as the simulator counts it (the profiler's
+  buffer is SMEM too: what the lowering counts): (space, truncate). A
+  kernel whose unprofiled SMEM leaves no room for a buffer raises."""
+  import pallas_sim as ps
+
+  def smem_over(n):
+    try:
+      ps.estimate(lambda x, y: fn(x, y, tile_n=tile_n, tile_k=tile_k, mcs=mcs,
+                                  profile_dir=tempfile.gettempdir(), space=n,
+                                  truncate=n < space), *shapes, gpu=gpu)
+      return 0
+    except ps.SmemOverflowError as e:
+      return e.smem_bytes - e.max_smem_bytes
+
+  over = smem_over(space)
+  if not over:
+    return space, False
+  per_range = (over - smem_over(space - 1)) or 4  # (bytes a range takes, all threads')
+  fit = space - -(-over // per_range)
+  if fit < 8 or smem_over(fit):
+    raise ValueError(f"the profiled kernel does not fit in SMEM with even 8 ranges "
+                     f"({over} bytes over with {space})")
+  return fit, True
+
+
 def steps_of(trace, mcs):
   """Per block (the trace's tid): the steady steps' parts, in cycles."""
   tracks, sm_of = ranges(trace)
@@ -604,10 +631,15 @@ def main(argv=None):
     per_call = _warm(plain, x, y, a.warm_s)
     mhz = _clock_of(clock)
     d = tempfile.mkdtemp(prefix="trace_")
-    space = a.space or profile_space(a.k or size, tk)
+    # (a buffer past the SMEM the blocks leave fails the launch: fewer ranges,
+    # the steps' tail dropped, rather than no trace)
+    space, truncate = fitting_space(
+        fn, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (x, y)],
+        a.space or profile_space(a.k or size, tk), tile_n=tn, tile_k=tk, mcs=mcs)
+    truncate = truncate or bool(a.space)
     traced = jax.jit(lambda x, y: fn(
         x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space,
-        truncate=bool(a.space)))
+        truncate=truncate))
     for _ in range(3):
       out = plain(x, y)
     jax.block_until_ready(traced(x, y))

@@ -113,3 +113,21 @@ def test_compare_estimates_each_row_at_its_own_shape(tmp_path, capsys):
   pt.compare(str(path))
   out = [l for l in capsys.readouterr().out.splitlines() if "k=1024" in l]
   assert len(out) == 2 and all("(+0%)" in l for l in out), out
+
+
+def test_a_profiled_kernel_keeps_to_the_smem_its_blocks_leave():
+  """The fp8 trace the plan asked of the H200 failed there: 6 slots of
+  128x128x128 with 192 profiler ranges need 232496 bytes of SMEM, 48 past
+  the limit. The step now records as many ranges as fit (the tail of its
+  steps dropped), and leaves a kernel that fits as it is."""
+  fn, dtype = pt.tracer(True)
+  shapes = [jax.ShapeDtypeStruct((4096, 4096), dtype)] * 2
+  with pytest.raises(ps.SmemOverflowError) as e:
+    ps.estimate(lambda x, y: fn(x, y, tile_n=128, tile_k=128, mcs=6, profile_dir="/tmp",
+                                space=192), *shapes, gpu="h200")
+  assert (e.value.smem_bytes, e.value.max_smem_bytes) == (232496, 232448)
+  space, truncate = pt.fitting_space(fn, shapes, 192, tile_n=128, tile_k=128, mcs=6)
+  assert truncate and 180 <= space < 192
+  ps.estimate(lambda x, y: fn(x, y, tile_n=128, tile_k=128, mcs=6, profile_dir="/tmp",
+                              space=space, truncate=True), *shapes, gpu="h200")
+  assert pt.fitting_space(fn, shapes, 192, tile_n=128, tile_k=128, mcs=2) == (192, False)
