@@ -241,8 +241,9 @@ def measure(cases, out_dir, warm_s):
     print(f"{name} at {mhz} MHz: " + ", ".join(
         f"{p} {r[p]['median']:.0f}" for p in PARTS if r.get(p)) + " cycles (medians)",
         flush=True)
-  with open(os.path.join(out_dir, "attention_trace.json"), "w") as fh:
-    json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
+    # (after each case: a step stopped at its time limit keeps what it measured)
+    with open(os.path.join(out_dir, "attention_trace.json"), "w") as fh:
+      json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
   return rows
 
 

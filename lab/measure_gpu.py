@@ -524,6 +524,10 @@ def sim_check(pattern="", kind="suite"):
 
 # ---------------------------------------------------------------------------
 
+# Seconds a chunk keeps for its timing: none starts with less left.
+CHUNK_RESERVE_S = 40
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -553,6 +557,9 @@ def main(argv=None):
     return 0
   if ns.sim_check:
     return 0 if sim_check(ns.filter, timing_suite.kind_of(ns)) else 1
+  if ns.deadline < CHUNK_RESERVE_S + 20:  # (no chunk would start: it measures nothing)
+    ap.error(f"--deadline {ns.deadline:g}: a chunk starts only with {CHUNK_RESERVE_S} s "
+             f"left, so give it at least {CHUNK_RESERVE_S + 20} s")
 
   start = time.time()
   left = lambda: ns.deadline - (time.time() - start)
@@ -615,7 +622,7 @@ def main(argv=None):
     for part in chunks:
       if not part:
         continue
-      if left() < 40:
+      if left() < CHUNK_RESERVE_S:
         print("deadline: no more chunks", flush=True)
         break
       if part[0].key.startswith(LAST):
@@ -638,8 +645,8 @@ def main(argv=None):
                 f"clk {(r.get('clock') or {}).get('sm_mhz')}", flush=True)
         j.release()
       write(path, env, jobs, summarize_micros(jobs), ncu, clocks, False)
-  print(f"measured {sum('median_s' in j.res for j in jobs)}/{len(jobs)} "
-        f"({time.time() - t0:.0f}s)", flush=True)
+  measured = sum('median_s' in j.res for j in jobs)
+  print(f"measured {measured}/{len(jobs)} ({time.time() - t0:.0f}s)", flush=True)
   calibrate.clear_cache()
   timing_suite.clear_cache()
 
@@ -660,6 +667,9 @@ def main(argv=None):
   print_tables(jobs, micros)
   print("\nfigures:", json.dumps(headline(micros), indent=1))
   print(f"\nwrote {path} ({time.time() - start:.0f}s)")
+  if jobs and not measured:  # (a step that measures nothing fails, loudly)
+    print(f"measure_gpu: measured none of the {len(jobs)} jobs", file=sys.stderr)
+    return 1
   return 0
 
 

@@ -6,7 +6,7 @@ provenance (the command, when, on what, at which commit).
     ./dev python -m lab.read_back PLAN_DIR --date 2026_12_05 [--summary PLAN.txt ...]
 
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
-their keys: rows and l2 (micros) -> micros_<date>_<step>; blind3 (the third
+their keys: rows, l2 and l2half (micros) -> micros_<date>_rows, _l2_lag, _l2_half; blind3 (the third
 blind set) -> families_study_3, which benchmarks/accuracy.py --families
 scores against its committed predictions; again (every family a second time)
 -> families_again_<date>, each row's noise for accuracy.py. A key already
@@ -25,6 +25,8 @@ STEPS = {
              "row max/sum micros (calibrate row_*): the exchange across a row's lanes"),
     "l2": ("micros_{date}_l2_lag", "micros",
            "L2 streams whose readers share tiles out of step (calibrate l2_lag*)"),
+    "l2half": ("micros_{date}_l2_half", "micros",
+               "L2 streams whose readers share tiles in step (calibrate l2_half*)"),
     "blind3": ("families_study_3", "cases",
                "our own families' third set (lab/families.py, names ending "
                "'(blind 3)'), measured after their blind predictions "
