@@ -283,7 +283,7 @@ class GPU:
 H100 = GPU("h100")
 # H200: HBM read by every SM's TMA streaming a 1 GiB array: 4.57 TB/s (the
 # datasheet says 4.8; a copy, read plus write, 3.85). L2: 60 MB as PyTorch
-# reads it off the device (/work/.library/device/KINDS.md, 2026-10-28).
+# reads it off the device (torch.cuda.get_device_properties(0).L2_cache_size).
 # Writes: a copy through SMEM (half read, half written) moved 3.85 TB/s:
 # 1/3.85 = (1/4.57 + 1/w) / 2 gives w = 3.33 TB/s for the writes.
 H200 = GPU("h200", device_kind="NVIDIA H200", hbm_bytes_per_s=4.57e12, hbm_write_bytes_per_s=3.33e12,

@@ -278,7 +278,7 @@ def contractions(jaxpr):
   """Float `add`/`sub` equations with an operand computed by a `mul`: the GPU
   compiler (LLVM's NVPTX backend, which fuses aggressively: even a product
   with other uses) contracts them into one fused multiply-add, rounded once.
-  Measured on an H200 for f32, f16 and bf16 (benchmarks/contraction_probe.py);
+  Measured on an H200 for f32, f16 and bf16 (lab/contraction_probe.py);
   with two products, the first operand's is fused. Returns {id(add eqn):
   (mul eqn, product sign, addend sign, addend)}."""
   muls = {e.outvars[0]: e for e in jaxpr.eqns if e.primitive.name == "mul"

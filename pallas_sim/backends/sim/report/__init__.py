@@ -29,7 +29,7 @@ class KernelReport:
   hbm_bytes: int = 0          # bytes the model sends to HBM (timing.hbm_bytes)
   registers: int = 0          # estimated per lane (timing/occupancy.py)
   register_limit: int = 255
-  timing: object = None       # machine/timing.KernelTime: the parts of time_s
+  timing: object = None       # timing/model.KernelTime: the parts of time_s
   utilisation: dict = dataclasses.field(default_factory=dict)  # unit -> busy share
   clock_note: str = ""  # where the SMs' clock came from (bound.clock_note)
   tensor_f16_flops: float = 0.0  # tensor work as f16 FLOP (timing/power.py)
