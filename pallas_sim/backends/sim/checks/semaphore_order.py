@@ -27,7 +27,8 @@ class Signal:
   """One signal: its key (thread component, how many signals that thread
   made before it), the thread (observer._WgClock), its clock then, where,
   by how much, what it releases (vc, avc), how many signals came before it."""
-  __slots__ = ("key", "who", "thread", "clock", "where", "inc", "vc", "avc", "order")
+  __slots__ = ("key", "who", "thread", "clock", "where", "inc", "vc", "avc", "order",
+               "named")
 
 
 class Acquire:
@@ -52,10 +53,16 @@ class Before(NamedTuple):
 
 class Need(NamedTuple):
   """What a run found an acquire needs: the signals it is ordered after
-  (keys), and every signal that can come before it (Before), for reports
-  in the next run, where some of those come only after the acquire."""
+  (keys); and for reports in the next run, where some of the signals that
+  can come before it come only after it: what those add up to (total), where
+  the waiting thread's own first one is (own, or None), and each signalling
+  thread's latest one (latest: thread component -> Before). A thread's
+  latest is the one that covers most of what it did (a persistent loop's
+  thousands of waits keep a few entries each, not every signal)."""
   keys: frozenset
-  before: tuple
+  total: int
+  own: object
+  latest: dict
 
 
 class SemLog:
@@ -103,12 +110,35 @@ def needed(log, w, table=None):
   avail = (log.start + int(t.inc[before & (t.inc > 0)].sum())
            + int(t.inc[ordered & (t.inc < 0)].sum())
            - int(t.a_take[taken].sum()) + (w.want if w.decrement else 0))
-  maybe = np.flatnonzero(before & (t.inc > 0))
+  maybe = before & (t.inc > 0)
   sig = log.signals
-  keys = frozenset(sig[i].key for i in maybe
-                   if t.order[i] < w.order and avail - t.inc[i] < w.want)
-  return Need(keys, tuple(Before(sig[i].key, sig[i].thread, sig[i].clock, sig[i].where,
-                                 sig[i].inc, sig[i].who.who) for i in maybe))
+  keys = frozenset(sig[i].key for i in np.flatnonzero(
+      maybe & (t.order < w.order) & (avail - t.inc < w.want)))
+  idx = np.flatnonzero(maybe)
+  own = idx[t.thread[idx] == w.thread]
+  return _need(keys, [sig[i] for i in _latest(t.thread[idx], idx)], int(t.inc[idx].sum()),
+               sig[own[0]] if len(own) else None)
+
+
+def _latest(threads, idx):
+  """Of the indices `idx` (ascending), each thread's last (`threads`: theirs)."""
+  if not len(idx):
+    return []
+  _, pos = np.unique(threads[::-1], return_index=True)
+  return idx[len(idx) - 1 - pos]
+
+
+def _before_of(s):
+  """Signal `s` as reports name it (made once: many waits name it)."""
+  b = getattr(s, "named", None)
+  if b is None:
+    b = s.named = Before(s.key, s.thread, s.clock, s.where, s.inc, s.who.who)
+  return b
+
+
+def _need(keys, latest, total, own):
+  return Need(keys, total, None if own is None else _before_of(own),
+              {s.thread: _before_of(s) for s in latest})
 
 
 def needs(logs):
@@ -120,8 +150,33 @@ def needs(logs):
     table = _Table(log)
     for w in log.acquires:
       n = out[w.key] = needed(log, w, table)
-      changed |= n.keys != w.got
+      changed |= not _same(n.keys, w.got)
   return out if changed else {}
+
+
+class _SoFar:
+  """The keys of a log's first `n` signals (what a wait acquires when the
+  order is not known yet), without a set of them a wait."""
+  __slots__ = ("log", "n")
+
+  def __init__(self, log, n):
+    self.log, self.n = log, n
+
+  def __contains__(self, key):
+    s = self.log.by_key.get(key)
+    return s is not None and s.order < self.n
+
+  def __len__(self):
+    return self.n
+
+  def __iter__(self):
+    return (s.key for s in self.log.signals[:self.n])
+
+
+def _same(keys, got):
+  """Whether the keys a wait needs are those it acquired (`got`: keys, or
+  _SoFar: every signal before it, of which `keys` are a subset)."""
+  return len(keys) == len(got) if isinstance(got, _SoFar) else keys == got
 
 
 def join(log, need, vc, avc):
@@ -131,7 +186,7 @@ def join(log, need, vc, avc):
     if log.acc is not None:
       np.maximum(vc, log.acc[0], out=vc)
       np.maximum(avc, log.acc[1], out=avc)
-    return frozenset(s.key for s in log.signals)
+    return _SoFar(log, len(log.signals))
   for k in need.keys:
     s = log.by_key[k]
     np.maximum(vc, s.vc, out=vc)
@@ -143,19 +198,21 @@ def why_not(log, w, thread, clock):
   """Words for a race through the gap, or None: a signal by `thread` at or
   after its `clock` (after the access that races) can come before wait `w`,
   but `w` is not ordered after it, since the others are enough."""
-  before = w.need.before if w.need is not None else tuple(
-      Before(s.key, s.thread, s.clock, s.where, s.inc, s.who.who)
-      for s in _before(log, w) if s.inc > 0)
-  cover = [b for b in before if b.thread == thread and b.clock >= clock]
-  if not cover or cover[0].key in w.got:
+  need = w.need
+  if need is None:  # (the first run: the signals made so far)
+    sig = [s for s in _before(log, w) if s.inc > 0]
+    threads = np.array([s.thread for s in sig], np.int64)
+    need = _need(w.got, [sig[i] for i in _latest(threads, np.arange(len(sig)))],
+                 sum(s.inc for s in sig), next((s for s in sig if s.thread == w.thread),
+                                               None))
+  s = need.latest.get(thread)
+  if s is None or s.clock < clock or s.key in w.got:
     return None
-  s = cover[0]
-  total = sum(b.inc for b in before)
-  own = [b for b in before if b.thread == w.thread]
+  total, own = need.total, need.own
   head = (f"{w.who.who} waits for {w.want} of the {total} signals that can precede "
           f"it on {log.name} ({w.where})")
-  if own:
-    reason = f"its own signal ({own[0].where}) can count towards them"
+  if own is not None:
+    reason = f"its own signal ({own.where}) can count towards them"
     fix = f"wait for all {total}, or signal only from the threads it waits for"
   else:
     reason = f"any {w.want} of them complete it"
