@@ -207,3 +207,16 @@ def test_a_layout_search_that_does_not_end_is_stopped_and_its_pass_named():
   with pytest.raises(ps.LoweringTimeoutError, match=r"it was in experimental/mosaic/gpu/"
                      r"layout_inference\.py, infer_layout"):
     ps.run(searched, a, a, backend="sim", lowering_timeout_s=3)
+
+
+def test_a_parameter_a_release_renamed_is_named():
+  """Rules read the parameters every release binds through jax_internals.param:
+  one a new release renamed is an error naming it, not a default."""
+  import types
+  eqn = types.SimpleNamespace(primitive=types.SimpleNamespace(name="copy_smem_to_gmem"),
+                              params={"commit_group": True, "reduction_op": None})
+  assert jx.param(eqn, "commit_group") is True
+  with pytest.raises(ps.UnsupportedPrimitiveError,
+                     match="copy_smem_to_gmem has no parameter 'commit_groups'.*it has "
+                           "commit_group, reduction_op"):
+    jx.param(eqn, "commit_groups")

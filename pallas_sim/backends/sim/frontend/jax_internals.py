@@ -15,9 +15,11 @@ JAX release is a checklist:
    (test_jax_window checks that every primitive the installed release's
    Mosaic GPU lowering has a rule for has one or the other), and a test of
    its documented semantics (tests/test_plgpu_012.py for 0.12's).
-5. The interpreter hook (frontend/capture.py): `interpret_pallas_call`'s keyword
+5. Primitive parameters the rules read through `param` below must still be
+   bound under their names (a renamed one raises, naming it).
+6. The interpreter hook (frontend/capture.py): `interpret_pallas_call`'s keyword
    arguments, and InterpretGPUParams' fields (interpret_params below).
-6. What the real lowering accepts may change (0.12 stores registers to GMEM
+7. What the real lowering accepts may change (0.12 stores registers to GMEM
    through an optimised path that needs 4 bytes a thread): tests use kernels
    valid on both ends (conftest.store_unoptimized), or name the release they
    expect a rejection from (agreement/families.py STORE_16_BIT_REJECTED).
@@ -100,6 +102,20 @@ def primitive_name(eqn):
   """The name of an equation's primitive, as the newest release spells it."""
   name = eqn.primitive.name
   return RENAMED.get(name, name)
+
+
+def param(eqn, name):
+  """An equation's parameter that every release of the window binds (a
+  default would hide one a new release renames): missing, it is named."""
+  try:
+    return eqn.params[name]
+  except KeyError:
+    from pallas_sim.errors import UnsupportedPrimitiveError
+    raise UnsupportedPrimitiveError(
+        f"{eqn.primitive.name} has no parameter {name!r} in jax {jax.__version__} "
+        f"(it has {', '.join(sorted(eqn.params)) or 'none'}): a JAX release that "
+        "renamed it, which pallas-sim does not know yet "
+        "(pallas_sim/backends/sim/frontend/jax_internals.py)") from None
 
 
 def lowerable_primitive_names():

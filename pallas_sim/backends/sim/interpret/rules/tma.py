@@ -10,6 +10,7 @@ early, sees what real hardware could.
 """
 import numpy as np
 
+from pallas_sim.backends.sim.frontend import jax_internals as jx
 from pallas_sim.backends.sim.interpret import operands, refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
@@ -107,13 +108,11 @@ def _static_check(eqn, what, smem_operand, name, bulk_possible=False):
 
 @rule("copy_gmem_to_smem", op=OpClass.TMA_LOAD)
 def _copy_gmem_to_smem(eqn, cx):
-  p = eqn.params
-  collective = tuple(p.get("collective_axes") or ())
-  if p.get("leader_tracked") is not None:
+  collective = tuple(jx.param(eqn, "collective_axes") or ())
+  if jx.param(eqn, "leader_tracked") is not None:
     raise UnsupportedPrimitiveError("leader-tracked (partitioned or replicated) "
                                     "collective TMA loads are not modelled yet")
-  has_barrier = p.get("has_barrier", True)
-  if not has_barrier:
+  if not jx.param(eqn, "has_barrier"):
     raise KernelError("copy_gmem_to_smem without a barrier is only supported on "
                       "pre-Hopper GPUs, which use the cp.async implementation")
   ops = operands.tma_load(eqn)
@@ -124,7 +123,7 @@ def _copy_gmem_to_smem(eqn, cx):
   # Out of the array's bounds, TMA loads fill zeros by default (the
   # lowering's default for copy_gmem_to_smem), leave SMEM as it was with
   # UNDEFINED, and must not go with PROMISE_IN_BOUNDS.
-  oob = p.get("oob_mode")
+  oob = jx.param(eqn, "oob_mode")
   oob = "ZEROS" if oob is None else oob.name
   pred_at = ops.predicate
   timing = cx.timing
@@ -320,14 +319,13 @@ _REDUCE = {
 
 @rule("copy_smem_to_gmem", op=OpClass.TMA_STORE)
 def _copy_smem_to_gmem(eqn, cx):
-  p = eqn.params
   ops = operands.tma_store(eqn)
   src, dst = ops.src, ops.dst
   src_at = refview.compile_transforms(src.tree)
   dst_at = refview.compile_clipped(dst.tree)
   pred_at = ops.predicate
-  commit = p.get("commit_group", True)
-  op = p.get("reduction_op")
+  commit = jx.param(eqn, "commit_group")
+  op = jx.param(eqn, "reduction_op")
   if op not in _REDUCE:
     raise UnsupportedPrimitiveError(f"TMA store reduction {op!r}")
   reduce, types = _REDUCE[op]
@@ -420,7 +418,7 @@ def _commit_group(eqn, cx):
 @rule("wait_smem_to_gmem")
 def _wait_smem_to_gmem(eqn, cx):
   n = eqn.params["n"]
-  read_only = eqn.params.get("wait_read_only", False)
+  read_only = jx.param(eqn, "wait_read_only")
   where = cx.where(eqn)
   field = "unread" if read_only else "unwritten"
 

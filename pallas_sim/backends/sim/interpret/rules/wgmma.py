@@ -14,6 +14,7 @@ accumulates exactly in int32.
 import ml_dtypes
 import numpy as np
 
+from pallas_sim.backends.sim.frontend import jax_internals as jx
 from pallas_sim.backends.sim.interpret import operands, refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine.numerics import tensor_core
@@ -209,7 +210,7 @@ def _wgmma_wait(eqn, cx):
 def _acc_deref(eqn, cx):
   # acc[...] is wgmma_accumulator_load(acc, wait_n=0); wait_n=None waits
   # for nothing. A report names the call the user wrote.
-  n = eqn.params.get("wait_n", 0)
+  n = jx.param(eqn, "wait_n")
   label = "acc[...]" if n == 0 else f"wgmma_accumulator_load(wait_n={n})"
   where = cx.where(eqn)
 
