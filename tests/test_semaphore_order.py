@@ -273,3 +273,14 @@ def test_block_semaphores_over_worker_processes_report_what_one_process_does(mon
   assert texts[0] == texts[1] and len(texts[0]) == 2, texts
   assert all("waits for 2 of the 3 signals" in t and "its own signal" in t
              for t in texts[0])
+
+
+def test_acquires_of_a_semaphore_nothing_signals():
+  """A read of a semaphore no thread signals: nothing to order it after, no
+  error (its log has acquires and no signal)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.int32))
+  def k(o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    o_ref[...] = jnp.full((128,), pl.semaphore_read(sem), jnp.int32)
+  sim = ps.simulate(k)
+  assert sim.report.races == [] and int(sim.outputs[0]) == 0

@@ -91,7 +91,8 @@ class _Table:
 
   def __init__(self, log):
     sig, acq = log.signals, log.acquires
-    self.vc = np.array([s.vc for s in sig]).reshape(len(sig), -1)
+    # (no signal: a read of one nothing signals, a wait on what the launch began with)
+    self.vc = np.array([s.vc for s in sig]) if sig else np.zeros((0, 0), np.int64)
     self.thread = np.array([s.thread for s in sig], np.int64)
     self.clock = np.array([s.clock for s in sig], np.int64)
     self.inc = np.array([s.inc for s in sig], np.int64)
