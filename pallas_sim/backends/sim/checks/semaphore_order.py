@@ -79,11 +79,6 @@ class SemLog:
     self.acc = None
 
 
-def _before(log, w):
-  """The signals of `log` not ordered after acquire `w`."""
-  return [s for s in log.signals if s.vc[w.thread] < w.clock]
-
-
 class _Table:
   """A SemLog's signals and acquires as arrays, so that what each acquire
   needs is a few vector operations (a persistent loop may wait thousands of
@@ -199,13 +194,7 @@ def why_not(log, w, thread, clock):
   """Words for a race through the gap, or None: a signal by `thread` at or
   after its `clock` (after the access that races) can come before wait `w`,
   but `w` is not ordered after it, since the others are enough."""
-  need = w.need
-  if need is None:  # (the first run: the signals made so far)
-    sig = [s for s in _before(log, w) if s.inc > 0]
-    threads = np.array([s.thread for s in sig], np.int64)
-    need = _need(w.got, [sig[i] for i in _latest(threads, np.arange(len(sig)))],
-                 sum(s.inc for s in sig), next((s for s in sig if s.thread == w.thread),
-                                               None))
+  need = w.need or needed(log, w)  # (the first run: the signals made so far)
   s = need.latest.get(thread)
   if s is None or s.clock < clock or s.key in w.got:
     return None

@@ -43,8 +43,7 @@ class Semaphores(memory.Buffer):
 
   def log(self, view):
     """The SemLog of the element `view` (a view of one element) holds."""
-    at = (view.__array_interface__["data"][0]
-          - self.data.__array_interface__["data"][0]) // self.data.itemsize
+    at = (view.__array_interface__["data"][0] - self.address()) // self.data.itemsize
     log = self.logs.get(at)
     if log is None:
       name = self.name if self.data.size == 1 else (
