@@ -159,10 +159,10 @@ def main(argv=None):
   if ns.cmd == "check":
     return 1 if check(ns.target, ns.gpu, uninitialized=ns.uninitialized,
                       args=ns.args) else 0
-  sys.argv = [ns.file] + ns.args
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status = 0
-  with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz) as report:
+  with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz) as report, \
+      _Argv(ns.file, ns.args):
     try:
       runpy.run_path(ns.file, run_name="__main__")
     except SystemExit as e:  # the script's own exit: report first, then its status

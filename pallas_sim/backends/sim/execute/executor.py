@@ -166,12 +166,17 @@ class Executor:
     they need (checks/semaphore_order.py): what this run found is dropped,
     and what it printed is not printed again. In this process: a Ray task
     runs its launch afresh, without the order found here."""
+    with self._options(progress=False), open(os.devnull, "w") as null, \
+        contextlib.redirect_stdout(null):
+      return self._execute_once(launch, arrays, True, copy_inputs, sem_order, sem_round)
+
+  @contextlib.contextmanager
+  def _options(self, **changes):
+    """self.options with these changed, for a run of a launch again."""
     options = self.options
-    self.options = dataclasses.replace(options, progress=False)
+    self.options = dataclasses.replace(options, **changes)
     try:
-      with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-        return self._execute_once(launch, arrays, True, copy_inputs, sem_order,
-                                  sem_round)
+      yield
     finally:
       self.options = options
 
@@ -185,15 +190,12 @@ class Executor:
              for b in out_bufs]
     rep = self.report
     kept = [(x, len(x)) for x in (rep.kernels, rep.races, rep.uninitialized, self.errors)]
-    options = self.options
-    self.options = dataclasses.replace(options, check_races=False,
-                                       check_uninitialized=False, progress=False)
     try:
-      with memory.other_garbage(0), warnings.catch_warnings():
+      with self._options(check_races=False, check_uninitialized=False, progress=False), \
+          memory.other_garbage(0), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (the first run warned of what it found)
         again = self._execute_once(launch, arrays, serial=True, copy_inputs=copy_inputs)
     finally:
-      self.options = options
       for found, n in kept:
         del found[n:]
     for b, (data, written), other in zip(out_bufs, first, again):
