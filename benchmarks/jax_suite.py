@@ -77,7 +77,7 @@ def pytest_runtest_logreport(report):
 '''
 
 # The suite's device checks, told that this CPU is an sm_90a CUDA device
-# with the H200 machine's CUDA 13.0 (pallas_sim/backends/sim/frontend/device.py).
+# with the H200 machine's CUDA 13.0 (backends/sim/frontend/device.py).
 CONFTEST = '''
 from jax._src import test_util as jtu
 
@@ -135,7 +135,7 @@ def run(args):
              JAX_SUITE_TEST_TIMEOUT=str(args.timeout))
   if not args.native:
     env["JAX_PLATFORMS"] = "cpu"
-    if args.check_estimate:  # (pallas_sim/backends/sim/execute/estimate_check.py)
+    if args.check_estimate:  # (backends/sim/execute/estimate_check.py)
       env["PALLAS_SIM_CHECK_ESTIMATE"] = checks
   elif args.n:  # (workers share the GPU: no worker may take 75% of its memory)
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -234,7 +234,7 @@ def main():
   r.add_argument("--timeout", type=int, default=120, help="seconds per test")
   r.add_argument("--check-estimate", action="store_true",
                  help="estimate every simulated launch again and compare "
-                      "(pallas_sim/backends/sim/execute/estimate_check.py; out/estimate.jsonl)")
+                      "(backends/sim/execute/estimate_check.py; out/estimate.jsonl)")
   r.add_argument("--out", required=True)
   c = sub.add_parser("compare")
   c.add_argument("native_json")

@@ -9,7 +9,7 @@ far from correctly rounded it is.
     python3 -m lab.division_probe [OUT] [--table]   # on a Hopper GPU
 
 --table measures rcp.approx.f32 for every f32 mantissa and writes the table
-the simulator uses (OUT/rcp_delta.npz: pallas_sim/backends/sim/machine/numerics/rcp_approx_sm90.npz).
+the simulator uses (OUT/rcp_delta.npz: backends/sim/machine/numerics/rcp_approx_sm90.npz).
 """
 import os
 import sys

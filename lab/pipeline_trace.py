@@ -32,7 +32,7 @@ unprofiled): every block's start, cycles, SM and launch order, and what they
 say of the launch's waves (span_summary; `--cold` empties the L2 first).
 
 On a CPU, the model beside a GPU run (the simulator writes the same trace,
-in the same cycles: pallas_sim/backends/sim/report/profiler.py), each case estimated at the
+in the same cycles: backends/sim/report/profiler.py), each case estimated at the
 clock its suite row held sustained (h200_measured.json):
 
     ./dev python -m lab.pipeline_trace --compare lab/data/pipeline_trace_h200.json

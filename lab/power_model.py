@@ -1,5 +1,5 @@
 """The SM clock that the 700 W limit sets: the fit whose figures
-gpus.GPU.power_* hold (pallas_sim/backends/sim/timing/power.py predicts the clock with
+gpus.GPU.power_* hold (backends/sim/timing/power.py predicts the clock with
 them), and its checks.
 
     ./dev python -m lab.power_model dump [--out build/power_features.json]

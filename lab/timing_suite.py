@@ -798,7 +798,7 @@ BLIND_NARROW_EW = ((256, 256, 4, 4),)  # (blocks, tile_m, tile_n, mcs)
 
 
 # The quickstart's A and B tiles share the swizzle the lowering infers
-# (pallas_sim/backends/sim/analysis/smem_swizzle.py): its B loads in A's 32- or 64-byte rows
+# (backends/sim/analysis/smem_swizzle.py): its B loads in A's 32- or 64-byte rows
 # at tile_k 16 and 32, and its A in B's at tile_n 16 and 32; narrow rows
 # go at the L2's request rate (gpus.GPU.l2_requests_per_s). Predicted
 # (lab/data/blind_predictions_swizzle.json) and committed before they

@@ -1,7 +1,7 @@
 """Compares wgmma results measured on a GPU (lab/wgmma_numerics_probe.py)
 with two models of the tensor core's f32 accumulation: an exact product sum
 rounded to f32 (what the simulator did before) and the simulator's model
-(pallas_sim/backends/sim/machine/numerics/tensor_core.py). Prints, per operand type, the share of
+(backends/sim/machine/numerics/tensor_core.py). Prints, per operand type, the share of
 output elements that are bit-identical and the largest relative difference.
 
     python3 -m lab.wgmma_numerics_fit wgmma_probe.npz

@@ -6,7 +6,7 @@ accumulation by ~2^-14 relative. This runs wgmma matmuls (K = 32, 64, 128) on
 random and structured inputs on the GPU (or, with --sim, in the simulator)
 and saves inputs and outputs to $OUT/wgmma_probe[_sim].npz;
 lab/wgmma_numerics_fit.py compares them with the simulator's model
-(pallas_sim/backends/sim/interpret/rules/wgmma.py).
+(backends/sim/interpret/rules/wgmma.py).
 
     python3 -m lab.wgmma_numerics_probe          # on a Hopper GPU
     python3 -m lab.wgmma_numerics_probe --golden tests/data/wgmma_h200.npz

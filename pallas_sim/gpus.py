@@ -308,7 +308,7 @@ def at_clock(gpu, mhz):
   """The model with its SMs at `mhz` for the whole kernel: the clock an
   H100/H200 holds at the board's power limit (1035-1905 MHz for the large
   matmuls of lab/timing_suite.py on an H200, which the executor
-  predicts: pallas_sim/backends/sim/timing/power.py), or any clock to ask "what if".
+  predicts: backends/sim/timing/power.py), or any clock to ask "what if".
 
   What the SM does, per cycle of its clock, stays: issue, ALU, barrier and
   wgmma latencies, its TMA engine's and L1's bytes a cycle, and the tensor

@@ -59,11 +59,11 @@ class Options:
     every core this process may use; 1: only this one). A launch goes over
     several when its first block says the rest would take more than a
     quarter second; results are the same as with workers=1, bit for bit
-    (pallas_sim/backends/sim/execute/parallel.py).
+    (backends/sim/execute/parallel.py).
   engine: where those processes are: "processes" (forked on this machine)
     or "ray" (tasks on a Ray cluster, pallas-sim[ray]; only through
     ps.simulate / ps.run, whose function each task runs again:
-    pallas_sim/backends/sim/execute/ray_engine.py). With "ray", workers is the number of
+    backends/sim/execute/ray_engine.py). With "ray", workers is the number of
     tasks' worth of CPUs (None: the cluster's).
   numerics: compute the tensor cores' sums (False: outputs are not
     meaningful; times are the same, as no time depends on a value the
@@ -72,11 +72,11 @@ class Options:
     the clock its power allows: the 1980 MHz boost clock unless the model's
     power there passes the board's 700 W limit, else the highest clock on
     the 15 MHz steps within it, 1035-1905 MHz for the large matmuls of
-    lab/timing_suite.py on an H200: pallas_sim/backends/sim/timing/power.py;
+    lab/timing_suite.py on an H200: backends/sim/timing/power.py;
     report.kernels[i].sm_mhz and .power_w). Given, what nvidia-smi shows
     while the kernel runs, the launch is predicted at it (gpus.at_clock).
   block_classes: simulate one block per class of blocks that do the same
-    work, and give the others its times (pallas_sim/backends/sim/analysis/block_classes.py;
+    work, and give the others its times (backends/sim/analysis/block_classes.py;
     kernels whose control flow depends on the block's index or on data run
     every block: ps.estimate).
   progress: a progress line on stderr for launches that run longer than a

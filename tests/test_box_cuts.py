@@ -1,7 +1,7 @@
 """ps.estimate where a TMA box's start depends on the block: a box that
 reaches past the array's end in some blocks (TMA cuts it, or moves nothing)
 makes those blocks differ, and block_classes must see it
-(pallas_sim/backends/sim/analysis/congruence.py says which starts are multiples of the box,
+(backends/sim/analysis/congruence.py says which starts are multiples of the box,
 and within which bounds)."""
 import jax
 import jax.numpy as jnp

@@ -418,7 +418,7 @@ def test_debug_check_stops_the_kernel_with_its_message_when_checks_are_on():
 
 
 def test_the_estimate_check_prints_nothing_twice(capsys, monkeypatch, tmp_path):
-  """With PALLAS_SIM_CHECK_ESTIMATE (pallas_sim/backends/sim/execute/estimate_check.py) each
+  """With PALLAS_SIM_CHECK_ESTIMATE (backends/sim/execute/estimate_check.py) each
   launch runs again as an estimate: its debug_print lines are not shown
   again."""
   from pallas_sim.backends.sim.execute import estimate_check

@@ -1,5 +1,5 @@
 """ps.estimate: predicted times without values, from one block per class of
-blocks that do the same work (pallas_sim/backends/sim/analysis/block_classes.py); equal to the
+blocks that do the same work (backends/sim/analysis/block_classes.py); equal to the
 full simulation's wherever both run."""
 import dataclasses
 import json
@@ -96,7 +96,7 @@ def _data_loop(x):
 
 def test_control_flow_on_the_block_index_is_followed_block_by_block():
   """Block 0 takes a branch the others do not: two paths, one block of
-  each simulated (pallas_sim/backends/sim/analysis/paths.py), the same times as all eight."""
+  each simulated (backends/sim/analysis/paths.py), the same times as all eight."""
   x = jnp.arange(8 * 128, dtype=F32).reshape(8, 128)
   est = ps.estimate(_when_first, S(x.shape, F32))
   [k] = est.kernels
@@ -534,7 +534,7 @@ def test_float_math_that_decides_is_computed():
 
 
 def test_the_estimate_check_compares_every_simulated_launch(tmp_path, monkeypatch):
-  """PALLAS_SIM_CHECK_ESTIMATE (pallas_sim/backends/sim/execute/estimate_check.py, which
+  """PALLAS_SIM_CHECK_ESTIMATE (backends/sim/execute/estimate_check.py, which
   benchmarks/jax_suite.py --check-estimate turns on for JAX's suite): each
   simulated launch is estimated again; a line per launch says both times,
   or what the estimate raised, which does not disturb the simulation."""

@@ -1,5 +1,5 @@
 """ps.estimate of persistent kernels by their loop's iterations
-(pallas_sim/backends/sim/execute/extrapolate.py), with paths that read the
+(backends/sim/execute/extrapolate.py), with paths that read the
 inputs whose values the estimate has (analysis/paths.py known_reads): the
 full simulation's times, to rounding, from a few iterations of a few
 blocks."""

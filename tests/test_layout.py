@@ -9,7 +9,7 @@ import tokenize
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIM = os.path.join(ROOT, "pallas_sim", "backends", "sim")
+SIM = os.path.join(ROOT, "backends", "sim")
 
 
 def _tracked(*patterns):
@@ -89,7 +89,7 @@ def test_no_tunable_is_a_module_global_another_module_sets():
   """What the executor runs with is fixed when it is made (Options, Tuning):
   no module assigns another module's global."""
   found = []
-  for path in _tracked("pallas_sim/*.py", "pallas_sim/**/*.py"):
+  for path in _tracked("pallas_sim/*.py", "backends/**/*.py"):
     tree = ast.parse(open(path).read())
     for node in ast.walk(tree):
       if isinstance(node, ast.Assign):
@@ -98,3 +98,28 @@ def test_no_tunable_is_a_module_global_another_module_sets():
               and t.value.id not in ("self", "cls") and t.attr.isupper()):
             found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}: {t.value.id}.{t.attr}")
   assert not found, found
+
+
+def test_the_root_shows_one_api_and_two_backends():
+  """The root is the design card's: the API package, the backends beside it
+  (installed as pallas_sim.backends), tests, examples, pyproject.toml, tox.ini."""
+  for entry in ("pallas_sim", "backends/sim", "backends/mosaic", "tests", "examples",
+                "pyproject.toml", "tox.ini"):
+    assert os.path.exists(os.path.join(ROOT, entry)), entry
+  assert not os.path.exists(os.path.join(ROOT, "pallas_sim", "backends"))
+
+
+def test_pyproject_lists_every_package_of_the_tree():
+  """package-dir maps backends/ to pallas_sim.backends, so setuptools cannot
+  find the packages itself: the list in pyproject.toml is the tree's."""
+  import tomllib
+  with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+    tool = tomllib.load(f)["tool"]["setuptools"]
+  assert tool["package-dir"] == {"pallas_sim.backends": "backends"}
+  found = set()
+  for top, name in (("pallas_sim", "pallas_sim"), ("backends", "pallas_sim.backends")):
+    for d, _, files in os.walk(os.path.join(ROOT, top)):
+      if "__init__.py" in files and "__pycache__" not in d:
+        rel = os.path.relpath(d, os.path.join(ROOT, top))
+        found.add(name if rel == "." else name + "." + rel.replace(os.sep, "."))
+  assert set(tool["packages"]) == found

@@ -1,4 +1,4 @@
-"""A launch's groups over worker processes (pallas_sim/backends/sim/execute/parallel.py): the
+"""A launch's groups over worker processes (backends/sim/execute/parallel.py): the
 same outputs bit for bit, the same race reports and uninitialized-memory
 findings in the same order, the same predicted times, block cycles and
 trace, and the same errors, as one process running them in block order."""

@@ -1,5 +1,5 @@
 """ps.estimate on kernels whose control flow depends on the grid index: each
-block's path is followed (pallas_sim/backends/sim/analysis/paths.py), one block per path is
+block's path is followed (backends/sim/analysis/paths.py), one block per path is
 simulated, and the report is the full simulation's."""
 import jax
 import pytest

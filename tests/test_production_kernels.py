@@ -3,7 +3,7 @@ the installed jax, never copied), at small sizes, in the simulator against
 their references: with no race and no uninitialized memory where JAX's code
 has none. They read device properties while tracing (SM count, CUDA
 versions): under the simulator they see the simulated GPU's
-(pallas_sim/backends/sim/frontend/device.py). tests/test_gpu.py runs the same calls on an H200
+(backends/sim/frontend/device.py). tests/test_gpu.py runs the same calls on an H200
 and compares bit for bit."""
 import warnings
 

@@ -90,7 +90,7 @@ def test_the_profile_buffer_counts_against_shared_memory(tmp_path):
 
 
 def test_the_estimate_check_writes_no_second_trace(tmp_path, monkeypatch):
-  """With PALLAS_SIM_CHECK_ESTIMATE (pallas_sim/backends/sim/execute/estimate_check.py) each
+  """With PALLAS_SIM_CHECK_ESTIMATE (backends/sim/execute/estimate_check.py) each
   launch runs again as an estimate, which writes no profile of its own."""
   from pallas_sim.backends.sim.execute import estimate_check
   log = tmp_path / "checks.jsonl"

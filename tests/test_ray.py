@@ -1,4 +1,4 @@
-"""A launch's blocks as Ray tasks (engine="ray", pallas_sim/backends/sim/execute/ray_engine.py)
+"""A launch's blocks as Ray tasks (engine="ray", backends/sim/execute/ray_engine.py)
 on a local Ray instance this module starts: the same outputs, reports,
 times and errors as one process."""
 import os

@@ -1,5 +1,5 @@
 """ps.estimate given shapes walks the function's jaxpr and hands its kernels
-to the simulator with no XLA program run (pallas_sim/backends/sim/frontend/shapes_only.py): the
+to the simulator with no XLA program run (backends/sim/frontend/shapes_only.py): the
 same report as running it on zeros, the same errors, and the ordinary run
 wherever the walk cannot go."""
 import os

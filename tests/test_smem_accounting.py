@@ -1,4 +1,4 @@
-"""SMEM the simulator counts for a kernel (pallas_sim/backends/sim/analysis/resources.py) against
+"""SMEM the simulator counts for a kernel (backends/sim/analysis/resources.py) against
 the real lowering's own estimate (jax/_src/pallas/mosaic_gpu/lowering.py
 `_estimate_resources`), for kernels that fit: allocations in pl.when / cond
 branches, loop bodies and nested scopes, with drawn sizes. The report's

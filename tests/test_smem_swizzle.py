@@ -1,5 +1,5 @@
 """The swizzle the lowering infers for a wgmma's untransformed SMEM operands
-(pallas_sim/backends/sim/analysis/smem_swizzle.py), as the timing model sees it: the rows of
+(backends/sim/analysis/smem_swizzle.py), as the timing model sees it: the rows of
 the TMA boxes that fill them."""
 import collections
 import re

@@ -1,5 +1,5 @@
 """The tests' own model of how a Hopper tensor core sums a wgmma, written
-apart from the simulator's (pallas_sim/backends/sim/machine/numerics/tensor_core.py) so that the
+apart from the simulator's (backends/sim/machine/numerics/tensor_core.py) so that the
 two check each other; both are pinned to outputs measured on an H200
 (tests/data/wgmma_h200.npz, tests/test_wgmma.py).
 

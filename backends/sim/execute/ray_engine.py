@@ -6,7 +6,7 @@ kernel's jaxpr and the rules' closures), so a Ray task does not receive the
 launch: it receives what ps.simulate was asked to run, (fn, args, kwargs),
 and runs it again under an executor that simulates the launches before
 this one as usual, this one's groups of the task only, and nothing after it
-(pallas_sim/backends/sim/execute/executor.py, _replay). The function must therefore be
+(backends/sim/execute/executor.py, _replay). The function must therefore be
 deterministic (a traced JAX function is) and importable or picklable where
 the task runs (cloudpickle, as Ray ships any task).
 

@@ -11,7 +11,7 @@ cores: each takes what the others, taken to be as busy as it has been,
 leave (_stretch: at worst 1/share of the rate). So a block's time depends
 on its own work and on how crowded its SM is, never on the order in which
 blocks are simulated: a launch split over processes, or
-estimated from one block per class (pallas_sim/backends/sim/analysis/block_classes.py), gets
+estimated from one block per class (backends/sim/analysis/block_classes.py), gets
 the same times as one simulated block after block. (Latencies are not
 shared: hiding them is what co-residency is for.)"""
 import collections

@@ -18,7 +18,7 @@ def _maybe_gen(blocking, plain, gen):
 # Loops check the block's simulated time once per iteration (a loop is the
 # only way a block runs without end: waits that never complete are
 # deadlocks). Their counters are named `iteration`: progress reports and
-# Ctrl-C backtraces (pallas_sim/backends/sim/execute/progress.py) read them from the frames.
+# Ctrl-C backtraces (backends/sim/execute/progress.py) read them from the frames.
 def _runaway(wg, iteration, limit):
   return RunawayKernelError(
       f"ran past max_cycles={limit:.0f} simulated cycles in this loop "

@@ -1,6 +1,6 @@
 """What limits a kernel, in words, from the timing model's tallies: the
 utilisation of each unit over the predicted time, and where the warpgroups'
-time went. Read by the report (pallas_sim/backends/sim/report/__init__.py); it changes no
+time went. Read by the report (backends/sim/report/__init__.py); it changes no
 prediction."""
 
 # Thresholds for naming a bound (fractions). A unit busy this much of the

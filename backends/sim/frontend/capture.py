@@ -29,6 +29,7 @@ import jax
 import jaxlib
 import numpy as np
 
+import pallas_sim.backends as _backends
 import pallas_sim.errors as _errors
 from pallas_sim.errors import SimError
 from pallas_sim.backends.sim.frontend import jax_internals as jx
@@ -449,8 +450,11 @@ jx.interpret_pallas_call.interpret_pallas_call = _dispatch
 
 # --- source locations --------------------------------------------------------
 
-# Frames inside pallas-sim itself are never "the user's".
-_OUR_DIRS = (os.path.dirname(os.path.abspath(_errors.__file__)) + os.sep,)
+# Frames inside pallas-sim itself are never "the user's": the API's package
+# and the backends' (a folder of their own in a checkout, pallas_sim/backends
+# in a wheel).
+_OUR_DIRS = tuple(sorted({os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                          for m in (_errors, _backends)}))
 
 
 _JAXLIB_DIR = os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep

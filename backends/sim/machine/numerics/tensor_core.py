@@ -23,7 +23,7 @@ import numba
 import numpy as np
 
 # The kernels run on one thread: a launch's blocks are spread over processes
-# instead (pallas_sim/backends/sim/execute/parallel.py), which a numba thread pool would not
+# instead (backends/sim/execute/parallel.py), which a numba thread pool would not
 # survive (GNU OpenMP's kills a forked child) or would slow (its workqueue
 # pool costs ~100 us a call, more than a 64x64x64 wgmma's sums).
 
