@@ -31,7 +31,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim.frontend import jax_internals
+from pallas_sim.backends.sim.base import jax_internals
 from pallas_sim.backends.sim.execute import parallel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))

@@ -831,7 +831,7 @@ def _outputs_match(name, out, expected):
 
 def _check_interpret(name, fn, args, reference):
   """Runs ``fn`` in JAX's GPU interpret mode (CPU) with race detection."""
-  from pallas_sim.backends.sim.frontend import jax_internals as jx
+  from pallas_sim.backends.sim.base import jax_internals as jx
   interpret_pallas_call = jx.interpret_pallas_call
 
   if name in NOT_LOWERABLE:

@@ -118,7 +118,7 @@ def estimate(fn, *args, options=None, **kwargs):
 
   `args` may be jax.ShapeDtypeStructs (zeros stand in for them) or arrays.
   The tensor cores' sums are skipped, and blocks whose work is the same are
-  simulated once (backends/sim/analysis/block_classes.py): a kernel whose control
+  simulated once (backends/sim/blocks/block_classes.py): a kernel whose control
   flow depends on the block's index or on data runs every block, and its
   report says so (report.kernels[i].classes); where it depends on data and
   arrays were given, the values are computed too, so that blocks take the

@@ -16,7 +16,7 @@ OLDEST = "0.11.2"
 NEWEST = "0.12.0.1"
 # Set to 1 to import pallas-sim beside an untested JAX anyway (a warning
 # instead of the error): for trying a new release against the checklist in
-# backends/sim/frontend/jax_internals.py.
+# backends/sim/base/jax_internals.py.
 UNTESTED_ENV = "PALLAS_SIM_UNTESTED_JAX"
 
 

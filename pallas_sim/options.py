@@ -76,7 +76,7 @@ class Options:
     report.kernels[i].sm_mhz and .power_w). Given, what nvidia-smi shows
     while the kernel runs, the launch is predicted at it (gpus.at_clock).
   block_classes: simulate one block per class of blocks that do the same
-    work, and give the others its times (backends/sim/analysis/block_classes.py;
+    work, and give the others its times (backends/sim/blocks/block_classes.py;
     kernels whose control flow depends on the block's index or on data run
     every block: ps.estimate).
   progress: a progress line on stderr for launches that run longer than a

@@ -12,7 +12,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim.analysis import block_classes, congruence
+from pallas_sim.backends.sim.blocks import block_classes
+from pallas_sim.backends.sim.analysis import congruence
 from test_estimate import _full, _times
 
 F32 = jnp.float32

@@ -182,20 +182,17 @@ def test_griddepcontrol_needs_nothing_between_launches_run_in_order():
   np.testing.assert_array_equal(ps.run(k, x, backend="sim"), x + 1)
 
 
-def test_kernel_parameter_names_follow_the_source_text(tmp_path, monkeypatch):
+def test_kernel_parameter_names_follow_the_source_text(tmp_path):
   """Reports name buffers by the kernel's own parameters, read from its
   source (parsed once per text of the file: an edited file is read again)."""
   import linecache
 
-  from pallas_sim.backends.sim.frontend import capture
+  from pallas_sim.backends.sim.base import locations
   path = tmp_path / "k.py"
   path.write_text("@deco\ndef kernel(a_ref, o_ref):\n  pass\n")
-  monkeypatch.setattr(capture, "_kernel_source", lambda jaxpr: (str(path), 1))
-  assert capture.kernel_arg_names(None) == ("a_ref", "o_ref")
-  monkeypatch.setattr(capture, "_kernel_source", lambda jaxpr: (str(path), 2))
-  assert capture.kernel_arg_names(None) == ("a_ref", "o_ref")
+  assert locations.parameter_names_at(str(path), 1) == ("a_ref", "o_ref")
+  assert locations.parameter_names_at(str(path), 2) == ("a_ref", "o_ref")
   path.write_text("@deco\ndef kernel(x_gmem, y_gmem, z):\n  pass\n")
   linecache.checkcache(str(path))
-  assert capture.kernel_arg_names(None) == ("x_gmem", "y_gmem", "z")
-  monkeypatch.setattr(capture, "_kernel_source", lambda jaxpr: (str(path), 3))
-  assert capture.kernel_arg_names(None) == ()
+  assert locations.parameter_names_at(str(path), 1) == ("x_gmem", "y_gmem", "z")
+  assert locations.parameter_names_at(str(path), 3) == ()

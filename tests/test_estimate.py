@@ -1,5 +1,5 @@
 """ps.estimate: predicted times without values, from one block per class of
-blocks that do the same work (backends/sim/analysis/block_classes.py); equal to the
+blocks that do the same work (backends/sim/blocks/block_classes.py); equal to the
 full simulation's wherever both run."""
 import dataclasses
 import json
@@ -16,7 +16,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 from pallas_sim import gpus
-from pallas_sim.backends.sim.analysis import block_classes
+from pallas_sim.backends.sim.blocks import block_classes
 from test_machine import copy_kernel
 from test_quickstart import matmul_mcs
 
@@ -96,7 +96,7 @@ def _data_loop(x):
 
 def test_control_flow_on_the_block_index_is_followed_block_by_block():
   """Block 0 takes a branch the others do not: two paths, one block of
-  each simulated (backends/sim/analysis/paths.py), the same times as all eight."""
+  each simulated (backends/sim/blocks/paths.py), the same times as all eight."""
   x = jnp.arange(8 * 128, dtype=F32).reshape(8, 128)
   est = ps.estimate(_when_first, S(x.shape, F32))
   [k] = est.kernels
@@ -133,7 +133,7 @@ def test_a_carry_linear_only_after_its_first_step_still_decides():
 
 def test_control_flow_on_data_given_follows_each_blocks_path_on_its_data():
   """x given: each block's trip count is read from it by the slice
-  (analysis/paths.py known_reads), and the loops' iterations time them all
+  (blocks/paths.py known_reads), and the loops' iterations time them all
   (execute/extrapolate.py): the full simulation's times, to rounding."""
   x = (jnp.arange(8, dtype=F32)[:, None] * 3 + jnp.zeros((8, 128), F32))
   est = ps.estimate(_data_loop, x)

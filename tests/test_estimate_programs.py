@@ -1,7 +1,7 @@
 """ps.estimate against ps.simulate on kernels drawn by hypothesis: each
 block runs a short program of steps that may or may not depend on its grid
-index, nested in conds, loops and scopes (backends/sim/analysis/block_classes.py
-and analysis/paths.py must see every way blocks can differ). The estimate must equal
+index, nested in conds, loops and scopes (backends/sim/blocks/block_classes.py
+and blocks/paths.py must see every way blocks can differ). The estimate must equal
 the full simulation: times, tallies, HBM bytes. (PROGRAMS=400 in the
 environment draws more of them than a test run's 40.)"""
 import os

@@ -1,6 +1,6 @@
 """ps.estimate of persistent kernels by their loop's iterations
 (backends/sim/execute/extrapolate.py), with paths that read the
-inputs whose values the estimate has (analysis/paths.py known_reads): the
+inputs whose values the estimate has (blocks/paths.py known_reads): the
 full simulation's times, to rounding, from a few iterations of a few
 blocks."""
 import functools
@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim.analysis import paths
+from pallas_sim.backends.sim.blocks import paths
 from test_estimate import _close, _times
 
 F32 = jnp.float32

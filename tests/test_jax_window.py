@@ -17,7 +17,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 from pallas_sim import jax_window
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.interpret import rules  # noqa: F401  (registers them)
 from pallas_sim.backends.sim.interpret.compiler import RULES
 
@@ -111,16 +111,16 @@ def test_pytest_beside_an_untested_jax_runs_and_refuses_only_pallas_sim(tmp_path
   assert WINDOW in p.stderr
 
 
-def test_only_the_frontend_imports_jax_private_modules():
+def test_only_jax_internals_imports_jax_private_modules():
   """Every `jax._src` import of the simulator and the public API is in
-  backends/sim/frontend/jax_internals.py: a new release's changes
+  backends/sim/base/jax_internals.py: a new release's changes
   land there."""
   found = []
   for top in ("pallas_sim", "backends"):
     for d, _, files in os.walk(os.path.join(ROOT, top)):
       for name in files:
         path = os.path.join(d, name)
-        if not name.endswith(".py") or path.endswith(os.path.join("frontend", "jax_internals.py")):
+        if not name.endswith(".py") or path.endswith(os.path.join("base", "jax_internals.py")):
           continue
         for i, line in enumerate(open(path), 1):
           if re.match(r"\s*(from jax\._src\b|import jax\._src\b)", line):

@@ -123,3 +123,108 @@ def test_pyproject_lists_every_package_of_the_tree():
         rel = os.path.relpath(d, os.path.join(ROOT, top))
         found.add(name if rel == "." else name + "." + rel.replace(os.sep, "."))
   assert set(tool["packages"]) == found
+
+
+# The simulator's stages, top to bottom, between the API above and the
+# package's core (errors, GPU models, options, the JAX window) below: each
+# imports only what lies below it. The executor runs launches the frontend
+# hands it through the executor it registered (capture.push_executor), so the
+# frontend never imports it; the base layer is the vocabulary all share.
+LAYERS = [
+    ["pallas_sim", "pallas_sim.api", "pallas_sim.cli", "pallas_sim.compare"],
+    ["pallas_sim.backends.mosaic"],
+    ["pallas_sim.backends.sim.execute"],
+    ["pallas_sim.backends.sim.frontend"],
+    ["pallas_sim.backends.sim.blocks"],
+    ["pallas_sim.backends.sim.interpret"],
+    ["pallas_sim.backends.sim.mlir"],
+    ["pallas_sim.backends.sim.checks"],
+    ["pallas_sim.backends.sim.timing"],
+    ["pallas_sim.backends.sim.analysis"],
+    ["pallas_sim.backends.sim.machine"],
+    ["pallas_sim.backends.sim.report"],
+    ["pallas_sim.backends.sim.base"],
+    ["pallas_sim.errors", "pallas_sim.gpus", "pallas_sim.options", "pallas_sim.jax_window",
+     "pallas_sim.present", "pallas_sim.unwritten"],
+]
+
+
+def _modules():
+  """{module name: path} of the API package and the backends, by the names
+  they install as."""
+  out = {}
+  for top, name in (("pallas_sim", "pallas_sim"), ("backends", "pallas_sim.backends")):
+    for path in _tracked(f"{top}/*.py", f"{top}/**/*.py"):
+      rel = os.path.relpath(path, os.path.join(ROOT, top))[:-3].replace(os.sep, ".")
+      rel = rel.removesuffix("__init__").rstrip(".")
+      out[name + ("." + rel if rel else "")] = path
+  return out
+
+
+def _imports(path, module, known):
+  """(line, module) of every import of ours in a file, at any depth (an
+  import inside a function is an edge all the same)."""
+  is_pkg = path.endswith("__init__.py")
+  package = module if is_pkg else module.rpartition(".")[0]
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.Import):
+      targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base
+                 for a in node.names]
+    else:
+      continue
+    for t in targets:
+      while t and t not in known:
+        t = t.rpartition(".")[0]
+      if t:
+        yield node.lineno, t
+
+
+def _layer(module):
+  """(index, entry) of the layer `module` belongs to; None for the two
+  packages that only hold the backends (no code)."""
+  if module in ("pallas_sim.backends", "pallas_sim.backends.sim"):
+    return None
+  best = None
+  for i, names in enumerate(LAYERS):
+    for n in names:
+      inside = module.startswith(n + ".") and n != "pallas_sim"
+      if (module == n or inside) and (best is None or len(n) > len(best[1])):
+        best = (i, n)
+  return best
+
+
+def test_stages_import_only_the_layers_below_them():
+  """The stages form layers: a module imports its own stage and the stages
+  below it, never one above (no loops between stages)."""
+  known = _modules()
+  found, unplaced = [], []
+  for module, path in sorted(known.items()):
+    here = _layer(module)
+    if here is None:
+      if module not in ("pallas_sim.backends", "pallas_sim.backends.sim"):
+        unplaced.append(module)  # (a new stage: give it its place above)
+      continue
+    for line, target in _imports(path, module, known):
+      there = _layer(target)
+      if there is None or there[0] >= here[0]:
+        continue
+      found.append(f"{os.path.relpath(path, ROOT)}:{line}: {here[1]} imports {target}")
+  assert not unplaced, unplaced
+  assert not found, "\n".join(found)
+
+
+def test_the_layer_test_sees_an_import_that_runs_back_up(tmp_path):
+  """The check itself: an import of a higher stage, even inside a function,
+  is found."""
+  src = tmp_path / "m.py"
+  src.write_text("def f():\n  from pallas_sim.backends.sim.execute import executor\n")
+  known = _modules()
+  got = list(_imports(str(src), "pallas_sim.backends.sim.machine.m", known))
+  assert got == [(2, "pallas_sim.backends.sim.execute.executor")]
+  assert _layer(got[0][1])[0] < _layer("pallas_sim.backends.sim.machine.m")[0]

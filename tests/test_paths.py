@@ -1,5 +1,5 @@
 """ps.estimate on kernels whose control flow depends on the grid index: each
-block's path is followed (backends/sim/analysis/paths.py), one block per path is
+block's path is followed (backends/sim/blocks/paths.py), one block per path is
 simulated, and the report is the full simulation's."""
 import jax
 import pytest
@@ -11,7 +11,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim.analysis import paths
+from pallas_sim.backends.sim.blocks import paths
 from test_estimate import _close, _full, _times
 
 F32 = jnp.float32

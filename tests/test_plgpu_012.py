@@ -11,7 +11,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 pytestmark = pytest.mark.skipif(jx.JAX_VERSION < (0, 12),
                                 reason="plgpu.store and the rest are new in jax 0.12")

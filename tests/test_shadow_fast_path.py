@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pallas_sim.backends.sim.checks import races
-from pallas_sim.backends.sim.execute.events import RaceFound
+from pallas_sim.backends.sim.base.events import RaceFound
 
 
 def tracker():

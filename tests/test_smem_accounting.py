@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 F32 = jnp.float32
 X = jnp.ones((8, 128), F32)

@@ -16,7 +16,7 @@ import collections
 import math
 import re
 
-from pallas_sim.backends.sim.frontend.jax_internals import primitive_name
+from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import named_barriers
 from pallas_sim.errors import LoweringError, SmemOverflowError
 

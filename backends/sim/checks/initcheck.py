@@ -10,7 +10,7 @@ Untracked buffers (inputs, outputs aliased to inputs, accumulators, barriers)
 have `written = None` from the start: they count as written.
 
 Reads found here go to the group's event list, in order, as
-execute/events.py's Uninit, and fold per site when the executor merges
+base/events.py's Uninit, and fold per site when the executor merges
 them (InitLog), like race reports. Decisions: a plain store (`swap`) only
 writes (its old value is almost always dropped); `addupdate`, and a TMA
 store with a reduction, read the destination first.
@@ -18,8 +18,8 @@ store with a reduction, read the destination first.
 import numpy as np
 
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.checks.races import (Site, element_map, element_range,
-                                                   element_view, in_block)
+from pallas_sim.backends.sim.checks.races import Site, element_range, element_view, in_block
+from pallas_sim.backends.sim.machine.aliasing import element_map
 
 
 def track(buf):

@@ -24,7 +24,7 @@ grow.
 import numpy as np
 
 from pallas_sim.backends.sim.checks import races, semaphore_order
-from pallas_sim.backends.sim.execute.events import RaceFound, SemaphoreNeeds
+from pallas_sim.backends.sim.base.events import RaceFound, SemaphoreNeeds
 from pallas_sim.backends.sim.checks.races import timing_verdict
 
 INF = np.iinfo(np.int64).max

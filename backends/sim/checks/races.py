@@ -23,8 +23,9 @@ import jax
 import numba
 import numpy as np
 
-from pallas_sim.backends.sim.execute.events import GmemAccess, RaceFound
+from pallas_sim.backends.sim.base.events import GmemAccess, RaceFound
 from pallas_sim.backends.sim.machine import memory
+from pallas_sim.backends.sim.machine.aliasing import element_map
 
 NONE = 0                        # "no access": its clock is +inf in every vector
 # Zero means "none" in every shadow array (components start at 1, group
@@ -525,28 +526,6 @@ def _plain(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, comp, clock, write,
   return True
 
 
-def element_map(buf, view):
-  """(offset, element strides, shape) of `view` in buf.data's elements, or a
-  covering 1-D range when the view is a bitcast."""
-  isz = buf.data.itemsize
-  off_b = view.__array_interface__["data"][0] - buf.address()
-  key = (view.strides, view.itemsize, isz)
-  estrides = _ESTRIDES.get(key)
-  if estrides is None:
-    estrides = _ESTRIDES[key] = (
-        tuple(s // isz for s in view.strides)
-        if view.itemsize == isz and all(s % isz == 0 for s in view.strides) else False)
-  if estrides is not False:
-    return off_b // isz, estrides, view.shape
-  lo = off_b // isz
-  span = sum((d - 1) * abs(s) for d, s in zip(view.shape, view.strides)) + view.itemsize
-  return lo, (1,), (-(-span // isz),)
-
-
-# (byte strides, view itemsize, buffer itemsize) -> element strides (False: a bitcast)
-_ESTRIDES = {}
-
-
 def element_range(buf, off, estrides, mask):
   """Text naming the elements (and bytes) of buf under `mask`."""
   idx = np.argwhere(mask)
@@ -567,7 +546,7 @@ class Tracker:
   """Element shadows of one launch's buffers, checked against the vector
   clocks of the group of blocks running now. Race reports and GMEM accesses
   go, in order, to the group's event list (`events`) as
-  execute/events.py's RaceFound and GmemAccess."""
+  base/events.py's RaceFound and GmemAccess."""
 
   def __init__(self, log, comp_dtype=np.uint8, release_bytes=16 << 20):
     self.log = log               # the launch's sites (reports fold at merge)

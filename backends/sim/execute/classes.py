@@ -7,7 +7,8 @@ import warnings
 
 import numpy as np
 
-from pallas_sim.backends.sim.analysis import block_classes, paths
+from pallas_sim.backends.sim.blocks import block_classes
+from pallas_sim.backends.sim.blocks import paths
 from pallas_sim.backends.sim.checks import races
 from pallas_sim.backends.sim.execute import extrapolate
 from pallas_sim.backends.sim.execute.group import GroupRunner
@@ -77,7 +78,7 @@ class Classes:
     must run. A class: groups whose blocks share their SMs alike
     (timing/model.py) and take the same path (every block's, in a kernel
     whose control flow is the same in every block; where it depends on the
-    grid index, each block's decisions: analysis/paths.py)."""
+    grid index, each block's decisions: blocks/paths.py)."""
     if not self.options.block_classes:
       return None, "", None
     groups, placement = s.groups, s.placement
@@ -158,7 +159,7 @@ class Classes:
     return paths.known_reads(prep.jaxpr, known)
 
   def _block_paths(self, prep, launch, s, reads, inputs):
-    """Every block's path (analysis/paths.py): a paths.Paths, or why there
+    """Every block's path (blocks/paths.py): a paths.Paths, or why there
     is none (words). Once per kernel jaxpr (and its launch's inputs, where
     the paths read them)."""
     # (paths that read inputs hold for those values: keyed by their digest)

@@ -1,7 +1,7 @@
 """ps.estimate of a persistent kernel by its loop's iterations.
 
 A persistent kernel (plgpu.nd_loop over its tiles in every block:
-analysis/paths.py Loop) runs as many blocks as SMs, each looping over its
+blocks/paths.py Loop) runs as many blocks as SMs, each looping over its
 share of the tiles; blocks rarely take the same path (a ragged dot's tiles
 at group edges store other rows), so one block per class would still
 simulate most of them, each for all its tiles. But an iteration's time
@@ -22,7 +22,7 @@ import typing
 
 import numpy as np
 
-from pallas_sim.backends.sim.analysis import paths
+from pallas_sim.backends.sim.blocks import paths
 from pallas_sim.backends.sim.execute.group import GroupResult
 from pallas_sim.backends.sim.interpret.compiler import RULES, Gen, run_gen
 from pallas_sim.backends.sim.machine.state import STALLS, BlockStats

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from pallas_sim.backends.sim.execute.events import (GmemRead, GmemWrite, RaceFound, Uninit,
+from pallas_sim.backends.sim.base.events import (GmemRead, GmemWrite, RaceFound, Uninit,
                                                   UninitGmem)
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import run_gen
@@ -14,7 +14,8 @@ from pallas_sim.backends.sim.machine import aliasing, memory
 from pallas_sim.backends.sim.checks import initcheck
 from pallas_sim.backends.sim.checks.observer import (HappensBefore, NoObserver,
                                                       clock_components)
-from pallas_sim.backends.sim.checks.races import Tracker, element_map
+from pallas_sim.backends.sim.checks.races import Tracker
+from pallas_sim.backends.sim.machine.aliasing import element_map
 from pallas_sim.backends.sim.machine.scheduler import Scheduler
 from pallas_sim.backends.sim.machine.state import Block, Warpgroup
 
@@ -24,7 +25,7 @@ class GroupResult:
   numbers: list     # the blocks' positions in the launch
   cycles: list      # per block: when its last warpgroup or async work ended
   stats: list       # per block: machine.state.BlockStats
-  # In order (execute/events.py): RaceFound, GmemAccess (for the
+  # In order (base/events.py): RaceFound, GmemAccess (for the
   # cross-block check) and Uninit; a detached or logged group also has
   # UninitGmem and GmemRead.
   events: list

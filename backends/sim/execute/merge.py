@@ -11,6 +11,9 @@ from pallas_sim.backends.sim.machine.state import BlockStats
 
 class Merge:
   """What a launch's groups add up to so far."""
+  # (events.UninitGmem: the range of a group's unwritten reads that no
+  # earlier group's write reached)
+  unwritten_of = staticmethod(initcheck.unwritten_of)
 
   def __init__(self, num_blocks, log, call_site, check_races):
     self.log = log                      # races.RaceLog: intra-group reports fold here

@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from pallas_sim.backends.sim.execute.events import GmemRead
+from pallas_sim.backends.sim.base.events import GmemRead
 from pallas_sim.backends.sim.execute.group import GroupResult
 from pallas_sim.backends.sim.execute.tuning import Tuning
 from pallas_sim.backends.sim.checks import races

@@ -2,7 +2,9 @@
 rules' static checks (Prepared), then JAX's real lowering as a check."""
 import math
 
-from pallas_sim.backends.sim.analysis import block_classes, resources
+from pallas_sim.backends.sim.blocks import block_classes
+from pallas_sim.backends.sim.analysis import resources
+from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.frontend import capture
 from pallas_sim.backends.sim.interpret import rules  # noqa: F401  (registers all rules)
 from pallas_sim.backends.sim.interpret.compiler import Compiler
@@ -132,5 +134,5 @@ class Preparer:
       # it rejected came from: keep those frames last, as on the GPU.)
       where = where or err[1] or launch.where
       raise resources.lowering_error(err[0], where=where).with_traceback(
-          capture.user_tail(err[0].__traceback__))
+          locations.user_tail(err[0].__traceback__))
     self._lowered[key] = launch.jaxpr

@@ -9,34 +9,27 @@ We wrap that function: for our own `SimParams` it lowers to one ordered
 `io_callback` into the simulator, so plain `plgpu` code runs simulated under
 `jax.jit` too; any other params go to JAX's own interpreter unchanged.
 """
-import ast
 import collections
 import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
-import linecache
 import os
-import site
-import sys
-import sysconfig
 import threading
 import traceback
-import types
 import warnings
 
 import jax
-import jaxlib
 import numpy as np
 
-import pallas_sim.backends as _backends
 import pallas_sim.errors as _errors
 from pallas_sim.errors import SimError
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
+from pallas_sim.backends.sim.base.locations import (
+    call_site, kernel_arg_names, kernel_location, lowering_location)
 from pallas_sim.backends.sim.report import profiler
 from pallas_sim.backends.sim.analysis import smem_swizzle
 from pallas_sim.backends.sim.machine import memory
-
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -222,7 +215,7 @@ def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
       out_avals=tuple(out_avals),
       aliases=tuple(input_output_aliases), block_mappings=block_mappings,
       where=kernel_location(jaxpr), arg_names=kernel_arg_names(jaxpr),
-      call_site=_call_site(jaxpr),
+      call_site=call_site(jaxpr),
       profile=profiler.spec_of(kw.get("compiler_params")),
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
       smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)),
@@ -446,146 +439,3 @@ def _dispatch(*args, interpret_params, **kw):
 
 
 jx.interpret_pallas_call.interpret_pallas_call = _dispatch
-
-
-# --- source locations --------------------------------------------------------
-
-# Frames inside pallas-sim itself are never "the user's": the API's package
-# and the backends' (a folder of their own in a checkout, pallas_sim/backends
-# in a wheel).
-_OUR_DIRS = tuple(sorted({os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                          for m in (_errors, _backends)}))
-
-
-_JAXLIB_DIR = os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep
-
-
-def eqn_location(eqn):
-  """The user's file:line that created a jaxpr equation, or None when its
-  recorded traceback stops inside JAX (equations traced by JAX helpers such
-  as emit_pipeline): the caller then uses the enclosing equation's."""
-  tb = getattr(eqn.source_info, "traceback", None)
-  for fr in jx.source_info_util.user_frames(tb):
-    if not fr.file_name.startswith(_OUR_DIRS):
-      return _short(fr.file_name) + f":{fr.start_line}"
-  return None
-
-
-def lowering_location(exc):
-  """The user's file:line an exception from the real lowering points at (its
-  cause carries the failing equation's traceback), or None."""
-  for e in (exc.__cause__, exc):
-    frames = [f for f in traceback.extract_tb(getattr(e, "__traceback__", None))
-              if jx.source_info_util.is_user_filename(f.filename)
-              and not f.filename.startswith(_OUR_DIRS + (_JAXLIB_DIR,))]
-    if frames:
-      return f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
-  return None
-
-
-def user_tail(tb):
-  """The trailing frames of traceback `tb` outside JAX, jaxlib and
-  pallas-sim (where the lowering's error points into the user's kernel:
-  MLIR locations of the op it rejected) as a new traceback chain, or None."""
-  tail = []
-  while tb is not None:
-    name = tb.tb_frame.f_code.co_filename
-    user = (jx.source_info_util.is_user_filename(name)
-            and not name.startswith(_OUR_DIRS + (_JAXLIB_DIR,)))
-    tail = tail + [tb] if user else []
-    tb = tb.tb_next
-  chain = None
-  for t in reversed(tail):
-    chain = types.TracebackType(chain, t.tb_frame, t.tb_lasti, t.tb_lineno)
-  return chain
-
-
-def _kernel_source(jaxpr):
-  """(path, line) where the user's kernel body is defined, from the jaxpr's
-  debug info (plgpu.kernel wraps the body; its scratch run_scoped traces the
-  user's function), or None."""
-  candidates = [jaxpr] + [e.params["jaxpr"] for e in jaxpr.eqns[:1]
-                          if e.primitive.name == "run_scoped"]
-  for j in candidates:
-    src = getattr(getattr(j, "debug_info", None), "func_src_info", None) or ""
-    _, _, loc = src.rpartition(" at ")
-    path, _, line = loc.rpartition(":")
-    if path and line.isdigit() and jx.source_info_util.is_user_filename(path) and (
-        not path.startswith(_OUR_DIRS)):
-      return path, int(line)
-  return None
-
-
-_LIBRARY_DIRS = tuple({
-    os.path.abspath(p) + os.sep for p in
-    site.getsitepackages() + [site.getusersitepackages(), sysconfig.get_path("purelib"),
-                              sysconfig.get_path("platlib")] if p})
-
-
-def is_own_file(path):
-  """Whether `path` is the user's own code: not JAX's, not pallas-sim's, not
-  an installed library's (site-packages), not the standard library's."""
-  path = os.path.abspath(path)
-  return (jx.source_info_util.is_user_filename(path) and not path.startswith(_OUR_DIRS)
-          and not path.startswith(_LIBRARY_DIRS))
-
-
-def _call_site(jaxpr):
-  """For a kernel whose body lies outside the user's own files: the user's
-  innermost frame on the stack now (the kernel is traced from their call),
-  as file:line; else ""."""
-  src = _kernel_source(jaxpr)
-  if src is None or is_own_file(src[0]):
-    return ""
-  f = sys._getframe(1)  # pylint: disable=protected-access
-  while f is not None:
-    if is_own_file(f.f_code.co_filename):
-      return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
-    f = f.f_back
-  return ""
-
-
-def kernel_location(jaxpr):
-  src = _kernel_source(jaxpr)
-  return f"{_short(src[0])}:{src[1]}" if src else "<unknown location>"
-
-
-def kernel_arg_names(jaxpr):
-  """The kernel body's parameter names (a_gmem, o_ref, ...), read from its
-  source, so that reports name buffers as the user does; () if unknown."""
-  src = _kernel_source(jaxpr)
-  if src is None:
-    return ()
-  path, line = src
-  text = "".join(linecache.getlines(path))
-  known = _ARG_NAMES.get(path)
-  if known is None or known[0] != text:  # (parsed once per file's text: ~4 ms)
-    known = _ARG_NAMES[path] = (text, _parameter_names(text))
-  return known[1].get(line, ())
-
-
-_ARG_NAMES = {}  # source path -> (its text, {def or decorator line: parameter names})
-
-
-def _parameter_names(text):
-  try:
-    tree = ast.parse(text)
-  except SyntaxError:
-    return {}
-  names = {}
-  for node in ast.walk(tree):
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      args = node.args
-      for line in [node.lineno] + [d.lineno for d in node.decorator_list]:
-        names.setdefault(line, tuple(a.arg for a in args.posonlyargs + args.args))
-  return names
-
-
-def _short(path):
-  try:
-    rel = os.path.relpath(path)
-  except ValueError:
-    return path
-  return rel if not rel.startswith("..") else path
-
-

@@ -15,7 +15,7 @@ import types
 
 import jax
 
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 # What the H200 machine's jax 0.11.2 CUDA plugin reports (its cuda_versions
 # module, read there on 2026-11-30: benchmarks/RESULTS.md, "Device properties").

@@ -15,9 +15,9 @@ from jax.extend import core as jax_extend_core
 
 from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
 from pallas_sim.options import MAX_CYCLES
-from pallas_sim.backends.sim.frontend import capture
+from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.report import profiler
-from pallas_sim.backends.sim.frontend.jax_internals import primitive_name
+from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.timing.model import OpClass, alu_stretch, tensor_overlap
 
@@ -88,12 +88,12 @@ class Compiler:
     self.smem_base = 0
     # Named scopes open and close regions of the kernel's profile (report/profiler.py)
     self.profile = launch is not None and getattr(launch, "profile", None) is not None
-    # A slice of the kernel (analysis/paths.py): only these equations
+    # A slice of the kernel (blocks/paths.py): only these equations
     # ({id: which operands it needs}; zeros stand for the values it does
     # not), with these rules in place of the simulator's where given.
     self.keep = keep
     self.overrides = overrides or {}
-    self.wrap = wrap  # (fn, eqn) -> fn: a check around every plain step (analysis/paths.py)
+    self.wrap = wrap  # (fn, eqn) -> fn: a check around every plain step (blocks/paths.py)
 
   def site(self, eqn):
     """A number for `eqn`, in the order rules ask (the same in every process
@@ -103,7 +103,7 @@ class Compiler:
   def where(self, eqn):
     """The user's file:line for `eqn`; equations JAX helpers traced for the
     user take the location of the user's call that contains them."""
-    return capture.eqn_location(eqn) or self._where[-1]
+    return locations.eqn_location(eqn) or self._where[-1]
 
   def compile(self, jaxpr, consts=None):
     """A ClosedJaxpr's consts are baked in; an open Jaxpr's constvars must be

@@ -2,7 +2,7 @@
 refs they use, the leaves of those refs' transforms, a barrier, a user's
 predicate. Each layout is decoded here once, for the rules
 (interpret/rules/tma.py, barriers.py, wgmma.py) and the analyses
-(analysis/block_classes.py, analysis/paths.py) alike. Positions count the
+(blocks/block_classes.py, blocks/paths.py) alike. Positions count the
 equation's operands (eqn.invars; a rule's function gets them in order)."""
 import dataclasses
 

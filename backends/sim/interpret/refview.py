@@ -14,7 +14,7 @@ from jax import tree_util
 
 from pallas_sim.backends.sim.machine import aliasing, memory
 from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 
 class Ref:

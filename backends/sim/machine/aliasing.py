@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 
-from pallas_sim.backends.sim.checks.races import element_map
 from pallas_sim.errors import UnsupportedPrimitiveError
 
 UNWRITTEN, TRIVIAL = 0, 1  # (TRIVIAL: row-major, the physical order is the logical one)
@@ -167,3 +166,25 @@ def _bytes_written(member, nbytes):
   if m.size % 2:
     m = np.append(m, True)
   return m.reshape(nbytes, 2).all(axis=1)
+
+
+def element_map(buf, view):
+  """(offset, element strides, shape) of `view` in buf.data's elements, or a
+  covering 1-D range when the view is a bitcast."""
+  isz = buf.data.itemsize
+  off_b = view.__array_interface__["data"][0] - buf.address()
+  key = (view.strides, view.itemsize, isz)
+  estrides = _ESTRIDES.get(key)
+  if estrides is None:
+    estrides = _ESTRIDES[key] = (
+        tuple(s // isz for s in view.strides)
+        if view.itemsize == isz and all(s % isz == 0 for s in view.strides) else False)
+  if estrides is not False:
+    return off_b // isz, estrides, view.shape
+  lo = off_b // isz
+  span = sum((d - 1) * abs(s) for d, s in zip(view.shape, view.strides)) + view.itemsize
+  return lo, (1,), (-(-span // isz),)
+
+
+# (byte strides, view itemsize, buffer itemsize) -> element strides (False: a bitcast)
+_ESTRIDES = {}

@@ -30,7 +30,7 @@ import ml_dtypes
 import numpy as np
 
 from pallas_sim.backends.sim.machine.numerics import division, rounding
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 
 ARENA_BASE = 1 << 20  # (an address that is no null pointer, 1024-aligned)

@@ -39,7 +39,7 @@ class KernelReport:
   bound_reason: str = ""
   num_sms: int = 132
   simulated_blocks: int = 0   # blocks simulated (fewer than num_blocks: estimate)
-  classes: str = ""           # how an estimate chose them (backends/sim/analysis/block_classes.py)
+  classes: str = ""           # how an estimate chose them (backends/sim/blocks/block_classes.py)
 
   @property
   def sm_mhz(self):

@@ -26,7 +26,7 @@ import time
 
 
 from pallas_sim.errors import KernelError
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 HEADER_ENTRIES = 3
 WARPS = 4

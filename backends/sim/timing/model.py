@@ -11,7 +11,7 @@ cores: each takes what the others, taken to be as busy as it has been,
 leave (_stretch: at worst 1/share of the rate). So a block's time depends
 on its own work and on how crowded its SM is, never on the order in which
 blocks are simulated: a launch split over processes, or
-estimated from one block per class (backends/sim/analysis/block_classes.py), gets
+estimated from one block per class (backends/sim/blocks/block_classes.py), gets
 the same times as one simulated block after block. (Latencies are not
 shared: hiding them is what co-residency is for.)"""
 import collections
@@ -20,7 +20,6 @@ import enum
 import functools
 import heapq
 import math
-import typing
 
 import numpy as np
 
@@ -83,23 +82,11 @@ class Engines:
     self.byte_cycles = byte_cycles or {}
     self.l2_work = 0.0  # cycles of that share its transfers took
     self.loads = [] if loads else None  # its Loads (LaunchTiming.hbm_reads_traced)
-    self.path = None  # the control decisions it took, where analysis/paths.py follows them
+    self.path = None  # the control decisions it took, where blocks/paths.py follows them
     self.tma_free = 0.0
     self.tc_free = 0.0
     self.tma_work = 0.0
     self.tc_work = 0.0
-
-
-class Load(typing.NamedTuple):
-  """One TMA load as the L2 model follows it (hbm_reads_traced): issued at
-  `cycle` (None in a path slice's run, which keeps no time:
-  analysis/paths.py), reading `nbytes` from `source` (buffer, byte offset,
-  box) for Pallas thread `thread` at load site `site`."""
-  cycle: float | None
-  source: tuple
-  nbytes: int
-  thread: int | str
-  site: int
 
 
 class OpClass(enum.Enum):

@@ -3,7 +3,8 @@ set_max_registers. A barrier_wait by a warpgroup waits for the next
 completion of that barrier it has not yet observed (the phase it tracks)."""
 import numpy as np
 
-from pallas_sim.backends.sim.interpret import operands, refview
+from pallas_sim.backends.sim.interpret import operands
+from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
 from pallas_sim.backends.sim.machine.scheduler import Wait

@@ -22,7 +22,7 @@ import numpy as np
 
 from pallas_sim.backends.sim.interpret.compiler import rule
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 _FLOATS = {np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)}
 

@@ -43,7 +43,7 @@ from pallas_sim.backends.sim.mlir import evaluator as mlir_eval
 from pallas_sim.backends.sim.machine import named_barriers
 from pallas_sim.backends.sim.machine.state import Warp
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 ir, arith, func, memref = jx.ir, jx.arith, jx.func, jx.memref
 

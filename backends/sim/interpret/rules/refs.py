@@ -6,12 +6,13 @@ import numpy as np
 
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.analysis import resources
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.checks import initcheck
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.checks.races import element_view, element_map
+from pallas_sim.backends.sim.checks.races import element_view
+from pallas_sim.backends.sim.machine.aliasing import element_map
 from pallas_sim.backends.sim.interpret.rules import semaphores
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
 

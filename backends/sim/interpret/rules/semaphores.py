@@ -21,7 +21,7 @@ from jax import tree_util
 
 from pallas_sim.backends.sim.checks.semaphore_order import SemLog
 from pallas_sim.backends.sim.interpret import refview
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.machine.scheduler import Resource, Wait

@@ -10,12 +10,14 @@ early, sees what real hardware could.
 """
 import numpy as np
 
-from pallas_sim.backends.sim.frontend import jax_internals as jx
-from pallas_sim.backends.sim.interpret import operands, refview
+from pallas_sim.backends.sim.base import jax_internals as jx
+from pallas_sim.backends.sim.interpret import operands
+from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
 from pallas_sim.backends.sim.machine.scheduler import Wait
-from pallas_sim.backends.sim.timing.model import Load, OpClass
+from pallas_sim.backends.sim.base.loads import Load
+from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.interpret.rules.atomics import OPS, unsigned
 from pallas_sim.backends.sim.interpret.rules.barriers import peer_slot
 from pallas_sim.backends.sim.interpret.rules.refs import peer_ref

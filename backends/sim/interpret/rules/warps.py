@@ -14,7 +14,7 @@ from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen
 from pallas_sim.backends.sim.machine.scheduler import Resource, Wait
 from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP, Warp
 from pallas_sim.errors import LoweringError, UnsupportedPrimitiveError
-from pallas_sim.backends.sim.frontend import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 DIVERGED = -1  # bar_waits: the warps waited on this barrier unequally
 

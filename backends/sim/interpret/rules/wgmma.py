@@ -14,8 +14,9 @@ accumulates exactly in int32.
 import ml_dtypes
 import numpy as np
 
-from pallas_sim.backends.sim.frontend import jax_internals as jx
-from pallas_sim.backends.sim.interpret import operands, refview
+from pallas_sim.backends.sim.base import jax_internals as jx
+from pallas_sim.backends.sim.interpret import operands
+from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine.numerics import tensor_core
 from pallas_sim.errors import KernelError, UnsupportedPrimitiveError

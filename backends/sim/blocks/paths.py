@@ -31,8 +31,10 @@ from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.analysis.resources import sub_jaxprs
-from pallas_sim.backends.sim.interpret import operands, refview
-from pallas_sim.backends.sim.timing.model import Engines, Load
+from pallas_sim.backends.sim.interpret import operands
+from pallas_sim.backends.sim.interpret import refview
+from pallas_sim.backends.sim.timing.model import Engines
+from pallas_sim.backends.sim.base.loads import Load
 from pallas_sim.errors import SimError
 
 

@@ -115,7 +115,7 @@ def param(eqn, name):
         f"{eqn.primitive.name} has no parameter {name!r} in jax {jax.__version__} "
         f"(it has {', '.join(sorted(eqn.params)) or 'none'}): a JAX release that "
         "renamed it, which pallas-sim does not know yet "
-        "(backends/sim/frontend/jax_internals.py)") from None
+        "(backends/sim/base/jax_internals.py)") from None
 
 
 def lowerable_primitive_names():

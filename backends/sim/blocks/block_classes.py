@@ -17,9 +17,10 @@ depends on (`analyse`): blocks that agree on those axes read the same
 bytes there, which the L2 model of timing/model.py counts once per wave."""
 import jax.numpy as jnp
 
-from pallas_sim.backends.sim.frontend import capture
+from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.analysis import congruence, walker
-from pallas_sim.backends.sim.interpret import operands, refview
+from pallas_sim.backends.sim.interpret import operands
+from pallas_sim.backends.sim.interpret import refview
 
 GRID = "the block's grid index"
 DATA = "values read from memory"
@@ -76,7 +77,7 @@ class _Walk(walker.Forward):
     return taint | {FLOAT} if _value_of(var, jnp.floating) else taint
 
   def entering(self, eqn, ins):
-    self.where.append(capture.eqn_location(eqn) or self.where[-1])
+    self.where.append(locations.eqn_location(eqn) or self.where[-1])
 
   def leaving(self, eqn):
     self.where.pop()

@@ -97,8 +97,7 @@ class UninitGmem(NamedTuple):
   unwritten: object   # mask of the elements unwritten in the group's copy
 
   def merge(self, m):
-    from pallas_sim.backends.sim.checks import initcheck
-    rng = initcheck.unwritten_of(self.buffer.origin, self.offset, self.estrides, self.shape,
+    rng = m.unwritten_of(self.buffer.origin, self.offset, self.estrides, self.shape,
                                  self.unwritten)
     if rng is not None:
       m.init_log.add(m.init_log.site(self.agent, self.primitive, self.where,

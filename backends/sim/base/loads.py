@@ -1,0 +1,15 @@
+"""A TMA load as the L2 model follows it: the timing model records it when a
+block runs, a path slice (blocks/paths.py) when it runs with no time."""
+import typing
+
+
+class Load(typing.NamedTuple):
+  """One TMA load as the L2 model follows it (hbm_reads_traced): issued at
+  `cycle` (None in a path slice's run, which keeps no time:
+  blocks/paths.py), reading `nbytes` from `source` (buffer, byte offset,
+  box) for Pallas thread `thread` at load site `site`."""
+  cycle: float | None
+  source: tuple
+  nbytes: int
+  thread: int | str
+  site: int
