@@ -7,7 +7,7 @@ leader-tracked cluster barrier; the leader waits and sums the rows
 stores before the leader's reads through the barrier. On an H200 one run of
 tests/test_gpu.py once read 32 of those values stale (uninitialized output
 memory): this counts how often that happens. Open question (see
-benchmarks/RESULTS.md): the arrival is made by a few lanes with
+benchmarks/HISTORY.md): the arrival is made by a few lanes with
 mbarrier.arrive's default (CTA-scope) release semantics.
 
     python3 -m lab.cluster_arrival_probe [runs]     # on a Hopper GPU

@@ -29,8 +29,8 @@ def model(a, bt, kslice, align, result):
   acc = np.zeros((a.shape[0], bt.shape[0]), np.float32)
   a64, b64 = a.astype(np.float64), bt.T.astype(np.float64)
   out = acc.copy()
-  tc._mma(out, np.ascontiguousarray(a64), np.ascontiguousarray(b64), tc.exponents(a64),
-          tc.exponents(b64), kslice, align, result)
+  tc.mma_general(out, np.ascontiguousarray(a64), np.ascontiguousarray(b64),
+                 tc.exponents(a64), tc.exponents(b64), kslice, align, result)
   return out
 
 

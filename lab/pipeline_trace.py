@@ -60,7 +60,7 @@ CASES = [(4096, 128, 128, 2), (4096, 128, 64, 2), (8192, 128, 64, 2), (4096, 128
 
 # Our fp8 matmul at one block an SM (three slots and more) and at two (two
 # slots), 4096^3: the H200 runs three slots within 2% of four, where the
-# model has them latency-bound (benchmarks/RESULTS.md).
+# model has them latency-bound (benchmarks/HISTORY.md).
 FP8_CASES = [(4096, 128, 128, 2), (4096, 128, 128, 3), (4096, 128, 128, 4),
              (4096, 128, 128, 6)]
 

@@ -467,7 +467,7 @@ def all_cases():
 # pipeline's own steps set the time; "and delay": each with scalar work in
 # place of the wgmma, as long as it, at the clock such work holds.
 # Measured: "pipeline_study" and "power_study_diagnostic" in
-# h200_measured.json (benchmarks/RESULTS.md).
+# h200_measured.json (benchmarks/HISTORY.md).
 # ---------------------------------------------------------------------------
 
 # A "delay" step: this many cycles of dependent scalar work (the rounds of
@@ -582,7 +582,7 @@ def _diagnostic_cases():
 # Held out (not in CASES, never used to set a figure of pallas_sim/gpus.py):
 # kernels, sizes and dtypes the model was not calibrated on, predicted
 # before they were first measured (lab/data/holdout_predictions.json,
-# committed before the GPU run; benchmarks/RESULTS.md). They say how
+# committed before the GPU run; benchmarks/HISTORY.md). They say how
 # the model does on kernels it has not seen, which is what a user has.
 # ---------------------------------------------------------------------------
 
@@ -714,7 +714,7 @@ def _holdout_cases():
 # At 8192, tile_k=32 tiles that a smeared-wave rule (since dropped) said
 # miss in the L2, and a 128-byte-row tile it said does not:
 # predicted (lab/data/blind_predictions_quickstart_8192.json) and committed before
-# they were measured. The measurements refuted the rule (benchmarks/RESULTS.md).
+# they were measured. The measurements refuted the rule (benchmarks/HISTORY.md).
 BLIND_CONFIGS = {4096: ((128, 64, 5), (128, 32, 2), (128, 32, 3), (64, 64, 2),
                         (64, 64, 4), (64, 128, 2), (128, 128, 3)),
                  6144: ((128, 64, 3), (128, 32, 4), (64, 64, 3), (64, 128, 4),

@@ -1,14 +1,16 @@
-"""Hardware models: the figures the timing model (backends/sim/machine/
-timing/model.py) and the resource checks read, as data. Figures marked 'calibrate'
-are leads to be measured on a real Hopper GPU (benchmarks/), not trusted."""
+"""Hardware models: the figures the timing model (backends/sim/timing/
+model.py) and the resource checks read, as data. Figures marked 'calibrate'
+are leads to be measured on a real Hopper GPU (lab/), not trusted."""
 import dataclasses
 import numbers
 
 
-# Figures marked (H200) were measured on an H200 by lab/calibrate.py
-# through lab/measure_gpu.py (2026-12-01, lab/data/h200_measured.json
-# "figures"; the command and table are in benchmarks/RESULTS.md). The H100
-# SXM has the same SM: it takes the SM's figures, with its own HBM and L2.
+# Figures marked (H200) were measured on an H200 by lab/calibrate.py's
+# micro-benchmarks, run through lab/measure_gpu.py: their data is in
+# lab/data/h200_measured.json ("figures", "micros" and the keys named
+# below), and tests/test_timing_pins.py holds most of them to it. How each
+# was measured and refined: benchmarks/HISTORY.md. The H100 SXM has the
+# same SM: it takes the SM's figures, with its own HBM and L2.
 @dataclasses.dataclass(frozen=True)
 class GPU:
   name: str
@@ -19,8 +21,9 @@ class GPU:
   # The SM's boost clock, at which the TMA, L2, ALU, barrier and latency
   # micro-benchmarks ran (H200; the H100 SXM's is the same 1980 MHz). Under
   # sustained tensor load the clock falls (1650-1830 MHz for a wgmma loop, to
-  # 1035-1470 at the power limit: benchmarks/RESULTS.md); the tensor rates
-  # below are per second for that reason.
+  # 1035-1470 at the power limit: clock_study_micros and clock_study in
+  # lab/data/h200_measured.json); the tensor rates below are per second for
+  # that reason.
   clock_hz: float = 1.98e9
   max_smem_per_block: int = 232448      # Mosaic's max_smem_bytes on sm_90
   smem_per_sm: int = 228 * 1024
@@ -31,7 +34,8 @@ class GPU:
   # cycles a group: 3312 FLOP/clk and 28 cycles a group. (The datasheet's
   # 4096 FLOP/clk at the boost clock is 989 TFLOP/s; the SM clock falls under
   # sustained tensor load, seen at 1650-1980 MHz there, so the figures are
-  # per second: cuBLAS gets 788 TFLOP/s of bf16 on this GPU, KINDS.md.)
+  # per second: cuBLAS gets 788 TFLOP/s of bf16 on this GPU, by the GPU
+  # machine's own notes, which are not in this repository.)
   # fp8 and int8 run at twice the f16/bf16 rate (fp8: 1679 TFLOP/s measured
   # at N=128), tf32 (f32 operands) at half (480). Those loops multiplied
   # small integers; on random normal operands, whose bits toggle as real
@@ -53,7 +57,7 @@ class GPU:
   # wgmma_queue of its instructions have started (timing.Timing.wgmma), and
   # an issue takes wgmma_issue_cycles_base + wgmma_instr_issue_cycles an
   # instruction. The quickstart's body traced by Mosaic GPU's profiler
-  # (lab/pipeline_trace.py, pipeline_trace_h200.json, H200), median
+  # (lab/pipeline_trace.py, lab/data/pipeline_trace_h200.json, H200), median
   # cycles of the issue: 634 for 16 m64n128k16 instructions (128x128x128),
   # 354 for 16 m64n64k16 (128x64x128), the tensor cores idle before both;
   # 109 and 122 for 8 m64n128k16 (151 and 122 behind a busy group), 91 for
@@ -114,31 +118,35 @@ class GPU:
   # tail included; 128-byte rows that blocks share at once merge, and stay
   # with l2_shared_bytes_per_s. Rows under 128 bytes share this rate among
   # the busy SMs, per second: at a lower SM clock each gets more a cycle
-  # (pipeline_trace.py --stream-spans, ncu_sections.py with
-  # breakdown:lts__throughput, benchmarks/RESULTS.md).
+  # (lab/pipeline_trace.py --stream-spans, lab/ncu_sections.py with
+  # breakdown:lts__throughput, lab/data/ncu_l2_h200.json; benchmarks/HISTORY.md).
   # With narrow rows the 24 SMs of the GPCs' 2-TPC CPCs got 1.32-1.42x the
-  # others' share (gpc_probe.py); the model gives every SM the same.
+  # others' share (lab/gpc_probe.py); the model gives every SM the same.
   l2_requests_per_s: float = 149e9
   # What one SM's TMA engine moves of rows under 128 bytes, the L2 all but
   # idle: 16 blocks on 16 SMs, boxes of 128 rows from an L2-resident panel, 8
   # in flight: 0.84, 0.88 and 0.89 rows a cycle in 16-, 32- and 64-byte rows
-  # (tma_rows_alone_* in micros_2026_12_03_twentieth, H200).
+  # (lab/calibrate.py tma_rows_alone_*, in micros_2026_12_03_twentieth of
+  # lab/data/h200_measured.json, H200).
   tma_narrow_rows_per_clk: float = 0.88
   # What issuing a TMA load costs its warpgroup, which goes on after it: each
   # block issuing loads of a 16 KiB tile back to back, in a profiled named
   # scope, took 56 cycles for 1, 86 for 2 (43 a load), 171 for 4 (43) and
-  # 424 for 8 (53) (`pipeline_trace.py --tma-issue`, H200,
-  # pipeline_trace_h200.json's tma_issue rows). The copy starts as its issue ends:
-  # tma_latency was measured from before the issue.
+  # 424 for 8 (53) (`lab/pipeline_trace.py --tma-issue`, H200,
+  # lab/data/pipeline_trace_h200.json's tma_issue rows). The copy starts as its
+  # issue ends: tma_latency was measured from before the issue.
   tma_issue_cycles: float = 43.0
   # A TMA store's issue, the same way: 94 cycles for 1, 118 for 2 (59 a
   # store). A third and fourth wait for the first ones' SMEM reads (4 took
   # 1346, 8 took 4776): a queue of about two bulk stores, not modelled.
   tma_store_issue_cycles: float = 59.0
   # A TMA load's latency, issue to barrier completion, of a 4 KiB tile:
-  # 440 cycles from L2, 968 from HBM (H200); what it moves beyond that is
-  # charged at the SM's rate. 400 before its issue was measured; now those
-  # 440 less the issue's 43 (less the 4 an equation was charged before).
+  # 440 cycles from L2, 968 from HBM (H200, a chain of dependent loads:
+  # tma_latency_l2_4k and tma_latency_hbm_4k in lab/data/h200_measured.json
+  # "micros"); what it moves beyond that is charged at the SM's rate. The
+  # chain timed each load from before its issue, which the model charges
+  # apart (tma_issue_cycles): the figure is 400 (the chain's fit with a
+  # 4-cycle issue) less 39 (the measured issue's 43 less those 4).
   tma_latency: int = 361
   hbm_latency_extra: int = 530
   # What a byte costs HBM, read and written, when a TMA box's rows are runs
@@ -147,7 +155,8 @@ class GPU:
   # rows in boxes of 64 rows, enough in flight to keep HBM busy, read at 3.73
   # TB/s in 64-byte runs and 4.33 in 128; box by box copies wrote at 2.52 and
   # 2.89 TB/s, with the reads at those rates (hbm_rows_* and hbm_rows_copy_*
-  # in micros_2026_12_05, H200; two runs' mean). Runs of 256 bytes and more:
+  # in micros_2026_12_05 of lab/data/h200_measured.json, lab/calibrate.py,
+  # H200; two runs' mean). Runs of 256 bytes and more:
   # the contiguous rates (those copies wrote at 3.34 TB/s; the streams read at
   # 4.2-4.33, where elementwise kernels reading 256- and 512-byte runs of 8-16
   # KiB rows ran as fast as in 1 KiB runs: not modelled).
@@ -158,36 +167,41 @@ class GPU:
   # at most hbm_queue_cap (timing.Timing._hbm_queue). The same streams with
   # 8 to 128 KiB in flight an SM (one, two or four blocks an SM, 1 to 16
   # boxes each) went at 33% of HBM's rate with 8 KiB, 58% with 16, 84-88%
-  # with 32 and all of it from 64 on. With 100 cycles the model is within
-  # 4.3% of those 26 streams and copies on average, 13.4% at most (the 8 KiB
-  # boxes at one block an SM, short); without the queue 7.5% and 25%; 150
-  # and 200 cycles give 3.7% and 4.0% (benchmarks/RESULTS.md, 2026-12-05:
-  # 100 is what the second blind set was predicted with; micros_2026_12_05,
-  # H200). With a block's own data held to its part of the SM's share of
-  # HBM as well (timing.Timing.tma): 3.6%, 13.3% at most.
+  # with 32 and all of it from 64 on (micros_2026_12_05, H200). With 100
+  # cycles the model is within 4.3% of those 26 streams and copies on
+  # average, 13.4% at most (the 8 KiB boxes at one block an SM, short);
+  # without the queue 7.5% and 25%; 150 and 200 cycles give 3.7% and 4.0%
+  # (benchmarks/hbm_streams.py --queue-cycles). 100 stays because the second
+  # blind set of lab/families.py was predicted with it. With a block's own
+  # data held to its part of the SM's share of HBM as well (timing.Timing.tma):
+  # 3.6%, 13.3% at most. How it was found: benchmarks/HISTORY.md.
   hbm_queue_cycles: float = 100.0
   hbm_queue_cap: float = 0.95
   # wgmma then wgmma_wait(0), one block: 195 cycles at m64n64k64 and 657 at
-  # m64n256k64, 7 and 85 over their FLOPs and issue cycles (H200).
+  # m64n256k64, 7 and 85 over their FLOPs and issue cycles (H200,
+  # wgmma_latency_f16_m64n64 and _m64n256 in "micros").
   wgmma_latency: int = 45
   # Two warpgroups handing a barrier back and forth: 115 cycles a round
-  # trip, two hand-offs (H200).
+  # trip, two hand-offs (H200, barrier_pingpong in "micros").
   barrier_latency: int = 57
-  # Tiny kernels chained in one jitted program: 1.34-1.64 us a launch (H200;
-  # host-bound, so an upper bound on the device's own gap).
+  # Tiny kernels chained in one jitted program: 1.34-1.64 us a launch (H200,
+  # launch_1_blocks and launch_132_blocks in "micros"; host-bound, so an
+  # upper bound on the device's own gap).
   launch_overhead_s: float = 1.5e-6
   # A warpgroup's elementwise op, per 128 elements (one per lane) of its
   # widest operand: v + 1 on a 128x128 f32 tile in registers took 113 cycles
-  # (and v * a + b, one FMA, 123); exp(-v) 1851 (H200). One warpgroup has
-  # the SM's ALUs to itself: with two blocks per SM each op took 2.25x
-  # (1.73x for exp), so warpgroups on an SM share them (machine/state.py).
+  # (and v * a + b, one FMA, 123); exp(-v) 1851 (H200, alu_* in "micros").
+  # One warpgroup has the SM's ALUs to itself: with two blocks per SM each
+  # op took 2.25x (1.73x for exp), so warpgroups on an SM share them
+  # (machine/state.py).
   # Only exp was measured of the transcendental functions.
   alu_cycles_per_vector: float = 0.85
   transcendental_cycles_per_vector: float = 14.4
   # With CompilerParams(approx_math=True) a transcendental function is one
   # special-function-unit op (ex2.approx...): exp2(-v) on the 128x128 tile
   # took 1054 cycles, 7.3 a vector after the negation's ALU op (the SM's
-  # 16 results per clock; two blocks per SM took twice as long: H200).
+  # 16 results per clock; two blocks per SM took twice as long: H200,
+  # alu_study in lab/data/h200_measured.json).
   sfu_cycles_per_vector: float = 7.3
   # An equation's cost beyond its vectors: a loop of dependent scalar int32
   # equations (mul, add, shift, xor) took 4.29 cycles each, 3.44 over the

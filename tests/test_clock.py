@@ -88,7 +88,7 @@ def test_an_hbm_bound_kernel_does_not_slow_down_with_the_sm_clock():
 
 def test_a_matmul_at_the_power_limits_clock_is_slower_and_says_so():
   """The large matmuls of the suite run at 1035-1905 MHz on an H200 at its
-  700 W limit (benchmarks/RESULTS.md): given such a clock, the tensor-bound
+  700 W limit (benchmarks/HISTORY.md): given such a clock, the tensor-bound
   part of a matmul takes longer (at 1000 MHz its tensor cores, not its
   share of the L2, bound it); the report names the clock."""
   a, b = S((4096, 4096), F16), S((4096, 4096), F16)

@@ -89,7 +89,7 @@ def leader_tracked_gather(followers_wait=False, skip=None, sum_rows=True):
   leader-tracked cluster barrier; the leader (block 0) waits for all four
   and sums the rows (sum_rows=False: writes 10s; a non-leader waiting waits
   forever: its copy counts no arrivals). (On an H200 the summing leader
-  once read 32 values stale, in ~20600 runs: benchmarks/RESULTS.md.)"""
+  once read 32 values stale, in ~20600 runs: benchmarks/HISTORY.md.)"""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((5, 128), F32), grid=(1,),
                 grid_names=("g",), cluster=(4,), cluster_names=("c",),
                 scratch_types=[plgpu.ClusterBarrier(collective_axes=("c",),

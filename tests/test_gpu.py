@@ -435,7 +435,7 @@ def test_inline_mgpu_agrees():
 def test_leader_tracked_cluster_barrier_agrees():
   from test_clusters import leader_tracked_gather
   # (no cross-block GMEM reads: the summing leader once read stale rows on
-  # the H200, benchmarks/RESULTS.md)
+  # the H200, benchmarks/HISTORY.md)
   sim, real = both(leader_tracked_gather(sum_rows=False))
   assert_bit_equal(sim, real, "leader-tracked cluster barrier")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pallas_sim import gpus
-from pallas_sim.backends.sim.interpret.rules.tma import _run_bytes
+from pallas_sim.backends.sim.interpret.rules.tma import run_bytes
 from pallas_sim.backends.sim.timing.model import Timing
 
 from benchmarks import hbm_streams
@@ -28,10 +28,10 @@ def _predicted_us(name):
 
 def test_a_box_lies_in_runs_as_long_as_its_rows_or_the_whole_box():
   x = np.zeros((64, 8192), np.float16)
-  assert _run_bytes(x[:, 128:192]) == 128            # pieces of longer rows
-  assert _run_bytes(x[8:40]) == 32 * 8192 * 2        # whole rows follow on
-  assert _run_bytes(x[:, 5:6]) == 2                  # a column
-  assert _run_bytes(np.zeros((4, 1, 256), np.float32)[1:3]) == 2 * 256 * 4
+  assert run_bytes(x[:, 128:192]) == 128            # pieces of longer rows
+  assert run_bytes(x[8:40]) == 32 * 8192 * 2        # whole rows follow on
+  assert run_bytes(x[:, 5:6]) == 2                  # a column
+  assert run_bytes(np.zeros((4, 1, 256), np.float32)[1:3]) == 2 * 256 * 4
 
 
 def test_short_runs_cost_hbm_more_and_long_ones_nothing():
@@ -109,17 +109,17 @@ def test_a_block_gets_its_bytes_from_hbm_no_faster_than_its_share():
 
 def test_a_block_owns_the_boxes_in_its_part_of_a_buffer():
   from pallas_sim.backends.sim.interpret import refview
-  from pallas_sim.backends.sim.interpret.rules.tma import _in_own_part
+  from pallas_sim.backends.sim.interpret.rules.tma import in_own_part
 
-  class Buf:  # (what _in_own_part reads of a buffer)
+  class Buf:  # (what in_own_part reads of a buffer)
     def __init__(self, data):
       self.data, self.nbytes, self.name = data, data.nbytes, "x"
   x = np.zeros((256, 1024), np.float16)  # (4 blocks: 64 rows each)
   box = lambda r, c: refview.Ref(Buf(x), x[r:r + 64, c:c + 128])
-  assert _in_own_part(box(64, 0), 1, 4) and _in_own_part(box(64, 896), 1, 4)
-  assert not _in_own_part(box(64, 0), 0, 4)      # (another block's rows)
-  assert not _in_own_part(box(32, 0), 0, 4)      # (straddles two parts)
-  assert _in_own_part(box(200, 0), 0, 1)         # (one block owns it all)
+  assert in_own_part(box(64, 0), 1, 4) and in_own_part(box(64, 896), 1, 4)
+  assert not in_own_part(box(64, 0), 0, 4)      # (another block's rows)
+  assert not in_own_part(box(32, 0), 0, 4)      # (straddles two parts)
+  assert in_own_part(box(200, 0), 0, 1)         # (one block owns it all)
 
 
 def test_a_store_keeps_hbm_busy_at_the_write_rate():

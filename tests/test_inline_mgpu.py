@@ -325,7 +325,6 @@ def _evaluate(build, arg_types, args, lanes=128):
   from jax._src.interpreters import mlir as jax_mlir
   from jax._src.lib.mlir.dialects import func
   from pallas_sim.backends.sim.mlir import evaluator as E
-  from pallas_sim.backends.sim.interpret.rules.inline_mgpu import _memref
   ctx = jax_mlir.make_ir_context()
   mgpu.dialect.register_dialect(ctx)
   with ctx, ir.Location.unknown():
@@ -344,7 +343,9 @@ def _evaluate(build, arg_types, args, lanes=128):
   refs = []
   for a, off, t in zip(args, offs, arg_types_list(arg_types)):
     arena.data[off:off + a.nbytes] = a.reshape(-1).view(np.uint8)
-    refs.append(_memref(off, a.shape, a.dtype, "smem" if "workgroup" in str(t) else "gmem"))
+    strides = [int(np.prod(a.shape[d + 1:])) for d in range(a.ndim)]  # (row-major, in elements)
+    refs.append(E.MemRef(E.ARENA_BASE + off, np.int64(0), a.shape, strides, a.dtype,
+                         "smem" if "workgroup" in str(t) else "gmem"))
   lanes_ = E.Lanes(np.arange(lanes), (lanes, 1, 1), (0, 0, 0), (1, 1, 1), (0, 0, 0),
                    (1, 1, 1), arena)
   E.run(prog, lanes_, refs)

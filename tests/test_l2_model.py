@@ -115,7 +115,7 @@ def test_a_deeper_pipeline_hides_the_loaded_l2s_latency(deeper, shallower):
   """The H200 runs the quickstart's 128x128x64 tile 10-12% faster at mcs=4
   than at mcs=3, at the same SMEM, occupancy and bytes: its loads wait
   ~2000 cycles on a loaded L2, which three stages in flight hide better than
-  two (benchmarks/RESULTS.md)."""
+  two (benchmarks/HISTORY.md)."""
   assert _estimate(shallower) > 1.02 * _estimate(deeper)
 
 

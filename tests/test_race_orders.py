@@ -65,16 +65,16 @@ def _checked_by(fn, *args):
   """The report, and the agent of each access whose check reported a race
   (a landing of async work, or a thread's access), in order."""
   found = []
-  orig = races_mod.Tracker._report
+  orig = races_mod.Tracker.report
 
   def spy(self, *a):
     found.append(a[8].agent)  # (the access being checked: its site)
     return orig(self, *a)
-  races_mod.Tracker._report = spy
+  races_mod.Tracker.report = spy
   try:
     return _races(fn, *args), found
   finally:
-    races_mod.Tracker._report = orig
+    races_mod.Tracker.report = orig
 
 
 def _found_by(rows):

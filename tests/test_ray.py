@@ -90,7 +90,7 @@ def test_ray_outside_simulate_says_it_runs_here():
 
 def test_no_fork_while_ray_runs_in_this_process(monkeypatch):
   """(A fork of a process running Ray's gRPC threads crashed it.)"""
-  monkeypatch.setattr(parallel, "_WARNED", False)
+  monkeypatch.setattr(parallel, "WARNED", False)
   with pytest.warns(RuntimeWarning, match="Ray is running in this process"):
     sim = ps.simulate(quickstart, *_ab(), workers=2)
   assert sim.report.kernels[0].workers == 1

@@ -1,6 +1,7 @@
-"""Ref transforms: a chain decoded once (refview._template, the fast path
-for indexers with dynamic starts) names the same elements, and fails with
-the same errors, as JAX's own indexer objects rebuilt at every call."""
+"""Ref transforms: a chain decoded once (refview.compile_transforms' fast
+path for indexers with dynamic starts, taken where refview.index_plans
+gives the chain's plans) names the same elements, and fails with the same
+errors, as JAX's own indexer objects rebuilt at every call."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 from jax import tree_util
@@ -60,7 +61,7 @@ def test_a_compiled_chain_names_what_jax_indexers_name(trs):
   fast = _outcome(lambda: refview.compile_transforms(treedef)(root, leaves))
   assert fast == slow
   if treedef.num_leaves:
-    assert refview._template(treedef) is not None  # (the fast path was taken)
+    assert refview.index_plans(treedef) is not None  # (the fast path was taken)
   clipped_slow = refview.apply_clipped(root, refview.unflatten(treedef, leaves)) \
       if slow[0] == "view" else None
   if clipped_slow is not None:

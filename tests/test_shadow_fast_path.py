@@ -49,19 +49,19 @@ def run(ops, fast):
         "write" if write else "read", agent))
     a = types.SimpleNamespace(thread=agent, pos=agent - 1)
     if not fast:
-      races._plain = lambda *args: False
+      races.plain_access = lambda *args: False
     try:
       tr.access(buf, VIEWS[view](buf.data), vec, agent, int(vec[agent]), site, write, a,
                 types.SimpleNamespace(index=(0,)))
     finally:
-      races._plain = PLAIN
+      races.plain_access = PLAIN
   sh = buf.shadow
   arrays = {k: v.copy() for k, v in vars(sh).items() if isinstance(v, np.ndarray)}
   events = [(e.kind, e.first.id, e.second.id, e.elements) for e in tr.events]
   return arrays, events, sh.read_slots
 
 
-PLAIN = races._plain
+PLAIN = races.plain_access
 
 
 @settings(max_examples=300, deadline=None)

@@ -55,8 +55,8 @@ def test_fast_kernel_equals_the_general_one_and_the_reference(name, m, k, n, zer
   (align, result), kslice = tc.PRECISION[itemsize], tc.SLICE_BYTES // itemsize
   ea, eb = tc.exponents(a), tc.exponents(b)
   fast, general = acc.copy(), acc.copy()
-  tc._mma_finite(fast, a, b, ea, eb, kslice, align, result)
-  tc._mma(general, a, b, ea, eb, kslice, align, result)
+  tc.mma_finite(fast, a, b, ea, eb, kslice, align, result)
+  tc.mma_general(general, a, b, ea, eb, kslice, align, result)
   np.testing.assert_array_equal(fast.view(np.uint32), general.view(np.uint32))
   with np.errstate(over="ignore"):  # (sums past f32's range are inf in both)
     ref = tensor_core_ref.matmul(a, b, itemsize, acc).astype(np.float32)
@@ -71,7 +71,7 @@ def test_fast_kernel_equals_the_general_one_and_the_reference(name, m, k, n, zer
     np.testing.assert_array_equal(ea32, ea)
     np.testing.assert_array_equal(eb32, eb)
     narrow = acc.copy()
-    tc._mma_narrow(narrow, a32, b32, ea32, eb32, kslice, align, result)
+    tc.mma_narrow(narrow, a32, b32, ea32, eb32, kslice, align, result)
     np.testing.assert_array_equal(narrow.view(np.uint32), general.view(np.uint32))
 
 
@@ -85,12 +85,12 @@ def test_narrow_kernel_takes_f16_operands_and_its_int32_sums_hold_the_largest():
     a = np.full((2, 32), sign * top, np.float32)
     b = np.full((32, 3), top, np.float32)
     acc = np.array([[0, 1e-3, -7], [1e6, -0.0, 3]], np.float32)
-    ok, _, lo, hi = tc._scan32(a)
+    ok, _, lo, hi = tc.scan32(a)
     assert ok and (lo, hi) == (0, 0) and tc.narrow_operands(a, b, acc)[0]
     got, want = acc.copy(), acc.copy()
     tc.mma_f32(got, a, b, 2)
-    tc._mma(want, a.astype(np.float64), b.astype(np.float64), tc.exponents(a.astype(np.float64)),
-            tc.exponents(b.astype(np.float64)), 16, 25, 23)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    tc.mma_general(want, a64, b64, tc.exponents(a64), tc.exponents(b64), 16, 25, 23)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
   wide = np.array([[2.0 ** 100, 1.0], [3.0, 2.0 ** -120]], np.float32)
   assert not tc.narrow_operands(wide, wide, np.ones((2, 2), np.float32))[0]

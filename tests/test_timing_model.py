@@ -99,7 +99,7 @@ def test_a_block_that_raises_its_registers_holds_them_from_launch():
 def test_a_spilling_accumulator_costs_more_per_flop():
   """The 128x256 f32 accumulator does not fit a lane's 255 registers: each
   wgmma moves the spilled registers out and back, which no tile that fits
-  pays (the H200 runs it ~4x slower, benchmarks/RESULTS.md)."""
+  pays (the H200 runs it ~4x slower, benchmarks/HISTORY.md)."""
   fits = _est(2048, 2048, 2048, tile_n=128, max_concurrent_steps=3)
   spills = _est(2048, 2048, 2048, tile_n=256, max_concurrent_steps=3)
   assert spills.stalls["spill"] > 0 and fits.stalls["spill"] == 0
@@ -145,7 +145,7 @@ def _per_wgmma(pad_kib):
 def test_spills_slow_down_when_smem_leaves_the_l1_too_small_for_them():
   """What of the spilled accumulator the L1 beside SMEM cannot hold goes to
   the L2 (the H200: 5999 cycles a wgmma with 156 KiB of L1, 6287 with 92,
-  6884 with 28, benchmarks/RESULTS.md)."""
+  6884 with 28, benchmarks/HISTORY.md)."""
   g = gpus.at_clock(gpus.H200, 1980)  # (one block: the boost clock)
   roomy, tight, none = (_per_wgmma(p) for p in (0, 112, 160))
   tensor = 2 * 128 * 256 * 64 / g.tensor_rate("f16") + g.wgmma_issue_cycles
@@ -162,7 +162,7 @@ def test_a_spills_l2_part_goes_at_what_the_tma_loads_leave_of_the_l2():
   through the SM's share of the L2, which its block's TMA loads (and the
   co-resident blocks', alike) keep busy part of the time: that part goes
   at what they leave, as their latency does (the quickstart's 128x256 rows:
-  -19 / -15% to -12 / -8% at mcs=3, benchmarks/RESULTS.md)."""
+  -19 / -15% to -12 / -8% at mcs=3, benchmarks/HISTORY.md)."""
   t = Timing(gpus.H200)
   alone = Engines(share=1, spill=(100.0, 400.0))
   assert t.spill(alone, 1000.0) == 500.0  # (nothing else loads the L2: the study's loop)
@@ -243,7 +243,7 @@ def _alu_kernel(blocks, n=50):
 
 def test_warpgroups_on_an_sm_share_its_alus():
   """The H200 ran an FMA loop at 123 cycles per 128x128 tile with one block
-  per SM and 277 with two (benchmarks/RESULTS.md): co-resident blocks share
+  per SM and 277 with two (benchmarks/HISTORY.md): co-resident blocks share
   the SM's ALUs, and one warpgroup alone has them all."""
   sms = gpus.H200.num_sms
   one = ps.estimate(_alu_kernel(sms), S((128, 128), F32), gpu="h200").kernels[0]

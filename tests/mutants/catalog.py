@@ -447,14 +447,14 @@ MUTANTS = [
            "async work's landing (a TMA load's write, a store's or wgmma's read) is "
            "checked against the plain accesses made before it; the mutant checks "
            "only plain accesses (an access made before the work lands is missed)",
-           '        if m is not None:\n          self._report("read", m, rc, rk',
-           '        if m is not None and issued is vec:\n          self._report("read", m, rc, rk',
+           '        if m is not None:\n          self.report("read", m, rc, rk',
+           '        if m is not None and issued is vec:\n          self.report("read", m, rc, rk',
            ("tests/test_race_orders.py",)),
     Mutant("races-access-finds-no-landed-work", RACES,
            "a plain access is checked against async work that landed before it; the "
            "mutant checks only async work's own landing",
-           '    if m is not None:\n      self._report("write", m, wc, wk',
-           '    if m is not None and issued is not vec:\n      self._report("write", m, wc, wk',
+           '    if m is not None:\n      self.report("write", m, wc, wk',
+           '    if m is not None and issued is not vec:\n      self.report("write", m, wc, wk',
            ("tests/test_race_orders.py",)),
     Mutant("races-lost-completion-unchecked", BAR,
            "a barrier completing again before its waiter observed the last is reported",
@@ -484,13 +484,13 @@ MUTANTS = [
     Mutant("smem-branches-uncounted", RES,
            "SMEM allocated inside cond / pl.when branches counts (the biggest branch); "
            "the mutant skips branches",
-           '_SUBJAXPRS = {"cond": ("branches",), "scan": ("jaxpr",), "jit": ("jaxpr",),',
-           '_SUBJAXPRS = {"scan": ("jaxpr",), "jit": ("jaxpr",),',
+           '_LOOKED_INTO = frozenset(("cond", "scan", "jit", "pjit", "run_state", "while"))',
+           '_LOOKED_INTO = frozenset(("scan", "jit", "pjit", "run_state", "while"))',
            ("tests/test_smem_accounting.py",)),
     Mutant("smem-loop-bodies-uncounted", RES,
            "SMEM allocated inside loop bodies counts; the mutant skips while loops",
-           '              "while": ("cond_jaxpr", "body_jaxpr")}',
-           "              }",
+           '_LOOKED_INTO = frozenset(("cond", "scan", "jit", "pjit", "run_state", "while"))',
+           '_LOOKED_INTO = frozenset(("cond", "scan", "jit", "pjit", "run_state"))',
            ("tests/test_smem_accounting.py",)),
     Mutant("mma-sync-fp8-sums-as-wgmma", TC,
            "mma.sync sums fp8 in slices of 8 with f16's precision (fitted on an H200); "
@@ -1178,20 +1178,21 @@ MUTANTS = [
     Mutant("smem-swizzle-pair-untied", "backends/sim/analysis/smem_swizzle.py",
            "a wgmma's lhs and rhs share one swizzle (the largest that fits both); "
            "the mutant gives each its own",
-           "        cls.union(a, b)\n",
+           "        self.union(a, b)\n",
            "        pass\n",
            ("tests/test_smem_swizzle.py",)),
-    Mutant("smem-swizzle-loop-unfollowed", "backends/sim/analysis/smem_swizzle.py",
-           "a wgmma inside a while loop ties the allocations its operands name; "
-           "the mutant does not follow refs into the loop's body",
-           "      _walk(body, _bind(body, ins[cn:]), cls)\n",
-           "      _walk(body, {}, cls)\n",
+    Mutant("smem-swizzle-loop-unfollowed", "backends/sim/analysis/walker.py",
+           "a wgmma inside a while loop ties the allocations its operands name (the "
+           "walker runs the body on the loop's operands); the mutant runs it on unknowns",
+           "      new = [self.widen(c, t) for c, t in zip(carry, self.walk(form.body, bc + carry))]\n",
+           "      new = [self.widen(c, t) for c, t in zip(carry, self.walk(\n"
+           "          form.body, [self.unknown] * len(bc + carry)))]\n",
            ("tests/test_smem_swizzle.py",)),
-    Mutant("smem-swizzle-branch-unfollowed", "backends/sim/analysis/smem_swizzle.py",
-           "a wgmma inside a cond's branch ties the allocations its operands name; "
-           "the mutant does not follow refs into the branches",
-           "        _walk(branch, _bind(branch, ins[1:]), cls)\n",
-           "        _walk(branch, {}, cls)\n",
+    Mutant("smem-swizzle-branch-unfollowed", "backends/sim/analysis/walker.py",
+           "a wgmma inside a cond's branch ties the allocations its operands name (the "
+           "walker runs each branch on the cond's operands); the mutant runs them on unknowns",
+           "      res = self.walk(branch, ins[1:])\n",
+           "      res = self.walk(branch, [self.unknown] * len(ins[1:]))\n",
            ("tests/test_smem_swizzle.py",)),
     Mutant("shapes-only-through-xla", "pallas_sim/api.py",
            "ps.estimate given shapes walks the jaxpr and runs its kernels with no "

@@ -41,6 +41,16 @@ def make_scratch(files):
     dst = os.path.join(d, f)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     shutil.copy2(os.path.join(ROOT, f), dst)
+  # The backends install as pallas_sim.backends (pyproject.toml package-dir):
+  # on PYTHONPATH the copy needs them there too, or the checkout's editable
+  # install would answer for them, unmutated.
+  os.symlink(os.path.join("..", "backends"), os.path.join(d, "pallas_sim", "backends"))
+  got = subprocess.run(
+      [sys.executable, "-c", "import pallas_sim.backends.sim as s; print(s.__file__)"],
+      cwd=d, env=dict(os.environ, PYTHONPATH=d), capture_output=True, text=True,
+      check=True).stdout.strip()
+  if not got.startswith(d + os.sep):
+    raise RuntimeError(f"the scratch copy {d} imports the simulator from {got}")
   return d
 
 

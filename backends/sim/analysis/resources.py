@@ -16,6 +16,7 @@ import collections
 import math
 import re
 
+from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import named_barriers
 from pallas_sim.errors import LoweringError, SmemOverflowError
@@ -41,11 +42,6 @@ class _Need:
 
   def union(self, o):
     return _Need(max(self.smem, o.smem), self.barriers | o.barriers)
-
-
-def inner(j):
-  """The open Jaxpr of a ClosedJaxpr (or the Jaxpr itself)."""
-  return j.jaxpr if hasattr(j, "consts") else j
 
 
 def _alloc_need(aval):
@@ -80,9 +76,8 @@ def _jaxpr_need(jaxpr, reduction_bytes):
 
 def _eqn_need(eqn, reduction_bytes):
   name = eqn.primitive.name
-  p = eqn.params
   if name == "run_scoped":
-    body = inner(p["jaxpr"])
+    body = walker.bodies(eqn)[0]
     own = _Need()
     for v in body.invars:
       own = own + _alloc_need(v.aval)
@@ -92,16 +87,13 @@ def _eqn_need(eqn, reduction_bytes):
   need = _Need()
   # Only these are looked into by the real estimator (custom_jvp_call etc.
   # are not: their allocations count for nothing there, and so here).
-  for key in _SUBJAXPRS.get(name, ()):
-    sub = p[key]
-    for j in (sub if isinstance(sub, (tuple, list)) else (sub,)):
-      need = need.union(_jaxpr_need(inner(j), reduction_bytes))
+  if name in _LOOKED_INTO:
+    for body in walker.bodies(eqn):
+      need = need.union(_jaxpr_need(body, reduction_bytes))
   return need
 
 
-_SUBJAXPRS = {"cond": ("branches",), "scan": ("jaxpr",), "jit": ("jaxpr",),
-              "pjit": ("jaxpr",), "run_state": ("jaxpr",),
-              "while": ("cond_jaxpr", "body_jaxpr")}
+_LOOKED_INTO = frozenset(("cond", "scan", "jit", "pjit", "run_state", "while"))
 
 
 def smem_bytes(kernel_jaxpr, reduction_bytes=REDUCTION_SCRATCH_BYTES):
@@ -148,65 +140,27 @@ def lowering_error(exc, where=None):
       primitive=m.group(1) if m else None, where=where)
 
 
-def scan_counts(eqn):
-  """(consts, carries) of a lax.scan equation's inputs (the xs follow), or
-  None where its parameters say neither (jax 0.11 packs the three groups
-  in a flat tree, ft_in; older ones count them)."""
-  p = eqn.params
-  if "num_consts" in p:
-    return p["num_consts"], p["num_carry"]
-  ft = p.get("ft_in")
-  groups = ft.unpack() if hasattr(ft, "unpack") else ()
-  if len(groups) != 3 or sum(map(len, groups)) != len(eqn.invars):
-    return None
-  return len(groups[0]), len(groups[1])
-
-
-def sub_jaxprs(value):
-  """The jaxprs an equation parameter holds (nested in tuples or lists)."""
-  if hasattr(value, "eqns"):
-    yield value
-  elif hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
-    yield value.jaxpr
-  elif isinstance(value, (tuple, list)):
-    for v in value:
-      yield from sub_jaxprs(v)
-
-
 def primitive_names(kernel_jaxpr):
   """The names of every primitive in the kernel body, nested bodies included."""
-  names, seen, stack = set(), set(), [kernel_jaxpr]
-  while stack:
-    j = stack.pop()
-    if id(j) in seen:
-      continue
-    seen.add(id(j))
-    for eqn in j.eqns:
-      names.add(primitive_name(eqn))
-      for p in eqn.params.values():
-        stack.extend(sub_jaxprs(p))
-  return names
+  return {primitive_name(eqn) for eqn in walker.equations(kernel_jaxpr)}
 
 
 def scope_allocations(eqn):
   """The variables a run_scoped equation's body allocates (its invars);
   none for any other equation."""
-  return inner(eqn.params["jaxpr"]).invars if eqn.primitive.name == "run_scoped" else ()
+  return walker.bodies(eqn)[0].invars if eqn.primitive.name == "run_scoped" else ()
 
 
-def asked_registers(jaxpr, found=None):
+def asked_registers(jaxpr):
   """The largest count plgpu.set_max_registers asks for in the kernel body,
   by action ("increase", "decrease")."""
-  found = {} if found is None else found
-  for eqn in jaxpr.eqns:
+  found = {}
+  for eqn in walker.equations(jaxpr):
     if primitive_name(eqn) == "set_max_registers":
       n = eqn.params.get("n")
       if n is not None:
         a = eqn.params.get("action")
         found[a] = max(found.get(a, 0), int(n))
-    for p in eqn.params.values():
-      for sub in sub_jaxprs(p):
-        asked_registers(sub, found)
   return found
 
 
@@ -214,20 +168,12 @@ def barrier_count(kernel_jaxpr):
   """How many mbarriers the kernel body's scopes allocate, each scope
   counted once (however often it runs), and the block's 16 named barriers
   where an inline_mgpu body may use them: the barriers a block can have."""
-  seen, count, named = set(), 0, 0
-  stack = [kernel_jaxpr]
-  while stack:
-    j = stack.pop()
-    for eqn in j.eqns:
-      if id(eqn) in seen:
-        continue
-      seen.add(id(eqn))
-      if primitive_name(eqn) == "inline_mgpu":
-        named = named_barriers.COUNT
-      for v in scope_allocations(eqn):
-        dt = getattr(getattr(v.aval, "inner_aval", None), "dtype", None)
-        if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
-          count += math.prod(v.aval.inner_aval.shape)
-      for p in eqn.params.values():
-        stack.extend(sub_jaxprs(p))
+  count, named = 0, 0
+  for eqn in walker.equations(kernel_jaxpr):
+    if primitive_name(eqn) == "inline_mgpu":
+      named = named_barriers.COUNT
+    for v in scope_allocations(eqn):
+      dt = getattr(getattr(v.aval, "inner_aval", None), "dtype", None)
+      if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
+        count += math.prod(v.aval.inner_aval.shape)
   return count + named

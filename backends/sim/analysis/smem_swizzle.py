@@ -11,7 +11,7 @@ divides both. A TMA copy into such a buffer moves rows no wider than the
 swizzle: the quickstart's B tile of 128 f16 columns, 256-byte rows as
 written, moves in 32-byte rows when its K tile is 16, because A's (128, 16)
 tile allows no wider swizzle (H200: one L2 request a 32-byte sector,
-Nsight Compute, benchmarks/RESULTS.md).
+Nsight Compute, benchmarks/HISTORY.md).
 
 Values never depend on this (the simulator keeps logical contents); the
 timing model does (timing/model.py Timing.tma, by the box's row bytes).
@@ -23,9 +23,8 @@ multiple of 32 or 64 bytes but not of 128 and wider than the swizzle
 (96, 160, 192 bytes...): there the GPU's rows would be 32 or 64 bytes.
 """
 import numpy as np
-from jax.extend import core as jax_extend_core
 
-from pallas_sim.backends.sim.analysis.resources import inner, sub_jaxprs
+from pallas_sim.backends.sim.analysis import walker
 
 SWIZZLES = (128, 64, 32)
 _WGMMA = ("wgmma_ref", "wgmma")
@@ -36,24 +35,6 @@ def _is_smem(v):
   return hasattr(aval, "inner_aval") and str(getattr(aval, "memory_space", "")) == "smem"
 
 
-class _Classes:
-  """Union-find over allocations (run_scoped invars) that wgmmas tie."""
-
-  def __init__(self):
-    self.parent = {}
-    self.operand = set()  # allocations a wgmma reads
-
-  def find(self, v):
-    while self.parent.get(v, v) is not v:
-      v = self.parent[v]
-    return v
-
-  def union(self, a, b):
-    ra, rb = self.find(a), self.find(b)
-    if ra is not rb:
-      self.parent[ra] = rb
-
-
 def infer(kernel_jaxpr, lane_semantics=False):
   """Allocation var (a run_scoped invar) -> the swizzle in bytes that the
   lowering gives it, for every allocation a wgmma reads (one the kernel
@@ -61,8 +42,8 @@ def infer(kernel_jaxpr, lane_semantics=False):
   infers nothing."""
   if lane_semantics:
     return {}
-  cls = _Classes()
-  _walk(kernel_jaxpr, {}, cls)
+  cls = _Operands()
+  cls.walk(kernel_jaxpr, [])
   groups = {}
   for v in cls.operand:
     groups.setdefault(cls.find(v), []).append(v)
@@ -88,44 +69,50 @@ def _fits(v, swizzle):
   return shape[-2] % 8 == 0 and (shape[-1] * itemsize) % swizzle == 0
 
 
-def _walk(jaxpr, env, cls):
-  """env: this jaxpr's vars -> the allocation each ref names."""
-  get = lambda v: None if isinstance(v, jax_extend_core.Literal) else env.get(v)
-  for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    ins = [get(v) for v in eqn.invars]
-    p = eqn.params
-    if name == "run_scoped":
-      sub = p["jaxpr"]
-      scope = dict(zip(sub.constvars, ins))
-      scope.update((v, v) for v in sub.invars if _is_smem(v))
-      _walk(sub, scope, cls)
-    elif name in _WGMMA:
+class _Operands(walker.Forward):
+  """Which allocation (a run_scoped invar) each ref names, run forward
+  through the kernel; the allocations wgmmas read, in classes (union-find)
+  that a wgmma reading two of them ties."""
+
+  def __init__(self):
+    self.parent = {}
+    self.operand = set()  # allocations a wgmma reads
+
+  def find(self, v):
+    while self.parent.get(v, v) is not v:
+      v = self.parent[v]
+    return v
+
+  def union(self, a, b):
+    ra, rb = self.find(a), self.find(b)
+    if ra is not rb:
+      self.parent[ra] = rb
+
+  def join(self, a, b):
+    return a if a is b else None
+
+  def transfer(self, eqn, ins):
+    if eqn.primitive.name in _WGMMA:
       a, b = ins[1], ins[2]
       for x in (a, b):
         if x is not None:
-          cls.operand.add(x)
+          self.operand.add(x)
       if a is not None and b is not None:
-        cls.union(a, b)
-    elif name == "while":
-      cn, bn = p["cond_nconsts"], p["body_nconsts"]
-      body = inner(p["body_jaxpr"])
-      _walk(body, _bind(body, ins[cn:]), cls)
-    elif name == "cond":
-      for branch in map(inner, p["branches"]):
-        _walk(branch, _bind(branch, ins[1:]), cls)
-    else:
-      for sub in (s for v in p.values() for s in sub_jaxprs(v)):
-        _walk(sub, _bind(sub, ins), cls)
+        self.union(a, b)
+    return [None] * len(eqn.outvars)
 
-
-def _bind(sub, ins):
-  """A nested jaxpr's inputs by position, where their counts agree (a call,
-  a loop's body, a core or warp map); refs passed another way are not
-  followed (their buffers keep the rows they are written with)."""
-  names = list(sub.invars)
-  if len(ins) != len(names):
-    names = list(sub.constvars) + names
-  if len(ins) != len(names):
-    return {}
-  return {v: a for v, a in zip(names, ins) if a is not None}
+  def call(self, eqn, form, ins):
+    """A scope's body names its own allocations and what it closes over; a
+    call's or map's body takes the operands by position where the counts
+    agree (refs passed another way are not followed: their buffers keep
+    the rows they are written with)."""
+    for body in form.bodies:
+      if form.kind == "scoped":
+        sub_in = list(ins[:len(body.constvars)]) + [v if _is_smem(v) else None
+                                                     for v in body.invars]
+      elif len(ins) in (len(body.invars), len(body.constvars) + len(body.invars)):
+        sub_in = list(ins)
+      else:
+        sub_in = [None] * (len(body.constvars) + len(body.invars))
+      self.walk(body, sub_in)
+    return [None] * len(eqn.outvars)

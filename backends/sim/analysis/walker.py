@@ -1,25 +1,68 @@
-"""The one walk over a kernel's jaxpr that the static analyses share. What
-control flow and calls do with their operands is known here once: which
-operands a cond's branches, a while loop's condition and body, a scan's body
-and a run_scoped or called body take, and where their results go. An
-analysis supplies its abstract domain and the transfer function of every
-other primitive.
+"""The one walk over a kernel's jaxpr that every pass shares. What control
+flow and calls do with their operands is known here once: which bodies an
+equation holds (`structure`, the one sub-jaxpr table), which operands a
+cond's branches, a while loop's condition and body, a scan's body and a
+run_scoped or called body take, and where their results go. Adding a
+control-flow primitive is a change here.
 
-`Forward` runs values from operands to results (block_classes: what each
-value depends on; congruence: what integers are multiples of, and their
-bounds). `Backward` runs needs from results to operands (paths: the slice of
-the kernel that its control decisions and TMA loads need)."""
+Passes that only need every equation, at any depth, use `equations` (or
+`jaxprs`); passes that rewrite bodies use `replace_bodies`. An abstract
+interpretation supplies its domain and the transfer function of every other
+primitive: `Forward` runs values from operands to results (block_classes:
+what each value depends on; congruence: what integers are multiples of, and
+their bounds; smem_swizzle: which allocation a ref names). `Backward` runs
+needs from results to operands (paths: the slice of the kernel that its
+control decisions and TMA loads need). The compiler's control-flow rules
+(interpret/rules/control_flow.py) take their bodies from `structure` too."""
 import dataclasses
 
 from jax.extend import core as jax_extend_core
 
-from pallas_sim.backends.sim.analysis.resources import inner, scan_counts, sub_jaxprs
+from pallas_sim.backends.sim.base import jax_internals as jx
 
-# Primitives whose bodies just run, on the equation's operands by position
+# Primitives whose body just runs on the equation's operands by position
 # (paths slices through them; through other bodies, a core or warp map's,
-# it does not).
-CALLS = frozenset(("pjit", "jit", "closed_call", "core_call", "custom_jvp_call",
-                   "custom_vjp_call", "checkpoint", "remat"))
+# it does not), by the parameter that holds the body, in every release of
+# the JAX window (0.12 calls a closed call eval_jaxpr, and checkpoint remat2).
+CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
+         "core_call": "call_jaxpr", "eval_jaxpr": "call_jaxpr",
+         "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
+         "custom_vjp_call_jaxpr": "call_jaxpr", "custom_vmap_call": "call",
+         "checkpoint": "jaxpr", "remat": "jaxpr", "remat2": "jaxpr"}
+
+
+def inner(j):
+  """The open Jaxpr of a ClosedJaxpr (or the Jaxpr itself)."""
+  return j.jaxpr if hasattr(j, "consts") else j
+
+
+def given_jaxprs(value):
+  """The jaxprs an equation parameter holds (nested in tuples or lists), as
+  it holds them: closed ones with their consts."""
+  if hasattr(value, "eqns") or hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+    yield value
+  elif isinstance(value, (tuple, list)):
+    for v in value:
+      yield from given_jaxprs(v)
+
+
+def sub_jaxprs(value):
+  """The open jaxprs an equation parameter holds (nested in tuples or lists)."""
+  return (v if hasattr(v, "eqns") else v.jaxpr for v in given_jaxprs(value))
+
+
+def scan_counts(eqn):
+  """(consts, carries) of a lax.scan equation's inputs (the xs follow), or
+  None where its parameters say neither (jax 0.11 packs the three groups
+  in a flat tree, ft_in; older ones count them)."""
+  p = eqn.params
+  if "num_consts" in p:
+    return p["num_consts"], p["num_carry"]
+  ft = p.get("ft_in")
+  groups = ft.unpack() if hasattr(ft, "unpack") else ()
+  if len(groups) != 3 or sum(map(len, groups)) != len(eqn.invars):
+    return None
+  return len(groups[0]), len(groups[1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +70,11 @@ class Cond:
   """cond(index, *operands): the branch `index` picks runs on the operands."""
   visit = "cond"
   branches: tuple
+  given: tuple = ()  # (the branches as the equation holds them)
+
+  @property
+  def bodies(self):
+    return self.branches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +87,11 @@ class While:
   body: object
   cond_consts: int
   body_consts: int
+  given: tuple = ()  # (condition, body) as the equation holds them
+
+  @property
+  def bodies(self):
+    return (self.cond, self.body)
 
   def split(self, ins):
     """(condition consts, body consts, carry), as lists."""
@@ -55,6 +108,11 @@ class Scan:
   body: object
   counts: object
   length: object
+  given: tuple = ()  # (the body as the equation holds it,)
+
+  @property
+  def bodies(self):
+    return (self.body,)
 
   def split(self, ins):
     """(consts, carry, xs), as lists."""
@@ -68,6 +126,11 @@ class RunState:
   (refs passed in stay the same memory)."""
   visit = "run_state"
   body: object
+  given: tuple = ()
+
+  @property
+  def bodies(self):
+    return (self.body,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +142,7 @@ class Call:
   visit = "call"
   bodies: tuple
   kind: str
+  given: tuple = ()  # (the bodies as the equation holds them)
 
   def inputs(self, body, ins, fresh, mixed):
     """What `body` takes: a scope's closed-over operands and `fresh` for
@@ -114,19 +178,63 @@ def _structure(eqn):
   name = eqn.primitive.name
   p = eqn.params
   if name == "cond":
-    return Cond(tuple(inner(b) for b in p["branches"]))
+    given = tuple(p["branches"])
+    return Cond(tuple(map(inner, given)), given)
   if name == "while":
-    return While(inner(p["cond_jaxpr"]), inner(p["body_jaxpr"]), p["cond_nconsts"],
-                 p["body_nconsts"])
+    given = (p["cond_jaxpr"], p["body_jaxpr"])
+    return While(inner(given[0]), inner(given[1]), p["cond_nconsts"], p["body_nconsts"],
+                 given)
   if name == "scan":
-    return Scan(inner(p["jaxpr"]), scan_counts(eqn), p.get("length"))
+    return Scan(inner(p["jaxpr"]), scan_counts(eqn), p.get("length"), (p["jaxpr"],))
   if name == "run_state":
-    return RunState(inner(p["jaxpr"]))
-  bodies = tuple(sub for v in p.values() for sub in sub_jaxprs(v))
-  if not bodies:
+    return RunState(inner(p["jaxpr"]), (p["jaxpr"],))
+  if name in CALLS:
+    given = tuple(given_jaxprs(jx.param(eqn, CALLS[name])))
+    others = tuple(g for k, v in p.items() if k != CALLS[name] for g in given_jaxprs(v))
+    return Call(tuple(map(inner, given + others)), "call", given + others)
+  given = tuple(g for v in p.values() for g in given_jaxprs(v))
+  if not given:
     return None
-  return Call(bodies, "scoped" if name == "run_scoped" else
-              "call" if name in CALLS else "map")
+  return Call(tuple(map(inner, given)), "scoped" if name == "run_scoped" else "map", given)
+
+
+def bodies(eqn):
+  """The open jaxprs `eqn` holds (none for a primitive without bodies)."""
+  form = structure(eqn)
+  return () if form is None else form.bodies
+
+
+def jaxprs(jaxpr):
+  """`jaxpr` and every jaxpr nested in it, each once, outer before inner."""
+  seen, stack = set(), [inner(jaxpr)]
+  while stack:
+    j = stack.pop()
+    if id(j) in seen:
+      continue
+    seen.add(id(j))
+    yield j
+    for eqn in j.eqns:
+      stack.extend(reversed(bodies(eqn)))
+
+
+def equations(jaxpr):
+  """Every equation of `jaxpr` and of the jaxprs nested in it (each body once)."""
+  for j in jaxprs(jaxpr):
+    yield from j.eqns
+
+
+def replace_bodies(params, fn):
+  """`params` with each jaxpr it holds (closed or open, nested in tuples)
+  replaced by fn(jaxpr); the same dict where fn changed none."""
+  def one(v):
+    if hasattr(v, "eqns") or hasattr(v, "jaxpr") and hasattr(v.jaxpr, "eqns"):
+      return fn(v)
+    if isinstance(v, tuple) and any(True for _ in given_jaxprs(v)):
+      new = tuple(map(one, v))
+      return v if all(a is b for a, b in zip(new, v)) else new
+    return v
+  new = {k: one(v) for k, v in params.items()}
+  return params if all(new[k] is v for k, v in params.items()) else new
 
 
 def bind(jaxpr, ins):

@@ -30,7 +30,6 @@ import numpy as np
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim.analysis import walker
-from pallas_sim.backends.sim.analysis.resources import sub_jaxprs
 from pallas_sim.backends.sim.interpret import operands
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.timing.model import Engines
@@ -352,7 +351,7 @@ def _decided(wg, value):
 @_override("cond")
 def _cond(eqn, cx):
   from pallas_sim.backends.sim.interpret.compiler import run_plain
-  branches = [cx.compile(b) for b in eqn.params["branches"]]
+  branches = [cx.compile(b) for b in walker.structure(eqn).given]
   last = len(branches) - 1
 
   def cond(wg, i, *args):
@@ -374,9 +373,9 @@ def overrides(loop=None):
 @_override("while")
 def _while_rule(eqn, cx):
   from pallas_sim.backends.sim.interpret.compiler import run_plain
-  p = eqn.params
-  cond, body = cx.compile(p["cond_jaxpr"]), cx.compile(p["body_jaxpr"])
-  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+  form = walker.structure(eqn)
+  cond, body = map(cx.compile, form.given)
+  cn, bn = form.cond_consts, form.body_consts
 
   def loop(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
@@ -415,9 +414,9 @@ def _iterations(eqn, cx, loop):
   the counter at its bound, the other carries as they came (no decision
   needs them: Loop)."""
   from pallas_sim.backends.sim.interpret.compiler import run_plain
-  p = eqn.params
-  body = cx.compile(p["body_jaxpr"])
-  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+  form = walker.structure(eqn)
+  body = cx.compile(form.given[1])
+  cn, bn = form.cond_consts, form.body_consts
   dims = _shapes(cx.launch.jaxpr) if cx.launch is not None else {1}
 
   def run(wg, *args):
@@ -785,13 +784,9 @@ def _as_lanes(make_runner, members, dims):
 
 def _shapes(jaxpr):
   """Every dimension of every array shape in the kernel (nested too)."""
-  dims, stack = {1}, [jaxpr]
-  while stack:
-    j = stack.pop()
+  dims = {1}
+  for j in walker.jaxprs(jaxpr):
     for v in list(j.invars) + list(j.constvars) + [v for e in j.eqns for v in e.outvars]:
       aval = getattr(v.aval, "inner_aval", v.aval)
       dims.update(getattr(aval, "shape", ()))
-    for e in j.eqns:
-      for val in e.params.values():
-        stack.extend(sub_jaxprs(val))
   return dims

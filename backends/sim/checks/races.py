@@ -504,15 +504,18 @@ def _stamp(c, k, off, d0, d1, s0, s1, comp, clock, clock_too):
 
 
 @numba.njit(cache=True)
-def _plain(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, comp, clock, write,
-           check_w, check_r):
+def plain_access(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, comp, clock, write,
+                 check_w, check_r):
   """access()'s common case in one call: nothing unordered under the view.
   A write: the last write and (`slot`) the one read slot ordered before
   it; it becomes the last write, the slot cleared. A read: the last write
   and the one slot ordered before it; it takes the slot. False (nothing
   changed) where something is unordered: access() then reports it.
   `check_w`, `check_r`: whether the last write, the slot, need looking at
-  (not where the shadow's summary of these rows says they are ordered)."""
+  (not where the shadow's summary of these rows says they are ordered).
+  Tracker.access calls it before its numpy path; tests/test_shadow_fast_path.py
+  replaces it with one that always returns False, to hold the numpy path
+  alone against it."""
   if check_w and not _ordered(wc, wk, off, d0, d1, s0, s1, vec):
     return False
   if slot and check_r and not _ordered(rc, rk, off, d0, d1, s0, s1, vec):
@@ -675,8 +678,8 @@ class Tracker:
         kw = sh.known_w.get(key)
         kr = sh.known_r.get(key) if slot else None
         if ((kw is None or kw[1] <= vec[kw[0]]) and (kr is None or kr[1] <= vec[kr[0]])
-            and _plain(sh.wc, sh.wk, rc, rk, slot, off, *rows, vec, comp, clock, write,
-                       kw is None, kr is None)):
+            and plain_access(sh.wc, sh.wk, rc, rk, slot, off, *rows, vec, comp, clock,
+                             write, kw is None, kr is None)):
           if write:
             sh.know(sh.known_w, key, comp, clock)
             if slot:
@@ -695,16 +698,16 @@ class Tracker:
       m &= V(sh.wa) == 0
       m = m if m.any() else None
     if m is not None:
-      self._report("write", m, wc, wk, sh, buf, off, estrides, site, issue, agent, block,
-                   span, (comp, clock, vec, issued))
+      self.report("write", m, wc, wk, sh, buf, off, estrides, site, issue, agent, block,
+                  span, (comp, clock, vec, issued))
     if sh.any_atomic2 and not atomic:
       # The atomic write an unordered atomic one replaced as the last write
       # (below) races with a plain access too.
       ac, ak = V(sh.a2c), V(sh.a2k)
       m = _unordered(ac, ak, vec)
       if m is not None:
-        self._report("write", m, ac, ak, sh, buf, off, estrides, site, issue, agent,
-                     block, span, (comp, clock, vec, issued))
+        self.report("write", m, ac, ak, sh, buf, off, estrides, site, issue, agent,
+                    block, span, (comp, clock, vec, issued))
       if write:
         ac[...] = NONE
     if write:
@@ -730,8 +733,8 @@ class Tracker:
         rc, rk = map(V, sh.slot(i))
         m = _unordered(rc, rk, vec)
         if m is not None:
-          self._report("read", m, rc, rk, sh, buf, off, estrides, site, issue, agent,
-                       block, span, (comp, clock, vec, issued))
+          self.report("read", m, rc, rk, sh, buf, off, estrides, site, issue, agent,
+                      block, span, (comp, clock, vec, issued))
         rc[...] = NONE
       return
     self._read(sh, V, vec, comp, clock)
@@ -782,8 +785,16 @@ class Tracker:
           sh.group, sh.any_read, sh.read_slots = group, False, 0
         self._read(sh, lambda arr: element_view(arr, off, shape, estrides), vec, comp, clock)
 
-  def _report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site,
-              issue, agent, block, span, stamp):
+  def report(self, prior, mask, comps, clocks, sh, buf, off, estrides, site,
+             issue, agent, block, span, stamp):
+    """Records a race for each earlier access in (comps, clocks) under `mask`
+    that the access being checked (`site`, by `agent`, a "read" or "write"
+    against a `prior` one) is unordered with: a RaceFound in self.events,
+    the pair in happens-before order, with the simulated timing's verdict.
+    access() calls it from each of its checks (a plain access against the
+    work that landed before it, async work's landing against the accesses
+    made before it); tests/test_race_orders.py wraps it to see which check
+    found a race."""
     rng = element_range(buf, off, estrides, mask)
     pairs = np.unique(np.stack([comps[mask].astype(np.int64), clocks[mask]]), axis=1)
     for c, k in pairs.T:

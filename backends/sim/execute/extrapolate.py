@@ -27,6 +27,7 @@ from pallas_sim.backends.sim.execute.group import GroupResult
 from pallas_sim.backends.sim.interpret.compiler import RULES, Gen, run_gen
 from pallas_sim.backends.sim.machine.state import STALLS, BlockStats
 from pallas_sim.errors import SimError
+from pallas_sim.backends.sim.analysis import walker
 
 # BlockStats counters a mark takes, then the stalls, the units' work and the
 # thread's clock (BlockStats.finish: tma_cycles, tensor_cycles, thread_cycles)
@@ -158,9 +159,9 @@ class Plan:
     def build(eqn, cx):
       if id(eqn) != loop.eqn:
         return RULES["while"](eqn, cx)
-      p = eqn.params
-      cond, body = cx.compile(p["cond_jaxpr"]), cx.compile(p["body_jaxpr"])
-      cn, bn = p["cond_nconsts"], p["body_nconsts"]
+      form = walker.structure(eqn)
+      cond, body = map(cx.compile, form.given)
+      cn, bn = form.cond_consts, form.body_consts
 
       def run(wg, *args):
         cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])

@@ -45,16 +45,19 @@ def fork_safe():
   ray = sys.modules.get("ray")
   if ray is None or not ray.is_initialized():
     return True
-  global _WARNED
-  if not _WARNED:
-    _WARNED = True
+  global WARNED
+  if not WARNED:
+    WARNED = True
     warnings.warn("pallas-sim: Ray is running in this process, which cannot fork "
                   "safely: launches run in this process (engine='ray' spreads "
                   "them over Ray instead)", RuntimeWarning, stacklevel=3)
   return False
 
 
-_WARNED = False
+# Whether fork_safe has warned in this process: it warns once, and later
+# launches run in the process without a warning. tests/test_ray.py sets it
+# back to False to see the warning again.
+WARNED = False
 
 
 def default_workers():

@@ -28,7 +28,7 @@ from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.base.locations import (
     call_site, kernel_arg_names, kernel_location, lowering_location)
 from pallas_sim.backends.sim.report import profiler
-from pallas_sim.backends.sim.analysis import smem_swizzle
+from pallas_sim.backends.sim.analysis import smem_swizzle, walker
 from pallas_sim.backends.sim.machine import memory
 
 
@@ -410,23 +410,14 @@ def _uninterpreted(jaxpr):
   changed = False
   eqns = []
   for eqn in jaxpr.eqns:
-    params = {k: _uninterpreted_param(v) for k, v in eqn.params.items()}
+    params = walker.replace_bodies(eqn.params, _uninterpreted)
     if isinstance(params.get("interpret"), SimParams):
-      params["interpret"] = False
-    if any(params[k] is not v for k, v in eqn.params.items()):
+      params = dict(params, interpret=False)
+    if params is not eqn.params:
       changed = True
       eqn = eqn.replace(params=params, effects=eqn.effects - ours)
     eqns.append(eqn)
   return jaxpr.replace(eqns=eqns, effects=jaxpr.effects - ours) if changed else jaxpr
-
-
-def _uninterpreted_param(v):
-  if isinstance(v, jx.Jaxpr):  # (closed or open: consts ride along in replace)
-    return _uninterpreted(v)
-  if isinstance(v, tuple) and any(isinstance(x, jx.Jaxpr) for x in v):
-    new = tuple(_uninterpreted_param(x) for x in v)
-    return v if all(a is b for a, b in zip(new, v)) else new
-  return v
 
 
 _orig_interpret = jx.interpret_pallas_call.interpret_pallas_call

@@ -18,7 +18,7 @@ import jax
 from pallas_sim.backends.sim.base import jax_internals as jx
 
 # What the H200 machine's jax 0.11.2 CUDA plugin reports (its cuda_versions
-# module, read there on 2026-11-30: benchmarks/RESULTS.md, "Device properties").
+# module, read there on 2026-11-30: benchmarks/HISTORY.md, "Device properties").
 CUDA_VERSIONS = {
     "cuda_runtime_get_version": 13000, "cuda_runtime_build_version": 13000,
     "cuda_driver_get_version": 13000, "cuda_device_count": 1,

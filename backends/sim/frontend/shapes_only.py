@@ -20,13 +20,8 @@ import numpy as np
 from jax.extend import core as jax_core
 from jax.extend import source_info_util
 
+from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.frontend import capture
-
-# Call-like primitives whose body runs once on the equation's operands, and
-# the parameter that holds the body.
-_CALLS = {"jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
-          "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
-          "custom_vmap_call": "call", "remat2": "jaxpr"}
 
 # What a function traced with abstract arguments raises where it needs values.
 _NEEDS_VALUES = (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError,
@@ -73,7 +68,8 @@ def _eval(jaxpr, consts, args, unknown):
   env.update(zip(jaxpr.invars, args))
   for eqn in jaxpr.eqns:
     ins = [read(v) for v in eqn.invars]
-    body = eqn.params.get(_CALLS.get(eqn.primitive.name))
+    body = (eqn.params[walker.CALLS[eqn.primitive.name]]
+            if eqn.primitive.name in walker.CALLS else None)
     kernel = capture.is_sim_kernel(eqn)
     if kernel or any(map(is_unknown, eqn.invars)):
       unknown.update(eqn.outvars)  # (an estimate computes no kernel's values)
@@ -82,7 +78,7 @@ def _eval(jaxpr, consts, args, unknown):
                                          if is_unknown(v)))
     elif body is not None and _has_kernel(body):
       # (its constvars: those with consts)
-      outs = _eval(body, body.consts, ins,
+      outs = _eval(body, getattr(body, "consts", ()), ins,
                    {b for b, v in zip(body.invars, eqn.invars) if is_unknown(v)})
     else:  # (as jax.core.eval_jaxpr binds it)
       with source_info_util.user_context(eqn.source_info.traceback,
@@ -96,10 +92,7 @@ def _eval(jaxpr, consts, args, unknown):
 
 
 def _has_kernel(jaxpr):
-  jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-  return any(capture.is_sim_kernel(e)
-             or any(map(_has_kernel, jax_core.jaxprs_in_params(e.params)))
-             for e in jaxpr.eqns)
+  return any(capture.is_sim_kernel(e) for e in walker.equations(jaxpr))
 
 
 def _kernel(eqn, ins, unknown_inputs):

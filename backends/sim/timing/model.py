@@ -291,7 +291,7 @@ class Timing:
     for them, and its ALU work and its HBM traffic overlap only as far as its
     pipeline lets them: a kernel near both limits takes longer than either.
     That holds for a load of the block's `own` data, which no other block
-    reads (rules/tma._in_own_part): HBM brings data that blocks share (a
+    reads (rules/tma.in_own_part): HBM brings data that blocks share (a
     matmul's tiles) once for all of them, as fast as its bandwidth goes. A
     store is done once the L2 has it; HBM takes it later, from the share."""
     g = self.gpu
@@ -514,7 +514,7 @@ class LaunchTiming:
       # (blocks reading apart, or a persistent kernel's loop whose addresses
       # it cannot group), the streaming rate and the unloaded latency: the
       # queue without the credit slowed JAX's persistent matmul 13% where
-      # the GPU shows no such loss (benchmarks/RESULTS.md).
+      # the GPU shows no such loss (benchmarks/HISTORY.md).
       if first < 1:
         per_s = first / g.l2_bytes_per_s + (1 - first) / g.l2_shared_bytes_per_s
         self.byte_cycles[site] = per_s * g.clock_hz * self.active

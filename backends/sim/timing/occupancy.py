@@ -15,8 +15,7 @@ import math
 
 import numpy as np
 
-from pallas_sim.backends.sim.analysis import resources
-from pallas_sim.backends.sim.analysis.resources import sub_jaxprs
+from pallas_sim.backends.sim.analysis import resources, walker
 
 LANES = 128                  # a warpgroup
 REGISTER_FILE = 65536        # 32-bit registers per SM
@@ -34,10 +33,6 @@ class Registers:
   @property
   def spilled(self):
     return max(0, self.per_thread - self.limit)
-
-
-def _params_jaxprs(params):
-  return (sub for v in params.values() for sub in sub_jaxprs(v))
 
 
 def _is_acc(aval):
@@ -64,7 +59,7 @@ def _need(jaxpr):
       if not hasattr(v.aval, "inner_aval"):
         values = max(values, _regs(v.aval))
     inner_acc = 0
-    for sub in _params_jaxprs(eqn.params):
+    for sub in walker.bodies(eqn):
       a, val = _need(sub)
       inner_acc = max(inner_acc, a)
       values = max(values, val)

@@ -1,5 +1,7 @@
 """Control flow inside kernels: scan / fori_loop, while, cond, and the call
-wrappers (jit, custom_jvp/vjp, checkpoint) that just run their body.
+wrappers (jit, custom_jvp/vjp, checkpoint: analysis/walker.py CALLS) that
+just run their body. Each takes its bodies and their operands' counts from
+the walker's structure of the equation, as the analyses do.
 
 Each rule compiles its bodies once; when no body can block, the loop runs as
 a plain function, otherwise as a generator that forwards the body's waits.
@@ -7,7 +9,7 @@ a plain function, otherwise as a generator that forwards the body's waits.
 import numpy as np
 
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
-from pallas_sim.backends.sim.analysis.resources import scan_counts
+from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.errors import RunawayKernelError
 
 
@@ -28,10 +30,10 @@ def _runaway(wg, iteration, limit):
 
 @rule("scan")
 def _scan(eqn, cx):
-  p = eqn.params
-  body = cx.compile(p["jaxpr"])
-  length, reverse = p["length"], p["reverse"]
-  nc, ncarry = scan_counts(eqn)
+  form = walker.structure(eqn)
+  body = cx.compile(form.given[0])
+  length, reverse = form.length, eqn.params["reverse"]
+  nc, ncarry = form.counts
   order = range(length - 1, -1, -1) if reverse else range(length)
 
   def split(args):
@@ -76,10 +78,9 @@ def _scan(eqn, cx):
 
 @rule("while")
 def _while(eqn, cx):
-  p = eqn.params
-  cond = cx.compile(p["cond_jaxpr"])
-  body = cx.compile(p["body_jaxpr"])
-  cn, bn = p["cond_nconsts"], p["body_nconsts"]
+  form = walker.structure(eqn)
+  cond, body = map(cx.compile, form.given)
+  cn, bn = form.cond_consts, form.body_consts
   limit = cx.max_cycles
 
   def plain(wg, *args):
@@ -107,7 +108,7 @@ def _while(eqn, cx):
 
 @rule("cond")
 def _cond(eqn, cx):
-  branches = [cx.compile(b) for b in eqn.params["branches"]]
+  branches = [cx.compile(b) for b in walker.structure(eqn).given]
   last = len(branches) - 1
 
   def pick(i):
@@ -122,21 +123,13 @@ def _cond(eqn, cx):
   return _maybe_gen(any(b.blocking for b in branches), plain, gen)
 
 
-def _call(param):
-  def build(eqn, cx):
-    body = cx.compile(eqn.params[param])
+@rule(*walker.CALLS)
+def _call(eqn, cx):
+  body = cx.compile(walker.structure(eqn).given[0])
 
-    def plain(wg, *args):
-      return run_plain(body, list(args), wg)
+  def plain(wg, *args):
+    return run_plain(body, list(args), wg)
 
-    def gen(wg, *args):
-      return (yield from run_gen(body, list(args), wg))
-    return _maybe_gen(body.blocking, plain, gen)
-  return build
-
-
-rule("pjit", "jit")(_call("jaxpr"))
-rule("closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
-     "custom_vjp_call_jaxpr",
-     "eval_jaxpr")(_call("call_jaxpr"))  # (0.12's one call primitive)
-rule("checkpoint", "remat")(_call("jaxpr"))
+  def gen(wg, *args):
+    return (yield from run_gen(body, list(args), wg))
+  return _maybe_gen(body.blocking, plain, gen)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from pallas_sim.backends.sim.interpret import refview
-from pallas_sim.backends.sim.analysis import resources
+from pallas_sim.backends.sim.analysis import resources, walker
 from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.timing.model import OpClass
@@ -190,7 +190,7 @@ def peer_ref(peer, ref):
 
 @rule("run_scoped")
 def _run_scoped(eqn, cx):
-  jaxpr = eqn.params["jaxpr"]
+  jaxpr = walker.structure(eqn).given[0]
   ref_transforms = eqn.params.get("ref_transforms") or ()
   base = cx.smem_base
   ranges, cx.smem_base = resources.scope_layout([v.aval for v in jaxpr.invars], base)
@@ -256,7 +256,7 @@ def _run_state(eqn, cx):
   passed in is passed out, and the others take, in order, the body's own
   outputs first and then the final values of the refs (so `run_state(f)` of
   an accumulator returns what `f` returns, when it returns anything)."""
-  jaxpr = eqn.params["jaxpr"]
+  jaxpr = walker.structure(eqn).given[0]
   prog = cx.compile(jaxpr)
   inits = eqn.params["is_initialized"]
   avals = [v.aval for v in jaxpr.invars]

@@ -44,10 +44,11 @@ def _row_bytes(ref):
   return min(row, swizzle) if swizzle else row
 
 
-def _run_bytes(view):
+def run_bytes(view):
   """The bytes of the longest runs a GMEM box `view` (a numpy view) lies in
   contiguously: its rows where they are pieces of longer rows, more where
-  whole rows follow one another."""
+  whole rows follow one another. The TMA rules price a box's HBM traffic by
+  it (gpus.GPU.hbm_cost); tests/test_hbm_model.py checks it on views."""
   run = view.itemsize
   for n, stride in zip(reversed(view.shape), reversed(view.strides)):
     if n > 1 and stride != run:
@@ -171,12 +172,12 @@ def _copy_gmem_to_smem(eqn, cx):
       targets = [(d, slot) if peer is blk else
                  (peer_ref(peer, d), peer_slot(peer, slot)) for peer in peers]
     tx = d.view.nbytes  # what each target's barrier gets: the box, or this block's part
-    cost = timing.gpu.hbm_cost(_run_bytes(s.view))[0]
+    cost = timing.gpu.hbm_cost(run_bytes(s.view))[0]
     start, _, done = timing.tma(blk.engines, wg.time + issue, tx, site, _row_bytes(d),
                                 shared=not collective, hbm_cost=cost,
                                 source=((site, s.buf), s.buf.nbytes),
                                 own=bool(blk.engines.hbm_cycles)  # (only HBM's part asks)
-                                and _in_own_part(s, blk.number, blk.engines.blocks))
+                                and in_own_part(s, blk.number, blk.engines.blocks))
     blk.stats.hbm_read_cost += s.view.nbytes * cost
     if blk.engines.loads is not None:  # (the L2 model follows this kernel's loads)
       blk.engines.loads.append(Load(start, source_key(s), s.view.nbytes, wg.index, site))
@@ -256,11 +257,13 @@ def _async_store_smem(eqn, cx):
   return store
 
 
-def _in_own_part(s, number, blocks):
+def in_own_part(s, number, blocks):
   """Whether a load's box lies in the launch's `number`-th block's own part
   of its buffer, the buffer cut in `blocks` equal runs in launch order: data
   the block streams that no other block reads (a row kernel's rows, a
-  copy's tiles), unlike a matmul's tiles, which blocks share."""
+  copy's tiles), unlike a matmul's tiles, which blocks share. The TMA load
+  rule passes it to the timing model as a load's `own` (timing/model.py
+  Timing.tma); tests/test_hbm_model.py checks it on boxes of a buffer."""
   if blocks <= 1:
     return True
   v = s.view
@@ -377,7 +380,7 @@ def _commit(wg, timing, after=0.0):
     blk.hb.store_pending(op, s, where)
     sview, dview = s.view, d.view
     nbytes = sview.nbytes
-    cost = timing.gpu.hbm_cost(_run_bytes(dview))[1]
+    cost = timing.gpu.hbm_cost(run_bytes(dview))[1]
     start, read_done, done = timing.tma(blk.engines, wg.time + after, nbytes, store=True,
                                         hbm_cost=cost)
     blk.stats.tma_store_bytes += nbytes

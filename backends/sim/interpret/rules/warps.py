@@ -10,6 +10,7 @@ copy, another waits on its barrier) run as they would on the GPU, and the
 race detector gives each warp a clock of its own.
 """
 
+from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen
 from pallas_sim.backends.sim.machine.scheduler import Resource, Wait
 from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP, Warp
@@ -21,7 +22,7 @@ DIVERGED = -1  # bar_waits: the warps waited on this barrier unequally
 
 @rule("mpmd_map")
 def _mpmd_map(eqn, cx):
-  meshes, jaxprs = eqn.params["meshes"], eqn.params["jaxprs"]
+  meshes, jaxprs = eqn.params["meshes"], walker.structure(eqn).given
   where = cx.where(eqn)
   if len(jaxprs) != 1 or not isinstance(meshes[0], jx.gpu_core.WarpMesh):
     raise UnsupportedPrimitiveError(

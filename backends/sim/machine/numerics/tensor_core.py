@@ -1,7 +1,7 @@
 """How a Hopper tensor core sums wgmma products into an f32 accumulator.
 
 Fitted bit for bit on an H200 (lab/wgmma_numerics_probe.py,
-lab/wgmma_numerics_fit.py; numbers in benchmarks/RESULTS.md). For each
+lab/wgmma_numerics_fit.py; numbers in benchmarks/HISTORY.md). For each
 instruction-wide slice of K (32 bytes of operand: 8 tf32, 16 f16/bf16, 32 fp8
 elements), per output element:
 
@@ -37,7 +37,7 @@ _NONE = -(1 << 30)  # the exponent of zero
 def exponents(x):
   """floor(log2|x|) of float64s as int32, from their bits; _NONE where x ==
   0. (Every operand value is a normal float64. Non-finite elements get any
-  value: their sums take _mma's plain path, which ignores it.)"""
+  value: their sums take mma_general's plain path, which ignores it.)"""
   flat = np.ascontiguousarray(x).reshape(-1)
   out = np.empty(flat.size, np.int32)
   bits = flat.view(np.int64)
@@ -47,7 +47,15 @@ def exponents(x):
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
-def _mma(acc, a, b, ea, eb, kslice, align_bits, result_bits):
+def mma_general(acc, a, b, ea, eb, kslice, align_bits, result_bits):
+  """acc (M, N) float32, updated in place: acc += a (M, K) @ b (K, N) as the
+  tensor core sums, for any operand values (float64; ea, eb their
+  exponents()): per slice of `kslice` products, each term truncated at
+  `align_bits` below the largest exponent (the accumulator's included), the
+  sum cut toward zero to `result_bits` fraction bits; NaN and inf propagate
+  as an ordinary sum does. mma_f32 takes it where an operand or the
+  accumulator is not finite; tests/test_tensor_core.py holds the faster
+  kernels to its bits, and lab/mma_numerics_probe.py sums with it."""
   # Vectorized over output columns j. The truncated terms are integers below
   # 2^53 once scaled, so their sum is exact in any order ("reassoc" is safe).
   m, k = a.shape
@@ -92,11 +100,15 @@ def _mma(acc, a, b, ea, eb, kslice, align_bits, result_bits):
 
 
 @numba.njit(cache=True, fastmath={"reassoc", "contract"})
-def _mma_finite(acc, a, b, ea, eb, kslice, align_bits, result_bits):
-  # _mma for finite operands and accumulator (nothing to propagate, so no
-  # plain sum is needed), with the exponent, the scale and the final cut
-  # done on the bits of the float64s: ~4x faster. Same terms, same order
-  # of the zero terms (so the same sign of a zero result).
+def mma_finite(acc, a, b, ea, eb, kslice, align_bits, result_bits):
+  """mma_general's sum for finite operands and accumulator, giving the same
+  bits. mma_f32 takes it for finite operand values (float32 ones where
+  mma_narrow is not exact); tests/test_tensor_core.py holds it to
+  mma_general and to the tests' own model."""
+  # Nothing to propagate, so no plain sum is needed; the exponent, the
+  # scale and the final cut are done on the bits of the float64s: ~4x
+  # faster. Same terms, same order of the zero terms (so the same sign of
+  # a zero result).
   m, k = a.shape
   n = b.shape[1]
   keep = ~np.int64((1 << (52 - result_bits)) - 1)  # cut to result_bits fraction bits
@@ -138,8 +150,12 @@ def _mma_finite(acc, a, b, ea, eb, kslice, align_bits, result_bits):
 
 
 @numba.njit(cache=True)
-def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
-  # _mma_finite on float32/int32 vector lanes, where narrow_operands() holds: every
+def mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
+  """mma_finite's sum on float32 operand values where narrow_operands() holds
+  (ea, eb: the exponents it gives), giving the same bits. mma_f32 takes it
+  for float32 operand values where it is exact; tests/test_tensor_core.py
+  holds it to mma_general."""
+  # mma_finite on float32/int32 vector lanes, where narrow_operands() holds: every
   # product is exact in float32 (at most 24 significant bits, a normal
   # exponent) and so is every scale 2^(align - emax); a truncated term is
   # below 2^(align + 2), so a slice's terms sum exactly in int32, in any
@@ -147,10 +163,10 @@ def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
   # SYNC): rows of K are taken eight and four at a time, which keeps the
   # partial sums in registers (~20% faster than one at a time).
   # The accumulator's own term, the sum's scale-back and the final cut are
-  # float64 as in _mma_finite; a zero sum is +0.0 there too (tot starts at
+  # float64 as in mma_finite; a zero sum is +0.0 there too (tot starts at
   # +0.0), and a slice of zero products and a zero s leaves s as it is.
   # The per-slice loops are selects, not branches, so that they vectorize.
-  # (Its scratch arrays are allocated here, as _mma_finite's are, not by a
+  # (Its scratch arrays are allocated here, as mma_finite's are, not by a
   # shared helper: arrays returned by a call lose LLVM's knowledge that they
   # alias nothing, and the loops over them ran 25% slower.)
   m, k = a.shape
@@ -235,10 +251,12 @@ def _mma_narrow(acc, a, b, ea, eb, kslice, align_bits, result_bits):
 
 
 @numba.njit(cache=True)
-def _scan32(x):
+def scan32(x):
   """The exponents of float32 values x (as exponents() gives them) and
-  whether _mma_narrow may take them: every value zero or normal, with at
-  most 12 significant bits; with the least and greatest exponent."""
+  whether mma_narrow may take them: every value zero or normal, with at
+  most 12 significant bits; with the least and greatest exponent.
+  narrow_operands decides by it; tests/test_tensor_core.py checks it on
+  f16's largest mantissa."""
   flat = x.reshape(-1)
   bits = flat.view(np.int32)
   e = np.empty(flat.size, np.int32)
@@ -293,29 +311,29 @@ def _mma_any(out, a, b, kslice, align_bits, result_bits):
   # (One call from Python: a wgmma's own cost, not numpy's per-call overheads.)
   ea, eb = exponents(a), exponents(b)
   if _all_finite(a) and _all_finite(b) and _all_finite(out):
-    _mma_finite(out, a, b, ea, eb, kslice, align_bits, result_bits)
+    mma_finite(out, a, b, ea, eb, kslice, align_bits, result_bits)
   else:
-    _mma(out, a, b, ea, eb, kslice, align_bits, result_bits)
+    mma_general(out, a, b, ea, eb, kslice, align_bits, result_bits)
 
 
 @numba.njit(cache=True)
 def narrow_operands(a, b, out):
-  """Whether _mma_narrow is exact on float32 operand values a, b and
+  """Whether mma_narrow is exact on float32 operand values a, b and
   accumulator out: products exact and normal in float32, every scale
   2^(align - emax) a normal float32, the accumulator finite; with the
   operands' exponents."""
-  oka, ea, loa, hia = _scan32(a)
-  okb, eb, lob, hib = _scan32(b)
+  oka, ea, loa, hia = scan32(a)
+  okb, eb, lob, hib = scan32(b)
   ok = oka and okb and loa + lob >= -100 and hia + hib <= 100 and _all_finite(out)
   return ok, ea, eb
 
 
 @numba.njit(cache=True)
 def _mma_any32(out, a, b, kslice, align_bits, result_bits):
-  """_mma_any for float32 operand values: _mma_narrow where it is exact."""
+  """_mma_any for float32 operand values: mma_narrow where it is exact."""
   ok, ea, eb = narrow_operands(a, b, out)
   if ok:
-    _mma_narrow(out, a, b, ea, eb, kslice, align_bits, result_bits)
+    mma_narrow(out, a, b, ea, eb, kslice, align_bits, result_bits)
   else:
     _mma_any(out, a.astype(np.float64), b.astype(np.float64), kslice, align_bits,
              result_bits)
