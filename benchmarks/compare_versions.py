@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,6 +24,8 @@ import json, statistics, sys, time
 import numpy as np, jax, jax.numpy as jnp
 sys.path[:0] = [sys.argv[1] + "/examples", sys.argv[1] + "/tests"]
 import pallas_sim as ps
+import pallas_sim.backends.sim as _sim
+assert _sim.__file__.startswith(sys.argv[3]), (_sim.__file__, sys.argv[3])
 from benchmarks.sim_speed import make_iota  # (the checkout is the working directory)
 from test_quickstart import matmul_mcs
 import kernels as K
@@ -54,9 +57,29 @@ print("RESULT " + json.dumps(out))
 '''
 
 
+def _as_installed(tree, tmp):
+  """A folder that holds `tree`'s package as it installs: a checkout whose
+  backends sit at its root (backends/, installed as pallas_sim.backends)
+  imports them from there, not from whichever checkout is installed."""
+  if not os.path.isdir(os.path.join(tree, "backends")):
+    return tree  # (the backends inside pallas_sim/, as before the move)
+  pkg = os.path.join(tmp, "pallas_sim")
+  os.makedirs(pkg)
+  for name in os.listdir(os.path.join(tree, "pallas_sim")):
+    os.symlink(os.path.join(tree, "pallas_sim", name), os.path.join(pkg, name))
+  os.symlink(os.path.join(tree, "backends"), os.path.join(pkg, "backends"))
+  return tmp
+
+
 def run(tree, repeat):
-  env = dict(os.environ, PYTHONPATH=tree, CI="true")
-  p = subprocess.run([sys.executable, "-c", CHILD, tree, str(repeat)], env=env,
+  with tempfile.TemporaryDirectory() as tmp:
+    return _run(tree, _as_installed(tree, tmp), repeat)
+
+
+def _run(tree, package_dir, repeat):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys([package_dir, tree])),
+             CI="true")
+  p = subprocess.run([sys.executable, "-c", CHILD, tree, str(repeat), package_dir], env=env,
                      capture_output=True, text=True, cwd=tree)
   line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
   if not line:

@@ -2,6 +2,8 @@
 import contextlib
 import dataclasses
 import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal, TypeVar, overload
 
 import jax
 
@@ -14,8 +16,10 @@ from pallas_sim.options import Options, take
 
 BACKENDS = ("sim", "mosaic", "auto")
 
+_T = TypeVar("_T")
 
-def resolve_backend(backend):
+
+def resolve_backend(backend: str) -> str:
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r}: choose one of {BACKENDS}")
   if backend == "auto":
@@ -25,18 +29,18 @@ def resolve_backend(backend):
 
 @dataclasses.dataclass
 class Simulation:
-  outputs: object
+  outputs: Any  # what the user's function returned
   report: Report
 
 
-def _wait(out):
+def _wait(out: _T) -> _T:
   out = jax.block_until_ready(out)
   jax.effects_barrier()
   return out
 
 
 @contextlib.contextmanager
-def _simulating(options, **executor_args):
+def _simulating(options: Options, **executor_args: Any) -> Iterator[Executor]:
   """Routes kernels traced inside to a fresh Executor. Static errors (shared
   memory, unsupported primitives) raise while tracing; errors found while
   running (deadlocks, out-of-bounds accesses) are raised when the block ends,
@@ -75,17 +79,19 @@ def _simulating(options, **executor_args):
     capture.pop_executor(ex)
 
 
-def _headline(err):
+def _headline(err: BaseException) -> str:
   """An error's first line, as a sentence: a heading that introduces a list
   ("...: 2 findings in kernel k:") loses its colon."""
   return str(err).splitlines()[0].rstrip(":")
 
 
-def _first_with_the_rest(errors):
+def _first_with_the_rest(errors: Sequence[BaseException]) -> BaseException:
   """The first error found while running, carrying the others: in `.errors`
   (all of them, in order) and in a note printed with its traceback."""
   first = errors[0]
-  first.errors = list(errors)
+  # (setattr: the first may be of any class, not only a SimError, which
+  # declares the attribute)
+  setattr(first, "errors", list(errors))
   if len(errors) > 1:
     more = "\n".join(f"  {type(e).__name__}: {_headline(e)} (.errors[{i}])"
                      for i, e in enumerate(errors[1:], 1))
@@ -93,7 +99,8 @@ def _first_with_the_rest(errors):
   return first
 
 
-def simulate(fn, *args, options=None, **kwargs):
+def simulate(fn: Callable[..., Any], *args: Any, options: Options | None = None,
+             **kwargs: Any) -> Simulation:
   """Runs `fn(*args, **kwargs)` with every Mosaic GPU kernel it launches
   simulated; returns a Simulation with `.outputs` and `.report`.
 
@@ -111,7 +118,8 @@ def simulate(fn, *args, options=None, **kwargs):
   return Simulation(out, ex.report)
 
 
-def estimate(fn, *args, options=None, **kwargs):
+def estimate(fn: Callable[..., Any], *args: Any, options: Options | None = None,
+             **kwargs: Any) -> Report:
   """The predicted time of every kernel `fn(*args, **kwargs)` launches,
   without computing its values: returns the Report that ps.simulate would
   (report.time_s, report.summary()).
@@ -141,13 +149,14 @@ def estimate(fn, *args, options=None, **kwargs):
   return ex.report
 
 
-def _run_mosaic(fn, *args, **kwargs):
+def _run_mosaic(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
   dev = mosaic.require_hopper()
   with capture.force_real(), jax.default_device(dev):
     return _wait(fn(*args, **kwargs))
 
 
-def run(fn, *args, backend="auto", options=None, **kwargs):
+def run(fn: Callable[..., Any], *args: Any, backend: str = "auto",
+        options: Options | None = None, **kwargs: Any) -> Any:
   """`fn(*args, **kwargs)` on the chosen backend; returns fn's outputs.
   Options as for simulate (ignored on the real backend)."""
   opts = take(kwargs, options)
@@ -156,8 +165,23 @@ def run(fn, *args, backend="auto", options=None, **kwargs):
   return simulate(fn, *args, options=opts, **kwargs).outputs
 
 
-@contextlib.contextmanager
-def backend(name="sim", options=None, **option_kwargs):
+# (the name, where it is written out, says whether a Report is yielded)
+@overload
+def backend(name: Literal["sim"] = "sim", options: Options | None = None,
+            **option_kwargs: Any) -> contextlib.AbstractContextManager[Report]: ...
+@overload
+def backend(name: Literal["mosaic"], options: Options | None = None,
+            **option_kwargs: Any) -> contextlib.AbstractContextManager[None]: ...
+@overload
+def backend(name: str, options: Options | None = None,
+            **option_kwargs: Any) -> contextlib.AbstractContextManager[Report | None]: ...
+# mypy compares each overload's context manager with the decorated
+# implementation's, a _GeneratorContextManager[Report | None]: neither is a
+# subtype of the other, though the body yields the Report for "sim" and None
+# for "mosaic" as the overloads say.
+@contextlib.contextmanager  # type: ignore[misc]
+def backend(name: str = "sim", options: Options | None = None,
+            **option_kwargs: Any) -> Iterator[Report | None]:
   """Inside, plain plgpu kernel calls run on the chosen backend. For "sim",
   yields the Report that the launches inside fill. Options as for simulate."""
   __tracebackhide__ = True
@@ -174,7 +198,14 @@ def backend(name="sim", options=None, **option_kwargs):
     yield ex.report
 
 
-def kernel(body=None, *, backend="auto", options=None, **kernel_kwargs):
+@overload
+def kernel(body: None = None, *, backend: str = "auto", options: Options | None = None,
+           **kernel_kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+@overload
+def kernel(body: Callable[..., Any], *, backend: str = "auto",
+           options: Options | None = None, **kernel_kwargs: Any) -> Callable[..., Any]: ...
+def kernel(body: Callable[..., Any] | None = None, *, backend: str = "auto",
+           options: Options | None = None, **kernel_kwargs: Any) -> Callable[..., Any]:
   """Drop-in for `plgpu.kernel` that runs on the chosen backend; keyword
   arguments named like ps.Options fields are options, the rest plgpu.kernel's."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -186,7 +217,7 @@ def kernel(body=None, *, backend="auto", options=None, **kernel_kwargs):
   k = plgpu.kernel(body, **kernel_kwargs)
 
   @functools.wraps(body)
-  def call(*args):
+  def call(*args: Any) -> Any:
     return run(k, *args, backend=backend, options=opts)
   return call
 

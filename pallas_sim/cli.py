@@ -38,6 +38,9 @@ def _load(target):
     name = os.path.splitext(os.path.basename(path))[0]
     sys.path.insert(0, os.path.dirname(path))
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+      raise ImportError(f"pallas-sim: cannot load {path} as a module (Python "
+                        "found no loader for it)")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)

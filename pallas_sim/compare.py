@@ -2,6 +2,11 @@
 saying which ones the model cannot tell apart rather than ordering them
 on differences it does not resolve."""
 import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pallas_sim.options import Options
+from pallas_sim.backends.sim.report import Report
 
 # Predictions closer than this (relative) are not told apart: about the
 # H200's own run-to-run spread, (max - min) / median over 7 batches of one
@@ -14,7 +19,7 @@ RESOLUTION = 0.02
 class Row:
   name: str
   time_s: float
-  report: object      # its ps.Report
+  report: Report      # its ps.Report
   at_floor: bool      # every kernel's time set by the HBM floor (KernelReport.at_floor)
 
 
@@ -23,22 +28,22 @@ class Comparison:
   """Rows fastest first, grouped (`groups`, lists of rows): a group holds
   configurations the model does not tell apart, each within `resolution`
   of the group's fastest (no chains: a group never spans more)."""
-  rows: list
-  groups: list
+  rows: list[Row]
+  groups: list[list[Row]]
   resolution: float
 
   @property
-  def ranking(self):
+  def ranking(self) -> list[list[str]]:
     """The configurations' names, group by group, fastest first."""
     return [[r.name for r in g] for g in self.groups]
 
   @property
-  def best(self):
+  def best(self) -> list[str]:
     """The names predicted fastest (more than one where the model cannot
     tell them apart)."""
     return self.ranking[0] if self.groups else []
 
-  def why(self, group):
+  def why(self, group: list[Row]) -> str:
     """Why a group of several is not ordered, in words."""
     if all(r.at_floor for r in group):
       return ("the HBM floor sets each one's time: they move about the same bytes, and "
@@ -46,7 +51,7 @@ class Comparison:
     return (f"predicted within {self.resolution:.0%} of the fastest of them: closer "
             "than the H200's own run-to-run spread")
 
-  def table(self):
+  def table(self) -> str:
     lines = ["| rank | configuration | predicted (us) | vs fastest | note |",
              "|---:|---|---:|---:|---|"]
     fastest = self.rows[0].time_s if self.rows else 0.0
@@ -59,11 +64,14 @@ class Comparison:
                      f"{r.time_s / fastest:.3f} | {note} |")
     return "\n".join(lines)
 
-  def __str__(self):
+  def __str__(self) -> str:
     return self.table()
 
 
-def compare(candidates, *args, resolution=RESOLUTION, options=None, **kwargs):
+def compare(candidates: (dict[Any, Callable[..., Any]]
+                         | Iterable[tuple[Any, Callable[..., Any]]]),
+            *args: Any, resolution: float = RESOLUTION, options: Options | None = None,
+            **kwargs: Any) -> Comparison:
   """Estimates each of `candidates` ({name: fn}, or (name, fn) pairs: the
   configurations of one kernel, each a function of the same `args`) as
   ps.estimate does, and ranks them: a Comparison whose `groups` hold the
@@ -85,7 +93,7 @@ def compare(candidates, *args, resolution=RESOLUTION, options=None, **kwargs):
     rows.append(Row(str(name), rep.time_s, rep,
                     bool(rep.kernels) and all(k.at_floor for k in rep.kernels)))
   rows.sort(key=lambda r: r.time_s)
-  groups = []
+  groups: list[list[Row]] = []
   for r in rows:
     if groups and r.time_s <= groups[-1][0].time_s * (1 + resolution):
       groups[-1].append(r)

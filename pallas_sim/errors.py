@@ -1,11 +1,18 @@
 """Errors raised by pallas-sim. Every one names the primitive (or argument) and,
 where it comes from a kernel, the user's own file:line."""
+from collections.abc import Iterable
+from typing import Any, ClassVar, cast
 
 
 class SimError(Exception):
   """Base class: something about the kernel prevents simulating it."""
 
-  def __init__(self, message, *, primitive=None, where=None):
+  # Set only on the error a simulation raises: every error it found, in
+  # order (this one first).
+  errors: list[BaseException]
+
+  def __init__(self, message: str, *, primitive: str | None = None,
+               where: str | None = None) -> None:
     self.primitive = primitive
     self.where = where
     parts = []
@@ -16,7 +23,7 @@ class SimError(Exception):
     parts.append(message)
     super().__init__("".join(parts))
 
-  def __str__(self):
+  def __str__(self) -> str:
     """The message, then the user's line of code it points at (as a
     traceback would show it), where the message is one line: a list of
     findings names each finding's lines itself, and a line of code after
@@ -28,7 +35,7 @@ class SimError(Exception):
     return f"{text}\n    {code}" if code and code not in text else text
 
 
-def _source_line(where):
+def _source_line(where: str | None) -> str | None:
   if not where or ":" not in where:
     return None
   path, _, line = where.rpartition(":")
@@ -62,16 +69,19 @@ class LoweringError(KernelError):
   NotImplementedError, jax's LoweringError...), so code that catches what the
   GPU backend raises catches it here too (`LoweringError.of`)."""
 
-  _kinds = {}
+  # type(original) -> the LoweringError subclass that is also one
+  _kinds: ClassVar[dict[type[BaseException], type["LoweringError"]]] = {}
 
   @classmethod
-  def of(cls, original, message, **kw):
+  def of(cls, original: BaseException, message: str, **kw: Any) -> "LoweringError":
     """A LoweringError that is also an instance of type(original)."""
     base = type(original)
     kind = cls._kinds.get(base)
     if kind is None:
       try:
-        kind = type(cls.__name__, (cls, base), {"__module__": cls.__module__})
+        # (type() is typed as returning a plain type; this one subclasses cls)
+        kind = cast(type[LoweringError],
+                    type(cls.__name__, (cls, base), {"__module__": cls.__module__}))
       except TypeError:  # (a built-in layout that cannot be mixed in)
         kind = cls
       cls._kinds[base] = kind
@@ -93,7 +103,8 @@ class ResourceError(KernelError):
 class SmemOverflowError(ResourceError, ValueError):
   """Shared memory over the limit. Carries the same numbers as the real lowering."""
 
-  def __init__(self, message, *, smem_bytes, max_smem_bytes, **kw):
+  def __init__(self, message: str, *, smem_bytes: int, max_smem_bytes: int,
+               **kw: Any) -> None:
     self.smem_bytes = smem_bytes
     self.max_smem_bytes = max_smem_bytes
     super().__init__(message, **kw)
@@ -102,7 +113,8 @@ class SmemOverflowError(ResourceError, ValueError):
 class DeadlockError(SimError):
   """No thread can make progress: each blocked one is listed."""
 
-  def __init__(self, message, *, blocked=(), **kw):
+  def __init__(self, message: str, *, blocked: Iterable[tuple[str, object, str]] = (),
+               **kw: Any) -> None:
     self.blocked = list(blocked)
     super().__init__(message, **kw)
 
@@ -116,7 +128,10 @@ class RaceError(SimError):
   """Accesses not ordered by happens-before (which events order which
   accesses: backends/sim/checks/observer.py)."""
 
-  def __init__(self, message, *, races=(), **kw):
+  # (checks/races.Race objects: this module lies below the backends and
+  # cannot name them)
+  def __init__(self, message: str, *, races: Iterable[Any] = (),
+               **kw: Any) -> None:
     self.races = list(races)
     super().__init__(message, **kw)
 
@@ -126,7 +141,9 @@ class UninitializedError(SimError):
   output elements that no block wrote (like compute-sanitizer's initcheck);
   the findings are in `.findings`."""
 
-  def __init__(self, message, *, findings=(), **kw):
+  # (checks/initcheck.Uninitialized objects, unnamed here as races above)
+  def __init__(self, message: str, *, findings: Iterable[Any] = (),
+               **kw: Any) -> None:
     self.findings = list(findings)
     super().__init__(message, **kw)
 

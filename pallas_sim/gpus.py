@@ -331,8 +331,10 @@ def at_clock(gpu, mhz):
   share of the L2 is more bytes a cycle at a lower clock), spills' round
   trips to the L2, and the TMA and HBM latencies (taken to be in the memory
   system's time: they were measured at 1980 MHz), launch overhead."""
+  # (compared as the float it is then used as: numbers.Real's stubs declare
+  # no comparison that `0 < mhz` could use)
   if isinstance(mhz, bool) or not isinstance(mhz, numbers.Real) or not (
-      0 < mhz <= gpu.boost_mhz):
+      0 < float(mhz) <= gpu.boost_mhz):
     raise ValueError(f"clock_mhz={mhz!r}: the SM clock in MHz, above 0 and at most "
                      f"the {gpu.name}'s boost clock, {gpu.boost_mhz:g}")
   mhz = float(mhz)

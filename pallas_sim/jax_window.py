@@ -40,9 +40,9 @@ def in_window(version):
   return _padded(parse(OLDEST)) <= _padded(parse(version)) <= _padded(parse(NEWEST))
 
 
-def installed():
+def installed() -> dict[str, str | None]:
   """{'jax': version, 'jaxlib': version}, None for one not installed."""
-  found = {}
+  found: dict[str, str | None] = {}
   for name in ("jax", "jaxlib"):
     try:
       found[name] = importlib.metadata.version(name)

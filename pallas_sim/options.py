@@ -3,6 +3,7 @@ plugin) takes, as one value: the GPU model, what is checked, and what a
 finding does."""
 import dataclasses
 import os
+from typing import Any
 
 from pallas_sim import gpus
 
@@ -20,12 +21,12 @@ PROGRESS_ENV = "PALLAS_SIM_PROGRESS"
 CHECK_ESTIMATE_ENV = "PALLAS_SIM_CHECK_ESTIMATE"
 
 
-def _env_progress():
+def _env_progress() -> bool | None:
   """Options.progress's default: PALLAS_SIM_PROGRESS=1 on, =0 off, else None."""
   return {"1": True, "0": False}.get(os.environ.get(PROGRESS_ENV, ""))
 
 
-def _env_check_estimate():
+def _env_check_estimate() -> str | None:
   """Options.check_estimate's default: PALLAS_SIM_CHECK_ESTIMATE's path."""
   return os.environ.get(CHECK_ESTIMATE_ENV) or None
 
@@ -103,7 +104,7 @@ class Options:
   progress: bool | None = dataclasses.field(default_factory=_env_progress)
   check_estimate: str | None = dataclasses.field(default_factory=_env_check_estimate)
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     gpus.get(self.gpu, self.clock_mhz)  # raises on an unknown model or clock
     for name in ("on_race", "on_uninitialized", "library_races"):
       if getattr(self, name) not in _ON:
@@ -128,7 +129,7 @@ class Options:
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 
 
-def take(kwargs, options=None):
+def take(kwargs: dict[str, Any], options: Options | None = None) -> Options:
   """Pops Options fields out of `kwargs` (the rest are the user function's)
   and applies them over `options`."""
   named = {k: kwargs.pop(k) for k in FIELDS if k in kwargs}

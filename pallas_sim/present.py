@@ -6,6 +6,7 @@ a whole test session, so that what a library decides at import and
 collection time sees the GPU too.
 """
 import contextlib
+from typing import Any
 
 import jax
 
@@ -14,7 +15,8 @@ from pallas_sim import gpus
 # The Device properties present_gpu overrides, and what it shows: sm_90.
 _PRESENTED = ("platform", "device_kind", "compute_capability", "core_count")
 COMPUTE_CAPABILITY = "9.0"
-_presenting = []  # the device type's own properties, while presenting
+# the device type's own properties (None: it had none), while presenting
+_presenting: list[dict[str, Any]] = []
 
 
 @contextlib.contextmanager
@@ -34,7 +36,7 @@ def present_gpu(gpu="h100"):
   values = {"platform": "gpu", "device_kind": gpu.device_kind,
             "compute_capability": COMPUTE_CAPABILITY, "core_count": gpu.num_sms}
   for name, value in values.items():
-    setattr(device_type, name, property(lambda self, value=value: value))
+    setattr(device_type, name, _constant(value))
   default_backend = jax.default_backend
   jax.default_backend = lambda: "gpu"
   _presenting.append(saved)
@@ -48,6 +50,11 @@ def present_gpu(gpu="h100"):
         delattr(device_type, name)
       else:
         setattr(device_type, name, prop)
+
+
+def _constant(value: object) -> property:
+  """A read-only property whose value is `value`."""
+  return property(lambda self: value)
 
 
 def truly(device, name):

@@ -20,11 +20,15 @@ declaration the check is as it was. The declaration holds for the process
 (in a conftest.py or a `pytest -p` plugin, for a library's own tests), or
 inside a `with` block when used as a context manager.
 """
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from pallas_sim.errors import KernelError
 
-_DECLARED = {}  # kernel name -> [region functions], in declaration order
+# kernel name -> [region functions], in declaration order
+_DECLARED: dict[str, list[Callable[..., Any]]] = {}
 
 
 class Declaration:
@@ -60,7 +64,7 @@ def leave_unwritten(kernel_name, region):
 def allowed(name, inputs, outputs, arg_names=()):
   """For each output (a shape) of kernel `name`, the boolean mask of
   elements declared as possibly unwritten, or None."""
-  masks = [None] * len(outputs)
+  masks: list[np.ndarray | None] = [None] * len(outputs)
   # (the body's parameters: inputs, outputs, then scratch)
   n_in, n_out = len(inputs), len(outputs)
   out_names = tuple(arg_names[n_in:n_in + n_out]) if len(arg_names) >= n_in + n_out \

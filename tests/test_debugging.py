@@ -215,11 +215,12 @@ def test_reading_what_an_earlier_block_wrote_is_not_uninitialized():
 def test_detached_groups_find_the_same():
   from pallas_sim.backends.sim.frontend import capture
   from pallas_sim.backends.sim.execute.executor import Executor
+  from pallas_sim.options import Options
   from pallas_sim.backends.sim.execute.tuning import Tuning
   k = _tail_kernel(200, 64)
   texts = []
   for detached in (False, True):
-    ex = Executor(on_uninitialized="report", tuning=Tuning(detached_groups=detached))
+    ex = Executor(Options(on_uninitialized="report"), tuning=Tuning(detached_groups=detached))
     capture.push_executor(ex)
     try:
       with capture.force_sim():

@@ -552,13 +552,13 @@ def test_the_estimate_check_compares_every_simulated_launch(tmp_path, monkeypatc
   assert line["tallies"] == {}
   assert "test_quickstart.py:" in line["where"]
 
-  real = Executor._execute
+  real = Executor.run_launch
 
   def broken(self, launch, arrays, copy_inputs=False):
     if self.checking_estimate:
       raise RuntimeError("the estimate broke")
     return real(self, launch, arrays, copy_inputs)
-  monkeypatch.setattr(Executor, "_execute", broken)
+  monkeypatch.setattr(Executor, "run_launch", broken)
   again = _full(_wide_matmul, a, b)
   assert _times(again) == _times(full)
   last = json.loads(log.read_text().splitlines()[-1])
@@ -572,7 +572,7 @@ def test_the_estimate_check_compares_every_simulated_launch(tmp_path, monkeypatc
     if self.checking_estimate:
       raise SuiteTimeout("past the time limit")
     return real(self, launch, arrays, copy_inputs)
-  monkeypatch.setattr(Executor, "_execute", timed_out)
+  monkeypatch.setattr(Executor, "run_launch", timed_out)
   lines = len(log.read_text().splitlines())
   with pytest.raises(SuiteTimeout):  # (passes through: not the estimate's failure)
     _full(_wide_matmul, a, b)

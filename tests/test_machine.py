@@ -16,6 +16,7 @@ import pallas_sim as ps
 from pallas_sim import gpus
 from pallas_sim.backends.sim.frontend import capture
 from pallas_sim.backends.sim.execute.executor import Executor
+from pallas_sim.options import Options
 from pallas_sim.backends.sim.execute.tuning import Tuning
 from pallas_sim.backends.sim.timing.model import Engines, Timing
 from test_quickstart import matmul_mcs
@@ -247,7 +248,8 @@ def test_detached_groups_merge_to_the_same_outputs_and_reports(rng, name, fn, ar
     args = args(0)
   results = []
   for detached in (False, True):
-    ex = Executor(check_races=True, on_race="report", tuning=Tuning(detached_groups=detached))
+    ex = Executor(Options(check_races=True, on_race="report"),
+                  tuning=Tuning(detached_groups=detached))
     out = run_on(ex, fn, *args)
     results.append(([np.asarray(x) for x in jax.tree.leaves(out)],
                     [str(r) for r in ex.report.races]))
@@ -264,7 +266,7 @@ def test_cross_block_races_are_found_when_groups_merge():
     o_ref[i] = x_ref[i % 2]
     o_ref[(i + 1) % 4] = x_ref[0]  # the next block's row
 
-  ex = Executor(check_races=True, on_race="report", tuning=Tuning(detached_groups=True))
+  ex = Executor(Options(check_races=True, on_race="report"), tuning=Tuning(detached_groups=True))
   run_on(ex, k, jnp.ones((2, 128), F32))
   # Block i+1's own row was written by block i before it, in block order;
   # block 3's "next" row 0 comes after block 0's own write.

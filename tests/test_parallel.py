@@ -21,6 +21,7 @@ import kernels as K
 import pallas_sim as ps
 from pallas_sim.backends.sim.execute import dispatch, executor as executor_mod, parallel
 from pallas_sim.backends.sim.execute.executor import Executor
+from pallas_sim.options import Options
 from pallas_sim.backends.sim.execute.tuning import Tuning
 from test_clusters import multicast_kernel
 from test_machine import run_on, writes_twice_and_reads_back
@@ -126,8 +127,8 @@ TUNING = Tuning(parallel_after_s=0.0)
 
 
 def _run(fn, args, workers):
-  ex = Executor(check_races=True, on_race="report", on_uninitialized="report",
-                workers=workers, tuning=TUNING)
+  ex = Executor(Options(check_races=True, on_race="report", on_uninitialized="report",
+                        workers=workers), tuning=TUNING)
   out = run_on(ex, fn, *args)
   return ex, [np.asarray(x) for x in jax.tree.leaves(out)]
 
@@ -248,8 +249,8 @@ def test_inputs_are_lent_uncopied_until_the_kernel_writes_one(monkeypatch, worke
   assert seen[0] == (False, [True]) and seen[-1] == (True, [False])
   assert not ex.errors and not ex.report.races
   assert len(ex.report.kernels) == 1
-  real = Executor._execute
-  monkeypatch.setattr(Executor, "_execute", lambda self, launch, arrays, copy_inputs=False:
+  real = Executor.run_launch
+  monkeypatch.setattr(Executor, "run_launch", lambda self, launch, arrays, copy_inputs=False:
                       real(self, launch, arrays, copy_inputs=True))
   at_once, out2 = _run(writes_its_input(ROWS - 1), (x,), workers)
   assert seen[-1] == (True, [False])
@@ -305,7 +306,7 @@ def test_an_error_in_a_worker_is_raised_as_one_process_raises_it(monkeypatch, fr
   monkeypatch.setattr(parallel, "run", run)
   errors = []
   for workers in (1, 2):
-    ex = Executor(workers=workers, tuning=TUNING)
+    ex = Executor(Options(workers=workers), tuning=TUNING)
     try:
       run_on(ex, deadlocks_in_block(5), _x())
     except Exception:  # noqa: BLE001 (the executor keeps what it raised)
@@ -390,7 +391,7 @@ def test_an_interrupted_run_stops_its_workers_and_does_not_wait_on_them(monkeypa
       hung.wait(60)  # (as a shutdown stuck on a torn message would)
     return real_terminate(self)
   monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", terminate)
-  ex = Executor(workers=2, tuning=TUNING)
+  ex = Executor(Options(workers=2), tuning=TUNING)
   t0 = time.monotonic()
   run_on(ex, atomic_rows(F32), _x())  # (errors are kept for the API to raise)
   assert time.monotonic() - t0 < 30

@@ -236,7 +236,7 @@ def test_a_stores_predicate_on_the_grid_index_is_a_decision():
 def _block_by_block(monkeypatch):
   def refuse(*a):
     raise paths.NotLanes("test")
-  monkeypatch.setattr(paths, "_as_lanes", refuse)
+  monkeypatch.setattr(paths, "as_lanes", refuse)
 
 
 @pytest.mark.parametrize("fn, shape", [
@@ -247,12 +247,12 @@ def test_blocks_as_lanes_take_the_paths_they_take_one_by_one(fn, shape, monkeypa
   where they decide apart: the same paths, loads and times as block by
   block, and as the full simulation."""
   runs = []
-  lanes = paths._as_lanes
+  lanes = paths.as_lanes
 
   def as_lanes(*a):
     runs.append(lanes(*a))  # (only where the lanes did not give up)
     return runs[-1]
-  monkeypatch.setattr(paths, "_as_lanes", as_lanes)
+  monkeypatch.setattr(paths, "as_lanes", as_lanes)
   est = ps.estimate(fn, S(shape, F32))
   assert runs  # (as lanes: loops carrying arrays the slice does not compute too)
   _block_by_block(monkeypatch)

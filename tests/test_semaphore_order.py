@@ -240,6 +240,7 @@ def test_block_semaphores_over_worker_processes_report_what_one_process_does(mon
   first: the same reports, the same outputs."""
   import multiprocessing.pool
   from pallas_sim.backends.sim.execute.executor import Executor
+  from pallas_sim.options import Options
   from pallas_sim.backends.sim.execute.tuning import Tuning
   from test_machine import run_on
   pools = []
@@ -265,8 +266,8 @@ def test_block_semaphores_over_worker_processes_report_what_one_process_does(mon
 
   texts = []
   for workers in (1, 2):
-    ex = Executor(check_races=True, on_race="report", on_uninitialized="report",
-                  workers=workers, tuning=Tuning(parallel_after_s=0.0))
+    ex = Executor(Options(check_races=True, on_race="report", on_uninitialized="report",
+                          workers=workers), tuning=Tuning(parallel_after_s=0.0))
     run_on(ex, k)
     texts.append(sorted(str(r) for r in ex.report.races))
   assert pools == [1]  # (the first run of workers=2 went over a pool)

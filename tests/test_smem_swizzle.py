@@ -91,10 +91,10 @@ def test_lane_semantics_infer_nothing(monkeypatch):
   ps.estimate(lambda a, b: matmul_mcs(a, b, tile_k=16), F16, F16, gpu="h200")
   assert sorted(inferred[-1].values()) == [32, 32]
   lane = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane)
-  assert capture._lane_semantics({"compiler_params": lane})
-  assert capture._lane_semantics({"compiler_params": {"mosaic_gpu": lane}})
-  assert not capture._lane_semantics({"compiler_params": plgpu.CompilerParams()})
-  assert not capture._lane_semantics({})
+  assert capture.lane_semantics({"compiler_params": lane})
+  assert capture.lane_semantics({"compiler_params": {"mosaic_gpu": lane}})
+  assert not capture.lane_semantics({"compiler_params": plgpu.CompilerParams()})
+  assert not capture.lane_semantics({})
 
 
 def _wgmma_under(control):

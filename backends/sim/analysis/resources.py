@@ -17,6 +17,7 @@ import math
 import re
 
 from pallas_sim.backends.sim.analysis import walker
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import named_barriers
 from pallas_sim.errors import LoweringError, SmemOverflowError
@@ -127,7 +128,7 @@ def lowering_error(exc, where=None):
     return SmemOverflowError(
         f"Mosaic GPU kernel exceeds available shared memory: {m.group(0)}",
         smem_bytes=int(m.group(1)), max_smem_bytes=int(m.group(2)), where=where)
-  lines = []
+  lines: list[str] = []
   for line in msg.splitlines():
     if line.startswith("-----") or len(lines) == 6:  # JAX's traceback follows
       break
@@ -154,12 +155,12 @@ def scope_allocations(eqn):
 def asked_registers(jaxpr):
   """The largest count plgpu.set_max_registers asks for in the kernel body,
   by action ("increase", "decrease")."""
-  found = {}
+  found: dict[str, int] = {}
   for eqn in walker.equations(jaxpr):
     if primitive_name(eqn) == "set_max_registers":
-      n = eqn.params.get("n")
+      n = jx.param(eqn, "n")
       if n is not None:
-        a = eqn.params.get("action")
+        a = jx.param(eqn, "action")
         found[a] = max(found.get(a, 0), int(n))
   return found
 

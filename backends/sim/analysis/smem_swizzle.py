@@ -22,6 +22,8 @@ those refs' rows as written. That differs where the minor dimension is a
 multiple of 32 or 64 bytes but not of 128 and wider than the swizzle
 (96, 160, 192 bytes...): there the GPU's rows would be 32 or 64 bytes.
 """
+from typing import Any
+
 import numpy as np
 
 from pallas_sim.backends.sim.analysis import walker
@@ -44,10 +46,10 @@ def infer(kernel_jaxpr, lane_semantics=False):
     return {}
   cls = _Operands()
   cls.walk(kernel_jaxpr, [])
-  groups = {}
+  groups: dict[Any, list[Any]] = {}
   for v in cls.operand:
     groups.setdefault(cls.find(v), []).append(v)
-  out = {}
+  out: dict[Any, int] = {}
   for members in groups.values():
     sw = next((s for s in SWIZZLES if all(_fits(v, s) for v in members)), None)
     if sw:
@@ -62,7 +64,8 @@ def _fits(v, swizzle):
   dimension is its swizzle: its partner gets that (a buffer with a tiling
   of its own keeps its rows: interpret/rules/tma.py _row_bytes)."""
   ref = v.aval.inner_aval
-  shape, dtype = getattr(ref, "shape", ()), getattr(ref, "dtype", None)
+  shape: tuple[int, ...] = getattr(ref, "shape", ())
+  dtype = getattr(ref, "dtype", None)
   if len(shape) < 2 or dtype is None:  # (a barrier, a union of refs: no swizzle)
     return False
   itemsize = np.dtype(dtype).itemsize

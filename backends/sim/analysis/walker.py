@@ -15,10 +15,16 @@ needs from results to operands (paths: the slice of the kernel that its
 control decisions and TMA loads need). The compiler's control-flow rules
 (interpret/rules/control_flow.py) take their bodies from `structure` too."""
 import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar, NoReturn, TypeVar
 
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim.base import jax_internals as jx
+
+Jaxpr = Any   # jax's jaxpr, open or closed (jax_internals.Jaxpr)
+Eqn = Any     # one of its equations
+V = TypeVar("V")
 
 # Primitives whose body just runs on the equation's operands by position
 # (paths slices through them; through other bodies, a core or warp map's,
@@ -31,12 +37,12 @@ CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr",
          "checkpoint": "jaxpr", "remat": "jaxpr", "remat2": "jaxpr"}
 
 
-def inner(j):
+def inner(j: Jaxpr) -> Jaxpr:
   """The open Jaxpr of a ClosedJaxpr (or the Jaxpr itself)."""
   return j.jaxpr if hasattr(j, "consts") else j
 
 
-def given_jaxprs(value):
+def given_jaxprs(value: Any) -> Iterator[Jaxpr]:
   """The jaxprs an equation parameter holds (nested in tuples or lists), as
   it holds them: closed ones with their consts."""
   if hasattr(value, "eqns") or hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
@@ -46,12 +52,12 @@ def given_jaxprs(value):
       yield from given_jaxprs(v)
 
 
-def sub_jaxprs(value):
+def sub_jaxprs(value: Any) -> Iterator[Jaxpr]:
   """The open jaxprs an equation parameter holds (nested in tuples or lists)."""
   return (v if hasattr(v, "eqns") else v.jaxpr for v in given_jaxprs(value))
 
 
-def scan_counts(eqn):
+def scan_counts(eqn: Eqn) -> tuple[int, int] | None:
   """(consts, carries) of a lax.scan equation's inputs (the xs follow), or
   None where its parameters say neither (jax 0.11 packs the three groups
   in a flat tree, ft_in; older ones count them)."""
@@ -59,7 +65,7 @@ def scan_counts(eqn):
   if "num_consts" in p:
     return p["num_consts"], p["num_carry"]
   ft = p.get("ft_in")
-  groups = ft.unpack() if hasattr(ft, "unpack") else ()
+  groups: Sequence[Any] = ft.unpack() if hasattr(ft, "unpack") else ()
   if len(groups) != 3 or sum(map(len, groups)) != len(eqn.invars):
     return None
   return len(groups[0]), len(groups[1])
@@ -68,12 +74,12 @@ def scan_counts(eqn):
 @dataclasses.dataclass(frozen=True)
 class Cond:
   """cond(index, *operands): the branch `index` picks runs on the operands."""
-  visit = "cond"
-  branches: tuple
-  given: tuple = ()  # (the branches as the equation holds them)
+  visit: ClassVar[str] = "cond"
+  branches: tuple[Jaxpr, ...]
+  given: tuple[Jaxpr, ...] = ()  # (the branches as the equation holds them)
 
   @property
-  def bodies(self):
+  def bodies(self) -> tuple[Jaxpr, ...]:
     return self.branches
 
 
@@ -82,18 +88,18 @@ class While:
   """while(*cond consts, *body consts, *carry): the condition runs on its
   consts and the carry, the body on its consts and the carry, which it
   gives back."""
-  visit = "loop"
-  cond: object
-  body: object
+  visit: ClassVar[str] = "loop"
+  cond: Jaxpr
+  body: Jaxpr
   cond_consts: int
   body_consts: int
-  given: tuple = ()  # (condition, body) as the equation holds them
+  given: tuple[Jaxpr, ...] = ()  # (condition, body) as the equation holds them
 
   @property
-  def bodies(self):
+  def bodies(self) -> tuple[Jaxpr, ...]:
     return (self.cond, self.body)
 
-  def split(self, ins):
+  def split(self, ins: Sequence[V]) -> tuple[list[V], list[V], list[V]]:
     """(condition consts, body consts, carry), as lists."""
     cn, bn = self.cond_consts, self.body_consts
     return list(ins[:cn]), list(ins[cn:cn + bn]), list(ins[cn + bn:])
@@ -104,18 +110,20 @@ class Scan:
   """scan(*consts, *carry, *xs): the body runs on the consts, the carry and
   an element of each xs, and gives back the carry and an element of each
   ys. `counts`: (consts, carries), None where the parameters say neither."""
-  visit = "scan"
-  body: object
-  counts: object
-  length: object
-  given: tuple = ()  # (the body as the equation holds it,)
+  visit: ClassVar[str] = "scan"
+  body: Jaxpr
+  counts: tuple[int, int] | None
+  length: int | None
+  given: tuple[Jaxpr, ...] = ()  # (the body as the equation holds it,)
 
   @property
-  def bodies(self):
+  def bodies(self) -> tuple[Jaxpr, ...]:
     return (self.body,)
 
-  def split(self, ins):
-    """(consts, carry, xs), as lists."""
+  def split(self, ins: Sequence[V]) -> tuple[list[V], list[V], list[V]]:
+    """(consts, carry, xs), as lists; the counts must be known."""
+    if self.counts is None:
+      raise ValueError("a scan whose parameters count neither its consts nor its carry")
     nc, ncar = self.counts
     return list(ins[:nc]), list(ins[nc:nc + ncar]), list(ins[nc + ncar:])
 
@@ -124,12 +132,12 @@ class Scan:
 class RunState:
   """pl.run_state(*operands): the body's refs hold the operands' values
   (refs passed in stay the same memory)."""
-  visit = "run_state"
-  body: object
-  given: tuple = ()
+  visit: ClassVar[str] = "run_state"
+  body: Jaxpr
+  given: tuple[Jaxpr, ...] = ()
 
   @property
-  def bodies(self):
+  def bodies(self) -> tuple[Jaxpr, ...]:
     return (self.body,)
 
 
@@ -139,12 +147,12 @@ class Call:
   takes what it closes over as constvars, then its allocations), "call"
   (CALLS: by position) or "map" (a core or warp map, and anything else
   that holds jaxprs)."""
-  visit = "call"
-  bodies: tuple
+  visit: ClassVar[str] = "call"
+  bodies: tuple[Jaxpr, ...]
   kind: str
-  given: tuple = ()  # (the bodies as the equation holds them)
+  given: tuple[Jaxpr, ...] = ()  # (the bodies as the equation holds them)
 
-  def inputs(self, body, ins, fresh, mixed):
+  def inputs(self, body: Jaxpr, ins: Sequence[V], fresh: V, mixed: V) -> list[V]:
     """What `body` takes: a scope's closed-over operands and `fresh` for
     its allocations; the operands by position where their counts agree;
     else `mixed` (any of the operands) for every input."""
@@ -155,14 +163,18 @@ class Call:
     return [mixed] * (len(body.constvars) + len(body.invars))
 
 
+# An equation's structure: what it runs its bodies on.
+Form = Cond | While | Scan | RunState | Call
+
+
 # id(eqn) -> (eqn, its form): a launch's analyses walk the same equations
 # several times (each analysis, and a loop's body until it holds); bounded,
 # as it keeps the equations alive.
-_FORMS = {}
+_FORMS: dict[int, tuple[Eqn, Form | None]] = {}
 _FORMS_KEPT = 8192
 
 
-def structure(eqn):
+def structure(eqn: Eqn) -> Form | None:
   """eqn's control flow or call (a form above, whose `visit` names the
   walkers' method for it), or None for a primitive without bodies."""
   hit = _FORMS.get(id(eqn))
@@ -174,7 +186,7 @@ def structure(eqn):
   return form[1]
 
 
-def _structure(eqn):
+def _structure(eqn: Eqn) -> Form | None:
   name = eqn.primitive.name
   p = eqn.params
   if name == "cond":
@@ -198,13 +210,24 @@ def _structure(eqn):
   return Call(tuple(map(inner, given)), "scoped" if name == "run_scoped" else "map", given)
 
 
-def bodies(eqn):
+F = TypeVar("F", Cond, While, Scan, RunState, Call)
+
+
+def form_of(eqn: Eqn, kind: type[F]) -> F:
+  """structure(eqn), which a rule for its primitive knows is a `kind`."""
+  form = structure(eqn)
+  if not isinstance(form, kind):
+    raise TypeError(f"{eqn.primitive.name}: its structure is {form!r}, not a {kind.__name__}")
+  return form
+
+
+def bodies(eqn: Eqn) -> tuple[Jaxpr, ...]:
   """The open jaxprs `eqn` holds (none for a primitive without bodies)."""
   form = structure(eqn)
   return () if form is None else form.bodies
 
 
-def jaxprs(jaxpr):
+def jaxprs(jaxpr: Jaxpr) -> Iterator[Jaxpr]:
   """`jaxpr` and every jaxpr nested in it, each once, outer before inner."""
   seen, stack = set(), [inner(jaxpr)]
   while stack:
@@ -217,16 +240,17 @@ def jaxprs(jaxpr):
       stack.extend(reversed(bodies(eqn)))
 
 
-def equations(jaxpr):
+def equations(jaxpr: Jaxpr) -> Iterator[Eqn]:
   """Every equation of `jaxpr` and of the jaxprs nested in it (each body once)."""
   for j in jaxprs(jaxpr):
     yield from j.eqns
 
 
-def replace_bodies(params, fn):
+def replace_bodies(params: dict[str, Any], fn: Callable[[Jaxpr], Jaxpr]
+                   ) -> dict[str, Any]:
   """`params` with each jaxpr it holds (closed or open, nested in tuples)
   replaced by fn(jaxpr); the same dict where fn changed none."""
-  def one(v):
+  def one(v: Any) -> Any:
     if hasattr(v, "eqns") or hasattr(v, "jaxpr") and hasattr(v.jaxpr, "eqns"):
       return fn(v)
     if isinstance(v, tuple) and any(True for _ in given_jaxprs(v)):
@@ -237,7 +261,7 @@ def replace_bodies(params, fn):
   return params if all(new[k] is v for k, v in params.items()) else new
 
 
-def bind(jaxpr, ins):
+def bind(jaxpr: Jaxpr, ins: Sequence[V]) -> Iterator[tuple[Any, V]]:
   """A jaxpr's input variables for `ins`: its invars, or where there are
   more values, its constvars and then its invars (a run_scoped body takes
   what it closes over as constvars, bound before its invars:
@@ -257,40 +281,40 @@ class Forward:
   note decisions (`branch_index`, `trip_count`). Loops run to a fixpoint
   of `widen`."""
 
-  unknown = None
+  unknown: Any = None  # (a domain's value nothing is known of)
 
-  def literal(self, v):
+  def literal(self, v: Any) -> Any:
     return self.unknown
 
-  def join(self, a, b):
+  def join(self, a: Any, b: Any) -> Any:
     raise NotImplementedError
 
-  def widen(self, old, new):
+  def widen(self, old: Any, new: Any) -> Any:
     return self.join(old, new)
 
-  def mixed(self, values):
+  def mixed(self, values: Sequence[Any]) -> Any:
     return self.unknown
 
-  def result(self, var, value):
+  def result(self, var: Any, value: Any) -> Any:
     """What `var`, an equation's result, holds: `value` (a domain may add
     to it, by its type)."""
     return value
 
-  def transfer(self, eqn, ins):
+  def transfer(self, eqn: Eqn, ins: list[Any]) -> Sequence[Any]:
     raise NotImplementedError
 
-  def branch_index(self, eqn, index):
+  def branch_index(self, eqn: Eqn, index: Any) -> None:
     """A cond picks its branch by `index` (the value of its first operand)."""
 
-  def trip_count(self, eqn, cond_outs):
+  def trip_count(self, eqn: Eqn, cond_outs: list[Any]) -> None:
     """A while loop's trip count is decided by `cond_outs` (the values of
     its condition's outputs, once the carry is at its fixpoint)."""
 
-  def walk(self, jaxpr, ins):
+  def walk(self, jaxpr: Jaxpr, ins: Sequence[Any]) -> list[Any]:
     env = dict(bind(jaxpr, ins))
     literal, unknown = self.literal, self.unknown
 
-    def get(v):
+    def get(v: Any) -> Any:
       if isinstance(v, jax_extend_core.Literal):
         return literal(v)
       return env.get(v, unknown)
@@ -310,22 +334,22 @@ class Forward:
         env[v] = self.result(v, x)
     return [get(v) for v in jaxpr.outvars]
 
-  def entering(self, eqn, ins):
+  def entering(self, eqn: Eqn, ins: list[Any]) -> None:
     """Before eqn's results are found from its operands' values `ins`."""
 
-  def leaving(self, eqn):
+  def leaving(self, eqn: Eqn) -> None:
     """After (not where the walk raised)."""
 
-  def cond(self, eqn, form, ins):
+  def cond(self, eqn: Eqn, form: Cond, ins: list[Any]) -> list[Any]:
     """Any branch's results: joined over the branches."""
     self.branch_index(eqn, ins[0])
-    outs = None
-    for branch in form.branches:
+    outs: list[Any] = []
+    for i, branch in enumerate(form.branches):
       res = self.walk(branch, ins[1:])
-      outs = res if outs is None else [self.join(a, b) for a, b in zip(outs, res)]
+      outs = res if i == 0 else [self.join(a, b) for a, b in zip(outs, res)]
     return outs
 
-  def loop(self, eqn, form, ins):
+  def loop(self, eqn: Eqn, form: While, ins: list[Any]) -> list[Any]:
     """The carry, widened by what the body gives back until it holds."""
     cc, bc, carry = form.split(ins)
     while True:
@@ -336,7 +360,7 @@ class Forward:
     self.trip_count(eqn, self.walk(form.cond, cc + carry))
     return carry
 
-  def scan(self, eqn, form, ins):
+  def scan(self, eqn: Eqn, form: Scan, ins: list[Any]) -> list[Any]:
     """Each carry widened by what the body gives back in its place until it
     holds; the xs and ys as they are. Where the operands' roles are not
     known, every output may feed every input (_feedback)."""
@@ -351,7 +375,7 @@ class Forward:
         return carry + res[ncar:]
       carry = new
 
-  def _feedback(self, eqn, body, ins):
+  def _feedback(self, eqn: Eqn, body: Jaxpr, ins: list[Any]) -> list[Any]:
     """A loop over `body` whose outputs all feed back into all its inputs,
     until they hold."""
     sub_in = Call((body,), "call").inputs(body, ins, self.unknown, self.mixed(ins))
@@ -364,29 +388,29 @@ class Forward:
       sub_in = grown
     return self.returned(eqn, ins, [res])
 
-  def run_state(self, eqn, form, ins):
+  def run_state(self, eqn: Eqn, form: RunState, ins: list[Any]) -> list[Any]:
     """By default, a call of its body on the operands."""
     return self.call(eqn, Call((form.body,), "call"), ins)
 
-  def call(self, eqn, form, ins):
+  def call(self, eqn: Eqn, form: Call, ins: list[Any]) -> list[Any]:
     mixed = self.mixed(ins)
     return self.returned(eqn, ins, [
         self.walk(body, form.inputs(body, ins, self.unknown, mixed))
         for body in form.bodies])
 
-  def returned(self, eqn, ins, results):
+  def returned(self, eqn: Eqn, ins: list[Any], results: list[list[Any]]) -> list[Any]:
     """eqn's results from its bodies' (`results`, a list of values per
     body): a body's by position where it gives as many, else any of its
     results and the operands; joined over the bodies."""
     n = len(eqn.outvars)
-    outs = None
-    for res in results:
+    outs: list[Any] = []
+    for i, res in enumerate(results):
       got = res if len(res) == n else [self.mixed(list(res) + list(ins))] * n
-      outs = got if outs is None else [self.join(a, b) for a, b in zip(outs, got)]
+      outs = got if i == 0 else [self.join(a, b) for a, b in zip(outs, got)]
     return outs
 
 
-def any_of(*lists):
+def any_of(*lists: Sequence[bool]) -> list[bool]:
   """Elementwise `or` of lists of flags (as long as the shortest)."""
   return [any(t) for t in zip(*lists)]
 
@@ -403,16 +427,16 @@ class Backward:
 
   KEEPS = "a decision"
 
-  def __init__(self):
-    self.kept = {}
+  def __init__(self) -> None:
+    self.kept: dict[int, list[bool]] = {}
 
-  def transfer(self, eqn, outs):
+  def transfer(self, eqn: Eqn, outs: list[bool]) -> list[bool] | None:
     raise NotImplementedError
 
-  def refuse(self, why):
+  def refuse(self, why: str) -> NoReturn:
     raise NotImplementedError
 
-  def walk(self, jaxpr, out_need):
+  def walk(self, jaxpr: Jaxpr, out_need: Sequence[bool]) -> tuple[list[bool], bool]:
     """Marks the equations of `jaxpr` needed for its outputs where
     out_need says so, and for every decision inside it; returns, for its
     constvars then its invars, whether each is needed, and whether any of
@@ -432,7 +456,8 @@ class Backward:
           need.add(v)
     return [v in need for v in list(jaxpr.constvars) + list(jaxpr.invars)], kept
 
-  def body(self, jaxpr, out_need, consts=False):
+  def body(self, jaxpr: Jaxpr, out_need: Sequence[bool], consts: bool = False
+           ) -> tuple[list[bool], bool]:
     """walk of a nested jaxpr whose inputs are the equation's operands (its
     invars; its constvars where `consts`, a run_scoped body's): the need
     of each operand, and whether anything inside is kept."""
@@ -440,21 +465,22 @@ class Backward:
     nc = len(jaxpr.constvars)
     return (flags[:nc] if consts else flags[nc:]), kept
 
-  def equation(self, eqn, outs):
+  def equation(self, eqn: Eqn, outs: list[bool]) -> list[bool] | None:
     """Whether each operand of `eqn` is needed, or None when eqn is not."""
     form = structure(eqn)
     if form is None:
       return self.transfer(eqn, outs)
-    return getattr(self, form.visit)(eqn, form, outs)
+    visit: Callable[..., list[bool] | None] = getattr(self, form.visit)
+    return visit(eqn, form, outs)
 
-  def cond(self, eqn, form, outs):
+  def cond(self, eqn: Eqn, form: Cond, outs: list[bool]) -> list[bool] | None:
     """A decision: which branch's work the block does."""
     ins = [False] * (len(eqn.invars) - 1)
     for branch in form.branches:
       ins = any_of(ins, self.body(branch, outs)[0])
     return [True] + ins
 
-  def loop(self, eqn, form, outs):
+  def loop(self, eqn: Eqn, form: While, outs: list[bool]) -> list[bool] | None:
     cn, bn = form.cond_consts, form.body_consts
     carry = list(outs)
     bflags, _ = self.body(form.body, carry)
@@ -467,7 +493,9 @@ class Backward:
       bflags, _ = self.body(form.body, carry)
     return cflags[:cn] + bflags[:bn] + carry
 
-  def scan(self, eqn, form, outs):
+  def scan(self, eqn: Eqn, form: Scan, outs: list[bool]) -> list[bool] | None:
+    if form.counts is None:
+      self.refuse("a scan whose parameters count neither its consts nor its carry")
     nc, ncar = form.counts
     carry = list(outs[:ncar])
     flags, kept = self.body(form.body, carry + list(outs[ncar:]))
@@ -481,11 +509,11 @@ class Backward:
       flags, _ = self.body(form.body, carry + list(outs[ncar:]))
     return flags[:nc] + any_of(carry, flags[nc:nc + ncar]) + flags[nc + ncar:]
 
-  def run_state(self, eqn, form, outs):
+  def run_state(self, eqn: Eqn, form: RunState, outs: list[bool]) -> list[bool] | None:
     """By default, a call of its body on the operands."""
     return self.call(eqn, Call((form.body,), "call"), outs)
 
-  def call(self, eqn, form, outs):
+  def call(self, eqn: Eqn, form: Call, outs: list[bool]) -> list[bool] | None:
     """A scope's or a call's body is sliced through; a map's bodies must
     hold nothing the slice keeps."""
     name = eqn.primitive.name

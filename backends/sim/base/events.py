@@ -8,52 +8,74 @@ worker cannot send as they are: GMEM buffers (sent as their position among
 the launch's operands) and race sites (sent as their key in the launch's
 RaceLog). `portable` and `restored` do that, naming the fields they map:
 adding a field to an event needs no index table anywhere else."""
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol, Self
+
+
+class SiteLog(Protocol):
+  """The launch's race log (checks/races.RaceLog): a site by its key."""
+
+  def site(self, *key: Any) -> Any: ...
+
+
+class MergeTarget(Protocol):
+  """What an event merges into (execute/merge.Merge)."""
+  log: Any          # races.RaceLog
+  init_log: Any     # initcheck.InitLog
+  cross: Any        # cross_block.CrossBlock, or None without race checking
+  sem_needs: dict[int, Any]
+
+  def unwritten_of(self, origin: Any, offset: int, estrides: tuple[int, ...],
+                   shape: tuple[int, ...], unwritten: Any) -> Any: ...
+
+
+# A buffer's position among the launch's operands, from the buffer.
+BufIndex = Callable[[Any], int]
 
 
 class RaceFound(NamedTuple):
   """A race or a misuse within a group (checks/races.py, checks/observer.py,
   group.Group.misuse): `first` is None for a misuse with one site."""
   kind: str
-  first: object       # races.Site or None
-  second: object      # races.Site
-  block: tuple
+  first: Any       # races.Site or None
+  second: Any      # races.Site
+  block: tuple[int, ...]
   elements: str
   advice: str
-  timing: object = None
+  timing: Any = None
 
-  def merge(self, m):
+  def merge(self, m: MergeTarget) -> None:
     m.log.add(self.kind, self.first, self.second, self.block, self.elements, self.advice,
               self.timing)
 
-  def portable(self, buf_index):
+  def portable(self, buf_index: BufIndex) -> Self:
     return self._replace(first=_key(self.first), second=_key(self.second))
 
-  def restored(self, bufs, log):
+  def restored(self, bufs: Sequence[Any], log: SiteLog) -> Self:
     return self._replace(first=_site(self.first, log), second=_site(self.second, log))
 
 
 class GmemAccess(NamedTuple):
   """An access to GMEM, for the races between blocks (checks/cross_block.py)."""
   group: int
-  block: tuple
-  buffer: object      # memory.Buffer
+  block: tuple[int, ...]
+  buffer: Any      # memory.Buffer
   offset: int
-  estrides: tuple
-  shape: tuple
-  site: object        # races.Site
+  estrides: tuple[int, ...]
+  shape: tuple[int, ...]
+  site: Any        # races.Site
   write: bool
   atomic: bool
 
-  def merge(self, m):
+  def merge(self, m: MergeTarget) -> None:
     if m.cross is not None:
       m.cross.access(self.group, self.block, self.buffer, self.offset, self.estrides,
                      self.shape, self.site, self.write, self.atomic)
 
-  def portable(self, buf_index):
+  def portable(self, buf_index: BufIndex) -> Self:
     return self._replace(buffer=buf_index(self.buffer), site=_key(self.site))
 
-  def restored(self, bufs, log):
+  def restored(self, bufs: Sequence[Any], log: SiteLog) -> Self:
     return self._replace(buffer=bufs[self.buffer], site=_site(self.site, log))
 
 
@@ -65,19 +87,19 @@ class Uninit(NamedTuple):
   where: str
   buffer_name: str
   thread: int
-  block: tuple
+  block: tuple[int, ...]
   elements: str
   smem: bool = False
 
-  def merge(self, m):
+  def merge(self, m: MergeTarget) -> None:
     m.init_log.add(m.init_log.site(self.agent, self.primitive, self.where,
                                    self.buffer_name, self.thread), self.block, self.elements,
                    self.smem)
 
-  def portable(self, buf_index):
+  def portable(self, buf_index: BufIndex) -> Self:
     return self
 
-  def restored(self, bufs, log):
+  def restored(self, bufs: Sequence[Any], log: SiteLog) -> Self:
     return self
 
 
@@ -89,24 +111,24 @@ class UninitGmem(NamedTuple):
   primitive: str
   where: str
   thread: int
-  buffer: object
-  block: tuple
+  buffer: Any
+  block: tuple[int, ...]
   offset: int
-  estrides: tuple
-  shape: tuple
-  unwritten: object   # mask of the elements unwritten in the group's copy
+  estrides: tuple[int, ...]
+  shape: tuple[int, ...]
+  unwritten: Any   # mask of the elements unwritten in the group's copy
 
-  def merge(self, m):
+  def merge(self, m: MergeTarget) -> None:
     rng = m.unwritten_of(self.buffer.origin, self.offset, self.estrides, self.shape,
-                                 self.unwritten)
+                         self.unwritten)
     if rng is not None:
       m.init_log.add(m.init_log.site(self.agent, self.primitive, self.where,
                                      self.buffer.name, self.thread), self.block, rng)
 
-  def portable(self, buf_index):
+  def portable(self, buf_index: BufIndex) -> Self:
     return self._replace(buffer=buf_index(self.buffer))
 
-  def restored(self, bufs, log):
+  def restored(self, bufs: Sequence[Any], log: SiteLog) -> Self:
     return self._replace(buffer=bufs[self.buffer])
 
 
@@ -117,30 +139,30 @@ class SemaphoreNeeds(NamedTuple):
   group: int
   needs: dict
 
-  def merge(self, m):
+  def merge(self, m: MergeTarget) -> None:
     m.sem_needs[self.group] = self.needs
 
-  def portable(self, buf_index):
+  def portable(self, buf_index: BufIndex) -> Self:
     return self
 
-  def restored(self, bufs, log):
+  def restored(self, bufs: Sequence[Any], log: SiteLog) -> Self:
     return self
 
 
 class GmemRead(NamedTuple):
   """What a detached group read of GMEM (parallel.Visibility)."""
-  buffer: object
+  buffer: Any
   offset: int
-  estrides: tuple
-  shape: tuple
+  estrides: tuple[int, ...]
+  shape: tuple[int, ...]
 
-  def merge(self, m):
+  def merge(self, m: MergeTarget) -> None:
     pass
 
-  def portable(self, buf_index):
+  def portable(self, buf_index: BufIndex) -> Self:
     return self._replace(buffer=buf_index(self.buffer))
 
-  def restored(self, bufs, log):
+  def restored(self, bufs: Sequence[Any], log: SiteLog) -> Self:
     return self._replace(buffer=bufs[self.buffer])
 
 
@@ -148,23 +170,23 @@ class GmemWrite(NamedTuple):
   """A detached group's write to GMEM: the values written or, for a
   reduction (atomics, TMA reductions), the reduction and its operand,
   replayed on the launch's buffer at the merge."""
-  buffer: object
+  buffer: Any
   offset: int
-  estrides: tuple
-  shape: tuple
-  reduce: object      # combine(old, operand) or None
-  values: object
+  estrides: tuple[int, ...]
+  shape: tuple[int, ...]
+  reduce: Any      # combine(old, operand) or None
+  values: Any
 
-  def portable(self, buf_index):
+  def portable(self, buf_index: BufIndex) -> Self:
     return self._replace(buffer=buf_index(self.buffer))
 
-  def restored(self, bufs, log):
+  def restored(self, bufs: Sequence[Any], log: SiteLog) -> Self:
     return self._replace(buffer=bufs[self.buffer])
 
 
-def _key(site):
+def _key(site: Any) -> Any:
   return None if site is None else site.key
 
 
-def _site(key, log):
+def _site(key: Any, log: SiteLog) -> Any:
   return None if key is None else log.site(*key)

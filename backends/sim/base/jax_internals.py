@@ -40,6 +40,8 @@ What each release needs (0.11.2 / 0.12.0.1):
   (transforms, barrier types, WarpMesh, TraceScope, RefType).
 """
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 import dataclasses
 
 import jax
@@ -98,13 +100,13 @@ RENAMED = {
 }
 
 
-def primitive_name(eqn):
+def primitive_name(eqn: Any) -> str:
   """The name of an equation's primitive, as the newest release spells it."""
-  name = eqn.primitive.name
+  name: str = eqn.primitive.name
   return RENAMED.get(name, name)
 
 
-def param(eqn, name):
+def param(eqn: Any, name: str) -> Any:
   """An equation's parameter that every release of the window binds (a
   default would hide one a new release renames): missing, it is named."""
   try:
@@ -118,18 +120,18 @@ def param(eqn, name):
         "(backends/sim/base/jax_internals.py)") from None
 
 
-def lowerable_primitive_names():
+def lowerable_primitive_names() -> set[str]:
   """The names of every primitive the Mosaic GPU lowering has a rule for,
   in any lowering semantics: what a kernel the GPU accepts may contain."""
   return {p.name for rules in gpu_lowering.mosaic_lowering_rules.values()
           for p in rules}
 
 
-def _has_field(cls, name):
+def _has_field(cls: Any, name: str) -> bool:
   return any(f.name == name for f in dataclasses.fields(cls))
 
 
-def interpret_params(**kw):
+def interpret_params(**kw: Any) -> Any:
   """JAX's own InterpretGPUParams. On releases whose interpreter raises on a
   race by default (on_race, 0.12), races are logged and counted instead,
   as 0.11.2 does: a comparison asks races_found, and a racy kernel is not
@@ -141,7 +143,7 @@ def interpret_params(**kw):
 
 
 @contextlib.contextmanager
-def kernel_effects_allowed():
+def kernel_effects_allowed() -> Iterator[None]:
   """Inside, simulated kernels pass where GPU kernels do. Traced for the
   simulator, a kernel carries interpret mode's ordered IO effect, which a
   kernel lowered for the GPU lacks, and which some transformations refuse:
@@ -165,7 +167,7 @@ def kernel_effects_allowed():
 
 
 @contextlib.contextmanager
-def real_tracebacks():
+def real_tracebacks() -> Iterator[None]:
   """Equations traced inside keep the Python stack they were traced at.
   JAX's autodiff traces a backward pass (a custom_vjp's bwd, a transpose)
   under `user_context(<the forward call's traceback>)`, so every equation
@@ -177,20 +179,20 @@ def real_tracebacks():
   cls = source_info_util.UserContextManager
   enter = cls.__enter__
 
-  def enter_keeping_the_stack(self):
+  def enter_keeping_the_stack(self: Any) -> None:
     enter(self)
     ctx = source_info_util._source_info_context  # pylint: disable=protected-access
     # (SourceInfo.replace keeps a traceback it is given as None)
     ctx.context = source_info_util.SourceInfo(None, ctx.context.name_stack)
 
-  cls.__enter__ = enter_keeping_the_stack
+  cls.__enter__ = enter_keeping_the_stack  # type: ignore[method-assign]  # (restored below)
   try:
     yield
   finally:
-    cls.__enter__ = enter
+    cls.__enter__ = enter  # type: ignore[method-assign]
 
 
-def checkify_failure(error):
+def checkify_failure(error: Any) -> BaseException | None:
   """A checkify Error (a pl.debug_check's, rebuilt from its leaves): the
   exception it holds if its check failed, else None. Its fields are
   private: one error code each, one check in a kernel's debug_check."""
@@ -199,4 +201,5 @@ def checkify_failure(error):
     return None
   [exc_tree] = error._metadata.values()  # pylint: disable=protected-access
   [payload] = error._payload.values()  # pylint: disable=protected-access
-  return jax.tree.unflatten(exc_tree, payload)
+  exc: BaseException = jax.tree.unflatten(exc_tree, payload)
+  return exc

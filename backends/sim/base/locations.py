@@ -8,8 +8,9 @@ import os
 import site
 import sys
 import sysconfig
-import types
 import traceback
+import types
+from typing import Any
 
 import jaxlib
 
@@ -20,14 +21,14 @@ from pallas_sim.backends.sim.base import jax_internals as jx
 # Frames inside pallas-sim itself are never "the user's": the API's package
 # and the backends' (a folder of their own in a checkout, pallas_sim/backends
 # in a wheel).
-_OUR_DIRS = tuple(sorted({os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+_OUR_DIRS = tuple(sorted({os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
                           for m in (_errors, _backends)}))
 
 
 _JAXLIB_DIR = os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep
 
 
-def eqn_location(eqn):
+def eqn_location(eqn: Any) -> str | None:
   """The user's file:line that created a jaxpr equation, or None when its
   recorded traceback stops inside JAX (equations traced by JAX helpers such
   as emit_pipeline): the caller then uses the enclosing equation's."""
@@ -38,7 +39,7 @@ def eqn_location(eqn):
   return None
 
 
-def lowering_location(exc):
+def lowering_location(exc: BaseException) -> str | None:
   """The user's file:line an exception from the real lowering points at (its
   cause carries the failing equation's traceback), or None."""
   for e in (exc.__cause__, exc):
@@ -50,11 +51,11 @@ def lowering_location(exc):
   return None
 
 
-def user_tail(tb):
+def user_tail(tb: types.TracebackType | None) -> types.TracebackType | None:
   """The trailing frames of traceback `tb` outside JAX, jaxlib and
   pallas-sim (where the lowering's error points into the user's kernel:
   MLIR locations of the op it rejected) as a new traceback chain, or None."""
-  tail = []
+  tail: list[types.TracebackType] = []
   while tb is not None:
     name = tb.tb_frame.f_code.co_filename
     user = (jx.source_info_util.is_user_filename(name)
@@ -67,7 +68,7 @@ def user_tail(tb):
   return chain
 
 
-def _kernel_source(jaxpr):
+def _kernel_source(jaxpr: Any) -> tuple[str, int] | None:
   """(path, line) where the user's kernel body is defined, from the jaxpr's
   debug info (plgpu.kernel wraps the body; its scratch run_scoped traces the
   user's function), or None."""
@@ -89,7 +90,7 @@ _LIBRARY_DIRS = tuple({
                               sysconfig.get_path("platlib")] if p})
 
 
-def is_own_file(path):
+def is_own_file(path: str) -> bool:
   """Whether `path` is the user's own code: not JAX's, not pallas-sim's, not
   an installed library's (site-packages), not the standard library's."""
   path = os.path.abspath(path)
@@ -97,14 +98,14 @@ def is_own_file(path):
           and not path.startswith(_LIBRARY_DIRS))
 
 
-def call_site(jaxpr):
+def call_site(jaxpr: Any) -> str:
   """For a kernel whose body lies outside the user's own files: the user's
   innermost frame on the stack now (the kernel is traced from their call),
   as file:line; else ""."""
   src = _kernel_source(jaxpr)
   if src is None or is_own_file(src[0]):
     return ""
-  f = sys._getframe(1)  # pylint: disable=protected-access
+  f: types.FrameType | None = sys._getframe(1)  # pylint: disable=protected-access
   while f is not None:
     if is_own_file(f.f_code.co_filename):
       return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
@@ -112,19 +113,19 @@ def call_site(jaxpr):
   return ""
 
 
-def kernel_location(jaxpr):
+def kernel_location(jaxpr: Any) -> str:
   src = _kernel_source(jaxpr)
   return f"{_short(src[0])}:{src[1]}" if src else "<unknown location>"
 
 
-def kernel_arg_names(jaxpr):
+def kernel_arg_names(jaxpr: Any) -> tuple[str, ...]:
   """The kernel body's parameter names (a_gmem, o_ref, ...), read from its
   source, so that reports name buffers as the user does; () if unknown."""
   src = _kernel_source(jaxpr)
   return () if src is None else parameter_names_at(*src)
 
 
-def parameter_names_at(path, line):
+def parameter_names_at(path: str, line: int) -> tuple[str, ...]:
   """The parameter names of the function defined (or decorated) at
   path:line, as the file's text has them now; () if none is."""
   text = "".join(linecache.getlines(path))
@@ -134,15 +135,15 @@ def parameter_names_at(path, line):
   return known[1].get(line, ())
 
 
-_ARG_NAMES = {}  # source path -> (its text, {def or decorator line: parameter names})
+_ARG_NAMES: dict[str, tuple[str, dict[int, tuple[str, ...]]]] = {}  # source path -> (its text, {def or decorator line: parameter names})
 
 
-def _parameter_names(text):
+def _parameter_names(text: str) -> dict[int, tuple[str, ...]]:
   try:
     tree = ast.parse(text)
   except SyntaxError:
     return {}
-  names = {}
+  names: dict[int, tuple[str, ...]] = {}
   for node in ast.walk(tree):
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
       args = node.args
@@ -151,7 +152,7 @@ def _parameter_names(text):
   return names
 
 
-def _short(path):
+def _short(path: str) -> str:
   try:
     rel = os.path.relpath(path)
   except ValueError:

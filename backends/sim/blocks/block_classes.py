@@ -15,12 +15,13 @@ group of a launch: they do not make groups differ.)
 The same walk says, for each TMA load, which grid axes its source address
 depends on (`analyse`): blocks that agree on those axes read the same
 bytes there, which the L2 model of timing/model.py counts once per wave."""
+from typing import Any
+
 import jax.numpy as jnp
 
 from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.analysis import congruence, walker
-from pallas_sim.backends.sim.interpret import operands
-from pallas_sim.backends.sim.interpret import refview
+from pallas_sim.backends.sim.interpret import operands, refview
 
 GRID = "the block's grid index"
 DATA = "values read from memory"
@@ -28,7 +29,7 @@ DATA = "values read from memory"
 # must not, where a decision or an address depends on one)
 FLOAT = ("float", 0)
 
-_NONE = frozenset()  # taints: DATA, and ("grid", dimension) per grid axis
+_NONE: frozenset[Any] = frozenset()  # taints: DATA, and ("grid", dimension) per grid axis
 # On a ref: it is (a view of) a kernel input whose values are known, and
 # reading it is not counted as data (analyse's `known_inputs`)
 KNOWN = ("known",)
@@ -124,7 +125,10 @@ def analyse(jaxpr, grid_names, data_inputs=(), sizes=None, known_inputs=()):
 
 class Analysis(tuple):
   """(variation, load axes), and whether float math decides anything."""
-  def __new__(cls, variation, load_axes, float_matters):
+  float_matters: bool
+
+  def __new__(cls, variation: Any, load_axes: dict[Any, Any], float_matters: bool
+              ) -> "Analysis":
     self = super().__new__(cls, (variation, load_axes))
     self.float_matters = float_matters
     return self
@@ -288,7 +292,8 @@ def _run_state(eqn, form, ins, grid):
   """pl.run_state: its body's refs box the operands' values; the outputs
   are what the boxes hold at the end (walked until no box grows)."""
   sub = form.body
-  keys, sub_in = [], []
+  keys: list[Any] = []
+  sub_in: list[Any] = []
   for v, t in zip(eqn.invars, ins):
     if _is_ref(v):  # (memory passed in stays memory)
       keys.append(None)

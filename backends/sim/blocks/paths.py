@@ -25,13 +25,13 @@ simulator does, and a block's path follows from those values (a ragged
 dot's group sizes)."""
 import collections
 import typing
+from typing import Any
 
 import numpy as np
 from jax.extend import core as jax_extend_core
 
 from pallas_sim.backends.sim.analysis import walker
-from pallas_sim.backends.sim.interpret import operands
-from pallas_sim.backends.sim.interpret import refview
+from pallas_sim.backends.sim.interpret import operands, refview
 from pallas_sim.backends.sim.timing.model import Engines
 from pallas_sim.backends.sim.base.loads import Load
 from pallas_sim.errors import SimError
@@ -81,7 +81,7 @@ class Loop(typing.NamedTuple):
   lanes, and an estimate times one iteration of each path
   (execute/extrapolate.py)."""
   eqn: int    # id of the while equation
-  index: int  # the counter's position in the carry
+  counter: int  # the counter's position in the carry
   bound: int  # the bound's
 
 
@@ -179,7 +179,7 @@ class _Slicer(walker.Backward):
     self.reads = reads  # (gets of known inputs: known_reads)
     # Per run_state body being sliced: its refs that box a value the body
     # only reads (a read of one is the value given: the slice may need it).
-    self.boxes = [frozenset()]
+    self.boxes: list[frozenset[Any]] = [frozenset()]
 
   def refuse(self, why):
     raise SliceError(why)
@@ -351,7 +351,7 @@ def _decided(wg, value):
 @_override("cond")
 def _cond(eqn, cx):
   from pallas_sim.backends.sim.interpret.compiler import run_plain
-  branches = [cx.compile(b) for b in walker.structure(eqn).given]
+  branches = [cx.compile(b) for b in walker.form_of(eqn, walker.Cond).given]
   last = len(branches) - 1
 
   def cond(wg, i, *args):
@@ -373,7 +373,7 @@ def overrides(loop=None):
 @_override("while")
 def _while_rule(eqn, cx):
   from pallas_sim.backends.sim.interpret.compiler import run_plain
-  form = walker.structure(eqn)
+  form = walker.form_of(eqn, walker.While)
   cond, body = map(cx.compile, form.given)
   cn, bn = form.cond_consts, form.body_consts
 
@@ -414,7 +414,7 @@ def _iterations(eqn, cx, loop):
   the counter at its bound, the other carries as they came (no decision
   needs them: Loop)."""
   from pallas_sim.backends.sim.interpret.compiler import run_plain
-  form = walker.structure(eqn)
+  form = walker.form_of(eqn, walker.While)
   body = cx.compile(form.given[1])
   cn, bn = form.cond_consts, form.body_consts
   dims = _shapes(cx.launch.jaxpr) if cx.launch is not None else {1}
@@ -425,7 +425,7 @@ def _iterations(eqn, cx, loop):
     lanes = eng.lanes
     n = 1 if lanes is None else lanes.n
     lane_of = lambda x: _per_lane(x, lanes)
-    start = np.asarray(carry[loop.index])
+    start = np.asarray(carry[loop.counter])
     trips = np.maximum(np.asarray(carry[loop.bound]) - start, 0)
     trips = [int(trips[k] if lane_of(trips) else trips) for k in range(n)]
     owner = np.repeat(np.arange(n), trips)
@@ -442,7 +442,7 @@ def _iterations(eqn, cx, loop):
       take = lambda x: x[owner[pad]] if lane_of(x) else x
       ins = [take(x) for x in bc + carry]
       first = take(start) if lane_of(start) else np.broadcast_to(start, (total,))
-      ins[bn + loop.index] = (first + count[pad]).astype(start.dtype)
+      ins[bn + loop.counter] = (first + count[pad]).astype(start.dtype)
       eng.lanes, eng.path, eng.loads = _Lanes(m, total), [], []
       try:
         run_plain(body, ins, wg)
@@ -461,7 +461,7 @@ def _iterations(eqn, cx, loop):
       part(np.arange(len(owner)))
     eng.path.append(rec)
     out = list(carry)
-    out[loop.index] = np.maximum(start, np.asarray(carry[loop.bound])).astype(start.dtype)
+    out[loop.counter] = np.maximum(start, np.asarray(carry[loop.bound])).astype(start.dtype)
     return out
   return run
 
@@ -569,7 +569,7 @@ def _load(eqn, cx):
   key_of = _clipped_key(src_at)
   # (source, its indices) -> (key, bytes, cut): blocks load the same tiles
   # over and over (a matmul's), and a box's view costs ~20 us to build
-  seen = {}
+  seen: dict[Any, Any] = {}
 
   def memo(ref, leaves):
     at = (id(ref.view), tuple(int(i) for i in leaves))
@@ -610,7 +610,8 @@ def _record(blk, thread, site, got):
     loads.extend(Load(None, key, nbytes, thread, site) for key, nbytes in got)
   else:
     lanes = blk.engines.lanes
-    loads.extend([Load(None, *got, thread, site)] * (1 if lanes is None else lanes.n))
+    key, nbytes = got[:2]  # (the third: whether the box was cut)
+    loads.extend([Load(None, key, nbytes, thread, site)] * (1 if lanes is None else lanes.n))
 
 
 def _barrier_use(eqn, cx):
@@ -687,7 +688,7 @@ def at_cycles(sliced, timed, offset, whose, against):
   cycles = collections.defaultdict(list)
   for ev in timed:
     cycles[ev.thread, ev.site].append(ev.cycle)
-  seen = collections.Counter()
+  seen: collections.Counter[Any] = collections.Counter()
   out = []
   for ld in sliced:
     k = seen[ld.thread, ld.site]
@@ -719,6 +720,7 @@ class _Recorder:
 
 class _Recording(Engines):
   """Engines with the lanes they run for (None: one block)."""
+  lanes: Any = None
 
 
 def follow(make_runner, groups, launch, jaxpr):
@@ -727,7 +729,7 @@ def follow(make_runner, groups, launch, jaxpr):
   members = [m for g in groups for m in g]
   if len(groups) == len(members) > 1:  # (no clusters: blocks as lanes)
     try:
-      return _as_lanes(make_runner, members, _shapes(jaxpr))
+      return as_lanes(make_runner, members, _shapes(jaxpr))
     except TooLong:
       raise
     except SimError:  # (NotLanes, or a rule that cannot take lanes: block by block)
@@ -758,7 +760,11 @@ def _add_lane(out, number, st, k, n):
   out.decisions[number], out.loads[number] = tuple(decisions), loads
 
 
-def _as_lanes(make_runner, members, dims):
+def as_lanes(make_runner, members, dims):
+  """Every block of `members` through the slice at once, as lanes of its
+  values, split where they decide apart: their Paths. Raises NotLanes where
+  the lanes cannot be followed together (`follow` then runs the blocks one
+  by one, as tests make it to compare the two)."""
   out = Paths({}, {})
   todo = [np.arange(len(members))]
   while todo:

@@ -51,7 +51,8 @@ class CrossBlock:
   def __init__(self, log):
     self.log = log
     self.summaries = {}
-    self.record_dtype = np.uint16  # (int32 once a record does not fit)
+    # (int32 once a record does not fit)
+    self.record_dtype: type[np.uint16] | type[np.int32] = np.uint16
     self.records = {}  # (block number + 1, site id) -> record
     # a record's block number + 1, and its site's id (0: none)
     self.rec_block = np.zeros(64, np.int64)

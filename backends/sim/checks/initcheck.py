@@ -269,7 +269,7 @@ def _boxes(mask, limit=64):
   splitting after `limit` boxes (the rest are merged into their bounds)."""
   if mask.ndim == 0:
     return [()] if mask else []
-  out = []
+  out: list[tuple[tuple[int | np.integer, int | np.integer], ...]] = []
   n = mask.shape[0]
   i = 0
   while i < n:

@@ -21,11 +21,19 @@ takes warpgroup components from the warpgroup's `avc`. The number of
 components is known before a group runs (clock_components), so vectors never
 grow.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from pallas_sim.backends.sim.checks import races, semaphore_order
 from pallas_sim.backends.sim.base.events import RaceFound, SemaphoreNeeds
 from pallas_sim.backends.sim.checks.races import timing_verdict
+
+if TYPE_CHECKING:
+  from pallas_sim.backends.sim.machine.state import Warpgroup
 
 INF = np.iinfo(np.int64).max
 
@@ -61,38 +69,50 @@ _PARITY = ("the wait is for an earlier phase: mbarrier waits go by phase "
            "give each buffer its own barrier)")
 
 
+# The hooks' operands: `wg` a warpgroup or a warp (machine/state.py), `ref`,
+# `src`, `dst` refs (interpret/refview.py), `slot` an mbarrier or a named
+# barrier (machine/memory.py, machine/named_barriers.py), `op` what an issue
+# hook returned, `where` the user's file:line. Threads and barriers are Any:
+# their `hb`, which the observer sets, is untyped where they are defined.
 class NoObserver:
   """Race checking off: every hook does nothing."""
 
-  def warpgroup(self, wg): pass
-  def plain(self, wg, ref, write, prim, where, atomic=False): pass
-  def commit_smem(self, wg): pass
-  def tma_load(self, wg, slot, src, dst, where, prim="copy_gmem_to_smem",
-               atomic=False): return None
-  def tma_load_lands(self, op): pass
-  def store_group(self, wg): return None
-  def store_read(self, op, src, where): pass
-  def store_write(self, op, dst, where, atomic): pass
-  def stores_awaited(self, wg, n, read_only, where=None): pass
-  def wgmma(self, wg, operands, where): return None
-  def wgmma_done(self, op): pass
-  def wgmma_awaited(self, wg, n, where=None): pass
-  def arrive(self, wg, slot, where=None): pass
-  def named_arrive(self, wg, nb, where): pass
-  def phase_completed(self, slot): pass
-  def waited(self, wg, slot, n, where=None): pass
-  def unordered_waiter(self, slot, wg): return False
-  def made_by(self, slot, n): return ""
-  def arrival_count_note(self, slot): return ""
-  def store_pending(self, op, src, where): pass
-  def scope_end(self, wg, bufs, where): pass
-  def thread_exit(self, wg, where): pass
-  def sem_signal(self, wg, log, inc, where=None): pass
-  def sem_acquire(self, wg, log, want, decrement, where=None, read=False): pass
-  def fork(self, wg, warps): pass
-  def join(self, wg, warps): pass
-  def ready(self): pass
-  def end_group(self): pass
+  def warpgroup(self, wg: Any) -> None: pass
+  def plain(self, wg: Any, ref: Any, write: bool, prim: str, where: str | None,
+            atomic: bool = False) -> None: pass
+  def commit_smem(self, wg: Any) -> None: pass
+  def tma_load(self, wg: Any, slot: Any, src: Any, dst: Any, where: str | None,
+               prim: str = "copy_gmem_to_smem", atomic: bool = False) -> _Op | None:
+    return None
+  def tma_load_lands(self, op: _Op | None) -> None: pass
+  def store_group(self, wg: Any) -> _Op | None: return None
+  def store_read(self, op: _Op | None, src: Any, where: str | None) -> None: pass
+  def store_write(self, op: _Op | None, dst: Any, where: str | None,
+                  atomic: bool) -> None: pass
+  def stores_awaited(self, wg: Any, n: int, read_only: bool,
+                     where: str | None = None) -> None: pass
+  def wgmma(self, wg: Any, operands: Sequence[tuple[Any, str]],
+            where: str | None) -> _Op | None: return None
+  def wgmma_done(self, op: _Op | None) -> None: pass
+  def wgmma_awaited(self, wg: Any, n: int, where: str | None = None) -> None: pass
+  def arrive(self, wg: Any, slot: Any, where: str | None = None) -> None: pass
+  def named_arrive(self, wg: Any, nb: Any, where: str | None) -> None: pass
+  def phase_completed(self, slot: Any) -> None: pass
+  def waited(self, wg: Any, slot: Any, n: int, where: str | None = None) -> None: pass
+  def unordered_waiter(self, slot: Any, wg: Any) -> bool: return False
+  def made_by(self, slot: Any, n: int) -> str: return ""
+  def arrival_count_note(self, slot: Any) -> str: return ""
+  def store_pending(self, op: _Op | None, src: Any, where: str | None) -> None: pass
+  def scope_end(self, wg: Any, bufs: Sequence[Any], where: str | None) -> None: pass
+  def thread_exit(self, wg: Any, where: str | None) -> None: pass
+  def sem_signal(self, wg: Any, log: semaphore_order.SemLog, inc: int,
+                 where: str | None = None) -> None: pass
+  def sem_acquire(self, wg: Any, log: semaphore_order.SemLog, want: int, decrement: bool,
+                  where: str | None = None, read: bool = False) -> None: pass
+  def fork(self, wg: Any, warps: Sequence[Any]) -> None: pass
+  def join(self, wg: Any, warps: Sequence[Any]) -> None: pass
+  def ready(self) -> None: pass
+  def end_group(self) -> None: pass
 
 
 class _WgClock:
@@ -103,9 +123,25 @@ class _WgClock:
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
                "warps", "wg", "warp", "read_only_wait", "last_waits", "acquired",
                "counts")
+  vc: np.ndarray              # what it knows
+  avc: np.ndarray             # what its async work knows (up to its last commit_smem)
+  thread: int                 # its components: its own, its async channels'
+  wgmma: int
+  store_read: int
+  store_write: int
+  pos: int                    # its place among the group's thread components
+  warps: list[_WgClock]
+  wg: Warpgroup
+  warp: int | None            # (a warp's number in its warpgroup)
+  read_only_wait: str | None
+  # "store" / "wgmma" -> (n, where) of its last wait for them
+  last_waits: dict[str, tuple[int, str | None]]
+  # id(SemLog) -> (the log, its last acquire of it)
+  acquired: dict[int, tuple[semaphore_order.SemLog, semaphore_order.Acquire]]
+  counts: list[int]           # signals and semaphore acquires made
 
   @property
-  def who(self):
+  def who(self) -> str:
     wg = self.wg
     block = block_of(wg.block)
     return (f"thread {wg.index}" + (f" of {block_words(wg.block)} {block}"
@@ -139,7 +175,20 @@ class _BarrierClock:
 
 
 class _Op:
+  """Async work (a TMA load or store group, a wgmma): its issuer, what it is
+  ordered after, its channel's component and clock, the accesses it makes
+  ((ref, site)), and when it was issued."""
   __slots__ = ("wg", "vc", "avc", "comp", "clock", "sites", "atomic", "t")
+  # (a Warpgroup, machine/state.py, whose `hb` the observer sets: the hooks
+  # take their threads as Any)
+  wg: Any
+  vc: np.ndarray
+  avc: np.ndarray
+  comp: int
+  clock: int
+  sites: list[tuple[Any, races.Site]]
+  atomic: bool
+  t: float
 
 
 class HappensBefore:
@@ -177,7 +226,7 @@ class HappensBefore:
     tracker.start_group(events)
     tracker.explain = self.explain
 
-  def comp(self, key):
+  def comp(self, key: tuple[Any, ...]) -> int:
     c = self.comps.get(key)
     if c is None:
       c = self.comps[key] = len(self.comps) + 1
@@ -185,14 +234,14 @@ class HappensBefore:
         raise AssertionError(f"clock components: {key} is over {self.size}")
     return c
 
-  def new_vector(self):
+  def new_vector(self) -> np.ndarray:
     v = np.full(self.size, self.base, np.int64)
     v[0] = INF  # component 0: "no access"
     return v
 
   # --- warpgroups -----------------------------------------------------------
 
-  def warpgroup(self, wg):
+  def warpgroup(self, wg: Any) -> None:
     key = (wg.block.member, wg.index)
     h = _WgClock()
     h.thread = self.comp(("wg",) + key)
@@ -222,12 +271,12 @@ class HappensBefore:
     wg.hb = h
     self.wgs.append(wg)
 
-  def ready(self):
+  def ready(self) -> None:
     """Every warpgroup of the group is known: the tracker gets the thread
     components (warpgroups' and warps')."""
     self.tracker.thread_comps = np.array(self.threads)
 
-  def fork(self, wg, warps):
+  def fork(self, wg: Any, warps: Sequence[Any]) -> None:
     """warp_map: each warp starts knowing what its warpgroup knows."""
     h = wg.hb
     for warp in warps:
@@ -236,7 +285,7 @@ class HappensBefore:
       hw.vc[hw.thread] += 1  # (above its clocks of an earlier warp_map)
     self._tick(h)
 
-  def join(self, wg, warps):
+  def join(self, wg: Any, warps: Sequence[Any]) -> None:
     """The end of warp_map: the warpgroup knows what every warp knew."""
     h = wg.hb
     for warp in warps:
@@ -292,7 +341,8 @@ class HappensBefore:
     self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
                         wg.block, atomic=atomic, issued=issued, span=span)
 
-  def plain(self, wg, ref, write, prim, where, atomic=False):
+  def plain(self, wg: Any, ref: Any, write: bool, prim: str, where: str | None,
+            atomic: bool = False) -> None:
     """A load or store by the thread; `atomic`: an atomic read-modify-write
     (recorded as a write that does not race with other atomic ones)."""
     buf = ref.buf
@@ -304,7 +354,7 @@ class HappensBefore:
     site = self._site(wg, "thread", prim, where, buf.name, "write" if write else "read")
     self._access(wg, buf, ref.view, h.vc, c, h.vc[c], site, write, atomic)
 
-  def commit_smem(self, wg):
+  def commit_smem(self, wg: Any) -> None:
     """The plain SMEM accesses this warpgroup knows of (its own and, fences
     being cumulative, those of warpgroups it synchronized with) become
     visible to the async work it issues from now on."""
@@ -315,8 +365,8 @@ class HappensBefore:
 
   # --- TMA --------------------------------------------------------------------
 
-  def tma_load(self, wg, slot, src, dst, where, prim="copy_gmem_to_smem",
-               atomic=False):
+  def tma_load(self, wg: Any, slot: Any, src: Any, dst: Any, where: str | None,
+               prim: str = "copy_gmem_to_smem", atomic: bool = False) -> _Op:
     """A load completing the pending phase of `slot`: stamped with it. `src`
     None: from registers (async_store_smem); `atomic`: a reduction into dst."""
     b = self._barrier(slot)
@@ -332,7 +382,7 @@ class HappensBefore:
     self.pending[(id(op), id(dst))] = (op, dst, "tma_load", prim, where, True)
     return op
 
-  def tma_load_lands(self, op):
+  def tma_load_lands(self, op: _Op) -> None:
     (dst, w_site), *read = op.sites
     self.pending.pop((id(op), id(dst)), None)
     self._access(op.wg, dst.buf, dst.view, op.avc, op.comp, op.clock, w_site, True,
@@ -341,30 +391,31 @@ class HappensBefore:
       self._access(op.wg, src.buf, src.view, op.vc, op.comp, op.clock, r_site, False,
                    issued=op.vc, since=op.t)
 
-  def store_group(self, wg):
+  def store_group(self, wg: Any) -> _Op:
     op = self._op(wg)
     op.comp, op.clock = wg.hb.store_read, self.base + wg.store_groups
     return op
 
-  def store_pending(self, op, src, where):
+  def store_pending(self, op: _Op, src: Any, where: str | None) -> None:
     """A TMA store of `op`'s group will read `src`."""
     self.pending[(id(op), id(src))] = (op, src, "tma_store", "copy_smem_to_gmem",
                                        where, False)
 
-  def store_read(self, op, src, where):
+  def store_read(self, op: _Op, src: Any, where: str | None) -> None:
     self.pending.pop((id(op), id(src)), None)
     wg = op.wg
     site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, src.buf.name, "read")
     self._access(wg, src.buf, src.view, op.avc, wg.hb.store_read, op.clock, site, False,
                  issued=op.vc, since=op.t)
 
-  def store_write(self, op, dst, where, atomic):
+  def store_write(self, op: _Op, dst: Any, where: str | None, atomic: bool) -> None:
     wg = op.wg
     site = self._site(wg, "tma_store", "copy_smem_to_gmem", where, dst.buf.name, "write")
     self._access(wg, dst.buf, dst.view, op.vc, wg.hb.store_write, op.clock, site, True,
                  atomic=atomic, since=op.t)
 
-  def stores_awaited(self, wg, n, read_only, where=None):
+  def stores_awaited(self, wg: Any, n: int, read_only: bool,
+                     where: str | None = None) -> None:
     done = self.base + wg.store_groups - n
     wg.hb.last_waits["store"] = (n, where)
     self._learn(wg.hb, wg.hb.store_read, done)
@@ -375,7 +426,8 @@ class HappensBefore:
 
   # --- wgmma --------------------------------------------------------------------
 
-  def wgmma(self, wg, operands, where):
+  def wgmma(self, wg: Any, operands: Sequence[tuple[Any, str]],
+            where: str | None) -> _Op:
     """Group s of a warpgroup is ordered after its group s-1 (they retire in
     order). `operands`: (ref, "read" | "write") pairs."""
     h = wg.hb
@@ -390,14 +442,14 @@ class HappensBefore:
                                          access == "write")
     return op
 
-  def wgmma_done(self, op):
+  def wgmma_done(self, op: _Op) -> None:
     for r, site in op.sites:
       self.pending.pop((id(op), id(r)), None)
       vec = op.vc if r.buf.space == "regs" else op.avc
       self._access(op.wg, r.buf, r.view, vec, op.comp, op.clock, site,
                    site.access == "write", issued=op.vc, since=op.t)
 
-  def wgmma_awaited(self, wg, n, where=None):
+  def wgmma_awaited(self, wg: Any, n: int, where: str | None = None) -> None:
     self._learn(wg.hb, wg.hb.wgmma, self.base + wg.wg_issued - n)
     wg.hb.last_waits["wgmma"] = (n, where)
 
@@ -421,14 +473,14 @@ class HappensBefore:
       np.maximum(b.acc[0], vc, out=b.acc[0])
       np.maximum(b.acc[1], avc, out=b.acc[1])
 
-  def arrive(self, wg, slot, where=None):
+  def arrive(self, wg: Any, slot: Any, where: str | None = None) -> None:
     h = wg.hb
     b = self._barrier(slot)
     self._accumulate(b, h.vc, h.avc)
     b.by.append((h, where, True))
     self._tick(h)
 
-  def named_arrive(self, wg, nb, where):
+  def named_arrive(self, wg: Any, nb: Any, where: str | None) -> None:
     """An arrival on a named barrier (machine/named_barriers.py): it counts
     towards the pending phase only if every arrival of the phase before is
     ordered before it; otherwise, on the hardware, it can come first and
@@ -452,7 +504,7 @@ class HappensBefore:
     b.clocks.append((h, int(h.vc[h.thread]), where))
     self.arrive(wg, nb, where)
 
-  def phase_completed(self, slot):
+  def phase_completed(self, slot: Any) -> None:
     b = self._barrier(slot)
     b.last, b.clocks = b.clocks, []
     vc, avc = b.acc if b.acc is not None else (self.new_vector(), self.new_vector())
@@ -464,11 +516,11 @@ class HappensBefore:
     b.acc = None
     self.top[b.comp] = max(self.top.get(b.comp, self.base), clock)
 
-  def made_by(self, slot, n):
+  def made_by(self, slot: Any, n: int) -> str:
     """What made completion n of `slot`, for a report."""
     return self._made_by(self._barrier(slot), n)
 
-  def arrival_count_note(self, slot):
+  def arrival_count_note(self, slot: Any) -> str:
     """A sentence for a report when more threads arrive on `slot` than its
     phases wait for; else ""."""
     arrivers = self._arrivers(self._barrier(slot))
@@ -479,14 +531,14 @@ class HappensBefore:
             f"{_arrivals(slot.num_arrivals)} (its num_arrivals): if each phase is meant "
             f"to wait for all of them, num_arrivals={len(arrivers)} is the fix")
 
-  def unordered_waiter(self, slot, wg):
+  def unordered_waiter(self, slot: Any, wg: Any) -> bool:
     """Whether the completion just made is not known to happen after `wg`
     observed the one before (a lost completion, by happens-before)."""
     b = self._barrier(slot)
     clock = b.waits.get(wg)
     return clock is not None and b.phases[-1][0][wg.hb.thread] < clock
 
-  def waited(self, wg, slot, n, where=None):
+  def waited(self, wg: Any, slot: Any, n: int, where: str | None = None) -> None:
     b = self._barrier(slot)
     h = wg.hb
     b.seen_at[(h.thread, n)] = where
@@ -497,7 +549,8 @@ class HappensBefore:
 
   # --- what a report says ------------------------------------------------------------
 
-  def explain(self, rec, cur, h, vc, avc, swapped=False, buf=None):
+  def explain(self, rec: Any, cur: Any, h: _WgClock, vc: np.ndarray, avc: np.ndarray,
+              swapped: bool = False, buf: Any = None) -> str | None:
     """Why two accesses the tracker found unordered are, where the kernel
     has synchronization meant to order them: a wait that observed an
     earlier phase than the one that carries the other access, a barrier
@@ -735,7 +788,7 @@ class HappensBefore:
 
   # --- run_scoped -----------------------------------------------------------------
 
-  def scope_end(self, wg, bufs, where):
+  def scope_end(self, wg: Any, bufs: Sequence[Any], where: str | None) -> None:
     """`wg` leaves a run_scoped whose SMEM is `bufs`. The lowering hands
     those bytes to later scopes (resources.scope_layout), so async work that
     `wg` issued on them and has not observed (still in flight, or landed
@@ -774,7 +827,7 @@ class HappensBefore:
         if entry is not None:
           yield c, k, entry
 
-  def thread_exit(self, wg, where):
+  def thread_exit(self, wg: Any, where: str | None) -> None:
     """`wg` ran to its end; once every thread of its block has, the block
     ends and its SMEM is released. In a cluster, a peer block's access to
     that SMEM (cluster_ref, a multicast, async_store_smem into it) must be
@@ -848,7 +901,8 @@ class HappensBefore:
 
   # --- semaphores -----------------------------------------------------------------
 
-  def sem_signal(self, wg, log, inc, where=None):
+  def sem_signal(self, wg: Any, log: semaphore_order.SemLog, inc: int,
+                 where: str | None = None) -> None:
     """A signal releases what the signalling thread knows."""
     h = wg.hb
     s = semaphore_order.Signal()
@@ -866,7 +920,8 @@ class HappensBefore:
       np.maximum(log.acc[1], h.avc, out=log.acc[1])
     self._tick(h)
 
-  def sem_acquire(self, wg, log, want, decrement, where=None, read=False):
+  def sem_acquire(self, wg: Any, log: semaphore_order.SemLog, want: int, decrement: bool,
+                  where: str | None = None, read: bool = False) -> None:
     """A wait for `want` (or a read that returned it) acquires the signals
     it cannot complete without, as an earlier run worked them out
     (semaphore_order.py); in the first run, every signal made so far."""
@@ -884,7 +939,7 @@ class HappensBefore:
     if not read:
       h.acquired[id(log)] = (log, a)
 
-  def end_group(self):
+  def end_group(self) -> None:
     """The next group's clocks start above every clock this one used."""
     top = self.base
     for wg in self.wgs:

@@ -18,6 +18,8 @@ import math
 import mmap
 import os
 import sys
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import numba
@@ -421,12 +423,13 @@ def _unordered(c, k, vec):
   return m if m.any() else None
 
 
-def rows_of(shape, estrides):
+def rows_of(shape: Sequence[int], estrides: Sequence[int]
+            ) -> tuple[int, int, int, int] | None:
   """A view's elements as d0 rows of d1 (element strides s0 between rows, s1
   within one; contiguous dims merged, so a whole tile is one row): (d0, d1,
   s0, s1), or None where that takes more than two loops or a stride is not
   positive (a broadcast or reversed view)."""
-  dims = []
+  dims: list[tuple[int, int]] = []
   for n, st in zip(shape, estrides):
     if n == 1:
       continue
@@ -559,7 +562,8 @@ class Tracker:
     self.release_bytes = release_bytes
     self.base = 0       # the current group's clocks start above this
     self.group = 0      # 1-based number of the group running now
-    self.events = None
+    # the running group's events (start_group gives each group its list)
+    self.events: list[Any] = []
     self.thread_comps = None
     self.pool = {}
     # (shadow uid, component, clock) -> (site, the issuing warpgroup's clock
@@ -570,11 +574,12 @@ class Tracker:
     self.logged = set()  # shadows whose read_log has entries
     self.gmem_spans = {}  # GMEM shadow -> the flat elements [lo, hi) touched
     self.dirty = {}  # GMEM shadow -> [lo, hi) touched since its last release
-    self.rows = {}  # (shape, element strides) -> rows_of() or () (access's common case)
+    # (shape, element strides) -> rows_of() or () (access's common case)
+    self.rows: dict[tuple[Any, Any], tuple[int, int, int, int] | tuple[()]] = {}
     # (recorded, current, agent, vc, avc, swapped, buffer) -> text or None:
     # what is wrong with the synchronization the kernel has
     # (observer.HappensBefore.explain)
-    self.explain = None
+    self.explain: Callable[..., str | None] | None = None
 
   def start_group(self, events):
     self.group += 1

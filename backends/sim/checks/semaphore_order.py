@@ -18,9 +18,14 @@ wait acquiring exactly those (execute/executor.py). Fewer acquisitions order
 less, so the signals a wait needs only shrink from run to run; the runs stop
 when they no longer change.
 """
-from typing import NamedTuple
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+  from pallas_sim.backends.sim.checks.observer import _WgClock
 
 
 class Signal:
@@ -29,6 +34,16 @@ class Signal:
   by how much, what it releases (vc, avc), how many signals came before it."""
   __slots__ = ("key", "who", "thread", "clock", "where", "inc", "vc", "avc", "order",
                "named")
+  key: tuple[int, int]
+  who: _WgClock
+  thread: int
+  clock: int
+  where: str | None
+  inc: int
+  vc: np.ndarray
+  avc: np.ndarray
+  order: int
+  named: Before               # (set when a report first names it: _before_of)
 
 
 class Acquire:
@@ -39,6 +54,18 @@ class Acquire:
   made before it, and what an earlier run found it needs (Need, or None)."""
   __slots__ = ("key", "who", "thread", "clock", "vc", "want", "decrement", "where",
                "got", "order", "read", "need")
+  key: tuple[int, int]
+  who: _WgClock
+  thread: int
+  clock: int
+  vc: np.ndarray
+  want: int
+  decrement: bool
+  where: str | None
+  got: frozenset[tuple[int, int]] | _SoFar
+  order: int
+  read: bool
+  need: Need | None
 
 
 class Before(NamedTuple):
@@ -74,9 +101,11 @@ class SemLog:
 
   def __init__(self, name, start):
     self.name, self.start = name, int(start)
-    self.signals, self.acquires = [], []
-    self.by_key = {}
-    self.acc = None
+    self.signals: list[Signal] = []
+    self.acquires: list[Acquire] = []
+    self.by_key: dict[tuple[int, int], Signal] = {}
+    # (vc, avc): what every signal so far released
+    self.acc: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class _Table:

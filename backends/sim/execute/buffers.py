@@ -38,7 +38,7 @@ def gmem_buffers(launch, arrays, prep, options, shapes_only, copy_inputs=False):
   # caller's array) is used as it is: most kernels never write an input,
   # and a copy of each would cost its size again. A kernel that does write
   # one fails that write (numpy refuses it, before any element changes) and
-  # the launch runs again with copies (Executor._execute).
+  # the launch runs again with copies (Executor.run_launch).
   # Copied at once: an input an output aliases, and the inputs of a
   # serial-only kernel (a re-run would print its debug_print lines twice).
   aliased = set(aliases.values())

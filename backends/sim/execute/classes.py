@@ -4,6 +4,8 @@ same path; the others take its times (merge.Merge.same_as)."""
 import copy
 import hashlib
 import warnings
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -11,7 +13,7 @@ from pallas_sim.backends.sim.blocks import block_classes
 from pallas_sim.backends.sim.blocks import paths
 from pallas_sim.backends.sim.checks import races
 from pallas_sim.backends.sim.execute import extrapolate
-from pallas_sim.backends.sim.execute.group import GroupRunner
+from pallas_sim.backends.sim.execute.group import GroupRunner, RunChecks
 from pallas_sim.backends.sim.execute.prepare import axis_sizes
 from pallas_sim.backends.sim.interpret.compiler import Compiler
 from pallas_sim.errors import EstimateWarning
@@ -103,7 +105,8 @@ class Classes:
     else:
       note, by = "control flow is the same in every block", "by blocks per SM"
       basis = ""
-    first, out = {}, {}
+    first: dict[Any, int] = {}
+    out: dict[int, int] = {}
     for g, members in enumerate(groups):
       key = tuple((placement.share(number), found and found.key(number))
                   for number, _, _ in members)
@@ -145,7 +148,7 @@ class Classes:
     (its paths depend on values it does not have: every block runs), with
     the inputs they read."""
     if not self.shapes_only:
-      known = range(launch.num_inputs)
+      known: Iterable[int] = range(launch.num_inputs)
     elif launch.unknown_inputs is None:
       return None
     else:
@@ -182,8 +185,8 @@ class Classes:
       found = paths.follow(
           lambda placement: GroupRunner(sliced, s.in_bufs + s.out_bufs, launch,
                                         self.timing, placement,
-                                        races.RaceLog(launch.name), False,
-                                        max(map(len, s.groups))),
+                                        races.RaceLog(launch.name),
+                                        RunChecks(group_size=max(map(len, s.groups)))),
           s.groups, launch, prep.jaxpr)
       found.loop = loop
     except Exception as e:  # (then every block runs, as before; the note says why)

@@ -14,8 +14,9 @@ import math
 import os
 import sys
 import time
-import types
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,21 +26,46 @@ from pallas_sim.backends.sim.execute import (clock, dispatch, estimate_check, ex
                                             findings, parallel)
 from pallas_sim.backends.sim.execute.buffers import footprint, gmem_buffers
 from pallas_sim.backends.sim.execute.classes import Classes
-from pallas_sim.backends.sim.execute.group import GroupRunner
+from pallas_sim.backends.sim.execute.group import GroupRunner, RunChecks
 from pallas_sim.backends.sim.interpret.compiler import Compiler
 from pallas_sim.backends.sim.execute.kernel_report import kernel_report
 from pallas_sim.backends.sim.execute.merge import Merge
-from pallas_sim.backends.sim.execute.prepare import Preparer
+from pallas_sim.backends.sim.execute.prepare import Prepared, Preparer
+from pallas_sim.backends.sim.frontend.capture import KernelLaunch
 from pallas_sim.backends.sim.execute.progress import Progress, backtrace
 from pallas_sim.backends.sim.execute.tuning import Tuning
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.report import Report, profiler
-from pallas_sim.backends.sim.timing.model import Timing
-from pallas_sim.options import take
+from pallas_sim.backends.sim.timing.model import LaunchTiming, Timing
+from pallas_sim.options import Options
 
 # Runs of one launch at most, refining the signals its semaphore waits
 # acquire (checks/semaphore_order.py).
 SEMAPHORE_ROUNDS = 8
+
+
+# group number -> {semaphore acquire key: the signals it needs}
+SemOrder = dict[int, dict[Any, Any]]
+
+
+@dataclasses.dataclass
+class LaunchSetup:
+  """What one run of a launch works with: its prepared kernel, GMEM buffers,
+  groups of blocks ((launch position, grid index, cluster index) triples, a
+  group per cluster), the blocks' placement on SMs, the race log, the
+  profiler's recorder, the semaphore order of an earlier run, and the group
+  runner made from them."""
+  prep: Prepared
+  in_bufs: list[memory.Buffer]
+  out_bufs: list[memory.Buffer]
+  grid: tuple[int, ...]
+  groups: list[list[tuple[int, tuple[int, ...], tuple[int, ...]]]]
+  blocks: list[tuple[int, tuple[int, ...], tuple[int, ...]]]
+  placement: LaunchTiming
+  log: races.RaceLog
+  recorder: profiler.Recorder | None
+  sem_order: SemOrder | None
+  runner: GroupRunner = dataclasses.field(init=False)  # (made from the rest)
 
 
 class Executor:
@@ -51,12 +77,12 @@ class Executor:
   ps.simulate runs, which a Ray task runs again; replay: in a Ray task, the
   launch and groups it runs (ray_engine.Replay). All fixed when it is made."""
 
-  def __init__(self, options=None, tuning=None, *, shapes_only=False, recipe=None,
-               replay=None, checking_estimate=False, paths_cache=None, **named):
-    self.options = opts = take(named, options)
+  def __init__(self, options: Options | None = None, tuning: Tuning | None = None, *,
+               shapes_only: bool = False, recipe: tuple[Any, Any, Any] | None = None,
+               replay: Any = None, checking_estimate: bool = False,
+               paths_cache: dict[Any, Any] | None = None) -> None:
+    self.options = opts = options or Options()
     self.tuning = tuning = tuning or Tuning()
-    if named:
-      raise TypeError(f"Executor: unknown option(s) {sorted(named)}")
     # Without a clock asked for, each launch runs at the one its power
     # allows (timing/power.py): first at the boost clock.
     g = gpus.get(opts.gpu)
@@ -67,9 +93,11 @@ class Executor:
     self.checking_estimate = checking_estimate  # (estimate_check.py's own Executor)
     self.preparer = Preparer(opts, self.gpu, self.timing, shapes_only)
     self.classes = Classes(opts, self.timing, shapes_only, paths_cache)
-    self.errors = []
-    self.interrupted = None  # Ctrl-C: where every thread was (text)
-    self._running = None     # (launch, block number, grid index, group runner)
+    self.errors: list[BaseException] = []
+    self.interrupted: str | None = None  # Ctrl-C: where every thread was (text)
+    # (launch, block number, grid index, group runner), or ("parallel",
+    # launch, workers) while workers run its groups
+    self._running: tuple[Any, ...] | None = None
     self.launches = 0        # launches received (a Ray task finds its own by it)
 
   def record_error(self, e):
@@ -91,14 +119,14 @@ class Executor:
     if self.interrupted is None:
       try:
         with np.errstate(all="ignore"):
-          out = self._execute(launch, arrays)
+          out = self.run_launch(launch, arrays)
           clock.settle(self, launch, arrays)
           if self.options.check_estimate and not self.checking_estimate:
             estimate_check.check(self, launch, arrays, self.options.check_estimate)
           return out
       except KeyboardInterrupt as e:
-        self.interrupted = self._where_interrupted(e)
-        sys.stderr.write(self.interrupted + "\n")
+        self.interrupted = where = self._where_interrupted(e)
+        sys.stderr.write(where + "\n")
         sys.stderr.flush()
     return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
 
@@ -114,7 +142,7 @@ class Executor:
                   paths_cache=self.classes.paths)
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
         contextlib.redirect_stderr(null):
-      ex._execute(launch, arrays)
+      ex.run_launch(launch, arrays)
       clock.settle(ex, launch, arrays)  # (as execute: at the clock its power allows)
     return ex
 
@@ -141,7 +169,7 @@ class Executor:
     not at all after it (poison: the task's work is done)."""
     r = self.replay
     if self.launches - 1 < r.launch:
-      return self._execute(launch, arrays)
+      return self.run_launch(launch, arrays)
     if self.launches - 1 == r.launch:
       s = self._setup(launch, arrays)
       # (as a forked worker runs its task)
@@ -149,7 +177,14 @@ class Executor:
                                       r.task)
     return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
 
-  def _execute(self, launch, arrays, copy_inputs=False):
+  def run_launch(self, launch: KernelLaunch, arrays: Sequence[np.ndarray],
+                 copy_inputs: bool = False) -> list[np.ndarray]:
+    """Runs one launch to its outputs: again serially in this process where
+    its workers asked for that (dispatch.Rerun), and again on copies of its
+    inputs where it wrote one it was lent read-only (buffers.py). `execute`
+    (the frontend's entry) adds a Ctrl-C's handling and the estimate's
+    check around it; `estimated` runs it on an executor of its own. Tests
+    wrap it to make a run fail."""
     try:
       try:
         return self._execute_once(launch, arrays, copy_inputs=copy_inputs)
@@ -159,7 +194,7 @@ class Executor:
       if copy_inputs or not memory.wrote_read_only(e):
         raise
     # (the kernel wrote an input it was lent read-only: buffers.py)
-    return self._execute(launch, arrays, copy_inputs=True)
+    return self.run_launch(launch, arrays, copy_inputs=True)
 
   def _semaphores_again(self, launch, arrays, copy_inputs, sem_order, sem_round):
     """The launch once more, its semaphore waits acquiring only the signals
@@ -208,49 +243,53 @@ class Executor:
         return b.name, tuple(int(i) for i in np.argwhere(~same)[0])
     return ()
 
-  def _setup(self, launch, arrays, copy_inputs=False, sem_order=None):
+  def _setup(self, launch: KernelLaunch, arrays: Sequence[np.ndarray],
+             copy_inputs: bool = False, sem_order: SemOrder | None = None) -> LaunchSetup:
     """A launch's buffers, groups, placement, race log and group runner."""
-    s = types.SimpleNamespace()
-    s.sem_order = sem_order
-    s.prep = prep = self.prepare(launch)
-    s.in_bufs, s.out_bufs = gmem_buffers(launch, arrays, prep, self.options,
-                                         self.shapes_only, copy_inputs)
-    s.grid = grid = tuple(launch.grid) or ()
+    prep = self.prepare(launch)
+    in_bufs, out_bufs = gmem_buffers(launch, arrays, prep, self.options,
+                                     self.shapes_only, copy_inputs)
+    grid = tuple(launch.grid) or ()
     clusters = list(itertools.product(*[range(g) for g in grid]))
     # A group per cluster (a block each without clusters); blocks are
     # numbered cluster after cluster.
     in_cluster = list(itertools.product(*[range(c) for c in launch.cluster]))
-    s.groups = [[(g * len(in_cluster) + j, idx, c) for j, c in enumerate(in_cluster)]
-                for g, idx in enumerate(clusters)]
-    s.blocks = [m for members in s.groups for m in members]
+    groups = [[(g * len(in_cluster) + j, idx, c) for j, c in enumerate(in_cluster)]
+              for g, idx in enumerate(clusters)]
+    blocks = [m for members in groups for m in members]
     if prep.together:  # (all resident at once, as the kernel assumes)
-      s.groups = [s.blocks]
-    s.placement = self.timing.launch(len(s.blocks), prep.smem, launch.num_threads,
-                                     prep.regs, footprint(launch, arrays))
-    grid_index = np.array([idx for _, idx, _ in s.blocks],
-                          dtype=np.int64).reshape(len(s.blocks), -1)
-    s.placement.set_loads(grid_index, prep.load_axes)
-    s.placement.trace_loads = prep.variation is not None
-    s.log = races.RaceLog(launch.name, launch.call_site)
-    s.recorder = profiler.Recorder(launch.profile) if launch.profile else None
+      groups = [blocks]
+    placement = self.timing.launch(len(blocks), prep.smem, launch.num_threads,
+                                   prep.regs, footprint(launch, arrays))
+    grid_index = np.array([idx for _, idx, _ in blocks],
+                          dtype=np.int64).reshape(len(blocks), -1)
+    placement.set_loads(grid_index, prep.load_axes)
+    placement.trace_loads = prep.variation is not None
+    s = LaunchSetup(prep, in_bufs, out_bufs, grid, groups, blocks, placement,
+                    races.RaceLog(launch.name, launch.call_site),
+                    profiler.Recorder(launch.profile) if launch.profile else None,
+                    sem_order)
     s.runner = self._runner(prep, launch, s)
     return s
 
-  def _runner(self, prep, launch, s):
-    return GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing,
-                       s.placement, s.log, self.options.check_races,
-                       max(map(len, s.groups)), detached=self.tuning.detached_groups,
-                       check_init=self.options.check_uninitialized,
-                       profile=s.recorder, release_bytes=self.tuning.release_bytes,
-                       sem_order=s.sem_order)
+  def _runner(self, prep: Prepared, launch: KernelLaunch, s: LaunchSetup) -> GroupRunner:
+    return GroupRunner(prep, s.in_bufs + s.out_bufs, launch, self.timing, s.placement,
+                       s.log, RunChecks(
+                           races=self.options.check_races,
+                           uninitialized=self.options.check_uninitialized,
+                           detached=self.tuning.detached_groups,
+                           group_size=max(map(len, s.groups)),
+                           release_bytes=self.tuning.release_bytes,
+                           profile=s.recorder, sem_order=s.sem_order or {}))
 
   def _by_iterations(self, plan, loop, launch, s, merge, trace):
     """Runs an extrapolate.Plan's blocks, their persistent loop cut down to
     its iterations, and merges every block's result from theirs: how many
     blocks ran."""
-    marks = {}
-    cx = Compiler(self.timing, launch, self.options.max_cycles, sites=s.prep.sites,
-                  overrides={"while": plan.rule(loop, marks)}, **s.prep.compiling)
+    marks: dict[Any, Any] = {}
+    cx = Compiler(self.timing, launch, self.options.max_cycles, s.prep.numerics,
+                  skip_float_values=s.prep.skip_float_values, sites=s.prep.sites,
+                  overrides={"while": plan.rule(loop, marks)})
     prep = copy.copy(s.prep)
     prep.program = cx.compile(prep.jaxpr)
     runner = self._runner(prep, launch, s)
@@ -270,7 +309,7 @@ class Executor:
     s = self._setup(launch, arrays, copy_inputs, sem_order)
     prep, groups, runner = s.prep, s.groups, s.runner
     merge = Merge(len(s.blocks), s.log, launch.call_site, self.options.check_races)
-    trace = []
+    trace: list[Any] = []
     t1 = time.perf_counter()  # (the first groups' times decide on workers)
     classes, note, found = self.classes.choose(prep, launch, s)
     by_iterations = isinstance(classes, extrapolate.Plan)
@@ -278,7 +317,8 @@ class Executor:
         self.options, self.recipe, prep, launch, groups)
     after_s, trace_blocks = self.tuning.parallel_after_s, self.tuning.trace_blocks
     used = 1
-    reps, simulated = {}, 0
+    reps: dict[int, Any] = {}
+    simulated = 0
     if by_iterations:
       simulated = self._by_iterations(classes, found.loop, launch, s, merge, trace)
     with Progress(launch.name, len(s.blocks), on=self.options.progress) as progress:

@@ -19,6 +19,7 @@ it: the first starts on an idle SM, the others behind an iteration still
 draining (its TMA stores, the tensor cores' queue)."""
 import collections
 import typing
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,8 @@ class Plan:
       # is the next one's start), and its epilogue after its last (until
       # that one's TMA stores have landed).
       last = its[-1] if its else None
-      want = {("end", f, last): (len(its) - 1,) if its else ()}
+      want: dict[tuple[Any, ...], tuple[int, ...]] = {
+          ("end", f, last): (len(its) - 1,) if its else ()}
       if its:
         want[("first", f, its[0])] = (0,)
       for t in range(1, len(its)):
@@ -159,20 +161,20 @@ class Plan:
     def build(eqn, cx):
       if id(eqn) != loop.eqn:
         return RULES["while"](eqn, cx)
-      form = walker.structure(eqn)
+      form = walker.form_of(eqn, walker.While)
       cond, body = map(cx.compile, form.given)
       cn, bn = form.cond_consts, form.body_consts
 
       def run(wg, *args):
         cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
         mine = marks.setdefault(wg.block.number, [])
-        start = np.asarray(carry[loop.index])
+        start = np.asarray(carry[loop.counter])
         for t in self.runs[wg.block.number]:
-          carry[loop.index] = (start + t).astype(start.dtype)[()]
+          carry[loop.counter] = (start + t).astype(start.dtype)[()]
           yield from run_gen(cond, cc + carry, wg)  # (its cost, as the loop's)
           mine.append(_mark(wg))
           carry = list((yield from run_gen(body, bc + carry, wg)))
-        carry[loop.index] = np.maximum(start, np.asarray(carry[loop.bound])).astype(
+        carry[loop.counter] = np.maximum(start, np.asarray(carry[loop.bound])).astype(
             start.dtype)[()]
         yield from run_gen(cond, cc + carry, wg)
         mine.append(_mark(wg))
@@ -213,8 +215,9 @@ class Plan:
     bounds = np.cumsum([it.before] + n_iter)
     pieces = [slices[:it.before]] + [slices[a:z] for a, z in zip(bounds[:-1], bounds[1:])]
     pieces.append(slices[bounds[-1]:])
-    t, tally, sites, loads = 0.0, None, collections.Counter(), []
-    count = collections.Counter()
+    t, tally, loads = 0.0, None, []
+    sites: collections.Counter[Any] = collections.Counter()
+    count: collections.Counter[Any] = collections.Counter()
     for el, mine in zip(parts, pieces):
       sp = self.spans[el]
       loads += _timed(mine, sp, t, b)
@@ -223,6 +226,7 @@ class Plan:
       for k, (nb, nl) in sp.sites.items():
         sites[k] += nb
         count[k] += nl
+    assert tally is not None  # (every path has a part: its end)
     st = BlockStats()
     for f_, x in zip(_COUNTS, tally):
       setattr(st, f_, int(round(x)) if f_ in _WHOLE else x)

@@ -15,7 +15,7 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
   `garbage`: whether what the launch read uninitialized reaches its outputs
   (Uninitialized.reaches), where that was run; reads that reach none warn
   instead of raising."""
-  errors = []
+  errors: list[Exception] = []
   found = merge.log.races()
   report.races.extend(found)
   for i in sorted(prep.sem_inputs):

@@ -3,6 +3,8 @@ cluster (they share barriers and multicast). Groups of a launch are
 unordered with each other; each returns a GroupResult that the executor
 merges in block order."""
 import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +16,11 @@ from pallas_sim.backends.sim.machine import aliasing, memory
 from pallas_sim.backends.sim.checks import initcheck
 from pallas_sim.backends.sim.checks.observer import (HappensBefore, NoObserver,
                                                       clock_components)
-from pallas_sim.backends.sim.checks.races import Tracker
+from pallas_sim.backends.sim.checks.races import RaceLog, Tracker
+from pallas_sim.backends.sim.execute.prepare import Prepared
+from pallas_sim.backends.sim.frontend.capture import KernelLaunch
+from pallas_sim.backends.sim.report.profiler import Recorder
+from pallas_sim.backends.sim.timing.model import LaunchTiming, Timing
 from pallas_sim.backends.sim.machine.aliasing import element_map
 from pallas_sim.backends.sim.machine.scheduler import Scheduler
 from pallas_sim.backends.sim.machine.state import Block, Warpgroup
@@ -43,8 +49,9 @@ class Group:
     self.timing = timing
     self.log = log        # races.RaceLog: the launch's sites
     self.events = events
-    self.hb = NoObserver()
-    self.writes = [] if detached else None
+    self.hb: NoObserver | HappensBefore = NoObserver()
+    # a detached group's GMEM writes (GmemWrite), replayed at the merge
+    self.writes: list[GmemWrite] | None = [] if detached else None
     self.check_init = check_init
     self.blocks = []
     self.by_cluster = {}  # cluster coordinates -> Block
@@ -107,17 +114,33 @@ class Group:
     operand), applied already) as the reduction, to be replayed on the
     launch's buffer at the merge."""
     buf = ref.buf
-    logged = self.writes is not None and buf.space == "gmem"
-    if logged or (buf.written is not None and ref.view.size):
+    logged = self.writes if buf.space == "gmem" else None
+    if logged is not None or (buf.written is not None and ref.view.size):
       emap = element_map(buf, ref.view)
       initcheck.mark_view(buf, *emap)
     if buf.aliases is not None:
       aliasing.wrote(ref)
     if buf.packed is not None:
       aliasing.pack(buf)
-    if logged:
+    if logged is not None:
       values = np.array(ref.view if reduce is None else operand, ref.view.dtype)
-      self.writes.append(GmemWrite(buf.origin, *emap, reduce, values))
+      logged.append(GmemWrite(buf.origin, *emap, reduce, values))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunChecks:
+  """How a launch's groups run, beside what the launch is: what to check,
+  whether each group works on copies of GMEM (detached: a worker's), and
+  what an earlier run of the launch found its semaphore waits need."""
+  races: bool = False
+  uninitialized: bool = False
+  detached: bool = False
+  group_size: int = 1          # the most blocks a group holds (a cluster's)
+  release_bytes: int = 16 << 20  # element shadows kept before the oldest go
+  profile: Recorder | None = None  # when the kernel asks for a profile
+  # group number -> {semaphore acquire key: the signals it acquires}, from an
+  # earlier run of the launch (checks/semaphore_order.py)
+  sem_order: Mapping[int, Any] = dataclasses.field(default_factory=dict)
 
 
 class GroupRunner:
@@ -125,27 +148,25 @@ class GroupRunner:
   inputs then outputs (each group copies them first when detached). With
   race checking, its `tracker` holds the launch's element shadows."""
 
-  def __init__(self, prep, io_bufs, launch, timing, placement, log, check_races,
-               group_size=1, detached=False, check_init=False, profile=None,
-               release_bytes=16 << 20, sem_order=None):
+  def __init__(self, prep: Prepared, io_bufs: Sequence[memory.Buffer],
+               launch: KernelLaunch, timing: Timing, placement: LaunchTiming,
+               log: RaceLog, checks: RunChecks = RunChecks()) -> None:
     self.prep, self.launch, self.timing = prep, launch, timing
-    # group number -> {semaphore acquire key: the signals it acquires}, from
-    # an earlier run of the launch (checks/semaphore_order.py)
-    self.sem_order = sem_order or {}
+    self.sem_order = checks.sem_order
     self.placement, self.log = placement, log
     self.io_bufs = io_bufs
-    self.detached = detached
-    self.check_init = check_init
-    self.group = None  # the group running now (for a Ctrl-C backtrace)
-    self.refs = None if detached else [refview.root_ref(b) for b in io_bufs]
+    self.detached = checks.detached
+    self.check_init = checks.uninitialized
+    self.group: Group | None = None  # the group running now (for a Ctrl-C backtrace)
+    self.refs = None if self.detached else [refview.root_ref(b) for b in io_bufs]
     nt = launch.num_threads
     self.clocks = clock_components(1, nt, prep.barriers, prep.warps)
-    self.comps = {}  # clock components by key, for the groups of one block
-    most = clock_components(group_size, nt, prep.barriers, prep.warps)
+    self.comps: dict[Any, Any] = {}  # clock components by key, for the groups of one block
+    most = clock_components(checks.group_size, nt, prep.barriers, prep.warps)
     self.tracker = Tracker(log, np.uint8 if most <= 256 else np.int32,
-                           release_bytes) if check_races else None
-    self.globals = {}  # get_global's semaphores: one per call site, per launch
-    self.profile = profile  # profiler.Recorder when the kernel asks for a profile
+                           checks.release_bytes) if checks.races else None
+    self.globals: dict[Any, Any] = {}  # get_global's semaphores: one per call site, per launch
+    self.profile = checks.profile
     self.cluster_axes = {n: (d, c) for d, (n, c) in enumerate(
         zip(launch.cluster_names, launch.cluster))}
     names = tuple(launch.grid_names)
@@ -161,7 +182,7 @@ class GroupRunner:
     one group. `log_writes`: log GMEM writes without copying GMEM (a worker
     process, whose GMEM is its own: parallel.py)."""
     launch = self.launch
-    events = []
+    events: list[Any] = []
     group = self.group = Group(self.timing, self.log, events,
                                self.detached or log_writes, self.check_init)
     group.number = members[0][0]

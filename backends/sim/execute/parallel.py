@@ -28,6 +28,7 @@ import signal
 import sys
 import threading
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -109,6 +110,7 @@ def worker_release_bytes(release_bytes, workers):
 
 def _init_worker(release_bytes):
   signal.signal(signal.SIGINT, signal.SIG_IGN)  # (the parent handles Ctrl-C)
+  assert _JOB is not None  # (set before the pool forks its workers)
   tracker = _JOB.runner.tracker  # (this process's copy of the parent's)
   if tracker is not None:
     tracker.release_bytes = release_bytes
@@ -124,7 +126,7 @@ def run_groups(job, task):
   out = []
   for g in task:
     members = job.groups[g]
-    trace = [] if members[0][0] < job.trace_blocks else None
+    trace: list[Any] | None = [] if members[0][0] < job.trace_blocks else None
     try:
       out.append((g, _portable(job.runner.run(members, trace, log_writes=True), job),
                   trace))

@@ -1,29 +1,49 @@
 """What a kernel needs before any block runs, once per trace: SMEM and the
 rules' static checks (Prepared), then JAX's real lowering as a check."""
+import dataclasses
 import math
+from collections.abc import Callable
+from typing import Any
 
 from pallas_sim.backends.sim.blocks import block_classes
 from pallas_sim.backends.sim.analysis import resources
 from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.frontend import capture
+from pallas_sim.backends.sim.frontend.capture import KernelLaunch
 from pallas_sim.backends.sim.interpret import rules  # noqa: F401  (registers all rules)
-from pallas_sim.backends.sim.interpret.compiler import Compiler
+from pallas_sim.backends.sim.interpret.compiler import Compiler, Program
 from pallas_sim.backends.sim.interpret.rules import semaphores
 from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP
 from pallas_sim.backends.sim.timing import occupancy
+from pallas_sim.backends.sim.timing.model import Timing
 from pallas_sim.errors import LoweringTimeoutError, UnsupportedPrimitiveError
+from pallas_sim.gpus import GPU
+from pallas_sim.options import Options
 
 
+@dataclasses.dataclass(slots=True)
 class Prepared:
   """What a kernel needs before it runs, once per trace."""
-  __slots__ = ("jaxpr", "program", "smem", "barriers", "warps", "together", "sem_inputs",
-               "serial_only", "regs", "variation", "load_axes", "sites", "compiling")
+  jaxpr: Any
+  program: Program              # the compiled kernel body
+  smem: int                     # bytes a block requests, the profiler's included
+  barriers: int                 # mbarriers (and named barriers) a block can have
+  warps: int                    # clock components of a warp_map's warps, or 0
+  together: bool                # blocks wait for each other: they run as one group
+  sem_inputs: frozenset[int]    # operands that are semaphores
+  serial_only: bool             # must run in this process, in block order
+  regs: occupancy.Registers
+  variation: Any                # block_classes.analyse: how blocks' control differs
+  load_axes: dict[int, Any]     # TMA load site -> the grid axes its address reads
+  sites: dict[int, int]         # id(eqn) -> its site number
+  numerics: bool                # compiled with the tensor cores' sums
+  skip_float_values: bool       # compiled without float values (nothing reads them)
 
 
-def axis_sizes(launch):
+def axis_sizes(launch: KernelLaunch) -> dict[Any, int]:
   """Axis name (a grid axis also by its dimension) -> its size: the bounds
   of the indices a kernel reads (block_classes.analyse)."""
-  sizes = dict(zip(launch.cluster_names, launch.cluster))
+  sizes: dict[Any, int] = dict(zip(launch.cluster_names, launch.cluster))
   if launch.thread_name is not None and launch.num_threads:
     sizes[launch.thread_name] = launch.num_threads
   return sizes | dict(zip(launch.grid_names, launch.grid)) | dict(enumerate(launch.grid))
@@ -32,13 +52,14 @@ def axis_sizes(launch):
 class Preparer:
   """Prepares launches for one Executor, each kernel jaxpr once."""
 
-  def __init__(self, options, gpu, timing, shapes_only=False):
+  def __init__(self, options: Options, gpu: GPU, timing: Timing,
+               shapes_only: bool = False) -> None:
     self.options, self.gpu, self.timing = options, gpu, timing
     self.shapes_only = shapes_only  # ps.estimate was given shapes, not arrays
-    self._prepared = {}
-    self._lowered = {}
+    self._prepared: dict[int, Prepared] = {}
+    self._lowered: dict[int, Any] = {}
 
-  def prepare(self, launch):
+  def prepare(self, launch: KernelLaunch) -> Prepared:
     """Checks that need no data, before anything runs: shared memory against
     the limit, and every primitive modelled (with the rules' own static
     checks). Returns a Prepared."""
@@ -57,48 +78,49 @@ class Preparer:
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: {extra} kernel-level scratch operands "
           "(pallas_call scratch_shapes) are not modelled", where=launch.where)
-    p = Prepared()
-    p.jaxpr = jaxpr
-    p.smem = resources.smem_bytes(jaxpr)
+    smem = resources.smem_bytes(jaxpr)
     if launch.profile is not None:  # (the profiler's buffer is in SMEM too)
-      p.smem += launch.profile.smem_bytes(launch.num_threads)
-    resources.check_smem(p.smem, self.gpu, where=launch.where)
+      smem += launch.profile.smem_bytes(launch.num_threads)
+    resources.check_smem(smem, self.gpu, where=launch.where)
     # Whether blocks' control flow differs (then estimate runs them all, and
     # the L2 model follows their loads: timing/model.py); per TMA load
     # site, the grid axes its address depends on (L2 reuse).
     found = block_classes.analyse(jaxpr, launch.grid_names, sizes=axis_sizes(launch))
-    p.variation, axes = found
+    variation, axes = found
     # Control flow that reads data runs on the values the kernel computes:
     # an estimate given arrays computes them for such a kernel (so that it
     # takes the paths the full simulation takes).
     numerics = self.options.numerics or (
-        p.variation is not None and p.variation[0] == block_classes.DATA
+        variation is not None and variation[0] == block_classes.DATA
         and not self.shapes_only)
     # Without numerics, and with no control decision on data nor any
     # decision or address on float math, no value a float operation
     # computes can change a time: estimate skips them.
-    p.compiling = dict(numerics=numerics, skip_float_values=(
-        not numerics and not found.float_matters and (
-            p.variation is None or p.variation[0] != block_classes.DATA)))
-    cx = Compiler(self.timing, launch, self.options.max_cycles, **p.compiling)
-    p.program = cx.compile(jaxpr)
-    p.load_axes = {n: axes.get(k) for k, n in cx.sites.items()}
-    p.sites = dict(cx.sites)
-    p.barriers = resources.barrier_count(jaxpr)
-    p.regs = occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base)
+    skip_float_values = not numerics and not found.float_matters and (
+        variation is None or variation[0] != block_classes.DATA)
+    cx = Compiler(self.timing, launch, self.options.max_cycles, numerics,
+                  skip_float_values=skip_float_values)
+    program = cx.compile(jaxpr)
     names = resources.primitive_names(jaxpr)
-    # Warps of a warp_map get clock components of their own.
-    p.warps = WARPS_PER_WARPGROUP if "mpmd_map" in names else 0
     # Operands that are semaphores (plgpu.alloc_semaphore): global too.
-    p.sem_inputs = frozenset(
+    sem_inputs = frozenset(
         i for i, v in enumerate(jaxpr.invars[:launch.num_inputs])
         if semaphores.holds_semaphores(v.aval))
     # Blocks that can wait for each other (global semaphores) run together.
-    p.together = "get_global" in names or bool(p.sem_inputs)
-    # What must run in this process, in block order: printing (the order of
-    # lines), inline MLIR (built through JAX's MLIR bindings), global
-    # semaphores (one group anyway).
-    p.serial_only = p.together or bool({"debug_print", "inline_mgpu"} & names)
+    together = "get_global" in names or bool(sem_inputs)
+    p = Prepared(
+        jaxpr=jaxpr, program=program, smem=smem,
+        barriers=resources.barrier_count(jaxpr),
+        # Warps of a warp_map get clock components of their own.
+        warps=WARPS_PER_WARPGROUP if "mpmd_map" in names else 0,
+        together=together, sem_inputs=sem_inputs,
+        # What must run in this process, in block order: printing (the order
+        # of lines), inline MLIR (built through JAX's MLIR bindings), global
+        # semaphores (one group anyway).
+        serial_only=together or bool({"debug_print", "inline_mgpu"} & names),
+        regs=occupancy.registers(jaxpr, launch.num_threads, self.gpu.register_base),
+        variation=variation, load_axes={n: axes.get(k) for k, n in cx.sites.items()},
+        sites=dict(cx.sites), numerics=numerics, skip_float_values=skip_float_values)
     if p.together and launch.cluster and math.prod(launch.cluster) > 1:
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: global semaphores (pl.get_global, "
@@ -107,7 +129,9 @@ class Preparer:
     self._prepared[key] = p
     return p
 
-  def check_lowering(self, launch, lower, where=None):
+  def check_lowering(self, launch: KernelLaunch,
+                     lower: Callable[[float | None], tuple[BaseException, str | None] | None],
+                     where: str | None = None) -> None:
     """Raises what JAX's real Mosaic GPU lowering raises for this kernel, as
     our own error class, so that nothing the hardware backend rejects runs
     here. Once per kernel."""

@@ -18,6 +18,7 @@ import os
 import threading
 import traceback
 import warnings
+from typing import Any
 
 import jax
 import numpy as np
@@ -55,41 +56,41 @@ def force_sim():
 class KernelLaunch:
   """Everything the simulator needs about one kernel launch."""
   name: str
-  jaxpr: object                 # the kernel body (jax.core.Jaxpr)
-  grid: tuple
-  grid_names: tuple
-  cluster: tuple
-  cluster_names: tuple
+  jaxpr: Any                    # the kernel body (jax.core.Jaxpr)
+  grid: tuple[int, ...]
+  grid_names: tuple[Any, ...]
+  cluster: tuple[int, ...]
+  cluster_names: tuple[Any, ...]
   num_threads: int
-  thread_name: object
+  thread_name: Any             # the axis name of the kernel's threads, or None
   num_inputs: int
   num_outputs: int
-  out_avals: tuple
-  aliases: tuple               # (input index, output index) pairs
-  block_mappings: tuple = ()   # pallas_call BlockSpecs (grid_mapping), if any
+  out_avals: tuple[Any, ...]
+  aliases: tuple[tuple[int, int], ...]  # (input index, output index) pairs
+  block_mappings: tuple[Any, ...] = ()  # pallas_call BlockSpecs (grid_mapping), if any
   where: str = ""              # user file:line of the kernel body
   # Where the user's own code (not a library's) launched it, when the kernel
   # body lies outside the user's files (JAX's ops/gpu, an installed library)
   call_site: str = ""
-  arg_names: tuple = ()        # the body's parameter names, where recoverable
-  profile: object = None       # profiler.Spec when compiler_params ask for a profile
+  arg_names: tuple[str, ...] = ()  # the body's parameter names, where recoverable
+  profile: profiler.Spec | None = None  # when compiler_params ask for a profile
   approx_math: bool = False     # CompilerParams(approx_math=True): the timing model's
   # allocation var -> the swizzle the lowering infers for an untransformed
   # wgmma operand (analysis/smem_swizzle.py): the rows its TMA loads move
-  smem_swizzle: dict = dataclasses.field(default_factory=dict)
+  smem_swizzle: dict[Any, int] = dataclasses.field(default_factory=dict)
   # ps.estimate given shapes and walking the function (frontend/
   # shapes_only.py): the positions of inputs whose values it does not have
   # (given as shapes, or computed from them); zeros stand in for them. Every
   # other input holds its values (constants the function captured, arrays
   # given). None: not known (a launch traced through XLA).
-  unknown_inputs: frozenset | None = None
+  unknown_inputs: frozenset[int] | None = None
 
 
 # --- executing launches: the active executor receives them ----------------
 # io_callbacks may run on an XLA runtime thread, so the active executor is
 # process-wide (a stack), not thread-local: one simulation at a time.
 
-_active = []
+_active: list[Any] = []  # executors (execute/executor.Executor), innermost last
 
 
 def push_executor(ex):
@@ -141,6 +142,7 @@ def execute(launch, *arrays):
 # FTZ and DAZ bits): numpy there would too. A Hopper GPU keeps f32 subnormals
 # (PTX without .ftz), so the simulation runs in the floating-point
 # environment the main thread had when pallas-sim was imported.
+_libm: ctypes.CDLL | None
 try:
   _libm = ctypes.CDLL(ctypes.util.find_library("m"))
   _MAIN_FENV = ctypes.create_string_buffer(1024)  # (larger than any fenv_t)
@@ -167,7 +169,7 @@ def _ieee_subnormals():
 
 def force_real():
   """Context manager: kernels traced inside use the real lowering."""
-  return jx.interpret_params_module.force_gpu_interpret_mode(None)
+  return jx.interpret_params_module.force_gpu_interpret_mode(None)  # type: ignore[arg-type]  # (None: no interpret mode, as JAX's own callers pass it)
 
 
 def _mesh_info(mesh, grid_mapping):
@@ -186,7 +188,7 @@ def _mosaic_params(kw):
   return params.get("mosaic_gpu") if isinstance(params, dict) else params
 
 
-def _lane_semantics(kw):
+def lane_semantics(kw):
   """Whether the kernel asks for Lane lowering semantics, which infers no
   SMEM transforms (the default, Warpgroup, does: analysis/smem_swizzle.py)."""
   sem = getattr(_mosaic_params(kw), "lowering_semantics", None)
@@ -218,7 +220,7 @@ def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
       call_site=call_site(jaxpr),
       profile=profiler.spec_of(kw.get("compiler_params")),
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
-      smem_swizzle=smem_swizzle.infer(jaxpr, _lane_semantics(kw)),
+      smem_swizzle=smem_swizzle.infer(jaxpr, lane_semantics(kw)),
       unknown_inputs=unknown_inputs)
   if _active:
     lower = lambda timeout=None: lowering_error_once(
@@ -275,7 +277,7 @@ def _sim_interpret_pallas_call(*args, out_avals, **params):
 # was given (lowering_key): a kernel run again (a debugging loop, or a
 # property test's examples) is lowered once, not at every call (~80 ms).
 # Only acceptances are kept: a rejection is raised afresh, at its own lines.
-_LOWERED = collections.OrderedDict()
+_LOWERED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 _LOWERED_MAX = 512
 
 
@@ -367,8 +369,10 @@ class LoweringTimedOut(BaseException):
     frames = [f for f in traceback.extract_tb(self.__traceback__) if jax_dir in f.filename]
     passes = [f for f in frames if f"mosaic{os.sep}gpu{os.sep}" in f.filename
               and not f.filename.endswith(f"gpu{os.sep}core.py")]
-    f = (passes or frames[-1:] or [None])[0]
-    return f and f"{f.filename.rpartition(jax_dir)[2]}, {f.name}"
+    found = passes or frames[-1:]
+    if not found:
+      return None
+    return f"{found[0].filename.rpartition(jax_dir)[2]}, {found[0].name}"
 
 
 @contextlib.contextmanager

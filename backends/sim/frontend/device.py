@@ -12,6 +12,8 @@ GPU answers (a simulation on a GPU machine), its own values stay.
 import contextlib
 import sys
 import types
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -28,7 +30,7 @@ CUDA_VERSIONS = {
 COMPUTE_CAPABILITY = 90  # sm_90: H100 and H200
 
 _depth = [0]
-_undo = []
+_undo: list[Callable[[], Any]] = []
 
 
 def _cuda_versions_module():
@@ -36,7 +38,7 @@ def _cuda_versions_module():
                          "CUDA versions a simulated GPU reports (pallas-sim)")
   for name, value in CUDA_VERSIONS.items():
     setattr(mod, name, lambda value=value: value)
-  mod.cuda_compute_capability = lambda device=0: COMPUTE_CAPABILITY
+  setattr(mod, "cuda_compute_capability", lambda device=0: COMPUTE_CAPABILITY)
   return mod
 
 
@@ -55,8 +57,12 @@ def _patch():
                and "cuda_versions" in getattr(m, "__dict__", {})
                and m.__dict__["cuda_versions"] is None]
     for m in holders:
-      m.cuda_versions = fake
-    _undo.append(lambda: [setattr(m, "cuda_versions", None) for m in holders])
+      setattr(m, "cuda_versions", fake)
+
+    def undo() -> None:
+      for m in holders:
+        setattr(m, "cuda_versions", None)
+    _undo.append(undo)
 
 
 @contextlib.contextmanager

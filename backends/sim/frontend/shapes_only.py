@@ -15,6 +15,8 @@ and the callback, as in ps.simulate. A function that needs its arguments'
 values while traced (Python control flow on them) is not walked: `run`
 raises NotWalked and the caller runs it on zeros (its Python then runs a
 second time: what it prints while traced, it prints twice)."""
+from typing import Any
+
 import jax
 import numpy as np
 from jax.extend import core as jax_core
@@ -61,7 +63,7 @@ def _eval(jaxpr, consts, args, unknown):
   """Runs `jaxpr`; `unknown`: its variables whose values the estimate does
   not have (zeros stand in), to which it adds what it computes from them.
   Constants and arrays given keep their values: a kernel reads those."""
-  env = {}
+  env: dict[Any, Any] = {}
   read = lambda v: v.val if isinstance(v, jax_core.Literal) else env[v]
   is_unknown = lambda v: not isinstance(v, jax_core.Literal) and v in unknown
   env.update(zip(jaxpr.constvars, consts))

@@ -9,6 +9,11 @@ every block. A step whose rule may block (barrier waits,
 async waits, control flow around them) runs as a generator that yields wait
 requests to the scheduler; all other steps are plain calls.
 """
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jax_extend_core
@@ -21,16 +26,33 @@ from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.timing.model import OpClass, alu_stretch, tensor_overlap
 
-RULES = {}
+if TYPE_CHECKING:
+  from pallas_sim.backends.sim.machine.state import Warpgroup
+  from pallas_sim.backends.sim.timing.model import Timing
+
+
+class Launch(Protocol):
+  """What the compiler itself reads of a kernel launch (frontend/capture.py's
+  KernelLaunch, a stage above this one: rules read more of it)."""
+
+  @property
+  def where(self) -> str: ...
+
+
+# A rule: (eqn, compiler) -> the step's function, plain or wrapped in Gen.
+Builder = Callable[[Any, "Compiler"], Any]
+B = TypeVar("B", bound=Callable[..., Any])
+
+RULES: dict[str, Builder] = {}
 # primitive name -> the OpClass its issue costs (timing/model.py): the
 # rule's declaration; the primitive's own even where a slice overrides its
 # rule, or an add is fused into an FMA step.
-OP_CLASSES = {}
+OP_CLASSES: dict[str, OpClass] = {}
 
 
-def rule(*names, op=OpClass.ALU):
+def rule(*names: str, op: OpClass = OpClass.ALU) -> Callable[[B], B]:
   """Registers a builder for the given primitive names, which issue as `op`."""
-  def deco(builder):
+  def deco(builder: B) -> B:
     for n in names:
       RULES[n] = builder
       OP_CLASSES[n] = op
@@ -42,7 +64,7 @@ class Gen:
   """Marks a rule function that is a generator (may block)."""
   __slots__ = ("fn",)
 
-  def __init__(self, fn):
+  def __init__(self, fn: Callable[..., Generator[Any, Any, Any]]) -> None:
     self.fn = fn
 
 
@@ -55,10 +77,27 @@ class Step:
   # the SM (Timing.beside_tensor).
   __slots__ = ("fn", "ins", "outs", "gen", "multi", "eqn", "op", "cost", "lat", "where",
                "beside")
+  fn: Callable[..., Any]      # (wg, *operands) -> outputs; a generator where gen
+  ins: tuple[int, ...]        # env slots of its operands
+  outs: tuple[int, ...]       # env slots of its results
+  gen: bool
+  multi: bool                 # the primitive has multiple results
+  eqn: jax_extend_core.JaxprEqn | None  # (None: the profile's closing step)
+  op: OpClass
+  cost: float
+  lat: float
+  where: str
+  beside: float
 
 
 class Program:
   __slots__ = ("steps", "invars", "outvars", "template", "blocking", "jaxpr")
+  steps: list[Step]
+  invars: list[int]           # env slots the arguments go to
+  outvars: list[int]          # env slots the results come from
+  template: list[Any]         # the env before a run: constants and literals
+  blocking: bool              # some step is a generator: run with run_gen
+  jaxpr: jax_extend_core.Jaxpr
 
 
 def literal_value(v):
@@ -71,8 +110,13 @@ class Compiler:
   """Compiles jaxprs to Programs; one per launch (rules may close over launch
   facts, and ask the timing model, timing/model.py, for costs)."""
 
-  def __init__(self, timing, launch=None, max_cycles=MAX_CYCLES, numerics=True, *,
-               skip_float_values=False, sites=None, keep=None, overrides=None, wrap=None):
+  def __init__(self, timing: Timing, launch: Launch | None = None,
+               max_cycles: float = MAX_CYCLES, numerics: bool = True, *,
+               skip_float_values: bool = False, sites: dict[int, int] | None = None,
+               keep: dict[int, Sequence[bool]] | None = None,
+               overrides: dict[str, Builder] | None = None,
+               wrap: Callable[[Callable[..., Any], Any], Callable[..., Any]] | None = None
+               ) -> None:
     self.timing = timing
     self.launch = launch
     self.numerics = numerics  # False: the tensor cores' sums are skipped
@@ -81,7 +125,7 @@ class Compiler:
     # id(eqn) -> its number, for equations a rule asks to number
     self.sites = {} if sites is None else dict(sites)
     self.max_cycles = max_cycles  # loops end a runaway block past this
-    self._cache = {}
+    self._cache: dict[tuple[int, bool, int], tuple[Any, Program]] = {}
     self._where = [launch.where if launch is not None else "<unknown location>"]
     # Byte offset in SMEM where the scope being compiled starts its
     # allocations (interpret/rules/refs.py, run_scoped; resources.scope_layout).
@@ -105,7 +149,8 @@ class Compiler:
     user take the location of the user's call that contains them."""
     return locations.eqn_location(eqn) or self._where[-1]
 
-  def compile(self, jaxpr, consts=None):
+  def compile(self, jaxpr: jax_extend_core.Jaxpr | jax_extend_core.ClosedJaxpr,
+              consts: Sequence[Any] | None = None) -> Program:
     """A ClosedJaxpr's consts are baked in; an open Jaxpr's constvars must be
     none (use compile_open)."""
     if hasattr(jaxpr, "consts"):
@@ -127,8 +172,8 @@ class Compiler:
     return prog
 
   def _compile(self, jaxpr, consts, open_consts):
-    slots = {}
-    template = []
+    slots: dict[Any, int] = {}
+    template: list[Any] = []
 
     def slot(v):
       s = slots.get(v)
@@ -157,7 +202,7 @@ class Compiler:
     blocking = False
     fused = contractions(jaxpr)
     folded = _folded_products(jaxpr, fused)
-    scopes = []  # (the profile's open regions, as the lowering tracks them)
+    scopes: list[str] = []  # (the profile's open regions, as the lowering tracks them)
     for eqn in jaxpr.eqns:
       if self.keep is not None and id(eqn) not in self.keep:
         continue
@@ -171,7 +216,8 @@ class Compiler:
             f"primitive '{eqn.primitive.name}' is not modelled by the simulator "
             "(see README: supported primitives)", primitive=eqn.primitive.name,
             where=where)
-        err.unmodelled = True  # (frontend/capture.py: the lowering's verdict comes first)
+        # (frontend/capture.py reads it with getattr: the lowering's verdict comes first)
+        setattr(err, "unmodelled", True)
         raise err
       self._where.append(where)
       try:
@@ -248,7 +294,8 @@ def _zeros_of(aval):
   return lambda wg, *args: np.zeros(shape, dtype)
 
 
-def _profiled(st, closes, opens, open_names):
+def _profiled(st: Step, closes: int, opens: Sequence[str], open_names: Sequence[str]
+              ) -> None:
   """Wraps step `st` so that it first closes `closes` of the regions
   `open_names` and opens `opens` in the warpgroup's profile."""
   if not closes and not opens:
@@ -316,7 +363,7 @@ def _folded_products(jaxpr, fused):
   """ids of the `mul` equations whose every use is an add fused with them
   (contractions): the GPU computes them inside the FMA, not apart."""
   fused_muls = {id(m) for m, _, _, _ in fused.values()}
-  uses = {}
+  uses: dict[jax_extend_core.Var, list[jax_extend_core.JaxprEqn]] = {}
   for eqn in jaxpr.eqns:
     for v in eqn.invars:
       if not isinstance(v, jax_extend_core.Literal):
@@ -383,7 +430,7 @@ def _located(e, eqn, where, wg=None):
 
 # run_plain and run_gen are the same loop: a generator costs a frame switch
 # per step, and most programs (and most loop bodies) never block.
-def run_plain(prog, args, wg):
+def run_plain(prog: Program, args: Sequence[Any], wg: Warpgroup) -> list[Any]:
   """Evaluates a non-blocking program for warpgroup wg; returns its outputs."""
   env = prog.template.copy()
   for i, a in zip(prog.invars, args):
@@ -391,7 +438,7 @@ def run_plain(prog, args, wg):
   wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
   stretch = alu_stretch(wg)  # (the SM's ALUs, shared: timing/model.py)
   eng = wg.block.engines  # (its tensor cores: ALU work beside them is slower)
-  st = None
+  st: Step | None = None
   try:
     for st in prog.steps:
       out = st.fn(wg, *[env[i] for i in st.ins])
@@ -406,11 +453,13 @@ def run_plain(prog, args, wg):
       elif st.outs:
         env[st.outs[0]] = out
   except Exception as e:
+    assert st is not None  # (only a step raises here)
     raise _located(e, st.eqn, st.where, wg)
   return [env[i] for i in prog.outvars]
 
 
-def run_gen(prog, args, wg):
+def run_gen(prog: Program, args: Sequence[Any], wg: Warpgroup
+            ) -> Generator[Any, Any, list[Any]]:
   """Evaluates a program that may block: a generator yielding wait requests
   (`outs = yield from run_gen(...)`); a program that cannot block runs
   straight through."""
@@ -422,7 +471,7 @@ def run_gen(prog, args, wg):
   wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
   stretch = alu_stretch(wg)
   eng = wg.block.engines
-  st = None
+  st: Step | None = None
   try:
     for st in prog.steps:
       if st.gen:
@@ -443,5 +492,6 @@ def run_gen(prog, args, wg):
   except GeneratorExit:
     raise
   except Exception as e:
+    assert st is not None  # (only a step raises here)
     raise _located(e, st.eqn, st.where, wg)
   return [env[i] for i in prog.outvars]

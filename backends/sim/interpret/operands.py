@@ -6,6 +6,7 @@ predicate. Each layout is decoded here once, for the rules
 equation's operands (eqn.invars; a rule's function gets them in order)."""
 import dataclasses
 
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.interpret import refview
 
 
@@ -36,8 +37,15 @@ def _refs(params, refs, first):
   return out, at
 
 
-def _predicate(params, at):
-  return at if params.get("has_user_predicate", False) else None
+def _predicate(eqn, at):
+  """The position of a copy's predicate operand, or None without one."""
+  return at if jx.param(eqn, "has_user_predicate") else None
+
+
+def _barrier_predicate(eqn, at):
+  """barrier_arrive binds has_user_predicate (every release of the window);
+  a wait, a test and arrive_and_wait take no predicate."""
+  return _predicate(eqn, at) if jx.primitive_name(eqn) == "barrier_arrive" else None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -53,13 +61,13 @@ class TmaLoad:
 
 def tma_load(eqn):
   p = eqn.params
-  has_barrier = p.get("has_barrier", True)
+  has_barrier = jx.param(eqn, "has_barrier")
   pairs = [(0, "src_transforms_treedef"), (1, "dst_transforms_treedef")]
   if has_barrier:
     pairs.append((2, "barrier_transforms_treedef"))
   refs, end = _refs(p, pairs, len(pairs))
   return TmaLoad(refs[0], refs[1], refs[2] if has_barrier else None,
-                 _predicate(p, end))
+                 _predicate(eqn, end))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,7 +82,7 @@ def tma_store(eqn):
   p = eqn.params
   (src, dst), end = _refs(p, [(0, "src_transforms_treedef"),
                               (1, "dst_transforms_treedef")], 2)
-  return TmaStore(src, dst, _predicate(p, end))
+  return TmaStore(src, dst, _predicate(eqn, end))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -104,7 +112,7 @@ class BarrierUse:
 def barrier_use(eqn):
   p = eqn.params
   (barrier,), end = _refs(p, [(0, "transforms_treedef")], 1)
-  return BarrierUse(barrier, _predicate(p, end))
+  return BarrierUse(barrier, _barrier_predicate(eqn, end))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ logical element a (transformed) ref names, so `UntilingTransform` and
 `UnswizzleRef` at the head of a chain are identities here.
 """
 import math
+from typing import Any
 
 import numpy as np
 from jax import tree_util
@@ -234,10 +235,11 @@ _PLAIN_INDEXERS = frozenset(INDEXERS)
 
 def _template(treedef):
   """The transform chain of a treedef with dynamic leaves, decoded once:
-  a function leaves -> transforms that fills the indexers' dynamic starts
+  (a function leaves -> transforms that fills the indexers' dynamic starts
   and indices in without rebuilding JAX's indexer objects (their
-  unflattening and validation were most of a TMA copy's cost), or None
-  where the chain is not plain indexers over static transforms."""
+  unflattening and validation were most of a TMA copy's cost), the chain's
+  index plans where it is indexers alone, else None), or None where the
+  chain is not plain indexers over static transforms."""
   marks = [np.array(0, np.int32) for _ in range(treedef.num_leaves)]
   pos = {id(m): i for i, m in enumerate(marks)}
   try:
@@ -253,7 +255,7 @@ def _template(treedef):
       continue
     if tr.int_indexer_shape != ():
       return None
-    axes = []
+    axes: list[tuple[int | None, Any, int | None, int | None]] = []
     for ix in tr.indices:
       if isinstance(ix, jx.indexing.Slice):
         if not isinstance(ix.size, int) or not isinstance(ix.stride, int):
@@ -286,8 +288,7 @@ def _template(treedef):
       out.append(FastIndexer(idx))
     return out
   # (a chain of indexers alone: compile_transforms indexes straight from it)
-  fill.plans = parts if all(type(p) is tuple for p in parts) else None
-  return fill
+  return fill, (parts if all(type(p) is tuple for p in parts) else None)
 
 
 def index_plans(treedef):
@@ -297,8 +298,8 @@ def index_plans(treedef):
   anything else (or has no dynamic leaves)."""
   if treedef is None or not treedef.num_leaves:
     return None
-  fill = _template(treedef)
-  return None if fill is None else fill.plans
+  template = _template(treedef)
+  return None if template is None else template[1]
 
 
 def refuse_unmodelled(treedef):
@@ -330,10 +331,10 @@ def compile_transforms(treedef):
     if not trs:
       return lambda ref, leaves, wg=None: ref
     return lambda ref, leaves, wg=None: apply(ref, trs, wg)
-  fill = _template(treedef)
-  if fill is None:
+  template = _template(treedef)
+  if template is None:
     return lambda ref, leaves, wg=None: apply(ref, unflatten(treedef, leaves), wg)
-  plans = fill.plans
+  fill, plans = template
   if plans is None:
     return lambda ref, leaves, wg=None: apply(ref, fill(leaves), wg)
 
@@ -357,8 +358,9 @@ def compile_clipped(treedef):
   if treedef.num_leaves == 0:
     trs = unflatten(treedef, [])
     return lambda ref, leaves: apply_clipped(ref, trs)
-  fill = _template(treedef)
-  if fill is not None:
+  template = _template(treedef)
+  if template is not None:
+    fill = template[0]
     return lambda ref, leaves: apply_clipped(ref, fill(leaves))
   return lambda ref, leaves: apply_clipped(ref, unflatten(treedef, leaves))
 
@@ -407,7 +409,10 @@ def static_ref(aval, treedef, name="ref"):
     tiling, swizzle = tiling_of(trs)
     shape = tuple(inner.shape)
     if tiling is not None:
-      shape = tuple(jx.gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
+      # (jax's Transform protocol declares transform_array with a raising
+      # body, which mypy takes as abstract; UntilingTransform is concrete)
+      untile = jx.gpu_core.UntilingTransform(tiling)  # type: ignore[abstract]
+      shape = tuple(untile.transform_type(inner).shape)
     dtype = np.dtype(inner.dtype)
     strides = [dtype.itemsize] * len(shape)
     for d in range(len(shape) - 2, -1, -1):

@@ -11,6 +11,7 @@ reading bytes written through a member of another physical order raises
 UnsupportedPrimitiveError instead of returning values the GPU would not.
 """
 import math
+from typing import Any
 
 import numpy as np
 
@@ -168,13 +169,13 @@ def _bytes_written(member, nbytes):
   return m.reshape(nbytes, 2).all(axis=1)
 
 
-def element_map(buf, view):
+def element_map(buf: Any, view: Any) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
   """(offset, element strides, shape) of `view` in buf.data's elements, or a
   covering 1-D range when the view is a bitcast."""
   isz = buf.data.itemsize
   off_b = view.__array_interface__["data"][0] - buf.address()
   key = (view.strides, view.itemsize, isz)
-  estrides = _ESTRIDES.get(key)
+  estrides: Any = _ESTRIDES.get(key)  # (False: a bitcast)
   if estrides is None:
     estrides = _ESTRIDES[key] = (
         tuple(s // isz for s in view.strides)
@@ -187,4 +188,4 @@ def element_map(buf, view):
 
 
 # (byte strides, view itemsize, buffer itemsize) -> element strides (False: a bitcast)
-_ESTRIDES = {}
+_ESTRIDES: dict[tuple[Any, ...], Any] = {}

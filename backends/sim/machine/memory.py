@@ -2,6 +2,7 @@
 import contextlib
 import math
 import mmap
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +48,7 @@ def copy(a):
 
 # Where set (other_garbage), uninitialized memory holds bits drawn from it
 # instead of NaN and sentinels.
-_garbage = []
+_garbage: list[Any] = []
 
 
 @contextlib.contextmanager

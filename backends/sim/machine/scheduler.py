@@ -10,6 +10,7 @@ still blocked, no event can ever unblock it: that is a deadlock, reported at
 once, never a hang.
 """
 import heapq
+from typing import Any
 
 from pallas_sim.errors import DeadlockError
 
@@ -45,7 +46,7 @@ class Task:
     self.name = name
     self.steps = 0  # equations run (counted per program run, for progress)
     self.alu = 0.0  # cycles of issue work, as if alone on its SM (timing/model.py)
-    self.gen = None
+    self.gen: Any = None  # its coroutine, once spawned
     self.sched = sched
     self.time = 0.0
     self.waiting = None

@@ -1,5 +1,6 @@
 """Per-block and per-warpgroup state that rules read and update."""
 import collections
+from typing import Any
 
 from pallas_sim.backends.sim.machine.scheduler import Resource, Task, Wait
 
@@ -118,9 +119,9 @@ class Warpgroup(Task):
     self.block = block
     self.index = index          # the Pallas thread index (thread_name axis)
     self.axes = axes            # axis name -> (index, size): grid, cluster, thread
-    self.wgmma = collections.deque()   # pending wgmma groups, oldest first
+    self.wgmma: collections.deque[Any] = collections.deque()   # pending wgmma groups, oldest first
     self.wgmma_res = Resource(f"{name} wgmma")
-    self.stores = collections.deque()  # committed TMA store groups
+    self.stores: collections.deque[Any] = collections.deque()  # committed TMA store groups
     self.store_res = Resource(f"{name} TMA stores")
     self.open_group = []        # TMA stores not yet committed to a group
     self.bar_waits = {}         # BarrierSlot -> waits done by this warpgroup

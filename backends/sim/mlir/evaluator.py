@@ -25,6 +25,8 @@ it, never a silent skip.
 """
 import math
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -149,6 +151,7 @@ class Lanes:
   """Who evaluates: `tid` the thread_id.x of each lane, the block's place in
   the CUDA grid, and `marker(op_index, operand values)` for the launch
   context's operations (async copies) that the rule implements."""
+  fences: list["Sync"]  # the nested fences of the segment run last (run_segments)
 
   def __init__(self, tid, block_dim, block_id, grid_dim, cluster_block_id,
                cluster_dim_blocks, arena, marker=None):
@@ -163,11 +166,20 @@ class Lanes:
 
 # --- compilation: ops -> steps ------------------------------------------------
 
+# A step: (handler, its static operand, operand slots, result slots).
+Step = tuple[Callable[..., Any], Any, list[int], list[int]]
+
+
 class Program:
   """A block's ops as steps over an environment of slots. At the top level
   the steps come in `segments`: (steps, Sync or None), each segment's steps
   then the synchronization that ends it."""
   __slots__ = ("steps", "args", "results", "nslots", "segments")
+  steps: list[Step]
+  args: list[int]             # slots of the block's arguments
+  results: list[int]          # slots of its terminator's operands
+  nslots: int                 # (the top level's: slots of the whole body)
+  segments: list[tuple[list[Step], "Sync | None"]]
 
 
 class Sync:
@@ -255,7 +267,7 @@ def sync_of(op, ctx):
 
 class _Ctx:
   def __init__(self):
-    self.slots = {}
+    self.slots: dict[Any, int] = {}
 
   def slot(self, v):
     s = self.slots.get(v)
@@ -273,7 +285,7 @@ def compile_block(block, ctx=None):
   prog.steps = []
   prog.segments = []
   prog.results = []
-  products = {}  # mulf results of this block -> their operands
+  products: dict[Any, tuple[Any, ...]] = {}  # mulf results of this block -> their operands
   for op in block.operations:
     op = op.operation
     name = op.name
@@ -370,21 +382,22 @@ def _steps(steps, lanes, env, mask):
         env[o] = v
 
 
-_OPS = {}
+_OPS: dict[str, Callable[..., Any]] = {}
+H = TypeVar("H", bound=Callable[..., Any])
 
 
-def op(*names):
-  def deco(f):
+def op(*names: str) -> Callable[[H], H]:
+  def deco(f: H) -> H:
     for n in names:
       _OPS[n] = f
     return f
   return deco
 
 
-def prepares(fn):
+def prepares(fn: Callable[[Any, _Ctx], Any]) -> Callable[[H], H]:
   """Gives an op handler a compile-time `prepare(op, ctx) -> static`."""
-  def deco(f):
-    f.prepare = fn
+  def deco(f: H) -> H:
+    setattr(f, "prepare", fn)  # (compile_block asks each handler for one)
     return f
   return deco
 
@@ -431,7 +444,9 @@ def _const_value(attr, t):
     except TypeError:
       vals = np.array(None)
     if vals.dtype == object or vals.size != math.prod(shape):  # (bf16, fp8: their text)
-      body = re.match(r"dense<(.*)>\s*:", str(attr)).group(1)
+      dense = re.match(r"dense<(.*)>\s*:", str(attr))
+      assert dense is not None, attr  # (how a DenseElementsAttr prints)
+      body = dense.group(1)
       try:
         vals = np.array([float(v) for v in body.replace("[", "").replace("]", "").split(",")])
       except ValueError:
@@ -471,8 +486,7 @@ def _int_binop(f, signed=False):
     else:
       r = f(_unsigned(a), _unsigned(b)) if a.dtype != bool else f(a, b)
     return np.asarray(r).astype(dt.type, copy=False) if r.dtype != dt else r
-  h.prepare = lambda o, c: _elem_dtype(_result_type(o))
-  return h
+  return prepares(lambda o, c: _elem_dtype(_result_type(o)))(h)
 
 
 def _safe(b):
@@ -550,8 +564,7 @@ def _float_binop(f):
   def h(lanes, mask, dt, a, b):
     with np.errstate(all="ignore"):
       return f(np.asarray(a, np.float64), np.asarray(b, np.float64), dt)
-  h.prepare = lambda o, c: _elem_dtype(_result_type(o))
-  return h
+  return prepares(lambda o, c: _elem_dtype(_result_type(o)))(h)
 
 
 def _exact(f):
@@ -684,8 +697,7 @@ def _math(f):
   def h(lanes, mask, dt, a):
     with np.errstate(all="ignore"):
       return rounding.to_dtype(f(np.asarray(a, np.float64)), dt)
-  h.prepare = lambda o, c: _elem_dtype(_result_type(o))
-  return h
+  return prepares(lambda o, c: _elem_dtype(_result_type(o)))(h)
 
 
 _OPS["math.sqrt"] = _math(np.sqrt)
@@ -715,11 +727,11 @@ def _broadcast(lanes, mask, shape, a):
 @prepares(lambda o, c: _i64s(_attr(o, "static_position")))
 def _vextract(lanes, mask, pos, v, *dyn):
   v = np.asarray(v)
-  dyn = iter(dyn)
+  dyns = iter(dyn)
   idx = []
   for p in pos:
     if p == _DYN64:
-      d = np.asarray(next(dyn))
+      d = np.asarray(next(dyns))
       if d.size > 1 and np.any(d != d.reshape(-1)[0]):
         raise unsupported("vector.extract at a position that differs between lanes")
       p = int(d.reshape(-1)[0])
@@ -829,10 +841,10 @@ def _kept_dims(sizes, out_shape):
                                    tuple(jx.ir.MemRefType(_result_type(o)).shape))))
 def _subview(lanes, mask, static, src, *dyn):
   offs, sizes, steps, keep = static
-  dyn = iter(dyn)
-  offs = _mixed(offs, dyn)
-  sizes = [_uniform(v, "a subview size") for v in _mixed(sizes, dyn)]
-  steps = [_uniform(v, "a subview stride") for v in _mixed(steps, dyn)]
+  dyns = iter(dyn)
+  offs = _mixed(offs, dyns)
+  sizes = [_uniform(v, "a subview size") for v in _mixed(sizes, dyns)]
+  steps = [_uniform(v, "a subview stride") for v in _mixed(steps, dyns)]
   offset = src.offset
   for o, st in zip(offs, src.strides):
     offset = offset + np.asarray(o, np.int64) * st
@@ -886,10 +898,10 @@ def _aligned_ptr(lanes, mask, _, src):
                             jx.ir.MemRefType(_result_type(o)).element_type)))
 def _reinterpret(lanes, mask, static, src, *dyn):
   offs, sizes, strides, dt = static
-  dyn = iter(dyn)
-  off = _mixed(offs, dyn)[0]
-  sizes = [_uniform(s, "a size") for s in _mixed(sizes, dyn)]
-  strides = [_uniform(s, "a stride") for s in _mixed(strides, dyn)]
+  dyns = iter(dyn)
+  off = _mixed(offs, dyns)[0]
+  sizes = [_uniform(s, "a size") for s in _mixed(sizes, dyns)]
+  strides = [_uniform(s, "a stride") for s in _mixed(strides, dyns)]
   return MemRef(src.base, np.asarray(off, np.int64), sizes, strides, dt, src.space)
 
 
@@ -1106,8 +1118,7 @@ def _lane_id(lanes, mask, _):
 def _grid_fact(field):
   def h(lanes, mask, d):
     return np.asarray([getattr(lanes, field)[d]], np.int64)
-  h.prepare = lambda o, c: _dim(o)
-  return h
+  return prepares(lambda o, c: _dim(o))(h)
 
 
 _OPS["gpu.block_dim"] = _grid_fact("block_dim")
@@ -1142,12 +1153,11 @@ _SREG = {
 def _sreg(f):
   def h(lanes, mask, dt):
     return np.asarray(f(lanes)).astype(dt)
-  h.prepare = lambda o, c: _elem_dtype(_result_type(o))
-  return h
+  return prepares(lambda o, c: _elem_dtype(_result_type(o)))(h)
 
 
-for _n, _f in _SREG.items():
-  _OPS[_n] = _sreg(_f)
+for _n, _read in _SREG.items():
+  _OPS[_n] = _sreg(_read)
 
 
 @op("nvvm.bar.warp.sync", "nvvm.fence.proxy", "nvvm.fence.proxy.acquire",
@@ -1280,7 +1290,7 @@ def _for(lanes, mask, static, lb, ub, step, *init):
 
 # Region ops evaluate their blocks in the enclosing run's environment (their
 # values are the function's SSA values).
-_ENV = []
+_ENV: list[list[Any]] = []
 
 
 def run(prog, lanes, args):

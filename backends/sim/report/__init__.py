@@ -3,6 +3,23 @@ what bounds each kernel; races and uninitialized memory. Traces for
 Perfetto, and a plot (matplotlib, the optional extra pallas-sim[plot])."""
 import dataclasses
 import json
+from typing import Protocol
+
+
+class TimeParts(Protocol):
+  """The parts of a kernel's predicted time that a summary shows
+  (timing/model.py's KernelTime, a stage above this one)."""
+
+  @property
+  def compute_s(self) -> float: ...
+  @property
+  def memory_s(self) -> float: ...
+  @property
+  def launch_s(self) -> float: ...
+  @property
+  def tail_s(self) -> float: ...
+  @property
+  def last_wave_fill(self) -> float: ...
 
 
 @dataclasses.dataclass
@@ -29,7 +46,7 @@ class KernelReport:
   hbm_bytes: int = 0          # bytes the model sends to HBM (timing.hbm_bytes)
   registers: int = 0          # estimated per lane (timing/occupancy.py)
   register_limit: int = 255
-  timing: object = None       # timing/model.KernelTime: the parts of time_s
+  timing: TimeParts | None = None  # the parts of time_s
   utilisation: dict = dataclasses.field(default_factory=dict)  # unit -> busy share
   clock_note: str = ""  # where the SMs' clock came from (bound.clock_note)
   tensor_f16_flops: float = 0.0  # tensor work as f16 FLOP (timing/power.py)

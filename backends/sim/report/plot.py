@@ -21,7 +21,8 @@ def save(report, path):
   plt = _pyplot()
   gpu = gpus.get(report.gpu, report.clock_mhz)
   fig, (tl, roof) = plt.subplots(1, 2, figsize=(14, 5), width_ratios=(3, 2))
-  rows, t0 = {}, 0.0
+  rows: dict[str, int] = {}
+  t0 = 0.0
   colors = {"TMA engine": "tab:blue", "tensor core": "tab:orange"}
   for k in report.kernels:
     us = 1e6 / k.clock_hz

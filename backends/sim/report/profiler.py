@@ -23,7 +23,7 @@ import dataclasses
 import json
 import os
 import time
-
+from collections.abc import Sequence
 
 from pallas_sim.errors import KernelError
 from pallas_sim.backends.sim.base import jax_internals as jx
@@ -73,7 +73,8 @@ def without_profiler(compiler_params):
   return compiler_params
 
 
-def scope_changes(names_before, names):
+def scope_changes(names_before: Sequence[str], names: Sequence[str]
+                  ) -> tuple[int, Sequence[str]]:
   """(how many regions to close, names of those to open) between two name
   stacks, as the lowering's _compute_name_stack_updates."""
   common = 0

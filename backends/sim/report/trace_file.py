@@ -22,7 +22,7 @@ def events(report):
   ids = 0
   for k_i, k in enumerate(report.kernels):
     us = 1e6 / k.clock_hz
-    pids = {}
+    pids: dict[int, int] = {}
 
     def pid(sm):
       p = pids.get(sm)

@@ -20,6 +20,7 @@ import enum
 import functools
 import heapq
 import math
+from typing import Any
 
 import numpy as np
 
@@ -81,7 +82,7 @@ class Engines:
     # L2, at a site whose sources the wave's blocks share (set_loads)
     self.byte_cycles = byte_cycles or {}
     self.l2_work = 0.0  # cycles of that share its transfers took
-    self.loads = [] if loads else None  # its Loads (LaunchTiming.hbm_reads_traced)
+    self.loads: list[Any] | None = [] if loads else None  # its Loads (LaunchTiming.hbm_reads_traced)
     self.path = None  # the control decisions it took, where blocks/paths.py follows them
     self.tma_free = 0.0
     self.tc_free = 0.0
@@ -526,7 +527,8 @@ class LaunchTiming:
     (buffer, offset, box); a load from a source not in it misses. `loads`:
     block number -> its Loads (or tuples that begin like them)."""
     l2 = self.timing.gpu.l2_bytes
-    cache, used, reads = collections.OrderedDict(), 0, 0
+    cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+    used, reads = 0, 0
     n = self.num_blocks
     for w in range(self.waves):
       wave = [ev for b in range(w * self.slots, min(n, (w + 1) * self.slots))

@@ -8,6 +8,9 @@ differ in their last bits). For race detection an atomic update is a write
 that does not race with other atomic updates, but does with plain accesses
 that are not ordered with it.
 """
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 from jax import tree_util
 
@@ -30,7 +33,7 @@ class unsigned:  # noqa: N801 (used as a function; a class so that it pickles)
 
 # int32 max and min compare as unsigned: the lowering (jax 0.11.2) emits
 # u32 atomics for them (measured on an H200: benchmarks/atomic_probe.py).
-OPS = {  # (also async_store_smem's, interpret/rules/tma.py)
+OPS: dict[str, Callable[..., Any]] = {  # (also async_store_smem's, interpret/rules/tma.py)
     "add": np.add, "max": unsigned(np.maximum), "min": unsigned(np.minimum),
     "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
 }

@@ -6,6 +6,8 @@ the walker's structure of the equation, as the analyses do.
 Each rule compiles its bodies once; when no body can block, the loop runs as
 a plain function, otherwise as a generator that forwards the body's waits.
 """
+from typing import Any
+
 import numpy as np
 
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
@@ -30,9 +32,12 @@ def _runaway(wg, iteration, limit):
 
 @rule("scan")
 def _scan(eqn, cx):
-  form = walker.structure(eqn)
+  form = walker.form_of(eqn, walker.Scan)
   body = cx.compile(form.given[0])
   length, reverse = form.length, eqn.params["reverse"]
+  # (jax binds a scan's length, and counts its consts and carry, in every
+  # release of the window: walker.scan_counts)
+  assert length is not None and form.counts is not None, eqn.params
   nc, ncarry = form.counts
   order = range(length - 1, -1, -1) if reverse else range(length)
 
@@ -55,7 +60,7 @@ def _scan(eqn, cx):
   # plain and gen are the same loop; gen forwards the body's waits.
   def plain(wg, *args):
     consts, carry, xs = split(args)
-    ys = [[] for _ in range(nys)]
+    ys: list[list[Any]] = [[] for _ in range(nys)]
     for iteration in order:
       carry = collect(run_plain(
           body, consts + carry + [x[iteration] for x in xs], wg), ys)
@@ -65,7 +70,7 @@ def _scan(eqn, cx):
 
   def gen(wg, *args):
     consts, carry, xs = split(args)
-    ys = [[] for _ in range(nys)]
+    ys: list[list[Any]] = [[] for _ in range(nys)]
     for iteration in order:
       carry = collect((yield from run_gen(
           body, consts + carry + [x[iteration] for x in xs], wg)), ys)
@@ -78,7 +83,7 @@ def _scan(eqn, cx):
 
 @rule("while")
 def _while(eqn, cx):
-  form = walker.structure(eqn)
+  form = walker.form_of(eqn, walker.While)
   cond, body = map(cx.compile, form.given)
   cn, bn = form.cond_consts, form.body_consts
   limit = cx.max_cycles
@@ -108,7 +113,7 @@ def _while(eqn, cx):
 
 @rule("cond")
 def _cond(eqn, cx):
-  branches = [cx.compile(b) for b in walker.structure(eqn).given]
+  branches = [cx.compile(b) for b in walker.form_of(eqn, walker.Cond).given]
   last = len(branches) - 1
 
   def pick(i):
@@ -125,7 +130,7 @@ def _cond(eqn, cx):
 
 @rule(*walker.CALLS)
 def _call(eqn, cx):
-  body = cx.compile(walker.structure(eqn).given[0])
+  body = cx.compile(walker.form_of(eqn, walker.Call).given[0])
 
   def plain(wg, *args):
     return run_plain(body, list(args), wg)

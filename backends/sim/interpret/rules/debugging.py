@@ -73,7 +73,7 @@ def _render(pieces, values):
 @rule("debug_print")
 def _debug_print(eqn, cx):
   p = eqn.params
-  if p.get("ordered"):
+  if jx.param(eqn, "ordered"):
     raise UnsupportedPrimitiveError("Ordered debug_print is not supported on Pallas.")
   avals = [v.aval for v in eqn.invars]
   args, kwargs = jx.debugging.merge_callback_args(p["in_tree"], avals, p["static_args"])
@@ -129,7 +129,7 @@ def _debug_check(eqn, cx):
   FailedCheckError, pallas_core = jx.FailedCheckError, jx.pallas_core
   import jax
   p = eqn.params
-  if not p.get("debug", False):
+  if not jx.param(eqn, "debug"):
     raise UnsupportedPrimitiveError(
         "Non-debug checks are not supported by the Mosaic GPU backend. "
         "Functionalize them via `jax.experimental.checkify`.")

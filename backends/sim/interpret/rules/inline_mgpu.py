@@ -32,6 +32,7 @@ hand-off, as the PTX memory model's proxy-preserved causality order allows.
 import contextlib
 import functools
 import math
+from typing import Any
 
 import numpy as np
 from jax import tree_util
@@ -158,6 +159,9 @@ class _Marker:
 
 class _Built:
   __slots__ = ("prog", "markers", "kinds")
+  prog: mlir_eval.Program
+  markers: list[tuple[str, dict[str, Any]]]  # (kind, keywords) per marker op
+  kinds: list[tuple[Any, ...]]               # the arguments' kinds (_build)
 
 
 def _build(eqn, kinds, warp):
@@ -169,7 +173,7 @@ def _build(eqn, kinds, warp):
   ctx = jx.mlir.make_ir_context()
   mgpu.dialect.register_dialect(ctx)
   ctx.allow_unregistered_dialects = True
-  markers = []
+  markers: list[tuple[str, dict[str, Any]]] = []
   with ctx, ir.Location.unknown():
     module = ir.Module.create()
     i32 = ir.IntegerType.get_signless(32)
@@ -220,7 +224,9 @@ def _as_fragmented(kind, ref):
   signed = mgpu.utils.is_signed(np.dtype(dtype))
   lay = layout.to_mgpu() if layout is not None else mgpu.WGSplatFragLayout(shape)
   if not shape or isinstance(lay, mgpu.WGSplatFragLayout):
-    c0 = arith.constant(ir.IndexType.get(), 0)
+    # (jaxlib's arith.py redefines constant(result, value) over the generated
+    # constant(result, value_attr...): mypy keeps the generated one)
+    c0 = arith.constant(ir.IndexType.get(), 0)  # type: ignore[call-arg, arg-type]
     v = memref.load(ref, [c0] * len(shape))
     return mgpu.FragmentedArray.splat(v, tuple(shape), lay, is_signed=signed) if shape \
         else mgpu.FragmentedArray.splat(v, (), is_signed=signed)
@@ -232,7 +238,9 @@ def _as_fragmented(kind, ref):
 
 def _store(fa, out):
   if isinstance(fa.layout, mgpu.WGSplatFragLayout):
-    c0 = arith.constant(ir.IndexType.get(), 0)
+    # (jaxlib's arith.py redefines constant(result, value) over the generated
+    # constant(result, value_attr...): mypy keeps the generated one)
+    c0 = arith.constant(ir.IndexType.get(), 0)  # type: ignore[call-arg, arg-type]
     memref.store(fa.registers.flat[0], out, [c0] * len(fa.shape))
   else:
     fa.store_untiled(out, optimized=False)
@@ -284,7 +292,7 @@ def _addresses(m):
 def _gmem_view(addr, gmem_slice, transforms):
   """GMEM element addresses sliced by `gmem_slice` and transformed into the
   SMEM ref's shape (tiling, transposition), as a TMA copy maps them."""
-  sl = []
+  sl: list[int | np.integer | slice] = []
   for s in (gmem_slice if isinstance(gmem_slice, tuple) else (gmem_slice,)):
     if isinstance(s, mgpu.DynamicSlice):
       if not isinstance(s.base, (int, np.integer)):
@@ -348,7 +356,7 @@ def _inline_mgpu(eqn, cx):
   where = cx.where(eqn)
   launch = cx.launch
   latency = cx.timing.barrier_latency
-  cache = {}
+  cache: dict[tuple[tuple[tuple[Any, ...], ...], bool], _Built] = {}
 
   def inline_mgpu(wg, *operands):
     args = operands[:n_args]

@@ -5,10 +5,13 @@ as the hardware's). Integer division and remainder follow lax (truncation
 toward zero), not NumPy's floor semantics.
 """
 import math
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import rule
 from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.machine.numerics import division, rounding
@@ -71,8 +74,8 @@ def _rem(x, y):
   if dt.kind in "iu" and type(x) is not np.ndarray and type(y) is not np.ndarray:
     # (scalars, the common case: a loop index mod a slot count)
     xi, yi = int(x), int(y)
-    r = 0 if yi == 0 else abs(xi) % abs(yi) * (1 if xi >= 0 else -1)
-    return dt.type(r)
+    ri = 0 if yi == 0 else abs(xi) % abs(yi) * (1 if xi >= 0 else -1)
+    return dt.type(ri)
   if dt.kind in "iu":
     xa, ya = np.asarray(x, np.int64), np.asarray(y, np.int64)
     r = np.fmod(xa, np.where(ya == 0, 1, ya))
@@ -224,7 +227,7 @@ def _ipow(eqn, cx):
 
 @rule("round")
 def _round_rule(eqn, cx):
-  m = eqn.params.get("rounding_method", 0)
+  m = jx.param(eqn, "rounding_method")
   return lambda wg, x: _round(x, m)
 
 
@@ -458,8 +461,10 @@ rule("argmin")(_arg(np.argmin))
 def _cum(eqn, cx):
   name = eqn.primitive.name
   axis, rev = eqn.params["axis"], eqn.params["reverse"]
-  fn = {"cumsum": np.cumsum, "cumprod": np.cumprod,
-        "cummax": np.maximum.accumulate, "cummin": np.minimum.accumulate}[name]
+  fns: dict[str, Callable[..., Any]] = {
+      "cumsum": np.cumsum, "cumprod": np.cumprod,
+      "cummax": np.maximum.accumulate, "cummin": np.minimum.accumulate}
+  fn = fns[name]
 
   def f(wg, x):
     y = np.flip(x, axis) if rev else x

@@ -128,7 +128,10 @@ def _allocator(aval, transforms, label, launch, inferred_swizzle=None):
   shape = tuple(inner.shape)
   tiling, swizzle = refview.tiling_of(transforms)
   if tiling is not None:
-    shape = tuple(jx.gpu_core.UntilingTransform(tiling).transform_type(inner).shape)
+    # (jax's Transform protocol declares transform_array with a raising body,
+    # which mypy takes as abstract; UntilingTransform is concrete)
+    untile = jx.gpu_core.UntilingTransform(tiling)  # type: ignore[abstract]
+    shape = tuple(untile.transform_type(inner).shape)
   if space == "smem":
     def smem(block, key):
       buf = memory.Buffer(label, "smem", memory.poison(shape, dt), tiling, swizzle,
@@ -190,8 +193,8 @@ def peer_ref(peer, ref):
 
 @rule("run_scoped")
 def _run_scoped(eqn, cx):
-  jaxpr = walker.structure(eqn).given[0]
-  ref_transforms = eqn.params.get("ref_transforms") or ()
+  jaxpr = walker.form_of(eqn, walker.Call).given[0]
+  ref_transforms = jx.param(eqn, "ref_transforms") or ()
   base = cx.smem_base
   ranges, cx.smem_base = resources.scope_layout([v.aval for v in jaxpr.invars], base)
   try:
@@ -256,7 +259,7 @@ def _run_state(eqn, cx):
   passed in is passed out, and the others take, in order, the body's own
   outputs first and then the final values of the refs (so `run_state(f)` of
   an accumulator returns what `f` returns, when it returns anything)."""
-  jaxpr = walker.structure(eqn).given[0]
+  jaxpr = walker.form_of(eqn, walker.RunState).given[0]
   prog = cx.compile(jaxpr)
   inits = eqn.params["is_initialized"]
   avals = [v.aval for v in jaxpr.invars]

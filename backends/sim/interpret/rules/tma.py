@@ -385,7 +385,7 @@ def _commit(wg, timing, after=0.0):
                                         hbm_cost=cost)
     blk.stats.tma_store_bytes += nbytes
     blk.stats.hbm_write_cost += nbytes * cost
-    snap = []
+    snap: list[np.ndarray] = []
 
     def read(s=s, sview=sview, snap=snap, where=where):
       blk.hb.store_read(op, s, where)

@@ -22,7 +22,7 @@ DIVERGED = -1  # bar_waits: the warps waited on this barrier unequally
 
 @rule("mpmd_map")
 def _mpmd_map(eqn, cx):
-  meshes, jaxprs = eqn.params["meshes"], walker.structure(eqn).given
+  meshes, jaxprs = eqn.params["meshes"], walker.form_of(eqn, walker.Call).given
   where = cx.where(eqn)
   if len(jaxprs) != 1 or not isinstance(meshes[0], jx.gpu_core.WarpMesh):
     raise UnsupportedPrimitiveError(

@@ -18,6 +18,7 @@ H800), and f16/bf16/tf32 ones differ from a round-to-nearest f32 sum in the
 last bits. Non-finite terms propagate as in an ordinary sum.
 """
 import math
+from typing import Any
 
 import numba
 import numpy as np
@@ -350,7 +351,7 @@ def _lookup(bits, table):
   return out.reshape(bits.shape)
 
 
-_TABLES = {}  # dtype -> float32 value of each bit pattern
+_TABLES: dict[Any, Any] = {}  # dtype -> float32 value of each bit pattern
 
 
 def values_f32(x):
