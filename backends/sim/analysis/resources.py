@@ -13,8 +13,10 @@ rules and numbers (jax 0.11.2, jax/_src/pallas/mosaic_gpu/lowering.py
 The error message is the lowering's, word for word.
 """
 import collections
+import dataclasses
 import math
 import re
+from typing import Any
 
 from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.base import jax_internals as jx
@@ -95,6 +97,20 @@ def _eqn_need(eqn, reduction_bytes):
 
 
 _LOOKED_INTO = frozenset(("cond", "scan", "jit", "pjit", "run_state", "while"))
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelResources:
+  """What a kernel body allocates and holds, read once before it runs."""
+  smem: int                  # the bytes the lowering requests (smem_bytes)
+  barriers: int              # the barriers a block can have (barrier_count)
+  primitives: frozenset[str]  # every primitive in it (primitive_names)
+
+
+def of(kernel_jaxpr: Any) -> KernelResources:
+  """The kernel body's KernelResources."""
+  return KernelResources(smem_bytes(kernel_jaxpr), barrier_count(kernel_jaxpr),
+                         frozenset(primitive_names(kernel_jaxpr)))
 
 
 def smem_bytes(kernel_jaxpr, reduction_bytes=REDUCTION_SCRATCH_BYTES):

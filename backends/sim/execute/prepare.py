@@ -78,7 +78,8 @@ class Preparer:
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: {extra} kernel-level scratch operands "
           "(pallas_call scratch_shapes) are not modelled", where=launch.where)
-    smem = resources.smem_bytes(jaxpr)
+    res = resources.of(jaxpr)
+    smem = res.smem
     if launch.profile is not None:  # (the profiler's buffer is in SMEM too)
       smem += launch.profile.smem_bytes(launch.num_threads)
     resources.check_smem(smem, self.gpu, where=launch.where)
@@ -101,7 +102,7 @@ class Preparer:
     cx = Compiler(self.timing, launch, self.options.max_cycles, numerics,
                   skip_float_values=skip_float_values)
     program = cx.compile(jaxpr)
-    names = resources.primitive_names(jaxpr)
+    names = res.primitives
     # Operands that are semaphores (plgpu.alloc_semaphore): global too.
     sem_inputs = frozenset(
         i for i, v in enumerate(jaxpr.invars[:launch.num_inputs])
@@ -110,7 +111,7 @@ class Preparer:
     together = "get_global" in names or bool(sem_inputs)
     p = Prepared(
         jaxpr=jaxpr, program=program, smem=smem,
-        barriers=resources.barrier_count(jaxpr),
+        barriers=res.barriers,
         # Warps of a warp_map get clock components of their own.
         warps=WARPS_PER_WARPGROUP if "mpmd_map" in names else 0,
         together=together, sem_inputs=sem_inputs,
