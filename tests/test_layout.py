@@ -289,7 +289,9 @@ def _private_reach(src):
 
 
 def _test_files():
-  return sorted(p for p in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True)
+  """The product's tests and the lab's (lab/tests: its tools' own)."""
+  return sorted(p for top in (("tests",), ("lab", "tests"))
+                for p in glob.glob(os.path.join(ROOT, *top, "**", "*.py"), recursive=True)
                 if "__pycache__" not in p)
 
 

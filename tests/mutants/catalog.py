@@ -1052,7 +1052,7 @@ MUTANTS = [
            "the data misses again); the mutant counts a buffer once over all sites",
            "                                source=((site, s.buf), s.buf.nbytes),\n",
            "                                source=(s.buf, s.buf.nbytes),\n",
-           ("tests/test_hbm_model.py", "tests/test_lab_families.py")),
+           ("tests/test_hbm_model.py", "lab/tests/test_lab_families.py")),
     Mutant("reduce-costs-its-output", "backends/sim/timing/model.py",
            "a reduction's ALU work is over the elements it reduces; the mutant charges "
            "the few it returns",

@@ -8,7 +8,7 @@ import pytest
 
 from lab import measure_gpu
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _steps(plan):
