@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = r'''
 import json, statistics, sys, time
 import numpy as np, jax, jax.numpy as jnp
-sys.path[:0] = [sys.argv[1] + "/examples", sys.argv[1] + "/tests"]
+sys.path[:0] = [sys.argv[3], sys.argv[1] + "/examples", sys.argv[1] + "/tests"]
 import pallas_sim as ps
 import pallas_sim.backends.sim as _sim
 assert _sim.__file__.startswith(sys.argv[3]), (_sim.__file__, sys.argv[3])
