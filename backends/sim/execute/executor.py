@@ -15,7 +15,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -100,16 +100,17 @@ class Executor:
     self._running: tuple[Any, ...] | None = None
     self.launches = 0        # launches received (a Ray task finds its own by it)
 
-  def record_error(self, e):
+  def record_error(self, e: BaseException) -> None:
     self.errors.append(e)
 
-  def prepare(self, launch):
+  def prepare(self, launch: KernelLaunch) -> Prepared:
     return self.preparer.prepare(launch)
 
-  def check_lowering(self, launch, lower, where=None):
+  def check_lowering(self, launch: KernelLaunch, lower: Callable[[float | None], Any],
+                     where: str | None = None) -> None:
     return self.preparer.check_lowering(launch, lower, where)
 
-  def execute(self, launch, arrays):
+  def execute(self, launch: KernelLaunch, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Runs one launch; returns its outputs. After a Ctrl-C (here or in an
     earlier launch) returns poison at once: the API raises KeyboardInterrupt
     when the user's function returns."""
@@ -130,7 +131,8 @@ class Executor:
         sys.stderr.flush()
     return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
 
-  def estimated(self, launch, arrays, **changes):
+  def estimated(self, launch: KernelLaunch, arrays: Sequence[np.ndarray],
+                **changes: Any) -> "Executor":
     """The launch run again as ps.estimate runs it (no tensor-core sums, no
     checks, one block per class), with these options changed: the Executor
     that ran it. Nothing the user sees twice: no profile written, no
@@ -146,7 +148,7 @@ class Executor:
       clock.settle(ex, launch, arrays)  # (as execute: at the clock its power allows)
     return ex
 
-  def _where_interrupted(self, exc):
+  def _where_interrupted(self, exc: BaseException) -> str:
     """Where every thread of the block running at a Ctrl-C was."""
     if self._running is None:
       return "pallas-sim: interrupted before any block ran"
@@ -163,7 +165,7 @@ class Executor:
     lines += backtrace(group.sched.tasks if group else (), exc.__traceback__)
     return "\n".join(lines)
 
-  def _replay(self, launch, arrays):
+  def _replay(self, launch: KernelLaunch, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     """In a Ray task: the launch it was given runs the groups of its task
     (ray_engine.Replay); every other launch runs as usual before it, and
     not at all after it (poison: the task's work is done)."""
@@ -196,7 +198,9 @@ class Executor:
     # (the kernel wrote an input it was lent read-only: buffers.py)
     return self.run_launch(launch, arrays, copy_inputs=True)
 
-  def _semaphores_again(self, launch, arrays, copy_inputs, sem_order, sem_round):
+  def _semaphores_again(self, launch: KernelLaunch, arrays: Sequence[np.ndarray],
+                        copy_inputs: bool, sem_order: SemOrder, sem_round: int
+                        ) -> list[np.ndarray]:
     """The launch once more, its semaphore waits acquiring only the signals
     they need (checks/semaphore_order.py): what this run found is dropped,
     and what it printed is not printed again. In this process: a Ray task
@@ -206,7 +210,7 @@ class Executor:
       return self._execute_once(launch, arrays, True, copy_inputs, sem_order, sem_round)
 
   @contextlib.contextmanager
-  def _options(self, **changes):
+  def _options(self, **changes: Any) -> Iterator[None]:
     """self.options with these changed, for a run of a launch again."""
     options = self.options
     self.options = dataclasses.replace(options, **changes)
@@ -215,7 +219,8 @@ class Executor:
     finally:
       self.options = options
 
-  def _garbage_reaches(self, launch, arrays, out_bufs, copy_inputs):
+  def _garbage_reaches(self, launch: KernelLaunch, arrays: Sequence[np.ndarray],
+                       out_bufs: list[memory.Buffer], copy_inputs: bool) -> tuple[Any, ...]:
     """After a launch that read memory nothing wrote: the launch once more
     with other bits in that memory (seeded, no checks). () when every output
     element the first run wrote comes out the same (what it read there
@@ -282,7 +287,8 @@ class Executor:
                            release_bytes=self.tuning.release_bytes,
                            profile=s.recorder, sem_order=s.sem_order or {}))
 
-  def _by_iterations(self, plan, loop, launch, s, merge, trace):
+  def _by_iterations(self, plan: extrapolate.Plan, loop: Any, launch: KernelLaunch,
+                     s: LaunchSetup, merge: Merge, trace: list[Any]) -> int:
     """Runs an extrapolate.Plan's blocks, their persistent loop cut down to
     its iterations, and merges every block's result from theirs: how many
     blocks ran."""
@@ -303,8 +309,10 @@ class Executor:
       merge.group(plan.result(members[0][0]))
     return len(plan.runs)
 
-  def _execute_once(self, launch, arrays, serial=False, copy_inputs=False,
-                    sem_order=None, sem_round=0):
+  def _execute_once(self, launch: KernelLaunch, arrays: Sequence[np.ndarray],
+                    serial: bool = False, copy_inputs: bool = False,
+                    sem_order: SemOrder | None = None, sem_round: int = 0
+                    ) -> list[np.ndarray]:
     t0 = time.perf_counter()
     s = self._setup(launch, arrays, copy_inputs, sem_order)
     prep, groups, runner = s.prep, s.groups, s.runner

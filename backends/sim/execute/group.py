@@ -3,7 +3,7 @@ cluster (they share barriers and multicast). Groups of a launch are
 unordered with each other; each returns a GroupResult that the executor
 merges in block order."""
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -44,7 +44,8 @@ class Group:
   of its GMEM writes. `check_init`: SMEM it allocates is tracked for
   uninitialized reads (checks/initcheck.py)."""
 
-  def __init__(self, timing, log, events, detached, check_init=False):
+  def __init__(self, timing: Timing, log: RaceLog, events: list[Any], detached: bool,
+               check_init: bool = False) -> None:
     self.sched = Scheduler()
     self.timing = timing
     self.log = log        # races.RaceLog: the launch's sites
@@ -53,15 +54,15 @@ class Group:
     # a detached group's GMEM writes (GmemWrite), replayed at the merge
     self.writes: list[GmemWrite] | None = [] if detached else None
     self.check_init = check_init
-    self.blocks = []
-    self.by_cluster = {}  # cluster coordinates -> Block
+    self.blocks: list[Block] = []
+    self.by_cluster: dict[tuple[int, ...], Block] = {}  # cluster coordinates -> Block
     self.number = 0       # the group's number in the launch (its first block's)
-    self.makers = {}      # run_scoped equation id -> its allocators (peer lookups)
-    self.cluster_axes = {}  # cluster axis name -> (dimension, size)
-    self.globals = {}       # get_global's semaphores (the launch's)
-    self.profile = None     # profiler.Recorder, when the kernel is profiled
+    self.makers: dict[int, Any] = {}  # run_scoped equation id -> its allocators (peer lookups)
+    self.cluster_axes: dict[Any, tuple[int, int]] = {}  # cluster axis name -> (dimension, size)
+    self.globals: dict[Any, Any] = {}  # get_global's semaphores (the launch's)
+    self.profile: Recorder | None = None  # when the kernel is profiled
 
-  def peers(self, block, axes, line=False):
+  def peers(self, block: Block, axes: Sequence[Any], line: bool = False) -> list[Block]:
     """The blocks of this group whose cluster coordinates equal `block`'s
     except along the cluster axes `axes` (names or tuples of names): all
     of them (line=False, a multicast), or those differing along at most
@@ -79,7 +80,8 @@ class Group:
         out.append(blk)
     return out
 
-  def read(self, ref, agent, prim, where, thread, block, replayed=False):
+  def read(self, ref: Any, agent: str, prim: str, where: str, thread: int, block: Block,
+           replayed: bool = False) -> None:
     """A read through `ref` by `agent` ("thread", "tma_load", "tma_store",
     "wgmma"): elements nothing wrote before it are an event. `replayed`: the
     read of a reduction, which the merge replays (its value is not used)."""
@@ -104,10 +106,11 @@ class Group:
       self.events.append(Uninit(agent, prim, where, ref.buf.name, thread, block.index,
                                 rng, ref.buf.space == "smem"))
 
-  def misuse(self, kind, site, block, text):
+  def misuse(self, kind: str, site: Any, block: Block, text: str) -> None:
     self.events.append(RaceFound(kind, None, site, block.index, "", text))
 
-  def wrote(self, ref, reduce=None, operand=None):
+  def wrote(self, ref: Any, reduce: Callable[[Any, Any], Any] | None = None,
+            operand: Any = None) -> None:
     """A write through `ref` happened: its elements count as written. GMEM
     writes are logged when the group is detached or logged, as the values
     written, or for a reduction (atomics, TMA reductions: combine(old,
@@ -176,7 +179,8 @@ class GroupRunner:
                          else {}) for w in range(nt)]
     self.suffix = [f" thread {w}" if nt > 1 else "" for w in range(nt)]
 
-  def run(self, members, trace=None, log_writes=False):
+  def run(self, members: Sequence[tuple[int, tuple[int, ...], tuple[int, ...]]],
+          trace: list[Any] | None = None, log_writes: bool = False) -> GroupResult:
     """Runs the blocks `members` ((launch position, grid index, cluster
     index) triples: a block, or the blocks of one cluster) to completion as
     one group. `log_writes`: log GMEM writes without copying GMEM (a worker
@@ -233,7 +237,7 @@ class GroupRunner:
     return result
 
 
-def _free(group):
+def _free(group: Group) -> None:
   """Blocks, warpgroups and their buffers reference each other: free the
   SMEM now rather than at some later cyclic collection (a launch of
   thousands of blocks would hold all of theirs until then). A barrier names
@@ -252,7 +256,8 @@ def _free(group):
   group.makers.clear()
 
 
-def _warpgroup(prog, refs, wg, launch, group):
+def _warpgroup(prog: Any, refs: list[Any], wg: Warpgroup, launch: KernelLaunch,
+               group: Group) -> Generator[Any, Any, None]:
   """A warpgroup's coroutine; at its end, TMA stores whose SMEM reads it
   never awaited are reported: the lowering does not wait for them at the end
   (jax 0.11.2 awaits only in wait_smem_to_gmem), and the SMEM they read may

@@ -18,6 +18,7 @@ import os
 import threading
 import traceback
 import warnings
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
@@ -44,7 +45,7 @@ SIM_PARAMS = SimParams()
 
 
 @contextlib.contextmanager
-def force_sim():
+def force_sim() -> Iterator[None]:
   """Context manager: kernels traced inside are routed to the simulator,
   their equations located where they are traced (jx.real_tracebacks)."""
   with jx.interpret_params_module.force_gpu_interpret_mode(SIM_PARAMS), \
@@ -93,21 +94,21 @@ class KernelLaunch:
 _active: list[Any] = []  # executors (execute/executor.Executor), innermost last
 
 
-def push_executor(ex):
+def push_executor(ex: Any) -> None:
   _active.append(ex)
 
 
-def pop_executor(ex):
+def pop_executor(ex: Any) -> None:
   _active.remove(ex)
 
 
-def active_gpu():
+def active_gpu() -> Any:
   """The GPU model of the simulation running now (an H100 outside one)."""
   from pallas_sim import gpus
   return _active[-1].gpu if _active else gpus.get("h100")
 
 
-def _active_executor(launch):
+def _active_executor(launch: KernelLaunch) -> Any:
   if not _active:
     raise SimError(f"kernel {launch.name} was traced for the simulator but runs "
                    "outside ps.simulate / ps.backend('sim'): re-trace it there "
@@ -116,7 +117,7 @@ def _active_executor(launch):
   return _active[-1]
 
 
-def execute(launch, *arrays):
+def execute(launch: KernelLaunch, *arrays: Any) -> tuple[np.ndarray, ...]:
   """Runs in the io_callback (or, for ps.estimate given shapes, straight
   from frontend/shapes_only.py). Never raises: an exception escaping a callback
   leaves the runtime's ordered-effects token in error on a GPU, failing every
@@ -153,7 +154,7 @@ except (OSError, AttributeError, TypeError):
 
 
 @contextlib.contextmanager
-def _ieee_subnormals():
+def _ieee_subnormals() -> Iterator[None]:
   if _libm is None:
     yield
     return
@@ -167,12 +168,12 @@ def _ieee_subnormals():
     _libm.fesetenv(saved)
 
 
-def force_real():
+def force_real() -> Any:
   """Context manager: kernels traced inside use the real lowering."""
   return jx.interpret_params_module.force_gpu_interpret_mode(None)  # type: ignore[arg-type]  # (None: no interpret mode, as JAX's own callers pass it)
 
 
-def _mesh_info(mesh, grid_mapping):
+def _mesh_info(mesh: Any, grid_mapping: Any) -> tuple[Any, ...]:
   if mesh is not None:
     nt = mesh.num_threads or 1
     return (tuple(mesh.grid), tuple(mesh.grid_names), tuple(mesh.cluster),
@@ -182,21 +183,23 @@ def _mesh_info(mesh, grid_mapping):
   return grid, names, (), (), 1, None
 
 
-def _mosaic_params(kw):
+def _mosaic_params(kw: dict[str, Any]) -> Any:
   """The kernel's plgpu.CompilerParams (passed alone or under "mosaic_gpu")."""
   params = kw.get("compiler_params")
   return params.get("mosaic_gpu") if isinstance(params, dict) else params
 
 
-def lane_semantics(kw):
+def lane_semantics(kw: dict[str, Any]) -> bool:
   """Whether the kernel asks for Lane lowering semantics, which infers no
   SMEM transforms (the default, Warpgroup, does: analysis/smem_swizzle.py)."""
   sem = getattr(_mosaic_params(kw), "lowering_semantics", None)
   return getattr(sem, "name", str(sem)).lower() == "lane"
 
 
-def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
-                  out_avals, name=None, unknown_inputs=None, **kw):
+def kernel_launch(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, mesh: Any,
+                  input_output_aliases: Any, out_avals: Sequence[Any],
+                  name: str | None = None, unknown_inputs: frozenset[int] | None = None,
+                  **kw: Any) -> KernelLaunch:
   """The KernelLaunch of one kernel given its operands (arrays, tracers or
   avals), checked as it is lowered: the static checks (shared memory,
   unsupported primitives) raise here, where an exception reaches the caller
@@ -239,7 +242,7 @@ def kernel_launch(args, *, jaxpr, grid_mapping, mesh, input_output_aliases,
   return launch
 
 
-def is_sim_kernel(eqn):
+def is_sim_kernel(eqn: Any) -> bool:
   """Whether a jaxpr equation is a kernel traced for the simulator that
   equation_launch can launch: a pallas_call, or plgpu.kernel's mpmd_map on
   one mesh (several meshes, or external ones, the lowering refuses)."""
@@ -251,7 +254,8 @@ def is_sim_kernel(eqn):
           and not eqn.params["external_meshes"])
 
 
-def equation_launch(eqn, operands, unknown_inputs=frozenset()):
+def equation_launch(eqn: Any, operands: Sequence[Any],
+                    unknown_inputs: frozenset[int] = frozenset()) -> KernelLaunch:
   """kernel_launch for a kernel equation (is_sim_kernel) and its operands
   (`unknown_inputs`: KernelLaunch.unknown_inputs)."""
   p = dict(eqn.params)
@@ -265,7 +269,8 @@ def equation_launch(eqn, operands, unknown_inputs=frozenset()):
   return kernel_launch(operands, unknown_inputs=unknown_inputs, **p)
 
 
-def _sim_interpret_pallas_call(*args, out_avals, **params):
+def _sim_interpret_pallas_call(*args: Any, out_avals: Sequence[Any], **params: Any
+                               ) -> list[Any]:
   launch = kernel_launch(args, out_avals=out_avals, **params)
   shapes = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
   outs = jx.callback.io_callback(
@@ -281,7 +286,8 @@ _LOWERED: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 _LOWERED_MAX = 512
 
 
-def lowering_error_once(args, timeout=None, **params):
+def lowering_error_once(args: Sequence[Any], timeout: float | None = None, **params: Any
+                        ) -> tuple[BaseException, str | None] | None:
   """real_lowering_error, or None at once for a kernel accepted before."""
   key = lowering_key(args, **params)
   if key in _LOWERED:
@@ -295,7 +301,7 @@ def lowering_error_once(args, timeout=None, **params):
   return err
 
 
-def lowering_key(args, **params):
+def lowering_key(args: Sequence[Any], **params: Any) -> str:
   """Everything the real lowering sees, as text: the kernel's jaxprs (their
   printed form names every equation, its params and avals), the operands'
   shapes and dtypes, and every other parameter, field by field (a
@@ -312,7 +318,7 @@ def lowering_key(args, **params):
           + "|".join(f"{k}={_as_text(v)}" for k, v in sorted(params.items())))
 
 
-def _as_text(v):
+def _as_text(v: Any) -> str:
   if isinstance(v, jx.Jaxpr):
     return str(v)
   if dataclasses.is_dataclass(v) and not isinstance(v, type):
@@ -326,8 +332,10 @@ def _as_text(v):
   return repr(v)
 
 
-def real_lowering_error(args, *, jaxpr, grid_mapping, mesh,
-                        input_output_aliases, out_avals, name, timeout=None, **kw):
+def real_lowering_error(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, mesh: Any,
+                        input_output_aliases: Any, out_avals: Sequence[Any], name: str,
+                        timeout: float | None = None, **kw: Any
+                        ) -> tuple[BaseException, str | None] | None:
   """Lowers the kernel with JAX's own Mosaic GPU lowering (the one a Hopper
   GPU runs; it needs no GPU: `jax.export` for platform "cuda"). Returns
   (the exception it raises, the user's file:line), or None when it lowers;
@@ -362,7 +370,7 @@ class LoweringTimedOut(BaseException):
   """Raised inside the lowering when its time is up. A BaseException, so
   that the lowering's own `except Exception` blocks let it through."""
 
-  def where(self):
+  def where(self) -> str | None:
     """Which pass of the lowering it was in: the outermost frame in Mosaic
     GPU's own passes (layout inference...), else the innermost in JAX."""
     jax_dir = os.sep + "jax" + os.sep
@@ -376,7 +384,7 @@ class LoweringTimedOut(BaseException):
 
 
 @contextlib.contextmanager
-def _time_limit(seconds):
+def _time_limit(seconds: float | None) -> Iterator[None]:
   """Interrupts the Python code run inside after `seconds`: a timer thread
   raises LoweringTimedOut in this thread (CPython's asynchronous exception,
   delivered at its next bytecode). JAX's layout inference is Python, so
@@ -387,7 +395,7 @@ def _time_limit(seconds):
   ident = ctypes.c_ulong(threading.get_ident())
   lock, state = threading.Lock(), {"done": False, "fired": False}
 
-  def fire():
+  def fire() -> None:
     with lock:
       if not state["done"]:
         state["fired"] = True
@@ -406,7 +414,7 @@ def _time_limit(seconds):
       ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, None)
 
 
-def _uninterpreted(jaxpr):
+def _uninterpreted(jaxpr: Any) -> Any:
   """The kernel body as the GPU backend sees it: an mpmd_map nested in it
   (plgpu.warp_map) traced under the simulator carries our interpret params
   and their IO effect, which the real lowering would refuse."""
@@ -427,7 +435,7 @@ def _uninterpreted(jaxpr):
 _orig_interpret = jx.interpret_pallas_call.interpret_pallas_call
 
 
-def _dispatch(*args, interpret_params, **kw):
+def _dispatch(*args: Any, interpret_params: Any, **kw: Any) -> Any:
   if isinstance(interpret_params, SimParams):
     return _sim_interpret_pallas_call(*args, **kw)
   return _orig_interpret(*args, interpret_params=interpret_params, **kw)

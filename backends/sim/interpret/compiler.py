@@ -100,7 +100,7 @@ class Program:
   jaxpr: jax_extend_core.Jaxpr
 
 
-def literal_value(v):
+def literal_value(v: Any) -> Any:
   aval = v.aval
   return np.asarray(v.val, dtype=aval.dtype) if aval.shape else (
       np.asarray(v.val, dtype=aval.dtype)[()])
@@ -139,12 +139,12 @@ class Compiler:
     self.overrides = overrides or {}
     self.wrap = wrap  # (fn, eqn) -> fn: a check around every plain step (blocks/paths.py)
 
-  def site(self, eqn):
+  def site(self, eqn: Any) -> int:
     """A number for `eqn`, in the order rules ask (the same in every process
     that compiles the same kernel: a Ray task's tallies key by it)."""
     return self.sites.setdefault(id(eqn), len(self.sites))
 
-  def where(self, eqn):
+  def where(self, eqn: Any) -> str:
     """The user's file:line for `eqn`; equations JAX helpers traced for the
     user take the location of the user's call that contains them."""
     return locations.eqn_location(eqn) or self._where[-1]
@@ -157,12 +157,12 @@ class Compiler:
       jaxpr, consts = jaxpr.jaxpr, [np.asarray(c) for c in jaxpr.consts]
     return self._cached(jaxpr, consts or (), False)
 
-  def compile_open(self, jaxpr):
+  def compile_open(self, jaxpr: Any) -> Program:
     """Compiles a Jaxpr whose constvars are bound at run time, before its
     invars (run_scoped's closed-over operands)."""
     return self._cached(jaxpr, (), True)
 
-  def _cached(self, jaxpr, consts, open_consts):
+  def _cached(self, jaxpr: Any, consts: Sequence[Any], open_consts: bool) -> Program:
     key = (id(jaxpr), open_consts, self.smem_base)
     hit = self._cache.get(key)
     if hit is not None and hit[0] is jaxpr:
@@ -171,18 +171,18 @@ class Compiler:
     self._cache[key] = (jaxpr, prog)
     return prog
 
-  def _compile(self, jaxpr, consts, open_consts):
+  def _compile(self, jaxpr: Any, consts: Sequence[Any], open_consts: bool) -> Program:
     slots: dict[Any, int] = {}
     template: list[Any] = []
 
-    def slot(v):
+    def slot(v: Any) -> int:
       s = slots.get(v)
       if s is None:
         s = slots[v] = len(template)
         template.append(None)
       return s
 
-    def read(v):
+    def read(v: Any) -> int:
       if isinstance(v, jax_extend_core.Literal):
         template.append(literal_value(v))
         return len(template) - 1
@@ -272,12 +272,12 @@ class Compiler:
     return prog
 
 
-def _constant(template, value):
+def _constant(template: list[Any], value: Any) -> int:
   template.append(value)
   return len(template) - 1
 
 
-def _float_math(eqn, builder):
+def _float_math(eqn: Any, builder: Builder) -> bool:
   """Whether eqn is pure math (a lax_math rule) with one float array out."""
   if eqn.primitive.multiple_results or len(eqn.outvars) != 1:
     return False
@@ -289,7 +289,7 @@ def _float_math(eqn, builder):
           and jnp.issubdtype(dtype, jnp.floating) and bool(getattr(aval, "shape", ())))
 
 
-def _zeros_of(aval):
+def _zeros_of(aval: Any) -> Callable[..., np.ndarray]:
   shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
   return lambda wg, *args: np.zeros(shape, dtype)
 
@@ -304,24 +304,24 @@ def _profiled(st: Step, closes: int, opens: Sequence[str], open_names: Sequence[
   events += [(n, True) for n in opens]
   fn = st.fn
 
-  def record(wg):
+  def record(wg: Warpgroup) -> None:
     rec = wg.block.group.profile
     for name, begin in events:
       rec.event(wg, name, begin)
 
   if st.gen:
-    def gen(wg, *args):
+    def gen(wg: Warpgroup, *args: Any) -> Generator[Any, Any, Any]:
       record(wg)
       return (yield from fn(wg, *args))
     st.fn = gen
   else:
-    def plain(wg, *args):
+    def plain(wg: Warpgroup, *args: Any) -> Any:
       record(wg)
       return fn(wg, *args)
     st.fn = plain
 
 
-def contractions(jaxpr):
+def contractions(jaxpr: Any) -> dict[int, tuple[Any, float, float, Any]]:
   """Float `add`/`sub` equations with an operand computed by a `mul`: the GPU
   compiler (LLVM's NVPTX backend, which fuses aggressively: even a product
   with other uses) contracts them into one fused multiply-add, rounded once.
@@ -359,7 +359,8 @@ def contractions(jaxpr):
   return fused
 
 
-def _folded_products(jaxpr, fused):
+def _folded_products(jaxpr: Any, fused: dict[int, tuple[Any, float, float, Any]]
+                     ) -> set[int]:
   """ids of the `mul` equations whose every use is an add fused with them
   (contractions): the GPU computes them inside the FMA, not apart."""
   fused_muls = {id(m) for m, _, _, _ in fused.values()}
@@ -380,19 +381,19 @@ def _folded_products(jaxpr, fused):
   return folded
 
 
-def _in(v, table):
+def _in(v: Any, table: Any) -> bool:
   """v (a Var; Literals are unhashable and never in `table`) in table."""
   return not isinstance(v, jax_extend_core.Literal) and v in table
 
 
-def _is_zero(v, zeros):
+def _is_zero(v: Any, zeros: set[Any]) -> bool:
   """Whether v is 0 everywhere at compile time (a literal, or in `zeros`)."""
   if isinstance(v, jax_extend_core.Literal):
     return bool(np.all(np.asarray(v.val) == 0))
   return v in zeros
 
 
-def _known_zeros(jaxpr):
+def _known_zeros(jaxpr: Any) -> set[Any]:
   """Vars whose every element is 0 at compile time: an iota along an axis
   of size 1, and casts, broadcasts and reshapes of zeros (jnp.zeros_like is
   a broadcast of a literal 0)."""
@@ -409,7 +410,7 @@ def _known_zeros(jaxpr):
   return zeros
 
 
-def _located(e, eqn, where, wg=None):
+def _located(e: BaseException, eqn: Any, where: str, wg: Any = None) -> BaseException:
   """Attach the user's file:line (and the warpgroup, at run time) to an
   error raised inside a rule; anything that is not a SimError is a bug of
   ours, kept as the cause."""
