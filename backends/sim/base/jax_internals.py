@@ -173,7 +173,7 @@ def real_tracebacks() -> Iterator[None]:
   under `user_context(<the forward call's traceback>)`, so every equation
   of a kernel traced there is located at the user's jax.grad line, and a
   report on, say, attention's backward kernels would name no line of the
-  kernel. The simulator reads locations from these tracebacks (capture.
+  kernel. The simulator reads locations from these tracebacks (locations.
   eqn_location), so while it traces, user_context keeps its name stack and
   error notes but not its traceback."""
   cls = source_info_util.UserContextManager

@@ -38,7 +38,7 @@ class BlockStats:
     self.tma_cycles = 0.0
     self.tensor_cycles = 0.0
     self.load_sites = {}  # TMA load site (Compiler.site) -> [bytes, loads] there
-    self.loads = None     # its TMA loads (timing/model.py Load), where the L2 model follows them
+    self.loads = None     # its TMA loads (base/loads.py Load), where the L2 model follows them
     self.path = None      # its control decisions, where backends/sim/blocks/paths.py follows them
 
   def add(self, other, times=1):
