@@ -42,19 +42,19 @@ def inner(j: Jaxpr) -> Jaxpr:
   return j.jaxpr if hasattr(j, "consts") else j
 
 
+def _is_jaxpr(value: Any) -> bool:
+  """Whether an equation parameter is a jaxpr, open or closed."""
+  return hasattr(value, "eqns") or hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns")
+
+
 def given_jaxprs(value: Any) -> Iterator[Jaxpr]:
   """The jaxprs an equation parameter holds (nested in tuples or lists), as
   it holds them: closed ones with their consts."""
-  if hasattr(value, "eqns") or hasattr(value, "jaxpr") and hasattr(value.jaxpr, "eqns"):
+  if _is_jaxpr(value):
     yield value
   elif isinstance(value, (tuple, list)):
     for v in value:
       yield from given_jaxprs(v)
-
-
-def sub_jaxprs(value: Any) -> Iterator[Jaxpr]:
-  """The open jaxprs an equation parameter holds (nested in tuples or lists)."""
-  return (v if hasattr(v, "eqns") else v.jaxpr for v in given_jaxprs(value))
 
 
 def scan_counts(eqn: Eqn) -> tuple[int, int] | None:
@@ -251,7 +251,7 @@ def replace_bodies(params: dict[str, Any], fn: Callable[[Jaxpr], Jaxpr]
   """`params` with each jaxpr it holds (closed or open, nested in tuples)
   replaced by fn(jaxpr); the same dict where fn changed none."""
   def one(v: Any) -> Any:
-    if hasattr(v, "eqns") or hasattr(v, "jaxpr") and hasattr(v.jaxpr, "eqns"):
+    if _is_jaxpr(v):
       return fn(v)
     if isinstance(v, tuple) and any(True for _ in given_jaxprs(v)):
       new = tuple(map(one, v))
