@@ -72,6 +72,37 @@ def _persistent(nblocks, tiles):
   return _grid_paths(nblocks, 64 * tiles)
 
 
+def _cluster_paths(nclusters, tiles):
+  """Clusters of two blocks: cluster g takes tiles g, g + nclusters, ... of
+  64 of (64 * tiles, 128) rows, each multicast into both blocks' SMEM (each
+  block loading its half), summed; a cluster barrier between tiles."""
+  def fn(x):
+    @plgpu.kernel(out_type=S((nclusters, 2, 64, 128), F32), grid=(nclusters,),
+                  grid_names=("g",), cluster=(2,), cluster_names=("c",),
+                  scratch_types=[plgpu.SMEM((64, 128), F32), plgpu.SMEM((64, 128), F32),
+                                 plgpu.Barrier(),
+                                 plgpu.ClusterBarrier(collective_axes=("c",))])
+    def k(x_ref, o_ref, tile, acc, bar, cbar):
+      g, c = lax.axis_index("g"), lax.axis_index("c")
+      acc[...] = jnp.zeros((64, 128), F32)
+
+      def step(i, carry):
+        t = g + i * nclusters
+        plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(t * 64, 64)], tile, bar,
+                                collective_axes="c")
+        plgpu.barrier_wait(bar)
+        acc[...] = acc[...] + tile[...] * (c + 1).astype(F32)
+        plgpu.barrier_arrive(cbar)
+        plgpu.barrier_wait(cbar)
+        return carry
+      lax.fori_loop(0, (tiles - g + nclusters - 1) // nclusters, step, None)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(acc, o_ref.at[g, c])
+      plgpu.wait_smem_to_gmem(0)
+    return k(x)
+  return fn
+
+
 def test_a_persistent_kernel_simulates_one_block_per_trip_count():
   fn = _persistent(nblocks=6, tiles=15)   # 3 blocks take 3 tiles, 3 take 2
   x = jnp.asarray(np.random.default_rng(0).standard_normal((15 * 64, 128)), F32)
@@ -241,7 +272,8 @@ def _block_by_block(monkeypatch):
 
 @pytest.mark.parametrize("fn, shape", [
     (_persistent(nblocks=64, tiles=150), (150 * 64, 128)),  # (64 lanes: a shape's size)
-    (_branchy, (8, 128)), (_cut_tiles, (344, 128)), (_grid_paths(4, 4 * 64, store_every=3), (4 * 64, 128))])
+    (_branchy, (8, 128)), (_cut_tiles, (344, 128)), (_grid_paths(4, 4 * 64, store_every=3), (4 * 64, 128)),
+    (_cluster_paths(5, 13), (13 * 64, 128))])  # (clusters: each place's blocks as lanes)
 def test_blocks_as_lanes_take_the_paths_they_take_one_by_one(fn, shape, monkeypatch):
   """The slice runs every block at once, as lanes of its values, splitting
   where they decide apart: the same paths, loads and times as block by

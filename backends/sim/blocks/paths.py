@@ -305,6 +305,11 @@ def _per_lane(x, lanes):
   return lanes is not None and isinstance(x, np.ndarray) and x.shape == (lanes.total,)
 
 
+def _lane(x, lanes, k):
+  """Lane k's value of x (x itself where it is the same in every lane)."""
+  return x[k] if _per_lane(x, lanes) else x
+
+
 def _one(wg, x):
   """x, a decision's value, as the one value every lane takes."""
   a = np.asarray(x)
@@ -570,6 +575,7 @@ def _load(eqn, cx):
   # (source, its indices) -> (key, bytes, cut): blocks load the same tiles
   # over and over (a matmul's), and a box's view costs ~20 us to build
   seen: dict[Any, Any] = {}
+  parts: dict[Any, Any] = {}  # (the same for a multicast's part of its box)
 
   def memo(ref, leaves):
     at = (id(ref.view), tuple(int(i) for i in leaves))
@@ -577,6 +583,17 @@ def _load(eqn, cx):
     if hit is None or hit[0] is not ref.view:  # (it holds the view: ids stay apart)
       hit = seen[at] = (ref.view,) + key_of(ref, leaves)
     return hit[1:]
+
+  def multicast_part(sref, sl, dref, dl, part):
+    """(key, bytes) of this block's part of a multicast's box."""
+    at = (id(sref.view), id(dref.view), part) + tuple(int(i) for i in sl) + tuple(
+        int(i) for i in dl)
+    hit = parts.get(at)
+    if hit is None or hit[0] is not sref.view or hit[1] is not dref.view:
+      s_, _, _ = src_at(sref, sl)
+      s_, _ = tma.partition(s_, dst_at(dref, dl), *part)
+      hit = parts[at] = (sref.view, dref.view, tma.source_key(s_), s_.view.nbytes)
+    return hit[2:]
 
   def load(wg, *ops):
     pred = bool(_one(wg, ops[pred_at])) if pred_at is not None else True
@@ -588,13 +605,16 @@ def _load(eqn, cx):
       return []
     blk = wg.block
     if collective:
-      if blk.engines.lanes is not None:
-        raise NotLanes("a multicast")
-      s, _, _ = src_at(ops[src.index], ops[src.leaves])
-      d = dst_at(ops[dst.index], ops[dst.leaves])
       peers = blk.group.peers(blk, collective)
-      s, _ = tma.partition(s, d, peers.index(blk), len(peers))
-      got = tma.source_key(s), s.view.nbytes
+      part = peers.index(blk), len(peers)
+      lanes = blk.engines.lanes
+      sref, dref = ops[src.index], ops[dst.index]
+      sl, dl = ops[src.leaves], ops[dst.leaves]
+      if lanes is None:
+        got = multicast_part(sref, sl, dref, dl, part)
+      else:  # (each lane's part of its box: lanes of a cluster's place alike)
+        got = [multicast_part(sref, [_lane(x, lanes, k) for x in sl], dref,
+                              [_lane(x, lanes, k) for x in dl], part) for k in range(lanes.n)]
     else:
       got = _boxes(wg, memo, ops[src.index], ops[src.leaves], plans, site)
     _record(blk, wg.index, site, got)
@@ -664,6 +684,11 @@ class Paths:
     # block number -> its Iterations, in a kernel with a persistent loop
     self.iterations = iterations or {}
     self.loop = None  # that Loop
+    # (the simulated block joined last, and per order of (thread, site) its
+    # loads come in, their cycles: a class's blocks mostly share one order)
+    self._joined_rep: Any = None
+    self._joined_cycles: dict[tuple, list] = {}
+    self._orders: dict[int, tuple] = {}  # block number -> that order
 
   def key(self, number):
     return self.decisions[number]
@@ -676,30 +701,47 @@ class Paths:
   def joined(self, number, rep_events):
     """Block `number`'s loads at the issue cycles of its class's simulated
     block (`rep_events`: its Loads, as the TMA rule traced them)."""
-    return at_cycles(self.loads[number], rep_events, 0.0,
-                     f"block {number}'s path", "its class's simulated block")
+    sliced = self.loads[number]
+    if self._joined_rep is not rep_events:
+      self._joined_rep, self._joined_cycles = rep_events, {}
+    order = self._orders.get(number)
+    if order is None:  # (the same for every clock the launch is timed at)
+      order = self._orders[number] = tuple([(ld.thread, ld.site) for ld in sliced])
+    cycles = self._joined_cycles.get(order)
+    if cycles is None:
+      cycles = self._joined_cycles[order] = [ld.cycle for ld in at_cycles(
+          sliced, rep_events, 0.0, f"block {number}'s path", "its class's simulated block")]
+    return Joined(cycles, sliced)
+
+
+class Joined(typing.NamedTuple):
+  """A block's loads at the cycles of its class's simulated block: the
+  slice's Loads (no cycles) and, one for one, their issue cycles. (A
+  persistent kernel's blocks issue thousands of loads each: not copied into
+  Loads of their own.)"""
+  cycles: list
+  sliced: list
 
 
 def at_cycles(sliced, timed, offset, whose, against):
   """The slice's loads `sliced` (no cycles) at the cycles of `timed` (Loads a
   simulated run traced) plus `offset`: load for load, per thread and site in
   order. `whose` and `against` name the two in the error where they
-  differ."""
+  differ. (A persistent kernel's blocks issue thousands of loads each, for
+  every clock the launch is timed at: built as plain tuple copies.)"""
   cycles = collections.defaultdict(list)
   for ev in timed:
-    cycles[ev.thread, ev.site].append(ev.cycle)
-  seen: collections.Counter[Any] = collections.Counter()
+    cycles[ev.thread, ev.site].append(ev.cycle + offset)
+  nxt = {k: iter(v).__next__ for k, v in cycles.items()}
+  make = tuple.__new__
   out = []
-  for ld in sliced:
-    k = seen[ld.thread, ld.site]
-    seen[ld.thread, ld.site] += 1
-    at = cycles[ld.thread, ld.site]
-    if k >= len(at):
-      raise SimError(f"{whose} issues more TMA loads at a site than {against}")
-    out.append(ld._replace(cycle=at[k] + offset))
-  if sum(seen.values()) != len(timed):
-    raise SimError(f"{whose} issues {sum(seen.values())} TMA loads, {against} "
-                   f"{len(timed)}")
+  try:
+    for ld in sliced:
+      out.append(make(Load, (nxt[ld.thread, ld.site](),) + ld[1:]))
+  except (KeyError, StopIteration):
+    raise SimError(f"{whose} issues more TMA loads at a site than {against}") from None
+  if len(out) != len(timed):
+    raise SimError(f"{whose} issues {len(out)} TMA loads, {against} {len(timed)}")
   return out
 
 
@@ -726,10 +768,9 @@ class _Recording(Engines):
 def follow(make_runner, groups, launch, jaxpr):
   """Every block's path and loads: a Paths. `make_runner(placement)`: a
   GroupRunner of the sliced program over that placement."""
-  members = [m for g in groups for m in g]
-  if len(groups) == len(members) > 1:  # (no clusters: blocks as lanes)
+  if len(groups) > 1 and _alike(groups):  # (blocks, or clusters, as lanes)
     try:
-      return as_lanes(make_runner, members, _shapes(jaxpr))
+      return as_lanes(make_runner, groups, _shapes(jaxpr))
     except TooLong:
       raise
     except SimError:  # (NotLanes, or a rule that cannot take lanes: block by block)
@@ -760,13 +801,23 @@ def _add_lane(out, number, st, k, n):
   out.decisions[number], out.loads[number] = tuple(decisions), loads
 
 
-def as_lanes(make_runner, members, dims):
-  """Every block of `members` through the slice at once, as lanes of its
-  values, split where they decide apart: their Paths. Raises NotLanes where
-  the lanes cannot be followed together (`follow` then runs the blocks one
-  by one, as tests make it to compare the two)."""
+def _alike(groups):
+  """Whether the groups (blocks, or clusters) hold as many blocks each, at
+  the same places in their clusters: lanes of one run."""
+  first = groups[0]
+  return all(len(g) == len(first) and all(m[2] == f[2] for m, f in zip(g, first))
+             for g in groups)
+
+
+def as_lanes(make_runner, groups, dims):
+  """Every group of `groups` (a block, or the blocks of a cluster) through
+  the slice at once, as lanes of its values (a cluster's blocks each lanes
+  of the same place in every cluster), split where they decide apart: their
+  Paths. Raises NotLanes where the lanes cannot be followed together
+  (`follow` then runs the groups one by one, as tests make it to compare
+  the two)."""
   out = Paths({}, {})
-  todo = [np.arange(len(members))]
+  todo = [np.arange(len(groups))]
   while todo:
     part = todo.pop()
     total = len(part) + 1
@@ -774,17 +825,19 @@ def as_lanes(make_runner, members, dims):
       total += 1
     lanes = _Lanes(len(part), total)
     pad = np.concatenate([part, np.full(total - len(part), part[0])])
-    idx = tuple(np.array([members[k][1][d] for k in pad], np.int32)
-                for d in range(len(members[0][1])))
+    run = []
+    for j, (number, idx, cidx) in enumerate(groups[part[0]]):
+      run.append((number, tuple(np.array([groups[k][j][1][d] for k in pad], np.int32)
+                                for d in range(len(idx))), cidx))
     runner = make_runner(_Recorder(lanes))
     try:
-      result = runner.run([(members[part[0]][0], idx, ())])
+      result = runner.run(run)
     except Diverged as e:
       todo.extend(part[p] for p in e.parts)
       continue
-    [st] = result.stats
-    for k, j in enumerate(part):  # (each load is one Load per lane, in lane order)
-      _add_lane(out, members[j][0], st, k, len(part))
+    for j, st in enumerate(result.stats):  # (each load is one Load per lane, in lane order)
+      for k, g in enumerate(part):
+        _add_lane(out, groups[g][j][0], st, k, len(part))
   return out
 
 

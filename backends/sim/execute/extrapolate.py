@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from pallas_sim.backends.sim.base.loads import Load
 from pallas_sim.backends.sim.blocks import paths
 from pallas_sim.backends.sim.execute.group import GroupResult
 from pallas_sim.backends.sim.interpret.compiler import RULES, Gen, run_gen
@@ -244,6 +245,7 @@ def _timed(sliced, span, offset, b):
   come in the same order (the same path), else paths.at_cycles."""
   timed = span.loads
   if len(sliced) == len(timed) and tuple((ld.thread, ld.site) for ld in sliced) == span.order:
-    return [ld._replace(cycle=t.cycle + offset) for ld, t in zip(sliced, timed)]
+    make = tuple.__new__  # (a Load copied with its cycle: thousands a block)
+    return [make(Load, (t.cycle + offset,) + ld[1:]) for ld, t in zip(sliced, timed)]
   return paths.at_cycles(sliced, timed, offset, f"block {b}'s path",
                          "the stretch timed for it")

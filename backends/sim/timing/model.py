@@ -525,16 +525,25 @@ class LaunchTiming:
     blocks (which start together) in the order of their issue cycles,
     through an L2 of the GPU's size kept least-recently-used by source
     (buffer, offset, box); a load from a source not in it misses. `loads`:
-    block number -> its Loads (or tuples that begin like them)."""
+    block number -> its Loads (or tuples that begin like them), or a
+    blocks/paths.Joined."""
     l2 = self.timing.gpu.l2_bytes
     cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
     used, reads = 0, 0
     n = self.num_blocks
     for w in range(self.waves):
-      wave = [ev for b in range(w * self.slots, min(n, (w + 1) * self.slots))
-              for ev in loads.get(b, ())]
-      wave.sort(key=lambda ev: ev[0])
-      for _, key, nbytes, *_ in wave:
+      cycles: list[float] = []
+      wave: list[Any] = []
+      for b in range(w * self.slots, min(n, (w + 1) * self.slots)):
+        got = loads.get(b, ())
+        if hasattr(got, "sliced"):  # (paths.Joined: the cycles beside the Loads)
+          cycles += got.cycles
+          wave += got.sliced
+        else:
+          cycles += [ev[0] for ev in got]
+          wave += got
+      for i in np.argsort(np.asarray(cycles, dtype=np.float64), kind="stable").tolist():
+        _, key, nbytes, *_ = wave[i]
         if key in cache:
           cache.move_to_end(key)
           continue
