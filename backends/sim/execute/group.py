@@ -218,8 +218,11 @@ class GroupRunner:
           axes[key] = (i, g)
       for name, i, c in zip(launch.cluster_names, cidx, launch.cluster):
         axes[name] = (i, c)
+      # (a path slice's blocks as lanes: index arrays, not printed whole)
+      where = (f"block {blk.index}" if not any(isinstance(i, np.ndarray) for i in idx)
+               else f"blocks as {np.size(idx[0])} lanes from block {num}")
       for w, thread_axes in enumerate(self.thread_axes):
-        wg = Warpgroup(blk, w, {**axes, **thread_axes}, f"block {blk.index}{self.suffix[w]}")
+        wg = Warpgroup(blk, w, {**axes, **thread_axes}, where + self.suffix[w])
         group.sched.spawn(wg, _warpgroup(program, refs, wg, launch, group))
     group.hb.ready()
     try:
