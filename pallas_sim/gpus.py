@@ -196,6 +196,19 @@ class GPU:
   # (machine/state.py).
   # Only exp was measured of the transcendental functions.
   alu_cycles_per_vector: float = 0.85
+  # A reduction, per 128 elements of what it reduces: a row of 64xW f32 in
+  # the WGMMA layout, reduced, scaled and subtracted from the tile, n times
+  # over (each reduction waiting on the last), took per iteration at W = 64 /
+  # 128 / 256, one block an SM: max 140 / 266 / 472 cycles, sum 115 / 229 /
+  # 361; two blocks an SM, per block: max 122 / 232 / 444, sum 91 / 183 / 306
+  # (H200, row_max_* and row_sum_* in micros_2026_12_05). Past the
+  # elementwise 0.85 of the subtraction, a max (FMNMX, half the lanes of an
+  # add) costs 2.6 a vector and a sum 1.7; what stays at every width is the
+  # exchange of the partial results across the four lanes that hold a row
+  # (two shuffle rounds), the warpgroup's own wait.
+  reduce_max_cycles_per_vector: float = 2.6
+  reduce_sum_cycles_per_vector: float = 1.7
+  reduce_exchange_cycles: float = 13.0
   transcendental_cycles_per_vector: float = 14.4
   # With CompilerParams(approx_math=True) a transcendental function is one
   # special-function-unit op (ex2.approx...): exp2(-v) on the 128x128 tile

@@ -603,12 +603,21 @@ def test_run_state_costs_its_body_not_a_copy_of_its_accumulator():
 
 
 def test_a_reduction_costs_the_elements_it_reduces():
-  """A row sum of a 128x128 tile does ALU work on its 16384 elements (each
-  lane's partial sums), not on the 128 it returns: it costs about what an
-  elementwise op over the tile costs."""
+  """A row sum of a 128x128 tile does work on its 16384 elements (each
+  lane's partial sums), not on the 128 it returns, at a reduction's rate: a
+  sum twice an elementwise op's a vector, a max (half-rate lanes) three
+  times; both pay the exchange across lanes as the warpgroup's own wait."""
   x = S((128, 128), F32)
-  t = Timing(gpus.H100)
-  reduce_eqn = jax.make_jaxpr(lambda v: jnp.sum(v, axis=1))(x).jaxpr.eqns[0]
+  g = gpus.H100
+  t = Timing(g)
+  sum_eqn = jax.make_jaxpr(lambda v: jnp.sum(v, axis=1))(x).jaxpr.eqns[0]
+  max_eqn = jax.make_jaxpr(lambda v: jnp.max(v, axis=1))(x).jaxpr.eqns[0]
   square_eqn = jax.make_jaxpr(lambda v: v * v)(x).jaxpr.eqns[0]
-  assert t.issue_cycles(OpClass.REDUCE, reduce_eqn) == t.issue_cycles(OpClass.ALU, square_eqn)
-  assert t.issue_cycles(OpClass.REDUCE, reduce_eqn) > 8 * t.issue_cycles(OpClass.ALU, reduce_eqn)
+  vectors = 128 * 128 // 128
+  for eqn, per in ((sum_eqn, g.reduce_sum_cycles_per_vector),
+                   (max_eqn, g.reduce_max_cycles_per_vector)):
+    wait, work = t.issue_split(OpClass.REDUCE, eqn)
+    assert wait == g.op_overhead_cycles + g.reduce_exchange_cycles
+    assert work == pytest.approx(per * vectors)
+  assert (t.issue_cycles(OpClass.ALU, square_eqn)
+          < t.issue_cycles(OpClass.REDUCE, sum_eqn) < t.issue_cycles(OpClass.REDUCE, max_eqn))

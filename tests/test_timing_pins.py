@@ -231,6 +231,18 @@ PINS = [
     # alu_add_1_per_sm). Model +3.0%; x1.3 +32.1%, x0.7 -26.1%.
     Pin("alu_add", ("alu_cycles_per_vector",), "h200_measured.json micros alu_add_1_per_sm",
         _m(None, "alu_add_1_per_sm"), lambda g: _per_iteration(g, _alu("add"), 4, 12), 0.10),
+    # A row of 64x256 f32 in the WGMMA layout max- or sum-reduced, scaled and
+    # subtracted from the tile, one block an SM: 472 and 361 cycles
+    # (micros_2026_12_05_rows). Model +0.4% and -0.8%; x1.3 +21.5% and
+    # +17.3%, x0.7 -20.8% and -18.9%.
+    *[Pin(f"row_{op}_64x{w}", (fig,),
+          f"h200_measured.json micros_2026_12_05_rows row_{op}_64x{w}_1_per_sm",
+          _m("micros_2026_12_05_rows", f"row_{op}_64x{w}_1_per_sm"),
+          (lambda op, w: lambda g: _per_iteration(
+              g, _built(C._build_row_reduce, op=op, width=w, blocks=NUM_SMS), 4, 12))(op, w),
+          0.10)
+      for op, w, fig in (("max", 256, "reduce_max_cycles_per_vector"),
+                         ("sum", 256, "reduce_sum_cycles_per_vector"))],
     # exp(-v): 1851 (micros alu_exp_1_per_sm). Model +6.0%; x1.3 +35.9%, x0.7 -23.8%.
     Pin("alu_exp", ("transcendental_cycles_per_vector",),
         "h200_measured.json micros alu_exp_1_per_sm",
@@ -380,5 +392,8 @@ def test_the_h200_figures_predict_the_h200_measurements(pin):
 #  - l2_far_ramp, l2_queue_cap (the latter not calibrated, per gpus.py),
 #    l2_bytes, l2_shared_min_row_bytes, register_base (a threshold: 24 is "a
 #    lead" below 31), smem/threads/carve-out limits, clocks, num_sms.
+#  - reduce_exchange_cycles: what the row_* micros keep at every width (the
+#    lanes' exchange); x1.3 moves row_max_64x64, where it weighs most, by
+#    +4.4% only, within the micros' noise.
 #  - power_*: fitted to 66 suite kernels' sustained clocks; one kernel is
 #    too weak a pin and the set too slow for a unit test.

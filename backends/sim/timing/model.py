@@ -225,6 +225,9 @@ class Timing:
       return g.op_overhead_cycles
     if op is OpClass.CONVERT and _int8_to_float(eqn):
       per = g.convert8_cycles_per_vector
+    elif op is OpClass.REDUCE:
+      return g.op_overhead_cycles + g.reduce_exchange_cycles + self._reduce_per(eqn) * (
+          -(-size // 128))
     elif op is not OpClass.TRANSCENDENTAL:
       per = g.alu_cycles_per_vector
     elif approx_math:
@@ -232,6 +235,14 @@ class Timing:
     else:
       per = g.transcendental_cycles_per_vector
     return g.op_overhead_cycles + per * (-(-size // 128))
+
+  def _reduce_per(self, eqn):
+    """A reduction's cycles per 128 elements: a sum or product on the FMA
+    pipes, a max, min or a bitwise one at the ALU's half rate."""
+    name = eqn.primitive.name
+    g = self.gpu
+    return (g.reduce_sum_cycles_per_vector if name.endswith(("sum", "prod"))
+            else g.reduce_max_cycles_per_vector)
 
   def issue_split(self, op, eqn, approx_math=False):
     """issue_cycles as (latency, ALU work): a warpgroup waits out an
@@ -243,6 +254,8 @@ class Timing:
     if op in TMA_ISSUE:  # (no ALU work: all the warpgroup's wait)
       return c, 0.0
     lat = min(c, self.gpu.op_overhead_cycles)
+    if op is OpClass.REDUCE:  # (its exchange across lanes: a wait, no ALU work)
+      lat += self.gpu.reduce_exchange_cycles
     return lat, c - lat
 
   def beside_tensor(self, op, eqn):
