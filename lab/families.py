@@ -598,13 +598,13 @@ ATTENTION_CONFIGS = ((2, 4096, 16, 128, 64, 128, False, 2),
                      (1, 16384, 4, 128, 64, 128, True, 2))
 
 
-def _attention_cases():
+def _attention_cases(configs=ATTENTION_CONFIGS, tag=""):
   ts = _ts()
   out = []
-  for batch, seq, heads, d, bq, bkv, causal, mcs in ATTENTION_CONFIGS:
+  for batch, seq, heads, d, bq, bkv, causal, mcs in configs:
     shape = f"b{batch} s{seq} h{heads} d{d}" + (" causal" if causal else "")
     out.append(_case(
-        f"own attention_mgpu fwd {shape} bq{bq} bkv{bkv} mcs={mcs}",
+        f"own attention_mgpu fwd {shape} bq{bq} bkv{bkv} mcs={mcs}" + tag,
         f"own attention_mgpu fwd {shape}",
         dict(batch=batch, seq=seq, heads=heads, head_dim=d, block_q=bq,
              block_kv=bkv, causal=causal, mcs=mcs),
@@ -671,10 +671,29 @@ def third_cases():
   return _rows_cases((8192, 16384), ROWS_CONFIGS_2, THIRD)
 
 
+# A fourth blind set: the families whose configurations the H200 tells apart
+# (the matmuls, the row kernels, attention) at shapes none was run at, and
+# attention at head_dim 64, predicted
+# (lab/data/blind_predictions_own_families_4.json) once a reduction costs
+# what the row micros measured. Names end " (blind 4)".
+FOURTH = " (blind 4)"
+ATTENTION_CONFIGS_4 = ((2, 4096, 16, 64, 64, 128, False, 2),
+                       (2, 4096, 16, 64, 64, 64, False, 3),
+                       (2, 4096, 16, 64, 64, 128, False, 3),
+                       (1, 8192, 16, 64, 64, 128, True, 2))
+
+
+def fourth_cases():
+  return (_ws_cases(((4096, 8192, 8192),), WS_CONFIGS_2, FOURTH)
+          + _fp8_cases((4096, 8192, 8192), FP8_CONFIGS_2, FOURTH)
+          + _rows_cases((16384, 16384), ROWS_CONFIGS_2, FOURTH)
+          + _attention_cases(ATTENTION_CONFIGS_4, FOURTH))
+
+
 def family_cases():
   """Every case of the families, GPU sizes."""
   return (_ws_cases() + _fp8_cases() + _rows_cases() + _copy_cases() + _fma4_cases()
-          + _attention_cases() + second_cases() + third_cases())
+          + _attention_cases() + second_cases() + third_cases() + fourth_cases())
 
 
 def sim_params(case):

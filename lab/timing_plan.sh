@@ -3,12 +3,13 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 6 minutes (limits add to 340 s): what the
+#   the next call (default), about 8 minutes (limits add to 460 s): what the
 #   call of 2026-12-05 (../shared/h200/2026-12-05) did not bring back:
 #     attention  JAX's attention step phase by phase (lab/attention_trace.py);
 #     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8; its
 #                profiler now records what fits in SMEM);
 #     l2half     the in-step L2 streams (l2_half*) beside the out-of-step ones;
+#     blind4     the fourth blind set (families, names ending "(blind 4)");
 #   measured on 2026-12-05, kept to run again:
 #     rows       row max/sum micros (calibrate row_*);
 #     fp8k       the fp8 matmul at 8192x4096x8192, two and four slots;
@@ -19,16 +20,19 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [attention] [fp8] [l2half] [rows] [fp8k] [l2] [blind3]
-#                             [sass] [again]
+#     bash lab/timing_plan.sh [attention] [fp8] [l2half] [blind4] [rows] [fp8k] [l2]
+#                             [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-attention fp8 l2half}"
+STEPS="${*:-attention fp8 l2half blind4}"
 export PYTHONUNBUFFERED=1
-W="$OUT/timing_plan"; mkdir -p "$W"
+# (the steps' folders outside $OUT, packed into $TGZ after each step: what
+# comes back is the summary and one archive, whenever the call stops)
+W="$(mktemp -d)/timing_plan"; mkdir -p "$W"
 LOG="$OUT/timing_plan.txt"
+TGZ="$OUT/timing_plan.tgz"
 $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 { nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
   $PY -c "import jax; print('jax', jax.__version__, jax.devices())"
@@ -49,8 +53,11 @@ step l2 80 $PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 65
 step l2half 90 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 75
 step blind3 170 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 160
+# (28 rows; the third set's 14 took 26 s there)
+step blind4 120 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 4)" \
+  --sustain-s 1.0 --batch-s 0.1 --deadline 110
 step sass 200 $PY -m lab.sass_study --set families --jobs 8 --timeout 120
 step again 560 $PY -m lab.measure_gpu --only-suite --families --sustain-s 1.0 \
   --batch-s 0.1 --deadline 420
 
-tar czf "$OUT/timing_plan.tgz" -C "$OUT" timing_plan && rm -rf "$W"
+rm -rf "$(dirname "$W")"

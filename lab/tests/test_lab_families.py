@@ -30,6 +30,8 @@ CHECKED = [
     # the second set's other element types
     "own tma copy bf16 32768x4096 512 blocks 64x32 slots=8 (blind 2)",
     "own a*b+c*d f32 8192x4096 256 blocks 32x32 mcs=2 (blind 2)",
+    # attention at head_dim 64 (the fourth set)
+    "own attention_mgpu fwd b2 s4096 h16 d64 bq64 bkv64 mcs=3 (blind 4)",
 ]
 
 
