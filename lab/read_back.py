@@ -6,8 +6,8 @@ provenance (the command, when, on what, at which commit).
     ./dev python -m lab.read_back PLAN_DIR --date 2026_12_05 [--summary PLAN.txt ...]
 
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
-their keys: rows, l2 and l2half (micros) -> micros_<date>_rows, _l2_lag, _l2_half; blind3 (the third
-blind set) -> families_study_3, which benchmarks/accuracy.py --families
+their keys: rows, l2 and l2half (micros) -> micros_<date>_rows, _l2_lag, _l2_half; blind3 and
+blind4 (the third and fourth blind sets) -> families_study_3 and _4, which benchmarks/accuracy.py --families
 scores against its committed predictions; again (every family a second time)
 -> families_again_<date>, each row's noise for accuracy.py. A key already
 there is left alone unless --replace.
@@ -31,6 +31,10 @@ STEPS = {
                "our own families' third set (lab/families.py, names ending "
                "'(blind 3)'), measured after their blind predictions "
                "(lab/data/blind_predictions_own_families_3.json) were committed"),
+    "blind4": ("families_study_4", "cases",
+               "our own families' fourth set (lab/families.py, names ending "
+               "'(blind 4)'), measured after their blind predictions "
+               "(lab/data/blind_predictions_own_families_4.json) were committed"),
     "again": ("families_again_{date}", "cases",
               "every family of lab/families.py a second time, sustained: each row's "
               "noise for benchmarks/accuracy.py"),
@@ -45,7 +49,8 @@ def _command(log_text, step):
 
 def _commit(summaries):
   for path in summaries:
-    m = re.search(r"^project commit ([0-9a-f]{7,40})", open(path).read(), re.M)
+    # (the plan prints "commit", the measurements' notes "project commit")
+    m = re.search(r"^(?:project )?commit ([0-9a-f]{7,40})", open(path).read(), re.M)
     if m:
       return m.group(1)
   return None
