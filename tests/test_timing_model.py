@@ -614,10 +614,10 @@ def test_a_reduction_costs_the_elements_it_reduces():
   max_eqn = jax.make_jaxpr(lambda v: jnp.max(v, axis=1))(x).jaxpr.eqns[0]
   square_eqn = jax.make_jaxpr(lambda v: v * v)(x).jaxpr.eqns[0]
   vectors = 128 * 128 // 128
-  for eqn, per in ((sum_eqn, g.reduce_sum_cycles_per_vector),
-                   (max_eqn, g.reduce_max_cycles_per_vector)):
-    wait, work = t.issue_split(OpClass.REDUCE, eqn)
+  for op, eqn, per in ((OpClass.REDUCE_SUM, sum_eqn, g.reduce_sum_cycles_per_vector),
+                       (OpClass.REDUCE, max_eqn, g.reduce_max_cycles_per_vector)):
+    wait, work = t.issue_split(op, eqn)
     assert wait == g.op_overhead_cycles + g.reduce_exchange_cycles
     assert work == pytest.approx(per * vectors)
   assert (t.issue_cycles(OpClass.ALU, square_eqn)
-          < t.issue_cycles(OpClass.REDUCE, sum_eqn) < t.issue_cycles(OpClass.REDUCE, max_eqn))
+          < t.issue_cycles(OpClass.REDUCE_SUM, sum_eqn) < t.issue_cycles(OpClass.REDUCE, max_eqn))

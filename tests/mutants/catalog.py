@@ -1056,9 +1056,27 @@ MUTANTS = [
     Mutant("reduce-costs-its-output", "backends/sim/timing/model.py",
            "a reduction's ALU work is over the elements it reduces; the mutant charges "
            "the few it returns",
-           "    for v in (eqn.invars if op is OpClass.REDUCE else eqn.outvars):\n",
+           "    for v in (eqn.invars if op in REDUCTIONS else eqn.outvars):\n",
            "    for v in eqn.outvars:\n",
            ("tests/test_timing_model.py",)),
+    Mutant("reduce-sum-at-max-rate", "backends/sim/interpret/rules/lax_math.py",
+           "a sum or product reduces on the FMA pipes (row_sum micros); the mutant "
+           "charges it a max's half-rate lanes",
+           "_R, _RS = OpClass.REDUCE, OpClass.REDUCE_SUM\n",
+           "_R, _RS = OpClass.REDUCE, OpClass.REDUCE\n",
+           ("tests/test_timing_pins.py",)),
+    Mutant("reduce-exchange-not-waited", "backends/sim/timing/model.py",
+           "a reduction's exchange across lanes is its warpgroup's wait; the mutant "
+           "drops it",
+           "      lat += self.gpu.reduce_exchange_cycles\n",
+           "      lat += 0.0\n",
+           ("tests/test_timing_model.py",)),
+    Mutant("multicast-lanes-first-part", "backends/sim/blocks/paths.py",
+           "each block of a cluster followed as lanes loads its own part of a "
+           "multicast's box; the mutant gives every block the first part",
+           "      part = peers.index(blk), len(peers)\n",
+           "      part = 0, len(peers)\n",
+           ("tests/test_paths.py",)),
     Mutant("run-state-copies-its-accumulator", "backends/sim/interpret/rules/refs.py",
            "run_state costs no vector work of its own; the mutant charges a copy of its "
            "operands as ALU work",
@@ -1237,8 +1255,8 @@ MUTANTS = [
     Mutant("paths-loads-at-the-class-sources", "backends/sim/blocks/paths.py",
            "a block not simulated loads its own sources at its class's cycles; the "
            "mutant gives it the simulated block's sources",
-           "                     f\"block {number}'s path\", \"its class's simulated block\")\n",
-           "                     f\"block {number}'s path\", \"its class's simulated block\") and list(rep_events)\n",
+           "    return Joined(cycles, sliced)\n",
+           "    return Joined(cycles, list(rep_events))\n",
            ("tests/test_paths.py",)),
     Mutant("paths-cut-boxes-unseen", "backends/sim/blocks/paths.py",
            "a TMA box cut at the array's ends moves fewer bytes: part of the path; "

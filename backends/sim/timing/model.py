@@ -96,10 +96,12 @@ class OpClass(enum.Enum):
   # Vector work on the ALUs: an overhead, and per 128 elements of its
   # widest output, alu_cycles_per_vector.
   ALU = "alu"
-  # A reduction: ALU work per 128 elements of what it reduces, its widest
-  # operand (the lanes' partial results, then their exchange, which is not
-  # measured: the ALU's part alone).
+  # A reduction: work per 128 elements of what it reduces, its widest
+  # operand (the lanes' partial results), then their exchange across lanes:
+  # a max, min or bitwise one on the ALU's half-rate lanes (REDUCE), a sum
+  # or product on the FMA pipes (REDUCE_SUM).
   REDUCE = "reduce"
+  REDUCE_SUM = "reduce_sum"
   # ALU work on the FMA pipes (float add, sub, mul, neg): what the
   # beside_fma micro-benchmark's v * a + b stream measured beside a wgmma.
   FMA = "fma"
@@ -118,6 +120,10 @@ class OpClass(enum.Enum):
   TMA_LOAD = "tma_load"
   TMA_STORE = "tma_store"
 
+
+# Reductions -> the GPU figure of their cycles per 128 elements reduced.
+REDUCTIONS = {OpClass.REDUCE: "reduce_max_cycles_per_vector",
+              OpClass.REDUCE_SUM: "reduce_sum_cycles_per_vector"}
 
 # TMA issues -> the GPU figure of what one costs the issuing warpgroup.
 TMA_ISSUE = {OpClass.TMA_LOAD: "tma_issue_cycles",
@@ -213,7 +219,7 @@ class Timing:
     the ALU's, or for transcendental functions the library's (or with
     approx_math, one special-function unit op's)."""
     size = 1
-    for v in (eqn.invars if op is OpClass.REDUCE else eqn.outvars):
+    for v in (eqn.invars if op in REDUCTIONS else eqn.outvars):
       size = max(size, math.prod(getattr(v.aval, "shape", ())))
     g = self.gpu
     if op is OpClass.CONVERT and eqn.invars and getattr(
@@ -225,9 +231,9 @@ class Timing:
       return g.op_overhead_cycles
     if op is OpClass.CONVERT and _int8_to_float(eqn):
       per = g.convert8_cycles_per_vector
-    elif op is OpClass.REDUCE:
-      return g.op_overhead_cycles + g.reduce_exchange_cycles + self._reduce_per(eqn) * (
-          -(-size // 128))
+    elif op in REDUCTIONS:
+      return g.op_overhead_cycles + g.reduce_exchange_cycles + getattr(
+          g, REDUCTIONS[op]) * (-(-size // 128))
     elif op is not OpClass.TRANSCENDENTAL:
       per = g.alu_cycles_per_vector
     elif approx_math:
@@ -235,14 +241,6 @@ class Timing:
     else:
       per = g.transcendental_cycles_per_vector
     return g.op_overhead_cycles + per * (-(-size // 128))
-
-  def _reduce_per(self, eqn):
-    """A reduction's cycles per 128 elements: a sum or product on the FMA
-    pipes, a max, min or a bitwise one at the ALU's half rate."""
-    name = eqn.primitive.name
-    g = self.gpu
-    return (g.reduce_sum_cycles_per_vector if name.endswith(("sum", "prod"))
-            else g.reduce_max_cycles_per_vector)
 
   def issue_split(self, op, eqn, approx_math=False):
     """issue_cycles as (latency, ALU work): a warpgroup waits out an
@@ -254,7 +252,7 @@ class Timing:
     if op in TMA_ISSUE:  # (no ALU work: all the warpgroup's wait)
       return c, 0.0
     lat = min(c, self.gpu.op_overhead_cycles)
-    if op is OpClass.REDUCE:  # (its exchange across lanes: a wait, no ALU work)
+    if op in REDUCTIONS:  # (its exchange across lanes: a wait, no ALU work)
       lat += self.gpu.reduce_exchange_cycles
     return lat, c - lat
 

@@ -433,9 +433,9 @@ def _zeros_ordered_reduce(np_fn, negative_wins):
 
 # plgpu.sum/prod/max/min (mosaic_gpu_reduce_*) are the same reductions; their
 # accumulator_ilp only changes the order of the GPU's partial sums.
-_R = OpClass.REDUCE
-rule("reduce_sum", "mosaic_gpu_reduce_sum", op=_R)(_reduce(np.sum, f32_halves=True))
-rule("reduce_prod", "mosaic_gpu_reduce_prod", op=_R)(_reduce(np.prod, f32_halves=True))
+_R, _RS = OpClass.REDUCE, OpClass.REDUCE_SUM
+rule("reduce_sum", "mosaic_gpu_reduce_sum", op=_RS)(_reduce(np.sum, f32_halves=True))
+rule("reduce_prod", "mosaic_gpu_reduce_prod", op=_RS)(_reduce(np.prod, f32_halves=True))
 rule("reduce_max", "mosaic_gpu_reduce_max", op=_R)(
     _reduce(_zeros_ordered_reduce(np.max, negative_wins=False)))
 rule("reduce_min", "mosaic_gpu_reduce_min", op=_R)(
