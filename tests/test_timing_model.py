@@ -621,3 +621,41 @@ def test_a_reduction_costs_the_elements_it_reduces():
     assert work == pytest.approx(per * vectors)
   assert (t.issue_cycles(OpClass.ALU, square_eqn)
           < t.issue_cycles(OpClass.REDUCE_SUM, sum_eqn) < t.issue_cycles(OpClass.REDUCE, max_eqn))
+
+
+def _warpgroups(n, turns=False):
+  """n warpgroups of one block each run 8 rounds of ALU work on a 128x128
+  tile in registers: with `turns` (two), one after the other (each waits on
+  a barrier the other arrives at once its round is done), else side by
+  side."""
+  def k(x_ref, o_ref, bars):
+    w = lax.axis_index("wg")
+    v = x_ref[...]
+
+    def round_(i, v):
+      if turns:
+        @pl.when(jnp.logical_or(w == 1, i > 0))
+        def _():
+          plgpu.barrier_wait(bars.at[w])
+      for _ in range(4):
+        v = v * v + 1.0
+      if turns:
+        plgpu.barrier_arrive(bars.at[1 - w])
+      return v
+    o_ref[w] = lax.fori_loop(0, 8, round_, v)
+  return plgpu.kernel(k, out_type=S((n, 128, 128), jnp.float32), num_threads=n,
+                      thread_name="wg", scratch_types=[plgpu.Barrier(num_barriers=2)])
+
+
+def test_a_warpgroup_blocked_on_a_wait_leaves_the_alus_to_the_other():
+  """Warpgroups that take turns (each blocked on a barrier while the other
+  works: attention's schedule) each have the SM's ALUs to themselves: twice
+  one's time and a barrier's hand-off a round. Side by side they share
+  them: nearly twice one's time as well, in half the rounds."""
+  x = S((128, 128), jnp.float32)
+  cycles = lambda fn: ps.estimate(fn, x).kernels[0].block_cycles_max
+  one = cycles(_warpgroups(1))
+  turns = cycles(_warpgroups(2, turns=True))
+  side = cycles(_warpgroups(2))
+  assert turns == pytest.approx(2 * one + 16 * gpus.H100.barrier_latency, rel=0.06)
+  assert 1.7 * one < side < 2.1 * one

@@ -1077,6 +1077,12 @@ MUTANTS = [
            "      part = peers.index(blk), len(peers)\n",
            "      part = 0, len(peers)\n",
            ("tests/test_paths.py",)),
+    Mutant("blocked-warpgroup-keeps-alus", "backends/sim/timing/model.py",
+           "a warpgroup blocked on a wait nothing has completed issues no ALU work; "
+           "the mutant counts it as busy as it has been",
+           "  return w is not None and wg.time <= t and not wg.done and not w.ready()\n",
+           "  return False\n",
+           ("tests/test_timing_model.py",)),
     Mutant("run-state-copies-its-accumulator", "backends/sim/interpret/rules/refs.py",
            "run_state costs no vector work of its own; the mutant charges a copy of its "
            "operands as ALU work",

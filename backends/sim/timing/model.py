@@ -163,10 +163,22 @@ def alu_stretch(wg):
   for o in blk.warpgroups:
     busy = min(1.0, o.alu / o.time) if o.time > 0 else 0.0
     mine += busy
-    if o is not wg:
+    if o is not wg and not _idle(o, wg.time):
       others += busy
   others += (share - 1) * mine
   return _leftover(others, cap)
+
+
+def _idle(wg, t):
+  """Whether a warpgroup issues no ALU work from `t` on: it blocked, by t,
+  on a wait nothing has completed yet (a barrier the other warpgroup
+  arrives at after its own ALU work, a wgmma in flight: attention's two
+  warpgroups take turns so, each one's softmax beside the other's wgmmas).
+  One that blocked later than t ran ahead of this one in the simulation and
+  was busy until then; one that ended counts as busy as it was (a
+  warpgroup that never waits runs to its end before the others start)."""
+  w = wg.waiting
+  return w is not None and wg.time <= t and not wg.done and not w.ready()
 
 
 def _stretch(share, work, t):
