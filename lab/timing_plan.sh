@@ -3,7 +3,7 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 8 minutes (limits add to 460 s): what the
+#   the next call (default), about 8 minutes (limits add to 480 s): what the
 #   call of 2026-12-05 (../shared/h200/2026-12-05) did not bring back:
 #     attention  JAX's attention step phase by phase (lab/attention_trace.py);
 #     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8; its
@@ -43,7 +43,7 @@ source lab/plan_step.sh
 
 step rows 70 $PY -m lab.measure_gpu --only-micros --filter row_ --deadline 60
 # (a case's profiled call takes about 30 s there: 4 cases, each written as it ends)
-step attention 170 $PY -m lab.attention_trace
+step attention 190 $PY -m lab.attention_trace
 step fp8 80 $PY -m lab.pipeline_trace --fp8
 # (the pair the H200 ranks 12% apart and the model not: K 4096, two and four slots)
 step fp8k 50 $PY -m lab.pipeline_trace --fp8 --k 4096 --case 8192 128 128 2 \

@@ -33,3 +33,38 @@ def test_a_deadline_that_leaves_no_chunk_room_is_refused(capsys):
     measure_gpu.main(["--only-micros", "--filter", "l2_half", "--deadline", "35"])
   assert e.value.code == 2
   assert "a chunk starts only with 40 s left" in capsys.readouterr().err
+
+
+# Seconds a case took on the H200 in the call of 2026-12-05
+# (../shared/h200/2026-12-05: the plan's summaries), and what a step spends
+# before its first case (imports, the device's start).
+_DEVICE_S = {"attention": 30.0,  # (a traced attention case: 3 in the 90 s step)
+             "fp8": 7.5,         # (fp8k: two traced fp8 cases in 15 s)
+             "l2half": 0.5,      # (l2: 24 l2_lag streams in 11 s)
+             "blind4": 1.9}      # (blind3: 14 rows in 26 s)
+_START_S = 20.0
+
+
+def _device_cases(step):
+  from lab import attention_trace, calibrate, pipeline_trace, timing_suite
+  if step == "attention":
+    return len(attention_trace.CASES)
+  if step == "fp8":
+    return len(pipeline_trace.FP8_CASES)
+  if step == "l2half":
+    return len([m for m in calibrate.MICROS if "l2_half" in m.name])
+  return len([c for c in timing_suite.cases("families") if "(blind 4)" in c.name])
+
+
+def test_each_step_of_the_next_call_fits_its_limit_at_the_device_s_speed():
+  """The default call's steps, case by case at the speed the H200 showed,
+  end inside their limits (and a measure_gpu step's inside its deadline),
+  with room for a slower day: a step stopped at its limit loses cases."""
+  default, steps = _steps("timing_plan.sh")
+  assert set(_DEVICE_S) == set(default)
+  for name in default:
+    limit, command = steps[name]
+    need = _START_S + _device_cases(name) * _DEVICE_S[name]
+    deadline = re.findall(r"--deadline (\d+)", command)
+    budget = int(deadline[0]) if deadline else limit
+    assert 1.25 * need <= budget, (name, need, budget)
