@@ -33,7 +33,7 @@ from jax.extend import core as jax_extend_core
 from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.interpret import operands, refview
 from pallas_sim.backends.sim.timing.model import Engines
-from pallas_sim.backends.sim.base.loads import Load
+from pallas_sim.backends.sim.base.loads import Joined, Load
 from pallas_sim.errors import SimError
 
 
@@ -709,35 +709,32 @@ class Paths:
       order = self._orders[number] = tuple([(ld.thread, ld.site) for ld in sliced])
     cycles = self._joined_cycles.get(order)
     if cycles is None:
-      cycles = self._joined_cycles[order] = [ld.cycle for ld in at_cycles(
-          sliced, rep_events, 0.0, f"block {number}'s path", "its class's simulated block")]
+      cycles = self._joined_cycles[order] = cycles_at(
+          sliced, rep_events, 0.0, f"block {number}'s path", "its class's simulated block")
     return Joined(cycles, sliced)
-
-
-class Joined(typing.NamedTuple):
-  """A block's loads at the cycles of its class's simulated block: the
-  slice's Loads (no cycles) and, one for one, their issue cycles. (A
-  persistent kernel's blocks issue thousands of loads each: not copied into
-  Loads of their own.)"""
-  cycles: list
-  sliced: list
 
 
 def at_cycles(sliced, timed, offset, whose, against):
   """The slice's loads `sliced` (no cycles) at the cycles of `timed` (Loads a
   simulated run traced) plus `offset`: load for load, per thread and site in
-  order. `whose` and `against` name the two in the error where they
-  differ. (A persistent kernel's blocks issue thousands of loads each, for
-  every clock the launch is timed at: built as plain tuple copies.)"""
+  order (cycles_at). (Built as plain tuple copies: a persistent kernel's
+  blocks issue thousands of loads each.)"""
+  make = tuple.__new__
+  return [make(Load, (c,) + ld[1:])
+          for c, ld in zip(cycles_at(sliced, timed, offset, whose, against), sliced)]
+
+
+def cycles_at(sliced, timed, offset, whose, against):
+  """The issue cycle of each of the slice's loads `sliced`: that of the load
+  of `timed` (Loads a simulated run traced) at its place among its thread's
+  and site's, plus `offset`. `whose` and `against` name the two in the
+  error where they differ."""
   cycles = collections.defaultdict(list)
   for ev in timed:
     cycles[ev.thread, ev.site].append(ev.cycle + offset)
   nxt = {k: iter(v).__next__ for k, v in cycles.items()}
-  make = tuple.__new__
-  out = []
   try:
-    for ld in sliced:
-      out.append(make(Load, (nxt[ld.thread, ld.site](),) + ld[1:]))
+    out = [nxt[ld.thread, ld.site]() for ld in sliced]
   except (KeyError, StopIteration):
     raise SimError(f"{whose} issues more TMA loads at a site than {against}") from None
   if len(out) != len(timed):

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from pallas_sim.backends.sim.base.loads import Joined
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.timing import occupancy
 
@@ -244,15 +245,15 @@ class Timing:
     if op is OpClass.CONVERT and _int8_to_float(eqn):
       per = g.convert8_cycles_per_vector
     elif op in REDUCTIONS:
-      return g.op_overhead_cycles + g.reduce_exchange_cycles + getattr(
-          g, REDUCTIONS[op]) * (-(-size // 128))
+      per = getattr(g, REDUCTIONS[op])
     elif op is not OpClass.TRANSCENDENTAL:
       per = g.alu_cycles_per_vector
     elif approx_math:
       per = g.sfu_cycles_per_vector
     else:
       per = g.transcendental_cycles_per_vector
-    return g.op_overhead_cycles + per * (-(-size // 128))
+    exchange = g.reduce_exchange_cycles if op in REDUCTIONS else 0.0
+    return g.op_overhead_cycles + exchange + per * (-(-size // 128))
 
   def issue_split(self, op, eqn, approx_math=False):
     """issue_cycles as (latency, ALU work): a warpgroup waits out an
@@ -549,7 +550,7 @@ class LaunchTiming:
     through an L2 of the GPU's size kept least-recently-used by source
     (buffer, offset, box); a load from a source not in it misses. `loads`:
     block number -> its Loads (or tuples that begin like them), or a
-    blocks/paths.Joined."""
+    Joined."""
     l2 = self.timing.gpu.l2_bytes
     cache: collections.OrderedDict[Any, Any] = collections.OrderedDict()
     used, reads = 0, 0
@@ -559,7 +560,7 @@ class LaunchTiming:
       wave: list[Any] = []
       for b in range(w * self.slots, min(n, (w + 1) * self.slots)):
         got = loads.get(b, ())
-        if hasattr(got, "sliced"):  # (paths.Joined: the cycles beside the Loads)
+        if isinstance(got, Joined):  # (the cycles beside the Loads)
           cycles += got.cycles
           wave += got.sliced
         else:
