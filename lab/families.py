@@ -279,13 +279,21 @@ def _row_pipeline(step, x_gmem, *, row, block_m, tile_n, mcs, init=None,
                   extra_in=(), out=None):
   """emit_pipeline over the block's `block_m` rows of x in (block_m, tile_n)
   column tiles, left to right; `extra_in`: (gmem, spec) pairs of further
-  inputs, `out`: the output gmem (tiles like x's)."""
+  inputs, `out`: the output gmem (tiles like x's). The step runs in a named
+  scope, "body" (what a profiled run times: lab/rows_trace.py; a scope
+  costs nothing unprofiled)."""
+  import jax
   from jax.experimental.pallas import mosaic_gpu as plgpu
   cols = x_gmem.shape[1]
+
+  def scoped(*args):
+    with jax.named_scope("body"):
+      return step(*args)
+
   x_spec = plgpu.BlockSpec((block_m, tile_n), lambda j: (row, j))
   ins = [x_gmem] + [g for g, _ in extra_in]
   return plgpu.emit_pipeline(
-      step, grid=(cols // tile_n,),
+      scoped, grid=(cols // tile_n,),
       in_specs=[x_spec] + [s for _, s in extra_in],
       out_specs=[x_spec] if out is not None else [],
       max_concurrent_steps=mcs, init_carry=init)(*ins, *([out] if out is not None else []))
@@ -300,7 +308,7 @@ def _done_reading():
   plgpu.commit_smem()
 
 
-def rms_norm(x, w, *, block_m=64, tile_n=128, mcs=2, eps=1e-6):
+def rms_norm(x, w, *, block_m=64, tile_n=128, mcs=2, eps=1e-6, compiler_params=None):
   """out = x / sqrt(mean(x^2, row) + eps) * w over the rows of x (rows, cols),
   w (cols,); f32 math, out in x's dtype. Each block owns `block_m` rows
   (64 a warpgroup: the WGMMA register layout's row strips) and runs two
@@ -338,7 +346,8 @@ def rms_norm(x, w, *, block_m=64, tile_n=128, mcs=2, eps=1e-6):
                   extra_in=[(w_gmem, w_spec)], out=o_gmem)
 
   return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                      grid=(rows // block_m,), grid_names=("r",))(x, w)
+                      grid=(rows // block_m,), grid_names=("r",),
+                      compiler_params=compiler_params)(x, w)
 
 
 def _rms_ref(x, w, eps=1e-6):
@@ -348,7 +357,7 @@ def _rms_ref(x, w, eps=1e-6):
   return x / jnp.sqrt(ms + eps) * w.astype(jnp.float32)
 
 
-def softmax_rows(x, *, block_m=64, tile_n=128, mcs=2):
+def softmax_rows(x, *, block_m=64, tile_n=128, mcs=2, compiler_params=None):
   """out = softmax(x) along each row of x (rows, cols): f32 math, out in x's
   dtype. Each block owns `block_m` rows and runs two TMA pipelines over
   their (block_m, tile_n) column tiles: the first carries each row's
@@ -387,7 +396,8 @@ def softmax_rows(x, *, block_m=64, tile_n=128, mcs=2):
                   out=o_gmem)
 
   return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                      grid=(rows // block_m,), grid_names=("r",))(x)
+                      grid=(rows // block_m,), grid_names=("r",),
+                      compiler_params=compiler_params)(x)
 
 
 def _softmax_ref(x):

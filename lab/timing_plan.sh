@@ -3,13 +3,17 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 8 minutes (limits add to 480 s): what the
-#   call of 2026-12-05 (../shared/h200/2026-12-05) did not bring back:
+#   the next call (default), about 9 minutes (limits add to 520 s): what the
+#   call of 2026-12-05 (../shared/h200/2026-12-05) did not bring back, and
+#   where the model errs most on our families:
+#     rowstrace  RMSnorm's and softmax's pipeline steps part by part, one
+#                block an SM and two (lab/rows_trace.py);
 #     attention  JAX's attention step phase by phase (lab/attention_trace.py);
 #     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8; its
 #                profiler now records what fits in SMEM);
-#     l2half     the in-step L2 streams (l2_half*) beside the out-of-step ones;
 #     blind4     the fourth blind set (families, names ending "(blind 4)");
+#   the call after:
+#     l2half     the in-step L2 streams (l2_half*) beside the out-of-step ones;
 #   measured on 2026-12-05, kept to run again:
 #     rows       row max/sum micros (calibrate row_*);
 #     fp8k       the fp8 matmul at 8192x4096x8192, two and four slots;
@@ -20,13 +24,13 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [attention] [fp8] [l2half] [blind4] [rows] [fp8k] [l2]
+#     bash lab/timing_plan.sh [rowstrace] [attention] [fp8] [blind4] [l2half] [rows] [fp8k] [l2]
 #                             [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-attention fp8 l2half blind4}"
+STEPS="${*:-rowstrace attention fp8 blind4}"
 export PYTHONUNBUFFERED=1
 # (the steps' folders outside $OUT, packed into $TGZ after each step: what
 # comes back is the summary and one archive, whenever the call stops)
@@ -42,6 +46,8 @@ $PY -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 source lab/plan_step.sh
 
 step rows 70 $PY -m lab.measure_gpu --only-micros --filter row_ --deadline 60
+# (six cases, each written as it ends: about 14 s a case there)
+step rowstrace 130 $PY -m lab.rows_trace
 # (a case's profiled call takes about 30 s there: 4 cases, each written as it ends)
 step attention 190 $PY -m lab.attention_trace
 step fp8 80 $PY -m lab.pipeline_trace --fp8

@@ -38,15 +38,17 @@ def test_a_deadline_that_leaves_no_chunk_room_is_refused(capsys):
 # Seconds a case took on the H200 in the call of 2026-12-05
 # (../shared/h200/2026-12-05: the plan's summaries), and what a step spends
 # before its first case (imports, the device's start).
-_DEVICE_S = {"attention": 30.0,  # (a traced attention case: 3 in the 90 s step)
+_DEVICE_S = {"rowstrace": 14.0,  # (its traces' ranges at the attention trace's rate)
+             "attention": 30.0,  # (a traced attention case: 3 in the 90 s step)
              "fp8": 7.5,         # (fp8k: two traced fp8 cases in 15 s)
-             "l2half": 0.5,      # (l2: 24 l2_lag streams in 11 s)
              "blind4": 1.9}      # (blind3: 14 rows in 26 s)
 _START_S = 20.0
 
 
 def _device_cases(step):
-  from lab import attention_trace, calibrate, pipeline_trace, timing_suite
+  from lab import attention_trace, calibrate, pipeline_trace, rows_trace, timing_suite
+  if step == "rowstrace":
+    return len(rows_trace.CASES)
   if step == "attention":
     return len(attention_trace.CASES)
   if step == "fp8":

@@ -71,6 +71,9 @@ from jax._src.pallas import pallas_call  # noqa: E402
 from jax._src.pallas import primitives as pallas_primitives  # noqa: E402
 from jax._src.pallas.mosaic_gpu import core as gpu_core  # noqa: E402
 from jax._src.pallas.mosaic_gpu import lowering as gpu_lowering  # noqa: E402
+# (the module whose emit_pipeline calls gpu_primitives' waits: what a profiled
+# run scopes to time them, lab/rows_trace.py)
+from jax._src.pallas.mosaic_gpu import pipeline as gpu_pipeline  # noqa: E402
 from jax._src.pallas.mosaic_gpu import primitives as gpu_primitives  # noqa: E402
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call  # noqa: E402
 from jax._src.pallas.mosaic_gpu.interpret import params as interpret_params_module  # noqa: E402
