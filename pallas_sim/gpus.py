@@ -99,6 +99,12 @@ class GPU:
   # model's step 0.65 of the way from near to far, as measured), and they
   # queue (timing.far_share, Timing.tma).
   l2_far_ramp: float = 0.1
+  # What a hit in the far half costs beyond a near one, at a site whose
+  # blocks read apart (where they share, the far reads queue instead): one
+  # block's chain of dependent 32 KiB loads round a 48 MiB region took 1033
+  # cycles a load, round an 8 MiB one 721 (l2_half_chain_48mib and _8mib,
+  # micros_2026_12_05 of lab/data/h200_measured.json, H200).
+  l2_far_latency_extra: float = 312.0
   # What one SM's TMA engine moves: every SM loading one and the same 16 KiB
   # tile of 128-byte rows, again and again, 4 in flight, got 160 B/clk each
   # (41.9 TB/s in all; a tile that stays the same is served faster again
@@ -360,5 +366,6 @@ def at_clock(gpu, mhz):
                                 for k, v in gpu.tensor_flop_per_clk),
       tensor_rate_mhz=tuple((k, mhz) for k, _ in gpu.tensor_rate_mhz),
       tma_latency=gpu.tma_latency * r, hbm_latency_extra=gpu.hbm_latency_extra * r,
+      l2_far_latency_extra=gpu.l2_far_latency_extra * r,
       hbm_queue_cycles=gpu.hbm_queue_cycles * r,
       local_l2_bytes_per_clk=gpu.local_l2_bytes_per_clk / r)

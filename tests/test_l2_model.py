@@ -121,15 +121,17 @@ def test_a_deeper_pipeline_hides_the_loaded_l2s_latency(deeper, shallower):
 
 def test_a_multicast_part_and_an_smem_to_smem_copy_are_not_shared_l2_reads():
   """A multicast's blocks each load their own part (the site's analysis sees
-  the cluster's blocks as one reader): streamed, no queue. A copy between
-  SMs' SMEM does not load the L2."""
+  the cluster's blocks as one reader): streamed, no queue (what the L2 holds
+  of it in its far half, the far half's latency: the launch's data not
+  known, all far). A copy between SMs' SMEM does not load the L2."""
   lt = _matmul_launch()
   t = Timing(H)
   e = _l2_only(lt.engines(0))
   t.tma(e, 0.0, 1 << 20, "a", row_bytes=128)
   s, end, done = t.tma(e, 0.0, 65536, "a", row_bytes=128, shared=False)
   assert end - s == pytest.approx(65536 / lt.l2_rate)
-  assert done - end == pytest.approx(lt.latency["a"])
+  hits = 1 - lt.miss["a"]
+  assert done - end == pytest.approx(lt.latency["a"] + lt.far * H.l2_far_latency_extra * hits)
   before = e.l2_work
   t.tma(e, end, 65536, via_l2=False)
   assert e.l2_work == before
@@ -240,3 +242,56 @@ def test_narrow_lookups_keep_the_l2_busy_longer_than_their_bytes():
   assert busy[64] == pytest.approx(16384 * max(1 / lt.l2_rate, 1 / (64 * lt.l2_rows)))
   assert busy[32] == pytest.approx(16384 / (32 * lt.l2_rows))
   assert busy[32] > 1.9 * busy[64]
+
+
+def _apart_launch(footprint, blocks=132):
+  """Every block reading tiles of its own (no sharing the analysis sees),
+  the launch's data `footprint` bytes."""
+  lt = Timing(H).launch(blocks, 32 * 1024, 128, footprint=footprint)
+  lt.set_loads(np.array([(b,) for b in range(blocks)]), {"x": (0,)})
+  return lt
+
+
+def test_what_a_block_reads_again_in_a_launch_that_fits_in_the_l2_hits_there():
+  """Past its share of a source's bytes, a block's reads are re-reads (a loop
+  round a small region): where the launch fits in the L2 they hit, at the
+  L2's latency, where before the first touch they paid HBM's as well."""
+  size = 8 << 20
+  lt = _apart_launch(footprint=size)
+  assert lt.miss["x"] == 1.0 and lt.hbm_cycles is None
+  t, e = Timing(H), lt.engines(0)
+  share = size / 132
+  box = 16384
+  src = (("x", "buf"), size)
+  dones = []
+  at = 0.0
+  for _ in range(int(share // box) + 3):
+    _, end, done = t.tma(e, at, box, "x", row_bytes=512, shared=False, source=src)
+    dones.append(done - end)
+    at = done
+  assert dones[0] == pytest.approx(H.tma_latency + H.hbm_latency_extra)
+  assert dones[-1] == pytest.approx(H.tma_latency)  # (read before: a hit)
+  # A launch that does not fit keeps HBM's latency (count_hbm's credit is
+  # for bandwidth only: what a big launch reads again may have left the L2).
+  big = _apart_launch(footprint=4 * H.l2_bytes)
+  e2 = big.engines(0)
+  for _ in range(int(share // box) + 3):
+    _, end, done = t.tma(e2, 0.0, box, "x", row_bytes=512, shared=False, source=src)
+  assert done - end >= H.tma_latency + H.hbm_latency_extra
+
+
+def test_a_hit_in_the_far_half_of_the_l2_takes_longer():
+  """A launch that fits in the L2 but not in its near half: a block's hits
+  at a site it reads apart come from the far half, l2_far_latency_extra
+  later (the near half's: none)."""
+  t = Timing(H)
+  lat = {}
+  for mib in (8, 48):
+    lt = _apart_launch(footprint=mib << 20)
+    e = lt.engines(0)
+    e.hbm_left[("x", "buf")] = 0.0  # (its share read before)
+    _, end, done = t.tma(e, 0.0, 16384, "x", row_bytes=512, shared=False,
+                         source=(("x", "buf"), mib << 20))
+    lat[mib] = done - end
+  assert lat[8] == pytest.approx(H.tma_latency)
+  assert lat[48] == pytest.approx(H.tma_latency + H.l2_far_latency_extra)

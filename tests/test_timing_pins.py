@@ -96,6 +96,16 @@ def _shared_stream(readers, slots=4, tile_rows=32, cols=128, region_mib=8, swizz
       readers=readers, swizzle=swizzle, grouped=True), (x,))
 
 
+def _lagged_stream(slots, region_mib, lag, readers=12, tile_rows=32, cols=128):
+  """calibrate.tma_stream over 132 blocks in groups of `readers` sharing
+  tiles out of step: the r-th reads r * lag loads behind the first."""
+  region = (region_mib << 20) // (tile_rows * cols * 4)
+  x = S((region * tile_rows, cols), F32)
+  return lambda n: (lambda x: C.tma_stream(
+      x, n=n, blocks=NUM_SMS, tile_rows=tile_rows, slots=slots, region_tiles=region,
+      readers=readers, lag=lag, swizzle=128, grouped=True), (x,))
+
+
 def _panel(blocks, box_cols, slots, cols=512):
   x = S((blocks * 128, cols), F16)
   return lambda n: (lambda x: C.tma_panel(x, n=n, blocks=blocks, tile_rows=128,
@@ -347,6 +357,15 @@ PINS = [
         lambda g: _per_iteration(g, lambda n: (lambda x: C.tiny_chain(x, n=n),
                                                (S((NUM_SMS, 128), F32),)), 2, 6,
                                  kernel_time=True) / 1980.0,
+        0.10),
+    # Groups of 12 blocks reading the same 16 KiB tiles 16 loads apart, round
+    # a 48 MiB region the L2 holds (its far half for most), 2 in flight: 603
+    # cycles a load (l2_lag16_48mib_2slots, micros_2026_12_05_l2_lag).
+    # Model +5.9%; l2_far_latency_extra x1.3 +13.6% (x0.7 -1.9%: not caught).
+    Pin("l2_lag16_48mib_2slots", ("l2_far_latency_extra",),
+        "h200_measured.json micros_2026_12_05_l2_lag l2_lag16_48mib_2slots",
+        _m("micros_2026_12_05_l2_lag", "l2_lag16_48mib_2slots"),
+        lambda g: _per_iteration(g, _lagged_stream(2, 48, lag=16), 400, 800),
         0.10),
     # pipeline_trace.py --tma-issue (seventeenth_session.tma_issue): 2 and 4
     # loads issued in 86 and 171 cycles, 2 stores in 118. Model 86, 172, 118;

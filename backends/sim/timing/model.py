@@ -323,6 +323,12 @@ class Timing:
     start = max(t, engines.tma_free)
     lat = engines.latency.get(site, g.tma_latency)
     miss = 1.0 if store else engines.miss.get(site, 0.0)
+    if miss and not store and source is not None and not engines.hbm_cycles:
+      # (a launch that fits in the L2: what a block reads past its share of
+      # a source it read before, the L2 holds: a hit, at its own latency)
+      first = miss * self._first_read(engines, nbytes * miss, source)
+      lat -= g.hbm_latency_extra * (miss - first)
+      miss = first
     if miss and not store:
       lat += miss * self._hbm_queue(engines, start)
     per = engines.byte_cycles.get(site) if shared else None
@@ -330,6 +336,10 @@ class Timing:
       far = engines.far
       if far:
         lat *= 1 - far + far / self._l2_left(engines, start)
+    elif engines.far and not engines.hbm_cycles:
+      # (a launch that fits in the L2 but not in its near half: what the
+      # L2 holds of the far half comes across the partitions, further)
+      lat += engines.far * g.l2_far_latency_extra * (1 - miss)
     narrow = row_bytes is not None and row_bytes < g.l2_shared_min_row_bytes
     if per is None or row_bytes is None or narrow:
       per = 1 / engines.l2_rate if engines.l2_rate else 0.0  # (streamed)
@@ -375,6 +385,17 @@ class Timing:
     cycles = nbytes * cost * engines.hbm_cycles[1 if write else 0]
     engines.hbm_work += cycles
     return cycles
+
+  @staticmethod
+  def _first_read(engines, nbytes, source):
+    """The share of `nbytes` of a load from `source` (Timing.tma) that its
+    block reads for the first time in a launch that fits in the L2: each
+    block its share of the source's bytes (Engines.hbm_left), as count_hbm
+    counts them where the launch does not fit."""
+    buf, size = source
+    left = engines.hbm_left.get(buf, size / engines.blocks)
+    engines.hbm_left[buf] = max(0.0, left - nbytes)
+    return min(1.0, left / nbytes) if nbytes > 0 else 0.0
 
   def _hbm_queue(self, engines, t):
     """The wait a miss adds to its latency at t, queued behind the other
