@@ -253,14 +253,15 @@ def _apart_launch(footprint, blocks=132):
 
 
 def test_what_a_block_reads_again_in_a_launch_that_fits_in_the_l2_hits_there():
-  """Past its share of a source's bytes, a block's reads are re-reads (a loop
+  """Past twice its share of a source's bytes (blocks splitting a source in
+  whole boxes read up to about that), a block's reads are re-reads (a loop
   round a small region): where the launch fits in the L2 they hit, at the
-  L2's latency, where before the first touch they paid HBM's as well."""
+  L2's latency, where before they paid HBM's as well."""
   size = 8 << 20
   lt = _apart_launch(footprint=size)
   assert lt.miss["x"] == 1.0 and lt.hbm_cycles is None
   t, e = Timing(H), lt.engines(0)
-  share = size / 132
+  share = 2 * size / 132
   box = 16384
   src = (("x", "buf"), size)
   dones = []

@@ -389,11 +389,13 @@ class Timing:
   @staticmethod
   def _first_read(engines, nbytes, source):
     """The share of `nbytes` of a load from `source` (Timing.tma) that its
-    block reads for the first time in a launch that fits in the L2: each
-    block its share of the source's bytes (Engines.hbm_left), as count_hbm
-    counts them where the launch does not fit."""
+    block may read for the first time in a launch that fits in the L2: up to
+    twice its share of the source's bytes (Engines.hbm_left, which count_hbm
+    counts down once where the launch does not fit): blocks that split a
+    source in whole boxes read at most about twice the mean each (n + 1
+    boxes over n blocks), so only a block that reads more reads again."""
     buf, size = source
-    left = engines.hbm_left.get(buf, size / engines.blocks)
+    left = engines.hbm_left.get(buf, 2 * size / engines.blocks)
     engines.hbm_left[buf] = max(0.0, left - nbytes)
     return min(1.0, left / nbytes) if nbytes > 0 else 0.0
 
