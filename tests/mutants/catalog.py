@@ -1169,6 +1169,18 @@ MUTANTS = [
            "        lat *= 1 - far + far / self._l2_left(engines, start)\n",
            "        pass\n",
            ("tests/test_l2_model.py",)),
+    Mutant("l2-rereads-miss", "backends/sim/timing/model.py",
+           "in a launch that fits in the L2, what a block reads past twice its share "
+           "of a source hits there; the mutant pays HBM's latency on every read",
+           "      first = miss * self._first_read(engines, nbytes * miss, source)\n",
+           "      first = miss\n",
+           ("tests/test_l2_model.py",)),
+    Mutant("l2-far-hits-near", "backends/sim/timing/model.py",
+           "a hit in the L2's far half at a site read apart costs the far half's "
+           "extra latency; the mutant serves it at the near half's",
+           "      lat += engines.far * g.l2_far_latency_extra * (1 - miss)\n",
+           "      lat += 0.0\n",
+           ("tests/test_l2_model.py", "tests/test_timing_pins.py")),
     Mutant("tma-narrow-rows-unbounded", "backends/sim/timing/model.py",
            "a box of rows under 128 bytes moves at most the SM's share of the L2's "
            "requests a cycle; the mutant moves them at the L2's byte rate",
