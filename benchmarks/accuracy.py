@@ -114,6 +114,17 @@ def ordered_share(pairs):
   return score / len(pairs)
 
 
+def misordered(pairs):
+  """Of pairs told apart on the GPU (apart), those the model orders the
+  other way by more than compare.RESOLUTION."""
+  return [(lo, hi) for lo, hi in pairs if lo[2] / hi[2] - 1 > RESOLUTION]
+
+
+def _config(case, family):
+  """A row's name less its family's (what the configuration is)."""
+  return case.name[len(family):].strip() if case.name.startswith(family) else case.name
+
+
 def noise_ranks(fr, noise):
   """The measured times with configurations within noise of each other made
   equal (fastest first, a group closes at the first row past its fastest's
@@ -159,6 +170,19 @@ def summarize(rows, title, small, again=None, spread=None):
     print(f"| {fam} | {len(fr)} | {rho:.2f} | {rho_noise:.2f} | "
           f"{share:.0%} of {len(pairs)} | "
           f"{np.mean([abs(r[3]) for r in fr]):.0%} | {self_rho} |")
+  wrong = []
+  for fam in dict.fromkeys(r[0].family for r in rows):
+    fr = [r for r in rows if r[0].family == fam]
+    noise = {r[0].name: noise_of(r[0].name, r[1], again, spread) for r in fr}
+    wrong += [(fam, lo, hi) for lo, hi in misordered(apart(fr, noise))]
+  if wrong:
+    print("\nPairs the H200 tells apart past the noise and the model orders the other "
+          "way (a pair within compare.RESOLUTION in the model is not listed: it says "
+          "it cannot tell them apart):\n")
+    for fam, lo, hi in wrong:
+      print(f"* {fam}: `{_config(lo[0], fam)}` {lo[1] * 1e6:.1f} us < "
+            f"`{_config(hi[0], fam)}` {hi[1] * 1e6:.1f} us on the H200; the model "
+            f"{lo[2] * 1e6:.1f} / {hi[2] * 1e6:.1f}")
   counted = [r for r in rows if small or not r[0].small]
   if counted:
     errs = [abs(r[3]) for r in counted]
