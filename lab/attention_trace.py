@@ -75,18 +75,6 @@ def name_of(case):
   return f"attention fwd b{b} s{s} h{h} d{d} bq{bq} bkv{bkv} mcs={mcs}"
 
 
-class _Seen:
-  """A module as attention_mgpu sees it: `real`'s attributes, but for those
-  given."""
-
-  def __init__(self, real, **overrides):
-    self._real = real
-    self.__dict__.update(overrides)
-
-  def __getattr__(self, name):
-    return getattr(self._real, name)
-
-
 def _barrier_of(frame):
   """The barrier array a barrier_wait call names at its line ("v_barriers"
   in plgpu.barrier_wait(v_barriers.at[slot]))."""
@@ -137,8 +125,8 @@ def scoped_attention(profile_dir, space):
     return plgpu.CompilerParams(**kw, profile_space=space, profile_dir=profile_dir,
                                 profile_bounds_check=True)
 
-  am.plgpu = _Seen(plgpu, barrier_wait=barrier_wait, CompilerParams=compiler_params)
-  am.pl = _Seen(pl, run_scoped=run_scoped, run_state=run_state)
+  am.plgpu = pt.Seen(plgpu, barrier_wait=barrier_wait, CompilerParams=compiler_params)
+  am.pl = pt.Seen(pl, run_scoped=run_scoped, run_state=run_state)
   try:
     yield am
   finally:

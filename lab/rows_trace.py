@@ -63,18 +63,6 @@ def name_of(case):
   return f"own {what} bf16 {rows}x{cols} {bm}x{tn} mcs={mcs}"
 
 
-class _Seen:
-  """A module as emit_pipeline sees it: `real`'s attributes, but for those
-  given."""
-
-  def __init__(self, real, **overrides):
-    self._real = real
-    self.__dict__.update(overrides)
-
-  def __getattr__(self, name):
-    return getattr(self._real, name)
-
-
 @contextlib.contextmanager
 def scoped_waits():
   """While inside, emit_pipeline's waits run in named scopes: its TMA
@@ -89,7 +77,7 @@ def scoped_waits():
         return f(*args, **kw)
     return run
 
-  gpu_pipeline.gpu_primitives = _Seen(
+  gpu_pipeline.gpu_primitives = pt.Seen(
       real, barrier_wait=scope("wait load", real.barrier_wait),
       wait_smem_to_gmem=scope("wait store", real.wait_smem_to_gmem))
   try:
