@@ -1026,8 +1026,8 @@ MUTANTS = [
     Mutant("hbm-share-uncapped", "backends/sim/timing/model.py",
            "a block counts at most its share of a source against HBM; the mutant counts "
            "every re-read",
-           "      nbytes = min(nbytes, left)\n",
-           "      nbytes = nbytes\n",
+           "      nbytes = _take(engines, buf, size / engines.blocks, nbytes)\n",
+           "      _take(engines, buf, size / engines.blocks, nbytes)\n",
            ("tests/test_hbm_model.py",)),
     Mutant("hbm-share-unlimited", "backends/sim/timing/model.py",
            "a block's own misses land no sooner than its part of its SM's share of HBM "

@@ -200,6 +200,16 @@ def _busy(engines, work, t, cap):
   return min(cap, engines.share * work / t) if t > 0 else 0.0
 
 
+def _take(engines, buf, share, nbytes):
+  """Counts `nbytes` of a block's reads of source `buf` against what is
+  left of `share` bytes of it (Engines.hbm_left): the bytes still within
+  it."""
+  left = engines.hbm_left.get(buf, share)
+  taken = min(nbytes, left)
+  engines.hbm_left[buf] = left - taken
+  return taken
+
+
 def _leftover(others, cap):
   """The stretch of a unit the others keep busy `others` of the time: what
   they leave is this one's, 1 / (1 - others), up to `cap` (1/cap of it)."""
@@ -324,8 +334,9 @@ class Timing:
     lat = engines.latency.get(site, g.tma_latency)
     miss = 1.0 if store else engines.miss.get(site, 0.0)
     if miss and not store and source is not None and not engines.hbm_cycles:
-      # (a launch that fits in the L2: what a block reads past its share of
-      # a source it read before, the L2 holds: a hit, at its own latency)
+      # (a launch that fits in the L2: what a block reads past twice its
+      # share of a source it read before, the L2 holds: a hit, at its own
+      # latency)
       first = miss * self._first_read(engines, nbytes * miss, source)
       lat -= g.hbm_latency_extra * (miss - first)
       miss = first
@@ -379,9 +390,7 @@ class Timing:
       return 0.0
     if source is not None:
       buf, size = source
-      left = engines.hbm_left.get(buf, size / engines.blocks)
-      nbytes = min(nbytes, left)
-      engines.hbm_left[buf] = left - nbytes
+      nbytes = _take(engines, buf, size / engines.blocks, nbytes)
     cycles = nbytes * cost * engines.hbm_cycles[1 if write else 0]
     engines.hbm_work += cycles
     return cycles
@@ -395,9 +404,8 @@ class Timing:
     source in whole boxes read at most about twice the mean each (n + 1
     boxes over n blocks), so only a block that reads more reads again."""
     buf, size = source
-    left = engines.hbm_left.get(buf, 2 * size / engines.blocks)
-    engines.hbm_left[buf] = max(0.0, left - nbytes)
-    return min(1.0, left / nbytes) if nbytes > 0 else 0.0
+    taken = _take(engines, buf, 2 * size / engines.blocks, nbytes)
+    return taken / nbytes if nbytes > 0 else 0.0
 
   def _hbm_queue(self, engines, t):
     """The wait a miss adds to its latency at t, queued behind the other
