@@ -157,6 +157,7 @@ def summarize(rows, title, small, again=None, spread=None):
         "noise tied | pairs apart past the noise: ordered right | mean abs error | "
         "the GPU against itself (Spearman of two sustained runs) |")
   print("|---|---:|---:|---:|---:|---:|---:|")
+  wrong = []  # (family, lo, hi): the pairs the model orders the other way
   for fam in dict.fromkeys(r[0].family for r in rows):
     fr = [r for r in rows if r[0].family == fam]
     rho = spearman([r[1] for r in fr], [r[2] for r in fr])
@@ -164,17 +165,13 @@ def summarize(rows, title, small, again=None, spread=None):
     rho_noise = spearman(noise_ranks(fr, noise), [r[2] for r in fr])
     pairs = apart(fr, noise)
     share = ordered_share(pairs)
+    wrong += [(fam, lo, hi) for lo, hi in misordered(pairs)]
     twice = [r for r in fr if again and r[0].name in again]
     self_rho = (f"{spearman([r[1] for r in twice], [again[r[0].name] for r in twice]):.2f}"
                 if len(twice) == len(fr) else "")
     print(f"| {fam} | {len(fr)} | {rho:.2f} | {rho_noise:.2f} | "
           f"{share:.0%} of {len(pairs)} | "
           f"{np.mean([abs(r[3]) for r in fr]):.0%} | {self_rho} |")
-  wrong = []
-  for fam in dict.fromkeys(r[0].family for r in rows):
-    fr = [r for r in rows if r[0].family == fam]
-    noise = {r[0].name: noise_of(r[0].name, r[1], again, spread) for r in fr}
-    wrong += [(fam, lo, hi) for lo, hi in misordered(apart(fr, noise))]
   if wrong:
     print("\nPairs the H200 tells apart past the noise and the model orders the other "
           "way (a pair within compare.RESOLUTION in the model is not listed: it says "
