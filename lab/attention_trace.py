@@ -183,11 +183,7 @@ def steps_of(trace, case):
       parts["softmax"].append(st["wait v_barriers"][0] - qk[j][1])
       parts["rest"].append(hi - st["pv"][1])
       parts["step"].append(hi - qk[j][0])
-  out = {}
-  for p, v in parts.items():
-    v = np.asarray(v, float)
-    out[p] = ({"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
-               "p90": float(np.percentile(v, 90))} if v.size else None)
+  out = {p: pt.spread(v) for p, v in parts.items()}
   out["warpgroups"] = len(spans)
   out["block_cycles_median"] = float(np.median(spans)) if spans else None
   out["steps"] = n_steps

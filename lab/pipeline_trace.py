@@ -153,6 +153,16 @@ class Seen:
     return getattr(self._real, name)
 
 
+def spread(values):
+  """A part's cycles over the steps traced: median, 10th and 90th
+  percentiles (None: no step)."""
+  v = np.asarray(values, float)
+  if not v.size:
+    return None
+  return {"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
+          "p90": float(np.percentile(v, 90))}
+
+
 def newest_trace(directory):
   """The last trace file a profiled run wrote into `directory` (None: none)."""
   files = sorted(glob.glob(os.path.join(directory, "*-trace.json")))

@@ -156,11 +156,7 @@ def steps_of(trace, case):
           parts[(pas, w)].append(before[i + 1].get(w, 0.0))
         waited = sum(before[i + 1].values())
         parts[(pas, "rest")].append(nxt - bodies[i][1] - waited)
-  out = {}
-  for (pas, q), v in parts.items():
-    v = np.asarray(v, float)
-    out[f"{pas} {q}"] = ({"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
-                          "p90": float(np.percentile(v, 90))} if v.size else None)
+  out = {f"{pas} {q}": pt.spread(v) for (pas, q), v in parts.items()}
   out["blocks"] = counted
   out["block_cycles_median"] = float(np.median(spans)) if spans else None
   out["steps"] = 2 * per_pass

@@ -30,10 +30,8 @@ import os
 import sys
 import tempfile
 
-import numpy as np
-
 from lab import families
-from lab.pipeline_trace import newest_trace, ranges
+from lab.pipeline_trace import newest_trace, ranges, spread
 
 # (tile_m, tile_n, split, mcs): the families' split-N block 128x256x64 at its
 # two depths, and the split-M one.
@@ -69,8 +67,7 @@ def parts(trace, mcs):
       out["step"].append(acc[j + 1][0] - acc[j][0])
       if j < len(issue):
         out["issue"].append(issue[j][1] - issue[j][0])
-  return {k: ({"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
-               "p90": float(np.percentile(v, 90))} if v else None) for k, v in out.items()}
+  return {k: spread(v) for k, v in out.items()}
 
 
 def _operands(sim):
