@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import sys
 import tempfile
@@ -60,9 +61,10 @@ CASES = [(4096, 128, 128, 2), (4096, 128, 64, 2), (8192, 128, 64, 2), (4096, 128
 
 # Our fp8 matmul at one block an SM (three slots and more) and at two (two
 # slots), 4096^3: the H200 runs three slots within 2% of four, where the
-# model has them latency-bound (benchmarks/HISTORY.md).
+# model has them latency-bound (benchmarks/HISTORY.md). (Six slots leave no
+# SMEM for the profiler's buffer: PROFILE_SMEM_MARGIN.)
 FP8_CASES = [(4096, 128, 128, 2), (4096, 128, 128, 3), (4096, 128, 128, 4),
-             (4096, 128, 128, 6)]
+             (4096, 128, 128, 5)]
 
 
 def name_of(size, tile_n, tile_k, mcs, fp8=False):
@@ -155,12 +157,13 @@ class Seen:
 
 def spread(values):
   """A part's cycles over the steps traced: median, 10th and 90th
-  percentiles (None: no step)."""
+  percentiles, and mean (a long tail moves the mean, which sets the
+  kernel's time, and not the median) (None: no step)."""
   v = np.asarray(values, float)
   if not v.size:
     return None
   return {"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
-          "p90": float(np.percentile(v, 90))}
+          "p90": float(np.percentile(v, 90)), "mean": float(v.mean())}
 
 
 def newest_trace(directory):
@@ -230,30 +233,43 @@ def profile_space(size, tile_k):
   return 2 * (size // tile_k) * 2 + 64
 
 
+# SMEM a profiled kernel leaves unused below the per-block limit: a launch
+# whose dynamic SMEM the lowering accepted at 232,448 bytes less one range
+# (our fp8 matmul at six slots, 189 ranges) failed on the H200 with
+# "INTERNAL: invalid argument", where every profiled kernel with 1 KiB or more
+# to spare ran.
+PROFILE_SMEM_MARGIN = 2048
+
+
 def fitting_space(fn, shapes, space, *, tile_n, tile_k, mcs, gpu="h200"):
-  """The most profiler ranges (at most `space`) with which the profiled
-  kernel still fits in SMEM, as the simulator counts it (the profiler's
-  buffer is SMEM too: what the lowering counts): (space, truncate). A
-  kernel whose unprofiled SMEM leaves no room for a buffer raises."""
+  """The most profiler ranges (at most `space`, a multiple of 4: 16 bytes a
+  warpgroup's buffer) with which the profiled kernel leaves
+  PROFILE_SMEM_MARGIN of SMEM unused, as the simulator counts it (the
+  profiler's buffer is SMEM too: what the lowering counts): (space,
+  truncate). A kernel that cannot keep even 8 ranges raises."""
   import pallas_sim as ps
+  from pallas_sim import gpus
+  limit = gpus.GPUS[gpu].max_smem_per_block - PROFILE_SMEM_MARGIN
 
-  def smem_over(n):
+  def need(n):
     try:
-      ps.estimate(lambda x, y: fn(x, y, tile_n=tile_n, tile_k=tile_k, mcs=mcs,
-                                  profile_dir=tempfile.gettempdir(), space=n,
-                                  truncate=n < space), *shapes, gpu=gpu)
-      return 0
+      r = ps.estimate(lambda x, y: fn(x, y, tile_n=tile_n, tile_k=tile_k, mcs=mcs,
+                                      profile_dir=tempfile.gettempdir(), space=n,
+                                      truncate=n < space), *shapes, gpu=gpu)
+      return max(k.smem_bytes for k in r.kernels)
     except ps.SmemOverflowError as e:
-      return e.smem_bytes - e.max_smem_bytes
+      return e.smem_bytes
 
-  over = smem_over(space)
-  if not over:
+  full = need(space)
+  if full <= limit:
     return space, False
-  per_range = (over - smem_over(space - 1)) or 4  # (bytes a range takes, all threads')
-  fit = space - -(-over // per_range)
-  if fit < 8 or smem_over(fit):
-    raise ValueError(f"the profiled kernel does not fit in SMEM with even 8 ranges "
-                     f"({over} bytes over with {space})")
+  per_range = (full - need(space - 4)) / 4 or 4  # (bytes a range takes, all threads')
+  fit = (space - math.ceil((full - limit) / per_range)) // 4 * 4
+  while fit >= 8 and need(fit) > limit:
+    fit -= 4
+  if fit < 8:
+    raise ValueError(f"the profiled kernel does not keep {PROFILE_SMEM_MARGIN} bytes of "
+                     f"SMEM free with even 8 ranges ({full} bytes with {space})")
   return fit, True
 
 
@@ -644,42 +660,28 @@ def main(argv=None):
   import jax
   rows = []
   fn = tracer(a.fp8)[0]
+
+  def write():  # (after every case: a call stopped later keeps what it measured)
+    with open(os.path.join(a.out, "pipeline_trace.json"), "w") as fh:
+      json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
+
   for size, tn, tk, mcs in ([tuple(c) for c in a.case] or (FP8_CASES if a.fp8 else CASES)):
     name = (name_of(size, tn, tk, mcs, a.fp8) + (f" k={a.k}" if a.k else "")
             + (f" m={a.m}" if a.m else ""))
     if a.filter not in name:
       continue
-    x, y = _operands(size, a.k, a.m, a.fp8)
-    plain = jax.jit(lambda x, y: fn(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
-    clock = _clock_sampler()
-    per_call = _warm(plain, x, y, a.warm_s)
-    mhz = _clock_of(clock)
-    d = tempfile.mkdtemp(prefix="trace_")
-    # (a buffer past the SMEM the blocks leave fails the launch: fewer ranges,
-    # the steps' tail dropped, rather than no trace)
-    space, truncate = fitting_space(
-        fn, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (x, y)],
-        a.space or profile_space(a.k or size, tk), tile_n=tn, tile_k=tk, mcs=mcs)
-    truncate = truncate or bool(a.space)
-    traced = jax.jit(lambda x, y: fn(
-        x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space,
-        truncate=truncate))
-    for _ in range(3):
-      out = plain(x, y)
-    jax.block_until_ready(traced(x, y))
-    jax.effects_barrier()
-    trace = newest_trace(d)
-    if trace is None:
-      rows.append({"name": name, "error": "no trace written"})
-      print(name, "no trace written", flush=True)
-      continue
-    if a.keep:
-      import gzip
-      with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:
-        json.dump(trace, fh)
-    r = {"name": name, "size": size, "k": a.k or size, "m": a.m or size, "tile": [128, tn, tk], "mcs": mcs, "space": space,
-         "fp8": a.fp8, "mhz": mhz, "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
+    try:
+      r = trace_case(a, fn, name, size, tn, tk, mcs)
+    except Exception as e:  # (a failed launch leaves the device unusable: stop, loudly)
+      rows.append({"name": name, "error": f"{type(e).__name__}: {e}"[:500]})
+      write()
+      print(f"{name}: {type(e).__name__}: {e}", flush=True)
+      return 1
     rows.append(r)
+    write()
+    if "error" in r:
+      print(name, r["error"], flush=True)
+      continue
     print(f"{name}: step {r['step']['median']:.0f} (p10 {r['step']['p10']:.0f}, p90 "
           f"{r['step']['p90']:.0f}) = issue {r['issue']['median']:.0f} + wait "
           f"{r['wait']['median']:.0f} (p90 {r['wait']['p90']:.0f}) + rest "
@@ -687,11 +689,49 @@ def main(argv=None):
           f"{r['blocks']} blocks on {r['sms']} SMs, a block {r['block_cycles_median']:.0f} "
           f"({r['block_cycles_median'] / max(1, r['steps'] - 1):.0f} a step), "
           f"{r['blocks_at_launch_per_sm']:.2f} an SM at launch, its second "
-          f"{r['second_block_after_us']:.1f} us after its first; "
-          f"unprofiled {per_call * 1e6:.0f} us a call (dispatch included)", flush=True)
-  with open(os.path.join(a.out, "pipeline_trace.json"), "w") as fh:
-    json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
+          + (f"{r['second_block_after_us']:.1f} us after its first; "
+             if r["second_block_after_us"] is not None else "none; ")
+          + f"unprofiled {r['unprofiled_call_s'] * 1e6:.0f} us a call (dispatch included)",
+          flush=True)
+  write()
+  if not any("error" not in r for r in rows):
+    print("no case measured", flush=True)
+    return 1
   return 0
+
+
+def trace_case(a, fn, name, size, tn, tk, mcs):
+  """One configuration warmed up unprofiled, then profiled once: its row."""
+  import jax
+  x, y = _operands(size, a.k, a.m, a.fp8)
+  plain = jax.jit(lambda x, y: fn(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
+  clock = _clock_sampler()
+  per_call = _warm(plain, x, y, a.warm_s)
+  mhz = _clock_of(clock)
+  d = tempfile.mkdtemp(prefix="trace_")
+  # (a buffer past the SMEM the blocks leave fails the launch: fewer ranges,
+  # the steps' tail dropped, rather than no trace)
+  space, truncate = fitting_space(
+      fn, [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (x, y)],
+      a.space or profile_space(a.k or size, tk), tile_n=tn, tile_k=tk, mcs=mcs)
+  truncate = truncate or bool(a.space)
+  traced = jax.jit(lambda x, y: fn(
+      x, y, tile_n=tn, tile_k=tk, mcs=mcs, profile_dir=d, space=space,
+      truncate=truncate))
+  for _ in range(3):
+    plain(x, y)
+  jax.block_until_ready(traced(x, y))
+  jax.effects_barrier()
+  trace = newest_trace(d)
+  if trace is None:
+    return {"name": name, "error": "no trace written"}
+  if a.keep:
+    import gzip
+    with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:
+      json.dump(trace, fh)
+  return {"name": name, "size": size, "k": a.k or size, "m": a.m or size,
+          "tile": [128, tn, tk], "mcs": mcs, "space": space, "fp8": a.fp8, "mhz": mhz,
+          "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
 
 
 if __name__ == "__main__":
