@@ -1178,6 +1178,23 @@ def _micros():
                    _build_copy, dict(blocks=NUM_SMS, slots=4, n_max=160, **tile),
                    32, 160, work=2 * NUM_SMS * tb, unit="bytes",
                    note="bytes counted read + written"))
+  # (b') Each block streaming tiles of its own from HBM with two slots, a
+  # block an SM (and on 64 SMs), reading only and copying back by TMA store:
+  # a row kernel's two passes (RMSnorm, softmax), whose second the H200 runs
+  # 20-39% slower a step than the model: does a store ahead of a load in the
+  # SM's TMA queue, or its bytes on the way out, delay the load?
+  for kib, blocks in ((16, NUM_SMS), (16, 64), (32, NUM_SMS)):
+    own = dict(blocks=blocks, slots=2, n_max=160, tile_rows=kib * 1024 // (128 * F32),
+               cols=128)
+    where = "an SM" if blocks == NUM_SMS else f"on {blocks} SMs"
+    for copy in (False, True):
+      out.append(Micro(
+          f"{'copy' if copy else 'stream'}_own_{kib}k_2slots_{blocks}_blocks",
+          "TMA loads behind stores (one block an SM, two slots)",
+          _build_copy if copy else _build_stream, own, 32, 160,
+          work=(2 if copy else 1) * blocks * kib * 1024, unit="bytes",
+          note=f"a block {where} {'copying' if copy else 'reading'} its own {kib} KiB f32 "
+               "tiles, 2 loads in flight" + (", bytes read + written" if copy else "")))
   out.append(Micro("l2_reuse_all_sms", "L2 bandwidth (reuse)",
                    _build_stream, dict(blocks=NUM_SMS, slots=4, n_max=240,
                                        region_mib=8, **tile),

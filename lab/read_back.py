@@ -6,8 +6,9 @@ provenance (the command, when, on what, at which commit).
     ./dev python -m lab.read_back PLAN_DIR --date 2026_12_05 [--summary PLAN.txt ...]
 
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
-their keys: rows, l2 and l2half (micros) -> micros_<date>_rows, _l2_lag, _l2_half; blind3 and
-blind4 (the third and fourth blind sets) -> families_study_3 and _4, which benchmarks/accuracy.py --families
+their keys: rows, l2, l2half and copyown (micros) -> micros_<date>_rows, _l2_lag, _l2_half,
+_own_streams; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
+_4 and _5, which benchmarks/accuracy.py --families
 scores against its committed predictions; again (every family a second time)
 -> families_again_<date>, each row's noise for accuracy.py. A key already
 there is left alone unless --replace.
@@ -35,6 +36,13 @@ STEPS = {
                "our own families' fourth set (lab/families.py, names ending "
                "'(blind 4)'), measured after their blind predictions "
                "(lab/data/blind_predictions_own_families_4.json) were committed"),
+    "blind5": ("families_study_5", "cases",
+               "our own families' fifth set (lab/families.py, names ending "
+               "'(blind 5)'), measured after their blind predictions "
+               "(lab/data/blind_predictions_own_families_5.json) were committed"),
+    "copyown": ("micros_{date}_own_streams", "micros",
+                "one block an SM reading its own tiles with two slots, and copying them "
+                "back by TMA store (calibrate stream_own_*, copy_own_*)"),
     "again": ("families_again_{date}", "cases",
               "every family of lab/families.py a second time, sustained: each row's "
               "noise for benchmarks/accuracy.py"),

@@ -37,7 +37,11 @@ from lab.pipeline_trace import newest_trace, ranges, spread
 # two depths, and the split-M one.
 CASES = [(128, 128, "N", 2), (128, 128, "N", 3), (64, 256, "M", 2), (64, 256, "M", 3)]
 SIZE = 4096
-SPACE = 64  # ranges a warpgroup records (2 a step): the first ~30 steps
+TILE_K = 64
+# Ranges a warpgroup records: two a step, every step of the K loop (the
+# profiler's Init and the epilogue's beside them), so that a step's mean is
+# the whole block's and its tail is seen.
+SPACE = 2 * (SIZE // TILE_K) + 16
 
 
 def name_of(tile_m, tile_n, split, mcs):
@@ -48,26 +52,31 @@ def kernel_of(tile_m, tile_n, split, mcs, profile_dir=None):
   from jax.experimental.pallas import mosaic_gpu as plgpu
   params = (plgpu.CompilerParams(profile_space=SPACE, profile_dir=profile_dir,
                                  profile_bounds_check=True) if profile_dir else None)
-  return functools.partial(families.ws_matmul, tile_m=tile_m, tile_n=tile_n, tile_k=64,
+  return functools.partial(families.ws_matmul, tile_m=tile_m, tile_n=tile_n, tile_k=TILE_K,
                            mcs=mcs, split=split, scopes=bool(profile_dir),
                            compiler_params=params)
 
 
 def parts(trace, mcs):
-  """Medians (and 10th/90th percentiles) of acc, gap and step over every
-  consumer track's steady steps, in cycles."""
+  """Medians (10th/90th percentiles, means) of acc, gap and step over every
+  consumer track's steady steps, in cycles; `span`: each consumer's first
+  step's start to its last's end, and `steps`: the most steps a track holds."""
   tracks, _ = ranges(trace)
-  out = {"acc": [], "gap": [], "step": [], "issue": []}
+  out = {"acc": [], "gap": [], "step": [], "issue": [], "span": []}
+  steps = 0
   for rs in tracks.values():
     acc = [(b, e) for name, b, e in rs if name == "acc"]
     issue = [(b, e) for name, b, e in rs if name == "issue"]
+    if acc:
+      out["span"].append(acc[-1][1] - acc[0][0])
+      steps = max(steps, len(acc))
     for j in range(mcs + 1, len(acc) - 1):
       out["acc"].append(acc[j][1] - acc[j][0])
       out["gap"].append(acc[j + 1][0] - acc[j][1])
       out["step"].append(acc[j + 1][0] - acc[j][0])
       if j < len(issue):
         out["issue"].append(issue[j][1] - issue[j][0])
-  return {k: spread(v) for k, v in out.items()}
+  return {"steps": steps, **{k: spread(v) for k, v in out.items()}}
 
 
 def _operands(sim):
@@ -81,6 +90,8 @@ def _operands(sim):
 
 
 def gpu(out_dir, warm_s):
+  """Each case warmed up, then profiled once; OUT/ws_trace.json written after
+  every case. Exits 1 where a case traced nothing."""
   import jax
   from lab.pipeline_trace import _clock_of, _clock_sampler, _warm
   a, b = _operands(False)
@@ -93,13 +104,19 @@ def gpu(out_dir, warm_s):
     mhz = _clock_of(clock)
     with tempfile.TemporaryDirectory() as d:
       jax.block_until_ready(jax.jit(kernel_of(*case, profile_dir=d))(a, b))
+      jax.effects_barrier()
       trace = newest_trace(d)
-    row = dict(name=name_of(*case), case=case, per_call_us=per_call * 1e6, mhz=mhz,
-               **parts(trace, case[3]))
+    row = dict(name=name_of(*case), case=case, per_call_us=per_call * 1e6, mhz=mhz)
+    if trace is None:
+      row["error"] = "no trace written"
+    else:
+      row.update(parts(trace, case[3]))
     rows.append(row)
+    with open(os.path.join(out_dir, "ws_trace.json"), "w") as fh:
+      json.dump({"command": " ".join(sys.argv), "space": SPACE, "rows": rows}, fh, indent=1)
+    if trace is None:
+      sys.exit(f"{row['name']}: no trace written")
     _print(row)
-  with open(os.path.join(out_dir, "ws_trace.json"), "w") as fh:
-    json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
 
 
 def sim(mhz):
@@ -114,9 +131,11 @@ def sim(mhz):
 
 def _print(row):
   def f(p):
-    return f"{p['median']:6.0f} ({p['p10']:.0f}-{p['p90']:.0f})" if p else "     -"
+    return (f"{p['median']:6.0f} ({p['p10']:.0f}-{p['p90']:.0f}, mean {p['mean']:.0f})"
+            if p else "     -")
   print(f"{row['name']:32s} {row.get('mhz') or 0:5.0f} MHz  acc {f(row['acc'])}  "
-        f"gap {f(row['gap'])}  step {f(row['step'])}  issue {f(row['issue'])}"
+        f"gap {f(row['gap'])}  step {f(row['step'])}  issue {f(row['issue'])}  "
+        f"{row['steps']} steps in {f(row['span'])}"
         + (f"  {row['per_call_us']:.1f} us a call" if "per_call_us" in row else ""),
         flush=True)
 

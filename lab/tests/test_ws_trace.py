@@ -1,0 +1,37 @@
+"""lab/ws_trace.py's device step: every case's profiled kernel records each
+step of its K loop and keeps SMEM to spare for the profiler's buffer."""
+import tempfile
+
+import pallas_sim as ps
+from lab import pipeline_trace as pt
+from lab import ws_trace as wt
+from pallas_sim import gpus
+
+
+def test_each_case_records_every_step_with_smem_to_spare():
+  limit = gpus.H200.max_smem_per_block - pt.PROFILE_SMEM_MARGIN
+  for case in wt.CASES:
+    with tempfile.TemporaryDirectory() as d:
+      r = ps.estimate(wt.kernel_of(*case, profile_dir=d), *wt._operands(True), gpu="h200")
+      got = wt.parts(pt.newest_trace(d), case[3])
+    assert max(k.smem_bytes for k in r.kernels) <= limit, case
+    assert got["steps"] == wt.SIZE // wt.TILE_K, case
+    assert got["step"]["mean"] > 0 and got["span"]["median"] > 0
+
+
+def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, monkeypatch):
+  import json
+  import os
+  smi = tmp_path / "bin" / "nvidia-smi"
+  smi.parent.mkdir()
+  smi.write_text("#!/bin/sh\necho 1440\n")
+  smi.chmod(0o755)
+  monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+  monkeypatch.setattr(wt, "SIZE", 512)  # (8 blocks of 8 steps)
+  monkeypatch.setattr(wt, "SPACE", 2 * 512 // wt.TILE_K + 16)
+  monkeypatch.setattr(wt, "CASES", wt.CASES[:2])
+  with ps.backend("sim"):
+    wt.gpu(str(tmp_path), warm_s=0.05)
+  rows = json.load(open(tmp_path / "ws_trace.json"))["rows"]
+  assert [r["name"] for r in rows] == [wt.name_of(*c) for c in wt.CASES[:2]]
+  assert all(r["mhz"] == 1440.0 and r["steps"] == 8 and r["step"]["mean"] > 0 for r in rows)
