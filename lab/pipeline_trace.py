@@ -277,7 +277,7 @@ def steps_of(trace, mcs):
   """Per block (the trace's tid): the steady steps' parts, in cycles."""
   tracks, sm_of = ranges(trace)
   parts = {"issue": [], "wait": [], "rest": [], "step": []}
-  spans, sms, n_steps, prologues = [], {}, 0, []
+  spans, sms, n_steps, prologues, epilogues, tails = [], {}, 0, [], [], []
   for tid, rs in tracks.items():
     init = [e for name, _, e in rs if name == "Init"]  # (the profiler's own)
     issue = [(b, e) for name, b, e in rs if name == "issue"]
@@ -290,6 +290,12 @@ def steps_of(trace, mcs):
       prologues.append(issue[0][0] - init[0])
     n_steps = n
     spans.append(wait[n - 1][1] - issue[0][0])
+    # (the block's end: its epilogue, and from its last step to the
+    # epilogue's end, where the kernel has one in a scope)
+    epi = [(b, e) for name, b, e in rs if name == "epilogue"]
+    if epi:
+      epilogues.append(epi[-1][1] - epi[-1][0])
+      tails.append(epi[-1][1] - wait[n - 1][1])
     for j in range(mcs + 1, n - 1):
       parts["issue"].append(issue[j][1] - issue[j][0])
       parts["wait"].append(wait[j][1] - wait[j][0])
@@ -323,6 +329,8 @@ def steps_of(trace, mcs):
   out["block_cycles_max"] = float(np.max(spans)) if spans else None
   out["steps"] = n_steps
   out["prologue_cycles_median"] = float(np.median(prologues)) if prologues else None
+  out["epilogue"] = spread(epilogues)
+  out["tail"] = spread(tails)
   out["sms"] = len(set(sms.values()))
   return out
 
@@ -565,8 +573,9 @@ def compare(path):
   import pallas_sim as ps
   clocks = _sustained_clocks()
   gpu = json.load(open(path))
-  print("| case | clock (MHz) | a step: GPU / model | issue | wait | rest |")
-  print("|---|---:|---:|---:|---:|---:|")
+  print("| case | clock (MHz) | a step: GPU / model | issue | wait | rest | prologue | "
+        "epilogue |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|")
   for r in gpu["rows"]:
     if "error" in r:
       continue
@@ -588,10 +597,13 @@ def compare(path):
     # an estimate simulates one block a class, the last wave's too)
     gpu_step = r["block_cycles_median"] / max(1, r["steps"] - 1)
     sim_step = m["block_cycles_max"] / max(1, m["steps"] - 1)
-    part = lambda k: f"{r[k]['median']:.0f} / {m[k]['median']:.0f}"
+    part = lambda k: (f"{r[k]['median']:.0f} / {m[k]['median']:.0f}"
+                      if r.get(k) and m.get(k) else "-")
+    pro = lambda x: f"{x:.0f}" if x is not None else "-"
     print(f"| {r['name']} | {mhz or 'model'} | {gpu_step:.0f} / {sim_step:.0f} "
           f"({sim_step / gpu_step - 1:+.0%}) | {part('issue')} | {part('wait')} | "
-          f"{part('rest')} |", flush=True)
+          f"{part('rest')} | {pro(r.get('prologue_cycles_median'))} / "
+          f"{pro(m['prologue_cycles_median'])} | {part('epilogue')} |", flush=True)
 
 
 def main(argv=None):
@@ -691,6 +703,8 @@ def main(argv=None):
           f"{r['blocks_at_launch_per_sm']:.2f} an SM at launch, its second "
           + (f"{r['second_block_after_us']:.1f} us after its first; "
              if r["second_block_after_us"] is not None else "none; ")
+          + (f"epilogue {r['epilogue']['median']:.0f}, prologue "
+             f"{r['prologue_cycles_median']:.0f} cycles; " if r.get("epilogue") else "")
           + f"unprofiled {r['unprofiled_call_s'] * 1e6:.0f} us a call (dispatch included)",
           flush=True)
   write()
