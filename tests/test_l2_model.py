@@ -15,10 +15,10 @@ from lab import timing_suite
 H = gpus.H200
 
 
-def _matmul_launch(gpu=H, m_blocks=32, n_blocks=32):
+def _matmul_launch(gpu=H, m_blocks=32, n_blocks=32, inputs=None):
   """A 32x32 grid of one-block-an-SM matmul tiles: A's site depends on the
   grid's m, B's on its n."""
-  lt = Timing(gpu).launch(m_blocks * n_blocks, 160 * 1024, 128)
+  lt = Timing(gpu).launch(m_blocks * n_blocks, 160 * 1024, 128, inputs=inputs)
   grid = np.array([(m, n) for m in range(m_blocks) for n in range(n_blocks)])
   lt.set_loads(grid, {"a": (0,), "b": (1,), "own": (0, 1), "data": None})
   return lt
@@ -35,6 +35,25 @@ def test_shared_sources_cost_less_of_the_l2_than_streamed_ones():
   assert lt.byte_cycles["b"] == pytest.approx(want, rel=0.05)
   # every block its own source, or an address from data: streamed
   assert "own" not in lt.byte_cycles and "data" not in lt.byte_cycles
+
+
+def test_a_later_wave_finds_in_the_l2_what_an_earlier_read_where_it_holds_the_inputs():
+  """B's columns, which every wave of the grid reads again, miss once a
+  launch where the inputs fit in the L2 (fp8 4096^3: 32 MiB), and once a
+  wave where they do not; A's rows, read within a wave or two, hardly
+  change; addresses from data stay misses."""
+  small = _matmul_launch(inputs=H.l2_bytes // 2)
+  large = _matmul_launch(inputs=2 * H.l2_bytes)
+  assert large.waves == small.waves == 8
+  assert large.miss["b"] == pytest.approx(32 * 8 / 1024)
+  assert small.miss["b"] == pytest.approx(32 / 1024)
+  assert small.miss["a"] == pytest.approx(32 / 1024)
+  assert 32 / 1024 <= large.miss["a"] < 1.25 * 32 / 1024
+  assert small.miss["own"] == large.miss["own"] == 1.0
+  assert small.miss["data"] == large.miss["data"] == 0.0
+  extra = (large.miss["b"] - small.miss["b"]) * H.hbm_latency_extra
+  assert large.latency["b"] - small.latency["b"] == pytest.approx(extra)
+  assert small.byte_cycles["b"] < large.byte_cycles["b"]
 
 
 def _transfer_times(lt, t, nbytes, site, rows):

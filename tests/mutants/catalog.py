@@ -1175,6 +1175,12 @@ MUTANTS = [
            "      first = miss * self._first_read(engines, nbytes * miss, source)\n",
            "      first = miss\n",
            ("tests/test_l2_model.py",)),
+    Mutant("l2-waves-forget", "backends/sim/timing/model.py",
+           "where the L2 holds a launch's inputs whole, a later wave finds there what "
+           "an earlier one read; the mutant misses once a wave",
+           "      if self.inputs_held and axes is not None and n:\n",
+           "      if False:\n",
+           ("tests/test_l2_model.py",)),
     Mutant("l2-far-hits-near", "backends/sim/timing/model.py",
            "a hit in the L2's far half at a site read apart costs the far half's "
            "extra latency; the mutant serves it at the near half's",
@@ -1251,8 +1257,8 @@ MUTANTS = [
     Mutant("l2-far-always", "backends/sim/execute/executor.py",
            "a launch that fits in half the L2 reads near, without the queue; the "
            "mutant does not tell the timing model the launch's footprint (all far)",
-           "                                   prep.regs, footprint(launch, arrays))\n",
-           "                                   prep.regs)\n",
+           "                                   prep.regs, footprint(launch, arrays),\n",
+           "                                   prep.regs, None,\n",
            ("tests/test_l2_model.py",)),
     Mutant("l2-near-is-the-whole-l2", "backends/sim/timing/model.py",
            "the near half is one L2 partition's; the mutant takes the whole L2",

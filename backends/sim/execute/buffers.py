@@ -14,11 +14,16 @@ def nbytes(a):
   return math.prod(a.shape) * np.dtype(a.dtype).itemsize
 
 
+def input_bytes(launch, arrays):
+  """The bytes a launch's inputs hold."""
+  return sum(map(nbytes, arrays[:launch.num_inputs]))
+
+
 def footprint(launch, arrays):
   """The bytes a launch's inputs and outputs hold (an output that aliases
   an input counted once): what it can bring into the L2."""
   aliased = {o for _, o in launch.aliases}
-  return (sum(map(nbytes, arrays[:launch.num_inputs]))
+  return (input_bytes(launch, arrays)
           + sum(nbytes(a) for i, a in enumerate(launch.out_avals) if i not in aliased))
 
 

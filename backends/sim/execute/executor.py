@@ -24,7 +24,7 @@ from pallas_sim import gpus
 from pallas_sim.backends.sim.checks import races
 from pallas_sim.backends.sim.execute import (clock, dispatch, estimate_check, extrapolate,
                                             findings, parallel)
-from pallas_sim.backends.sim.execute.buffers import footprint, gmem_buffers
+from pallas_sim.backends.sim.execute.buffers import footprint, gmem_buffers, input_bytes
 from pallas_sim.backends.sim.execute.classes import Classes
 from pallas_sim.backends.sim.execute.group import GroupRunner, RunChecks
 from pallas_sim.backends.sim.interpret.compiler import Compiler
@@ -265,7 +265,8 @@ class Executor:
     if prep.together:  # (all resident at once, as the kernel assumes)
       groups = [blocks]
     placement = self.timing.launch(len(blocks), prep.smem, launch.num_threads,
-                                   prep.regs, footprint(launch, arrays))
+                                   prep.regs, footprint(launch, arrays),
+                                   input_bytes(launch, arrays))
     grid_index = np.array([idx for _, idx, _ in blocks],
                           dtype=np.int64).reshape(len(blocks), -1)
     placement.set_loads(grid_index, prep.load_axes)

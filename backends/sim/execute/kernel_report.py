@@ -1,13 +1,13 @@
 """The timing model's verdict on a launch (timing/model.py, bound.py) as
 its KernelReport."""
-from pallas_sim.backends.sim.execute.buffers import nbytes
+from pallas_sim.backends.sim.execute.buffers import input_bytes, nbytes
 from pallas_sim.backends.sim.report import KernelReport
 from pallas_sim.backends.sim.timing import bound
 
 
 def kernel_report(gpu, launch, arrays, prep, grid, placement, merge, wall, trace, workers):
   cycles, totals = merge.cycles, merge.totals
-  inputs = sum(map(nbytes, arrays[:launch.num_inputs]))
+  inputs = input_bytes(launch, arrays)
   outputs = sum(map(nbytes, launch.out_avals))
   if totals.tma_load_bytes + totals.tma_store_bytes:
     reads = (placement.hbm_reads_traced(merge.loads) if placement.trace_loads else

@@ -466,16 +466,20 @@ class Timing:
     engines.tc_free = max(start + took, issued + per)
     return start, engines.tc_free + g.wgmma_latency, held, issued
 
-  def launch(self, num_blocks, smem, num_threads, regs=None, footprint=None):
-    return LaunchTiming(self, num_blocks, smem, num_threads, regs, footprint)
+  def launch(self, num_blocks, smem, num_threads, regs=None, footprint=None, inputs=None):
+    return LaunchTiming(self, num_blocks, smem, num_threads, regs, footprint, inputs)
 
 
 class LaunchTiming:
   """Placement of one launch's blocks on SMs and its predicted time."""
 
-  def __init__(self, timing, num_blocks, smem, num_threads, regs=None, footprint=None):
+  def __init__(self, timing, num_blocks, smem, num_threads, regs=None, footprint=None,
+               inputs=None):
     g = timing.gpu
     self.timing = timing
+    # Inputs the L2 holds whole: what one wave read, a later wave finds
+    # there (set_loads; hbm_reads counts them read once a launch too).
+    self.inputs_held = inputs is not None and inputs <= g.l2_bytes
     self.far = far_share(g, footprint)
     self.regs = regs or occupancy.Registers(g.register_base, occupancy.MAX_PER_THREAD, 0)
     self.per_sm = occupancy.blocks_per_sm(g, smem, num_threads, self.regs,
@@ -550,15 +554,22 @@ class LaunchTiming:
   def set_loads(self, grid_index, load_axes):
     """Each TMA load site's latency: from the L2, plus HBM's extra for the
     share of its loads that miss: the first of the blocks of a wave that
-    read one source (block_classes.analyse), or every block where the
-    address comes from data; and where that is not every block, the L2's
-    cost a byte (byte_cycles)."""
+    read one source (block_classes.analyse), or of the launch where the L2
+    holds its inputs whole (a later wave finds there what an earlier one
+    read: a matmul's B columns, which every wave reads again), or every
+    block where the address comes from data; and where that is not every
+    block, the L2's cost a byte (byte_cycles)."""
     g = self.timing.gpu
     n = len(grid_index)
     waves = [grid_index[w * self.slots:(w + 1) * self.slots] for w in range(self.waves)]
     for site, axes in load_axes.items():
       self.distinct[site] = [self._distinct(wave, axes) for wave in waves]
-      first = sum(self.distinct[site]) / n if n else 1.0  # (the share that misses)
+      # (the share that misses: each wave's first reader of a source, or,
+      # where the L2 holds the inputs whole, the launch's)
+      if self.inputs_held and axes is not None and n:
+        first = self._distinct(grid_index, axes) / n
+      else:
+        first = sum(self.distinct[site]) / n if n else 1.0
       self.latency[site] = g.tma_latency + g.hbm_latency_extra * first
       # (HBM's queue counts no misses where addresses come from data: the
       # analysis takes every such load for a miss, most of which the L2 serves)
