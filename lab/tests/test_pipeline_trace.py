@@ -51,13 +51,9 @@ def test_a_failing_case_stops_the_step_with_the_cases_before_it_written(tmp_path
   assert "error" not in rows[0] and "invalid argument" in rows[1]["error"]
 
 
-def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, monkeypatch):
+def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, fake_smi):
   import pallas_sim as ps
-  smi = tmp_path / "bin" / "nvidia-smi"
-  smi.parent.mkdir()
-  smi.write_text("#!/bin/sh\necho 1980\n")
-  smi.chmod(0o755)
-  monkeypatch.setenv("PATH", f"{smi.parent}:{__import__('os').environ['PATH']}")
+  fake_smi(1980)
   with ps.backend("sim"):
     assert pt.main(["--fp8", "--case", "1024", "128", "128", "2", "--warm-s", "0.05",
                     "--out", str(tmp_path)]) == 0

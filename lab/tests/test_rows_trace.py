@@ -35,16 +35,8 @@ def test_the_scoped_kernel_still_normalizes_and_each_step_has_its_parts(tmp_path
   assert m["first wait store"]["median"] == 0  # (the first pass stores nothing)
 
 
-def _fake_smi(tmp_path, monkeypatch):
-  smi = tmp_path / "bin" / "nvidia-smi"
-  smi.parent.mkdir()
-  smi.write_text("#!/bin/sh\necho 1980\n")
-  smi.chmod(0o755)
-  monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
-
-
-def test_the_device_script_writes_each_case_as_it_ends(tmp_path, monkeypatch):
-  _fake_smi(tmp_path, monkeypatch)
+def test_the_device_script_writes_each_case_as_it_ends(tmp_path, fake_smi):
+  fake_smi()
   with ps.backend("sim"):
     rows = rt.measure([SMALL], str(tmp_path), warm_s=0.05)
   saved = json.load(open(tmp_path / "rows_trace.json"))["rows"]
@@ -52,8 +44,8 @@ def test_the_device_script_writes_each_case_as_it_ends(tmp_path, monkeypatch):
   assert saved[0]["mhz"] == 1980.0 and saved[0]["second body"]["median"] > 0
 
 
-def test_a_step_that_measures_nothing_fails_loudly(tmp_path, monkeypatch):
-  _fake_smi(tmp_path, monkeypatch)
+def test_a_step_that_measures_nothing_fails_loudly(tmp_path, monkeypatch, fake_smi):
+  fake_smi()
   monkeypatch.setattr(rt, "CASES", [SMALL])
   monkeypatch.setattr(rt.pt, "newest_trace", lambda d: None)
   with ps.backend("sim"), pytest.raises(SystemExit, match="1 of 1 cases measured nothing"):

@@ -19,14 +19,9 @@ def test_each_case_records_every_step_with_smem_to_spare():
     assert got["step"]["mean"] > 0 and got["span"]["median"] > 0
 
 
-def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, monkeypatch):
+def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, monkeypatch, fake_smi):
   import json
-  import os
-  smi = tmp_path / "bin" / "nvidia-smi"
-  smi.parent.mkdir()
-  smi.write_text("#!/bin/sh\necho 1440\n")
-  smi.chmod(0o755)
-  monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+  fake_smi(1440)
   monkeypatch.setattr(wt, "SIZE", 512)  # (8 blocks of 8 steps)
   monkeypatch.setattr(wt, "SPACE", 2 * 512 // wt.TILE_K + 16)
   monkeypatch.setattr(wt, "CASES", wt.CASES[:2])
