@@ -3,7 +3,6 @@ step bodies in named scopes for Mosaic GPU's profiler; each step read back
 part by part, and the device script run end to end in the simulator (a
 stand-in nvidia-smi giving the clock)."""
 import json
-import os
 
 import numpy as np
 import pytest
