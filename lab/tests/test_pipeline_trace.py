@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import stand_in_smi
+
 from lab import pipeline_trace as pt
 from pallas_sim import gpus
 
@@ -51,9 +53,9 @@ def test_a_failing_case_stops_the_step_with_the_cases_before_it_written(tmp_path
   assert "error" not in rows[0] and "invalid argument" in rows[1]["error"]
 
 
-def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, fake_smi):
+def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, monkeypatch):
   import pallas_sim as ps
-  fake_smi(1980)
+  stand_in_smi.install(tmp_path, monkeypatch, 1980)
   with ps.backend("sim"):
     assert pt.main(["--fp8", "--case", "1024", "128", "128", "2", "--warm-s", "0.05",
                     "--out", str(tmp_path)]) == 0

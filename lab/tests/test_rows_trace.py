@@ -7,6 +7,8 @@ import json
 import numpy as np
 import pytest
 
+import stand_in_smi
+
 import pallas_sim as ps
 
 from lab import rows_trace as rt
@@ -34,8 +36,8 @@ def test_the_scoped_kernel_still_normalizes_and_each_step_has_its_parts(tmp_path
   assert m["first wait store"]["median"] == 0  # (the first pass stores nothing)
 
 
-def test_the_device_script_writes_each_case_as_it_ends(tmp_path, fake_smi):
-  fake_smi()
+def test_the_device_script_writes_each_case_as_it_ends(tmp_path, monkeypatch):
+  stand_in_smi.install(tmp_path, monkeypatch)
   with ps.backend("sim"):
     rows = rt.measure([SMALL], str(tmp_path), warm_s=0.05)
   saved = json.load(open(tmp_path / "rows_trace.json"))["rows"]
@@ -43,8 +45,8 @@ def test_the_device_script_writes_each_case_as_it_ends(tmp_path, fake_smi):
   assert saved[0]["mhz"] == 1980.0 and saved[0]["second body"]["median"] > 0
 
 
-def test_a_step_that_measures_nothing_fails_loudly(tmp_path, monkeypatch, fake_smi):
-  fake_smi()
+def test_a_step_that_measures_nothing_fails_loudly(tmp_path, monkeypatch):
+  stand_in_smi.install(tmp_path, monkeypatch)
   monkeypatch.setattr(rt, "CASES", [SMALL])
   monkeypatch.setattr(rt.pt, "newest_trace", lambda d: None)
   with ps.backend("sim"), pytest.raises(SystemExit, match="1 of 1 cases measured nothing"):

@@ -2,6 +2,8 @@
 step of its K loop and keeps SMEM to spare for the profiler's buffer."""
 import tempfile
 
+import stand_in_smi
+
 import pallas_sim as ps
 from lab import pipeline_trace as pt
 from lab import ws_trace as wt
@@ -19,9 +21,9 @@ def test_each_case_records_every_step_with_smem_to_spare():
     assert got["step"]["mean"] > 0 and got["span"]["median"] > 0
 
 
-def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, monkeypatch, fake_smi):
+def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, monkeypatch):
   import json
-  fake_smi(1440)
+  stand_in_smi.install(tmp_path, monkeypatch, 1440)
   monkeypatch.setattr(wt, "SIZE", 512)  # (8 blocks of 8 steps)
   monkeypatch.setattr(wt, "SPACE", 2 * 512 // wt.TILE_K + 16)
   monkeypatch.setattr(wt, "CASES", wt.CASES[:2])
