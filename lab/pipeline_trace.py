@@ -301,12 +301,7 @@ def steps_of(trace, mcs):
       parts["wait"].append(wait[j][1] - wait[j][0])
       parts["rest"].append(issue[j + 1][0] - wait[j][1])
       parts["step"].append(issue[j + 1][0] - issue[j][0])
-  out = {}
-  for k, v in parts.items():
-    v = np.asarray(v)
-    out[k] = ({"median": float(np.median(v)), "p10": float(np.percentile(v, 10)),
-               "p90": float(np.percentile(v, 90)), "mean": float(v.mean())}
-              if v.size else None)
+  out = {k: spread(v) for k, v in parts.items()}
   # Blocks an SM took at once: those starting on it within 2 us of the
   # kernel's first block (a block's first event: its start, in ns).
   first = {tid: rs[0][1] for tid, rs in tracks.items() if rs}
