@@ -24,7 +24,7 @@ from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.report import profiler
 from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.timing.model import OpClass, alu_stretch, tensor_overlap
+from pallas_sim.backends.sim.timing.model import OpClass, alu_share, alu_span, tensor_overlap
 
 if TYPE_CHECKING:
   from pallas_sim.backends.sim.machine.state import Warpgroup
@@ -71,7 +71,7 @@ class Gen:
 class Step:
   # op: its OpClass, which the timing model reads (never the primitive's
   # name). cost: cycles of the SM's ALUs (shared with the warpgroups beside
-  # it: alu_stretch); lat: cycles of the equation's own issue latency, which
+  # it: alu_share); lat: cycles of the equation's own issue latency, which
   # a warpgroup spends alone (others issue meanwhile: timing/model.py).
   # beside: how much slower its ALU work goes while a wgmma is in flight on
   # the SM (Timing.beside_tensor).
@@ -437,7 +437,8 @@ def run_plain(prog: Program, args: Sequence[Any], wg: Warpgroup) -> list[Any]:
   for i, a in zip(prog.invars, args):
     env[i] = a
   wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
-  stretch = alu_stretch(wg)  # (the SM's ALUs, shared: timing/model.py)
+  # (the SM's ALUs, shared: timing/model.py)
+  stretch, until, owe = alu_share(wg, wg.time)
   eng = wg.block.engines  # (its tensor cores: ALU work beside them is slower)
   st: Step | None = None
   try:
@@ -446,6 +447,11 @@ def run_plain(prog: Program, args: Sequence[Any], wg: Warpgroup) -> list[Any]:
       wg.alu += st.cost
       t = wg.time + st.lat
       d = st.cost * stretch
+      if t + d > until:  # (the others' share changes on the way)
+        d, stretch, until, owed = alu_span(wg, t, st.cost)
+        wg.owed += owed
+      elif owe:
+        wg.owed += st.cost * owe
       wg.time = t + (d if d <= 0 or eng.tc_free <= t else
                      tensor_overlap(d, eng.tc_free - t, st.beside))
       if st.multi:
@@ -470,19 +476,24 @@ def run_gen(prog: Program, args: Sequence[Any], wg: Warpgroup
   for i, a in zip(prog.invars, args):
     env[i] = a
   wg.steps += len(prog.steps)  # (counted as a program starts: for progress)
-  stretch = alu_stretch(wg)
+  stretch, until, owe = alu_share(wg, wg.time)
   eng = wg.block.engines
   st: Step | None = None
   try:
     for st in prog.steps:
       if st.gen:
         out = yield from st.fn(wg, *[env[i] for i in st.ins])
-        stretch = alu_stretch(wg)  # (it waited: the others moved on)
+        stretch, until, owe = alu_share(wg, wg.time)  # (it waited: the others moved on)
       else:
         out = st.fn(wg, *[env[i] for i in st.ins])
       wg.alu += st.cost
       t = wg.time + st.lat
       d = st.cost * stretch
+      if t + d > until:
+        d, stretch, until, owed = alu_span(wg, t, st.cost)
+        wg.owed += owed
+      elif owe:
+        wg.owed += st.cost * owe
       wg.time = t + (d if d <= 0 or eng.tc_free <= t else
                      tensor_overlap(d, eng.tc_free - t, st.beside))
       if st.multi:

@@ -8,15 +8,21 @@ def _maybe_complete(slot, at, by_copy=False):
   """`at`: the completing agent's clock (None: the current event's). A
   warpgroup runs ahead until it blocks, so a waiter may look at the barrier
   before, in simulated time, the completion it finds: it resumes at
-  `completed_at`, never before."""
+  `completed_at`, never before. The phase completes at its latest
+  arrival's clock, which need not be the arrival the simulation made last
+  (one by a warpgroup that ran ahead may have come first)."""
+  now = slot.block.sched.now if at is None else at
+  slot.latest = max(slot.latest, now)
   if slot.arrivals >= slot.num_arrivals and slot.tx == 0:
+    t = max(slot.latest, now)
+    slot.latest = 0.0
     slot.arrivals -= slot.num_arrivals
     slot.completions += 1
-    slot.completed_at.append(slot.block.sched.now if at is None else at)
+    slot.completed_at.append(t)
     slot.by_copy.append(by_copy)
     slot.block.hb.phase_completed(slot)
     _check_phase(slot, slot.completions)
-    slot.block.sched.notify(slot, at)
+    slot.block.sched.notify(slot, t)
 
 
 def _check_phase(slot, k):

@@ -150,7 +150,7 @@ class BarrierSlot:
   completed phases."""
   __slots__ = ("name", "num_arrivals", "arrivals", "tx", "completions",
                "waiters", "orders_tensor_core", "waits", "block", "key", "hb",
-               "completed_at", "by_copy", "owner", "collective", "leader_tracked")
+               "completed_at", "by_copy", "owner", "collective", "leader_tracked", "latest")
 
   def __init__(self, name, num_arrivals, orders_tensor_core=False, block=None, key=None):
     self.name = name
@@ -160,6 +160,7 @@ class BarrierSlot:
     self.tx = 0
     self.completions = 0
     self.completed_at = []  # when each phase completed (cycles)
+    self.latest = 0.0       # the latest clock of an arrival in the phase under way
     self.by_copy = []       # per phase: whether an async copy's bytes completed it
     self.waiters = []    # tasks blocked on it (scheduler.Resource protocol)
     self.waits = {}      # warpgroup -> [completions it observed, where it last waited]

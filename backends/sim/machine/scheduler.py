@@ -9,10 +9,16 @@ is applied before its wait is checked. When nothing is queued and a task is
 still blocked, no event can ever unblock it: that is a deadlock, reported at
 once, never a hang.
 """
+import collections
 import heapq
 from typing import Any
 
 from pallas_sim.errors import DeadlockError
+
+
+# Runs a task keeps (Task.runs): enough to cover what a task that runs
+# behind it has yet to reach.
+RUNS_KEPT = 32
 
 
 class Resource:
@@ -40,12 +46,23 @@ class Task:
   """A coroutine with a local clock (cycles). Subclassed by the warpgroup
   state (machine/state.py), which adds what the rules keep per warpgroup."""
   __slots__ = ("name", "gen", "time", "waiting", "queued", "done", "sched", "steps",
-               "alu")
+               "alu", "runs", "owed", "run_after")
 
   def __init__(self, name, sched):
     self.name = name
     self.steps = 0  # equations run (counted per program run, for progress)
     self.alu = 0.0  # cycles of issue work, as if alone on its SM (timing/model.py)
+    # Its latest runs between waits, (start, end, alu work in it): what a
+    # task that runs behind it in the simulation shares the SM's ALUs with
+    # (timing/model.py alu_share).
+    self.runs: collections.deque = collections.deque(maxlen=RUNS_KEPT)
+    # ALU work it did beyond what the tasks that ran ahead of it left (at
+    # its even share): theirs to lose, which it pays before it next waits
+    self.owed = 0.0
+    # where a wait is (None: its start) -> (alu work, span) of its run after
+    # that wait, the last time: what it will likely do when it next resumes
+    # there (alu_share)
+    self.run_after: dict[Any, Any] = {}
     self.gen: Any = None  # its coroutine, once spawned
     self.sched = sched
     self.time = 0.0
@@ -65,11 +82,19 @@ class Task:
       self.waiting = None
       if sched.now > self.time:
         self.time = sched.now
+    start, alu, site = self.time, self.alu, None if w is None else w.where
     try:
       req = self.gen.send(None)
     except StopIteration:
       self.done = True
       return
+    finally:
+      if self.owed:
+        self.time += self.owed
+        self.owed = 0.0
+      if self.alu > alu:
+        self.runs.append((start, self.time, self.alu - alu))
+      self.run_after[site] = (self.alu - alu, self.time - start)
     self.waiting = req
     sched.wake(self, self.time)
 

@@ -149,37 +149,93 @@ def tensor_overlap(work, busy, slower):
   return busy + work - busy / slower
 
 
-def alu_stretch(wg):
-  """How much longer a warpgroup's ALU work takes beside the others on its
-  SM: the other warpgroups of its block, each as busy as it has been by
-  its own clock (ALU work over time: a warpgroup may run ahead of another
-  in the simulation), and the co-resident blocks, like this block. Read
-  once per program run (interpret/compiler.py)."""
+def alu_share(wg, t):
+  """(stretch, until, owed): how much longer the warpgroup's ALU work takes
+  from its clock `t` on beside the others on its SM, until when that holds
+  (inf: not before its next wait), and what of each cycle of its work it
+  owes. The simulation runs a warpgroup ahead until it blocks, so the
+  other warpgroups of its block count by what it has run of them: one that
+  got past `t` took, at `t`, its run's share of the ALUs (its work over the
+  run's span; none while it waited: a barrier, a wgmma in flight); one
+  that has not, and can run, will take what it took the last time it
+  resumed from the wait it is at (its average, the first time); one
+  blocked on a wait nothing has completed takes none (it sees this one's
+  runs when it runs). This one gets what they leave, and at least an even
+  share with those busy at `t`, as the SM's warp schedulers give it: what
+  that is more than the runs before it left is work they would have lost,
+  which this one owes (paid before its next wait: Task.owed). Co-resident
+  blocks, simulated apart, are like this block and share alike: each of
+  its warpgroups as busy as it has been on average. Read as a program
+  starts, after each wait, and where `until` passes."""
   blk = wg.block
   share = blk.engines.share
-  cap = len(blk.warpgroups) * share
-  if cap <= 1 or wg.time <= 0:
-    return 1.0
-  mine = others = 0.0
+  base = 1.0
+  if share > 1:
+    mine = sum(min(1.0, o.alu / o.time) for o in blk.warpgroups if o.time > 0)
+    base = _leftover((share - 1) * mine, share * len(blk.warpgroups))
+  ran, expected, until, busy_ones = 0.0, 0.0, math.inf, 1
   for o in blk.warpgroups:
-    busy = min(1.0, o.alu / o.time) if o.time > 0 else 0.0
-    mine += busy
-    if o is not wg and not _idle(o, wg.time):
-      others += busy
-  others += (share - 1) * mine
-  return _leftover(others, cap)
+    if o is wg:
+      continue
+    if o.time > t:
+      busy, change = _busy_at(o, t)
+      ran += busy
+    elif o.done:
+      continue
+    else:
+      busy, change = _expected_at(o, t)
+      expected += busy
+    busy_ones += busy > 0
+    until = min(until, change)
+  mine = max(1.0 - ran - expected, 1.0 / busy_ones)
+  return base / mine, until, max(0.0, 1.0 - (1.0 - ran) / mine)
 
 
-def _idle(wg, t):
-  """Whether a warpgroup issues no ALU work from `t` on: it blocked, by t,
-  on a wait nothing has completed yet (a barrier the other warpgroup
-  arrives at after its own ALU work, a wgmma in flight: attention's two
-  warpgroups take turns so, each one's softmax beside the other's wgmmas).
-  One that blocked later than t ran ahead of this one in the simulation and
-  was busy until then; one that ended counts as busy as it was (a
-  warpgroup that never waits runs to its end before the others start)."""
-  w = wg.waiting
-  return w is not None and wg.time <= t and not wg.done and not w.ready()
+def _busy_at(o, t):
+  """(the share of the ALUs warpgroup `o`, which ran past `t`, took at
+  `t`, when that changes): the run of it that holds t (its work over the
+  run's span), none in the gaps between (it waited), its average before
+  the runs it keeps."""
+  change = o.time
+  for start, end, alu in reversed(o.runs):
+    if end <= t:
+      return 0.0, change
+    if start <= t:
+      return min(1.0, alu / (end - start)), end
+    change = start
+  return min(1.0, o.alu / o.time), change
+
+
+def _expected_at(o, t):
+  """(the share of the ALUs warpgroup `o`, not yet run to `t`, will take
+  at `t`, when that changes): none while blocked on a wait nothing has
+  completed; else its last run after the wait it is at, from its clock
+  on; its average where it has none."""
+  w = o.waiting
+  if w is not None and not w.ready():
+    return 0.0, math.inf
+  last = o.run_after.get(None if w is None else w.where)
+  if last is None:
+    return (min(1.0, o.alu / o.time) if o.time > 0 else 0.0), math.inf
+  alu, span = last
+  if span <= 0 or t >= o.time + span:
+    return 0.0, math.inf
+  return min(1.0, alu / span), o.time + span
+
+
+def alu_span(wg, t, work):
+  """(cycles, stretch, until, owed): how long `work` cycles of ALU work
+  that start at `t` take, across the changes in what the others take
+  (alu_share), what it owes, and the stretch where it ends."""
+  now, left, owed = t, work, 0.0
+  while True:
+    stretch, until, owe = alu_share(wg, now)
+    if now + left * stretch <= until:
+      return now + left * stretch - t, stretch, until, owed + left * owe
+    done = (until - now) / stretch
+    owed += done * owe
+    left -= done
+    now = until
 
 
 def _stretch(share, work, t):
@@ -270,7 +326,7 @@ class Timing:
     equation's overhead alone (a dependent chain of scalar equations ran as
     fast at two blocks to an SM as at one: scalar_chain_32_ops_2_per_sm,
     H200), while its vectors' cycles are the SM's ALUs', which the
-    warpgroups beside it share (alu_stretch)."""
+    warpgroups beside it share (alu_share)."""
     c = self.issue_cycles(op, eqn, approx_math)
     if op in TMA_ISSUE:  # (no ALU work: all the warpgroup's wait)
       return c, 0.0
