@@ -14,8 +14,7 @@ def _maybe_complete(slot, at, by_copy=False):
   now = slot.block.sched.now if at is None else at
   slot.latest = max(slot.latest, now)
   if slot.arrivals >= slot.num_arrivals and slot.tx == 0:
-    t = max(slot.latest, now)
-    slot.latest = 0.0
+    t, slot.latest = slot.latest, 0.0
     slot.arrivals -= slot.num_arrivals
     slot.completions += 1
     slot.completed_at.append(t)

@@ -171,7 +171,7 @@ def alu_share(wg, t):
   share = blk.engines.share
   base = 1.0
   if share > 1:
-    mine = sum(min(1.0, o.alu / o.time) for o in blk.warpgroups if o.time > 0)
+    mine = sum(_average(o) for o in blk.warpgroups)
     base = _leftover((share - 1) * mine, share * len(blk.warpgroups))
   ran, expected, until, busy_ones = 0.0, 0.0, math.inf, 1
   for o in blk.warpgroups:
@@ -203,7 +203,7 @@ def _busy_at(o, t):
     if start <= t:
       return min(1.0, alu / (end - start)), end
     change = start
-  return min(1.0, o.alu / o.time), change
+  return _average(o), change
 
 
 def _expected_at(o, t):
@@ -216,11 +216,16 @@ def _expected_at(o, t):
     return 0.0, math.inf
   last = o.run_after.get(None if w is None else w.where)
   if last is None:
-    return (min(1.0, o.alu / o.time) if o.time > 0 else 0.0), math.inf
+    return _average(o), math.inf
   alu, span = last
   if span <= 0 or t >= o.time + span:
     return 0.0, math.inf
   return min(1.0, alu / span), o.time + span
+
+
+def _average(o):
+  """The share of the ALUs warpgroup `o` has kept busy so far, by its clock."""
+  return min(1.0, o.alu / o.time) if o.time > 0 else 0.0
 
 
 def alu_span(wg, t, work):
