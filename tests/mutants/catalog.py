@@ -1113,6 +1113,19 @@ MUTANTS = [
            "  if w is not None and not w.ready():\n",
            "  if False:\n",
            ("tests/test_timing_model.py",)),
+    Mutant("loops-never-catch-up", "backends/sim/interpret/compiler.py",
+           "a loop of a block with several warpgroups, in a kernel with wgmmas, lets the "
+           "simulation catch up with the others each iteration; the mutant runs it "
+           "ahead until it blocks",
+           "    self.interleave: bool | None = None if (\n",
+           "    self.interleave: bool | None = False if (\n",
+           ("tests/test_timing_model.py",)),
+    Mutant("catch-up-looks-ahead", "backends/sim/machine/scheduler.py",
+           "a loop catches up with what is due before its clock; the mutant with what "
+           "is due after it",
+           "    return bool(heap) and heap[0][0] < time\n",
+           "    return bool(heap) and heap[0][0] > time\n",
+           ("tests/test_timing_model.py",)),
     Mutant("run-state-copies-its-accumulator", "backends/sim/interpret/rules/refs.py",
            "run_state costs no vector work of its own; the mutant charges a copy of its "
            "operands as ALU work",

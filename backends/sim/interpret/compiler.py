@@ -22,6 +22,7 @@ from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveEr
 from pallas_sim.options import MAX_CYCLES
 from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.report import profiler
+from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.timing.model import OpClass, alu_share, alu_span, tensor_overlap
@@ -106,6 +107,10 @@ def literal_value(v: Any) -> Any:
       np.asarray(v.val, dtype=aval.dtype)[()])
 
 
+# What keeps the tensor cores busy beside other warpgroups' ALU work.
+TENSOR_CORE_WORK = frozenset({"wgmma_ref"})
+
+
 class Compiler:
   """Compiles jaxprs to Programs; one per launch (rules may close over launch
   facts, and ask the timing model, timing/model.py, for costs)."""
@@ -138,6 +143,14 @@ class Compiler:
     self.keep = keep
     self.overrides = overrides or {}
     self.wrap = wrap  # (fn, eqn) -> fn: a check around every plain step (blocks/paths.py)
+    # Several warpgroups a block share its SM's ALUs and tensor cores: in a
+    # kernel with wgmmas their loops let the simulation catch up with the
+    # others each iteration (rules/control_flow.py), so that ALU work sees
+    # the wgmmas issued beside it. Not in a slice (blocks/paths.py: it
+    # follows control paths, not clocks). Set as the kernel is compiled.
+    self.interleave: bool | None = None if (
+        keep is None and launch is not None
+        and (getattr(launch, "num_threads", None) or 1) > 1) else False
 
   def site(self, eqn: Any) -> int:
     """A number for `eqn`, in the order rules ask (the same in every process
@@ -155,6 +168,9 @@ class Compiler:
     none (use compile_open)."""
     if hasattr(jaxpr, "consts"):
       jaxpr, consts = jaxpr.jaxpr, [np.asarray(c) for c in jaxpr.consts]
+    if self.interleave is None:  # (the kernel: compiled first)
+      self.interleave = any(primitive_name(e) in TENSOR_CORE_WORK
+                            for e in walker.equations(jaxpr))
     return self._cached(jaxpr, consts or (), False)
 
   def compile_open(self, jaxpr: Any) -> Program:

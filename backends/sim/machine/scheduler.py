@@ -110,6 +110,11 @@ class Scheduler:
     self._seq += 1
     heapq.heappush(self._heap, (time, self._seq, fn))
 
+  def due_before(self, time):
+    """Whether anything is queued to happen before `time`."""
+    heap = self._heap
+    return bool(heap) and heap[0][0] < time
+
   def wake(self, th, time):
     if not th.queued and not th.done:
       th.queued = True

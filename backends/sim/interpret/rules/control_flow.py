@@ -12,11 +12,26 @@ import numpy as np
 
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.analysis import walker
+from pallas_sim.backends.sim.machine.scheduler import Wait
 from pallas_sim.errors import RunawayKernelError
 
 
 def _maybe_gen(blocking, plain, gen):
   return Gen(gen) if blocking else plain
+
+
+def _ready():
+  return True
+
+
+def _catch_up(where):
+  """A wait that is always ready: the warpgroup goes back to the scheduler
+  at its clock, which first runs what is due before it (the other
+  warpgroups' resumptions, wgmma and copy completions). The simulation runs
+  a warpgroup ahead until it blocks: a loop of ALU work that never waits
+  would not see the wgmmas another warpgroup issues beside it, and ALU work
+  beside them is slower (timing/model.py tensor_overlap)."""
+  return Wait(_ready, (), "a loop iteration", where)
 
 
 # Loops check the block's simulated time once per iteration (a loop is the
@@ -56,6 +71,7 @@ def _scan(eqn, cx):
     return carry + [np.stack(y[::-1] if reverse else y) for y in ys]
 
   limit = cx.max_cycles
+  sync = _catch_up(cx.where(eqn)) if cx.interleave else None
 
   # plain and gen are the same loop; gen forwards the body's waits.
   def plain(wg, *args):
@@ -76,9 +92,11 @@ def _scan(eqn, cx):
           body, consts + carry + [x[iteration] for x in xs], wg)), ys)
       if wg.time > limit:
         raise _runaway(wg, iteration, limit)
+      if sync is not None and wg.sched.due_before(wg.time):
+        yield sync
     return finish(carry, ys)
 
-  return _maybe_gen(body.blocking, plain, gen)
+  return _maybe_gen(body.blocking or sync is not None, plain, gen)
 
 
 @rule("while")
@@ -87,6 +105,7 @@ def _while(eqn, cx):
   cond, body = map(cx.compile, form.given)
   cn, bn = form.cond_consts, form.body_consts
   limit = cx.max_cycles
+  sync = _catch_up(cx.where(eqn)) if cx.interleave else None
 
   def plain(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
@@ -106,9 +125,11 @@ def _while(eqn, cx):
       iteration += 1
       if wg.time > limit:
         raise _runaway(wg, iteration, limit)
+      if sync is not None and wg.sched.due_before(wg.time):
+        yield sync
     return carry
 
-  return _maybe_gen(cond.blocking or body.blocking, plain, gen)
+  return _maybe_gen(cond.blocking or body.blocking or sync is not None, plain, gen)
 
 
 @rule("cond")
