@@ -68,37 +68,6 @@ def test_barrier_arrival_hands_over_at_the_arrivers_time():
   assert rep.block_cycles_max >= end
 
 
-def test_a_wait_found_complete_resumes_at_the_arrivers_clock():
-  """A producer simulated first (straight-line work, no loop to catch up
-  at) arrives at a later clock than its consumer's: the consumer, finding
-  the barrier complete when it gets there, still waits until then."""
-  ops = 64
-
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), F32),
-                scratch_types=[plgpu.Barrier()], num_threads=2, thread_name="t")
-  def k(x_ref, o_ref, bar):
-    t = lax.axis_index("t")
-
-    @pl.when(t == 0)
-    def _producer():
-      v = x_ref[0]
-      for _ in range(ops):
-        v = v * 1.0001 + 1.0
-      o_ref[1] = v
-      plgpu.barrier_arrive(bar)
-
-    @pl.when(t == 1)
-    def _consumer():
-      plgpu.barrier_wait(bar)
-      o_ref[0] = x_ref[0]
-
-  sim = ps.simulate(k, X)
-  [rep] = sim.report.kernels
-  [(_, _, who, name, start, end)] = [e for e in rep.trace if e[3].startswith("wait")]
-  assert who == "block () thread 1"
-  assert end >= ops * gpus.H100.op_overhead_cycles
-
-
 def test_misuse_is_reported_without_race_checking():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), F32),
                 scratch_types=[plgpu.Barrier(), plgpu.SMEM((128,), F32)],
