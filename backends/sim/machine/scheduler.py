@@ -42,6 +42,16 @@ class Wait:
     self.where = where
 
 
+def _always():
+  return True
+
+
+def catch_up(what, where):
+  """A wait that is always ready: the task goes back to the scheduler at
+  its own clock, which first applies everything due before it."""
+  return Wait(_always, (), what, where)
+
+
 class Task:
   """A coroutine with a local clock (cycles). Subclassed by the warpgroup
   state (machine/state.py), which adds what the rules keep per warpgroup."""

@@ -7,7 +7,7 @@ from pallas_sim.backends.sim.interpret import operands
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine import barriers
-from pallas_sim.backends.sim.machine.scheduler import Wait
+from pallas_sim.backends.sim.machine.scheduler import Wait, catch_up
 from pallas_sim.backends.sim.interpret.rules.refs import peer_buffer
 from pallas_sim.errors import KernelError
 
@@ -77,7 +77,7 @@ def _barrier_test(eqn, cx):
     slot = refview.barrier_of(at(args[bar.index], args[bar.leaves]), "barrier_test")
     n = _next_completion(wg, slot, "barrier_test")
     # (resumed at its own time: every completion before it has been applied)
-    yield Wait(lambda: True, (), "barrier_test", where)
+    yield catch_up("barrier_test", where)
     done = slot.completions >= n and slot.completed_at[n - 1] <= wg.time
     if done:
       wg.bar_waits[slot] = n

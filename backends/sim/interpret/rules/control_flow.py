@@ -12,7 +12,7 @@ import numpy as np
 
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.analysis import walker
-from pallas_sim.backends.sim.machine.scheduler import Wait
+from pallas_sim.backends.sim.machine.scheduler import catch_up
 from pallas_sim.errors import RunawayKernelError
 
 
@@ -20,18 +20,14 @@ def _maybe_gen(blocking, plain, gen):
   return Gen(gen) if blocking else plain
 
 
-def _ready():
-  return True
-
-
-def _catch_up(where):
-  """A wait that is always ready: the warpgroup goes back to the scheduler
-  at its clock, which first runs what is due before it (the other
-  warpgroups' resumptions, wgmma and copy completions). The simulation runs
-  a warpgroup ahead until it blocks: a loop of ALU work that never waits
-  would not see the wgmmas another warpgroup issues beside it, and ALU work
-  beside them is slower (timing/model.py tensor_overlap)."""
-  return Wait(_ready, (), "a loop iteration", where)
+def _catch_up(cx, eqn):
+  """Where the kernel's loops interleave (Compiler.interleave): the wait a
+  loop gives at an iteration's end when something of its group is due
+  before its clock. The simulation runs a warpgroup ahead until it blocks:
+  a loop of ALU work that never waits would not see the wgmmas another
+  warpgroup issues beside it, and ALU work beside them is slower
+  (timing/model.py tensor_overlap). None where they do not."""
+  return catch_up("a loop iteration", cx.where(eqn)) if cx.interleave else None
 
 
 # Loops check the block's simulated time once per iteration (a loop is the
@@ -71,7 +67,7 @@ def _scan(eqn, cx):
     return carry + [np.stack(y[::-1] if reverse else y) for y in ys]
 
   limit = cx.max_cycles
-  sync = _catch_up(cx.where(eqn)) if cx.interleave else None
+  sync = _catch_up(cx, eqn)
 
   # plain and gen are the same loop; gen forwards the body's waits.
   def plain(wg, *args):
@@ -105,7 +101,7 @@ def _while(eqn, cx):
   cond, body = map(cx.compile, form.given)
   cn, bn = form.cond_consts, form.body_consts
   limit = cx.max_cycles
-  sync = _catch_up(cx.where(eqn)) if cx.interleave else None
+  sync = _catch_up(cx, eqn)
 
   def plain(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
