@@ -297,7 +297,7 @@ def _spinning_kernel(steps=2 ** 31 - 1):
     @pl.when(t == 1)
     def _():
       n = lax.while_loop(lambda n: n < steps, lambda n: n + 1, jnp.int32(0))  # <-
-      x_ref[0] = n.astype(F32)
+      o_ref[0] = n.astype(F32)  # (before the arrive: thread 0 writes after its wait)
       plgpu.barrier_arrive(bar)
   return k
 

@@ -200,3 +200,18 @@ def test_wait_gmem_to_smem_is_refused_as_a_pre_hopper_wait():
 
   with pytest.raises(ps.UnsupportedPrimitiveError, match="cp.async"):
     ps.run(k, jnp.ones((128,), jnp.float32), backend="sim")
+
+
+@pytest.mark.skipif(not hasattr(plgpu, "get_barrier_semaphore"),
+                    reason="plgpu.get_barrier_semaphore came in jax 0.12.1")
+def test_barrier_semaphores_of_a_device_clique_are_refused_by_name():
+  @plgpu.kernel(out_type=S((128,), jnp.float32),
+                compiler_params=plgpu.CompilerParams(collective_id=0))
+  def k(x_ref, o_ref):
+    sems = plgpu.get_barrier_semaphore()
+    pl.semaphore_signal(sems.at[0])
+    o_ref[...] = x_ref[...]
+
+  with pytest.raises(ps.UnsupportedPrimitiveError, match="get_barrier_semaphore.*one GPU") as e:
+    ps.run(k, jnp.ones((128,), jnp.float32), backend="sim")
+  assert "test_plgpu_012.py:" in e.value.where

@@ -33,6 +33,22 @@ What each release needs (0.11.2 / 0.12.0.1):
   GMEM Ref made outside the kernel) and im2col_ref (a transform of a TMA
   load's source, Im2ColTransform).
 - InterpretGPUParams: 0.12 adds on_race ("raise" by default).
+
+The next release, 0.12.1 (not yet in the window: its whole suite is not
+green), against this checklist:
+- done: plgpu.get_barrier_semaphore (a device clique's semaphores) is refused
+  by name; a kernel may no longer write an input passed as an array
+  (KERNELS_WRITE_INPUT_ARRAYS; tests pass a Ref, jax.new_ref, on every release).
+- to do: a scratch allocation's aval is logical and run_scoped's
+  `ref_transforms` carry the forward TilingTransform / SwizzleTransform
+  (GPUMemoryRef.get_ref_transforms; a RefUnion's, one tuple a member), where
+  0.12.0.1 gave the tiled aval and the Untiling / Unswizzle transforms:
+  refview.tiling_of and the allocation must read both forms, or every given
+  swizzle is lost (the aliasing order check, wgmma's K against the swizzle,
+  smem_swizzle's row width).
+- to do: TMA's stride checks run after dropping the box's unit dimensions
+  where the GMEM dimension is 1 too (launch_context._prepare_tma), so a bf16
+  box (8, 1) of a (16, 1) array is a plain bulk copy there, not an error.
 - Effects allowed in custom derivatives' forward functions: 0.12 adds the
   IO callbacks' (kernel_effects_allowed).
 - Unchanged in both: interpret_pallas_call's signature; mpmd_map_p's and
@@ -81,6 +97,11 @@ from jax._src.state import indexing  # noqa: E402
 from jax._src.state import types as state_types  # noqa: E402
 
 JAX_VERSION = jax_window.parse(jax.__version__)
+# Whether plgpu.kernel traces a kernel that writes an input passed as an
+# array (the write stays inside the launch). From 0.12.1 JAX refuses it at
+# trace time and asks for a Ref (jax.new_ref), which the launch updates in
+# place.
+KERNELS_WRITE_INPUT_ARRAYS = JAX_VERSION < (0, 12, 1)
 JAXLIB_VERSION = jax_window.parse(jaxlib.__version__)
 
 # One class for open and closed jaxprs in every release of the window.

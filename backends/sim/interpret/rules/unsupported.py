@@ -18,6 +18,8 @@ _BLACKWELL = (
 )
 _OTHER_GPUS = (
     "multimem_load_reduce", "multimem_store", "semaphore_signal_multicast",
+    # (the semaphores XLA keeps for a collective's clique of devices)
+    "get_barrier_semaphore",
 )
 _PRE_HOPPER = ("wait_gmem_to_smem",)  # (cp.async copies, before TMA)
 REASONS = {
