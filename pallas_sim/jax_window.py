@@ -13,7 +13,7 @@ import re
 import warnings
 
 OLDEST = "0.11.2"
-NEWEST = "0.12.0.1"
+NEWEST = "0.12.1"
 # Set to 1 to import pallas-sim beside an untested JAX anyway (a warning
 # instead of the error): for trying a new release against the checklist in
 # backends/sim/base/jax_internals.py.

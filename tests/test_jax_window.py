@@ -43,8 +43,8 @@ def test_the_installed_jax_is_in_the_window():
 
 @pytest.mark.parametrize("jax_v,jaxlib_v,named", [
     ("0.10.2", "0.10.2", "jax 0.10.2, jaxlib 0.10.2"),
-    ("0.12.1", "0.12.1", "jax 0.12.1, jaxlib 0.12.1"),
-    ("0.12.0.1", "0.11.1", "jaxlib 0.11.1"),
+    ("0.12.2", "0.12.2", "jax 0.12.2, jaxlib 0.12.2"),
+    ("0.12.1", "0.11.1", "jaxlib 0.11.1"),
     ("0.11.2", None, "no jaxlib"),
 ])
 def test_a_jax_outside_the_window_is_refused_naming_the_window(jax_v, jaxlib_v, named):
@@ -57,18 +57,18 @@ def test_a_jax_outside_the_window_is_refused_naming_the_window(jax_v, jaxlib_v, 
 
 
 def test_both_ends_and_patch_releases_between_are_in_the_window():
-  for v in (jax_window.OLDEST, jax_window.NEWEST, "0.12.0", "0.12.0.1rc1"):
+  for v in (jax_window.OLDEST, jax_window.NEWEST, "0.12.0", "0.12.0.1", "0.12.1rc1"):
     assert jax_window.in_window(v), v
-  for v in ("0.11.1", "0.12.0.2", "0.12.1", "0.13.0", "1.0"):
+  for v in ("0.11.1", "0.12.1.1", "0.12.2", "0.13.0", "1.0"):
     assert not jax_window.in_window(v), v
 
 
 def test_an_untested_release_may_be_tried_with_a_warning(monkeypatch):
   monkeypatch.setenv(jax_window.UNTESTED_ENV, "1")
   with pytest.warns(UserWarning, match=re.escape(WINDOW)):
-    jax_window.check({"jax": "0.12.1", "jaxlib": "0.12.1"})
+    jax_window.check({"jax": "0.12.2", "jaxlib": "0.12.2"})
   with pytest.raises(jax_window.UnsupportedJaxError):  # (not a missing one)
-    jax_window.check({"jax": "0.12.1", "jaxlib": None})
+    jax_window.check({"jax": "0.12.2", "jaxlib": None})
 
 
 # A site that reports another jax release to importlib.metadata, as pip

@@ -137,8 +137,13 @@ CHECKS = [
     ("scoped_gmem", gmem_scratch_kernel, {}, ps.KernelError,
      r"Unsupported memory space: gmem", "Unsupported memory space: gmem"),
     ("tma_row_under_16_bytes", store_kernel, dict(n=2, dtype=I32), ps.KernelError,
-     r"\[copy_smem_to_gmem\] .*Async copies require the number of bits copied along "
-     r"the last dimension to be divisible by 128, but got 64", None),
+     r"\[copy_smem_to_gmem\] .*Async copies require all GMEM strides except the last "
+     r"one to be a multiple of 16 bytes", None),
+    ("tma_box_row_under_16_bytes", copy_kernel, dict(shape=(16, 8), dtype=I32, box=(8, 2)),
+     ps.KernelError,
+     r"\[copy_gmem_to_smem\] .*Async copies require the number of bits copied along "
+     r"the last dimension to be divisible by 128, but got 64",
+     "divisible by 128, but got 64"),
     ("tma_box_over_256", copy_kernel, dict(shape=(16, 512), dtype=F32, box=(8, 512)),
      ps.KernelError,
      r"\[copy_gmem_to_smem\] .*Async copies only support copying <=256 elements "

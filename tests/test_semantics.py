@@ -10,6 +10,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import pallas_sim as ps
 from conftest import store_unoptimized
+from pallas_sim.backends.sim.base import jax_internals as jx
 
 X = jnp.arange(256, dtype=jnp.float32) + 1
 
@@ -188,6 +189,47 @@ def test_tma_limits_of_the_lowering():
 
   with pytest.raises(ps.KernelError, match="divisible by 128, but got 32"):
     ps.run(k, jnp.array([1, 2, 3, 4], jnp.int32), backend="sim")
+
+
+def _column_copy(rows, cols, dtype):
+  """Copies column 0 of a (rows, cols) array through SMEM in two TMA boxes
+  of (rows // 2, 1), to column 0 of the output."""
+  half = rows // 2
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((rows, cols), dtype),
+                scratch_types=[plgpu.SMEM((half, 1), dtype), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    for i in range(2):
+      box = (pl.ds(i * half, half), pl.ds(0, 1))
+      plgpu.copy_gmem_to_smem(x_ref.at[box], smem, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.copy_smem_to_gmem(smem, o_ref.at[box])
+      plgpu.wait_smem_to_gmem(0)
+  return k
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.int8])
+def test_a_unit_box_column_of_a_one_column_array(dtype):
+  """TMA's limits apply to the box once the dimensions where the array and
+  the box are both 1 are dropped (from jax 0.12.1): a bf16 box (8, 1) of a
+  (16, 1) array is 8 contiguous elements, 128 bits; int8's 64 bits are not
+  enough. Before 0.12.1 the array's rows, 1 or 2 bytes apart, are refused
+  first, as they are in every release for a (16, 2) array, which keeps its
+  unit box dimension. (ps.run has the real lowering check each kernel too.)"""
+  x = jnp.asarray(np.arange(16).reshape(16, 1), dtype)
+  strides = "all GMEM strides except the last one to be a multiple of 16 bytes"
+  if not jx.TMA_DROPS_UNIT_DIMS:
+    with pytest.raises(ps.KernelError, match=strides):
+      ps.run(_column_copy(16, 1, dtype), x, backend="sim")
+  elif dtype == jnp.bfloat16:
+    out = ps.run(_column_copy(16, 1, dtype), x, backend="sim")
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+  else:
+    with pytest.raises(ps.KernelError, match="divisible by 128, but got 64") as e:
+      ps.run(_column_copy(16, 1, dtype), x, backend="sim")
+    assert "test_semantics.py:" in e.value.where
+  with pytest.raises(ps.KernelError, match=strides):
+    ps.run(_column_copy(16, 2, dtype), jnp.zeros((16, 2), dtype), backend="sim")
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])

@@ -26,15 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from pallas_sim.backends.sim.analysis import walker
+from pallas_sim.backends.sim.analysis import given_layouts
 
 SWIZZLES = (128, 64, 32)
 _WGMMA = ("wgmma_ref", "wgmma")
-
-
-def _is_smem(v):
-  aval = getattr(v, "aval", None)
-  return hasattr(aval, "inner_aval") and str(getattr(aval, "memory_space", "")) == "smem"
 
 
 def infer(kernel_jaxpr, lane_semantics=False):
@@ -51,18 +46,22 @@ def infer(kernel_jaxpr, lane_semantics=False):
     groups.setdefault(cls.find(v), []).append(v)
   out: dict[Any, int] = {}
   for members in groups.values():
-    sw = next((s for s in SWIZZLES if all(_fits(v, s) for v in members)), None)
+    sw = next((s for s in SWIZZLES if all(_fits(v, s, cls.layouts) for v in members)), None)
     if sw:
       out.update((v, sw) for v in members)
   return out
 
 
-def _fits(v, swizzle):
+def _fits(v, swizzle, layouts):
   """Whether the (8, swizzle / itemsize) tile divides the allocation's two
   minor dimensions (its layout in memory: a transposed view keeps it). An
   allocation the kernel tiles itself has its tiled shape, whose minor
-  dimension is its swizzle: its partner gets that (a buffer with a tiling
-  of its own keeps its rows: interpret/rules/tma.py _row_bytes)."""
+  dimension is its swizzle (or, from jax 0.12.1, a logical shape and its
+  given swizzle): its partner gets that (a buffer with a tiling of its own
+  keeps its rows: interpret/rules/tma.py _row_bytes)."""
+  own = layouts.get(v)
+  if own is not None and own[1] is not None:
+    return own[1] % swizzle == 0
   ref = v.aval.inner_aval
   shape: tuple[int, ...] = getattr(ref, "shape", ())
   dtype = getattr(ref, "dtype", None)
@@ -72,12 +71,12 @@ def _fits(v, swizzle):
   return shape[-2] % 8 == 0 and (shape[-1] * itemsize) % swizzle == 0
 
 
-class _Operands(walker.Forward):
-  """Which allocation (a run_scoped invar) each ref names, run forward
-  through the kernel; the allocations wgmmas read, in classes (union-find)
-  that a wgmma reading two of them ties."""
+class _Operands(given_layouts.Allocations):
+  """The allocations wgmmas read, in classes (union-find) that a wgmma
+  reading two of them ties."""
 
   def __init__(self):
+    super().__init__()
     self.parent = {}
     self.operand = set()  # allocations a wgmma reads
 
@@ -91,10 +90,7 @@ class _Operands(walker.Forward):
     if ra is not rb:
       self.parent[ra] = rb
 
-  def join(self, a, b):
-    return a if a is b else None
-
-  def transfer(self, eqn, ins):
+  def seen(self, eqn, ins):
     if eqn.primitive.name in _WGMMA:
       a, b = ins[1], ins[2]
       for x in (a, b):
@@ -102,20 +98,3 @@ class _Operands(walker.Forward):
           self.operand.add(x)
       if a is not None and b is not None:
         self.union(a, b)
-    return [None] * len(eqn.outvars)
-
-  def call(self, eqn, form, ins):
-    """A scope's body names its own allocations and what it closes over; a
-    call's or map's body takes the operands by position where the counts
-    agree (refs passed another way are not followed: their buffers keep
-    the rows they are written with)."""
-    for body in form.bodies:
-      if form.kind == "scoped":
-        sub_in = list(ins[:len(body.constvars)]) + [v if _is_smem(v) else None
-                                                     for v in body.invars]
-      elif len(ins) in (len(body.invars), len(body.constvars) + len(body.invars)):
-        sub_in = list(ins)
-      else:
-        sub_in = [None] * (len(body.constvars) + len(body.invars))
-      self.walk(body, sub_in)
-    return [None] * len(eqn.outvars)

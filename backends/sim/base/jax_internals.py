@@ -24,35 +24,30 @@ JAX release is a checklist:
    valid on both ends (conftest.store_unoptimized), or name the release they
    expect a rejection from (agreement/families.py STORE_16_BIT_REJECTED).
 
-What each release needs (0.11.2 / 0.12.0.1):
+What each release needs (0.11.2 / 0.12.0.1 / 0.12.1):
 - jax._src.core.Jaxpr: one class for open and closed jaxprs (consts
   attached). 0.11.2 also calls it ClosedJaxpr; 0.12 removed that alias.
 - Primitive names: 0.12 dropped the "_p" that eight primitives carried in
   0.11.2 (RENAMED), and added plgpu.store ("store"), barrier_arrive_and_wait,
   the reductions mosaic_gpu_reduce_{sum,max,min,prod}, alloc_semaphore (a
   GMEM Ref made outside the kernel) and im2col_ref (a transform of a TMA
-  load's source, Im2ColTransform).
+  load's source, Im2ColTransform). 0.12.1 adds get_barrier_semaphore (a
+  device clique's semaphores: refused by name).
 - InterpretGPUParams: 0.12 adds on_race ("raise" by default).
-
-The next release, 0.12.1 (not yet in the window: its whole suite is not
-green), against this checklist:
-- done: plgpu.get_barrier_semaphore (a device clique's semaphores) is refused
-  by name; a kernel may no longer write an input passed as an array
-  (KERNELS_WRITE_INPUT_ARRAYS; tests pass a Ref, jax.new_ref, on every release).
-- to do: a scratch allocation's aval is logical and run_scoped's
-  `ref_transforms` carry the forward TilingTransform / SwizzleTransform
-  (GPUMemoryRef.get_ref_transforms; a RefUnion's, one tuple a member), where
-  0.12.0.1 gave the tiled aval and the Untiling / Unswizzle transforms:
-  refview.tiling_of and the allocation must read both forms, or every given
-  swizzle is lost (the aliasing order check, wgmma's K against the swizzle,
-  smem_swizzle's row width).
-- to do: TMA's stride checks run after dropping the box's unit dimensions
-  where the GMEM dimension is 1 too (launch_context._prepare_tma), so a bf16
-  box (8, 1) of a (16, 1) array is a plain bulk copy there, not an error.
 - Effects allowed in custom derivatives' forward functions: 0.12 adds the
   IO callbacks' (kernel_effects_allowed).
-- Unchanged in both: interpret_pallas_call's signature; mpmd_map_p's and
-  pallas_call_p's params; the Mosaic GPU core classes imported by name
+- Scratch layouts (SCRATCH_REFS_UNDO_TILING): up to 0.12.0.1 a tiled
+  allocation's aval is its tiled layout and its refs carry the Untiling /
+  Unswizzle transforms; from 0.12.1 the aval is logical and only
+  run_scoped's `ref_transforms` hold its Tiling / Swizzle (a RefUnion's, one
+  tuple a member). refview reads both; analysis/given_layouts.py carries
+  the allocation's to the static checks.
+- TMA's limits (TMA_DROPS_UNIT_DIMS): from 0.12.1 they apply once the
+  dimensions where the GMEM array and the box are both 1 are dropped.
+- Kernels writing inputs (KERNELS_WRITE_INPUT_ARRAYS): from 0.12.1 an input
+  a kernel writes must be a Ref (jax.new_ref); an array is refused by JAX.
+- Unchanged in all three: interpret_pallas_call's signature; mpmd_map_p's
+  and pallas_call_p's params; the Mosaic GPU core classes imported by name
   (transforms, barrier types, WarpMesh, TraceScope, RefType).
 """
 import contextlib
@@ -102,6 +97,15 @@ JAX_VERSION = jax_window.parse(jax.__version__)
 # trace time and asks for a Ref (jax.new_ref), which the launch updates in
 # place.
 KERNELS_WRITE_INPUT_ARRAYS = JAX_VERSION < (0, 12, 1)
+# Whether a tiled scratch ref starts as its tiled layout, which the ref's
+# own transforms undo (Untiling, Unswizzle), as up to 0.12.0.1; from 0.12.1
+# it starts logical, and run_scoped's ref_transforms give the allocation's
+# Tiling and Swizzle (GPUMemoryRef.get_ref_transforms).
+SCRATCH_REFS_UNDO_TILING = not hasattr(gpu_core.GPUMemoryRef, "get_ref_transforms")
+# Whether TMA's limits apply after dropping the dimensions where both the
+# GMEM array and the box are 1 (launch_context._prepare_tma, from 0.12.1):
+# a box (8, 1) of a (16, 1) array is then a copy of 8 contiguous elements.
+TMA_DROPS_UNIT_DIMS = JAX_VERSION >= (0, 12, 1)
 JAXLIB_VERSION = jax_window.parse(jaxlib.__version__)
 
 # One class for open and closed jaxprs in every release of the window.

@@ -30,7 +30,7 @@ from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.base.locations import (
     call_site, kernel_arg_names, kernel_location, lowering_location)
 from pallas_sim.backends.sim.report import profiler
-from pallas_sim.backends.sim.analysis import smem_swizzle, walker
+from pallas_sim.backends.sim.analysis import given_layouts, smem_swizzle, walker
 from pallas_sim.backends.sim.machine import memory
 
 
@@ -79,6 +79,9 @@ class KernelLaunch:
   # allocation var -> the swizzle the lowering infers for an untransformed
   # wgmma operand (analysis/smem_swizzle.py): the rows its TMA loads move
   smem_swizzle: dict[Any, int] = dataclasses.field(default_factory=dict)
+  # the layouts allocations are given where their refs do not carry them, by
+  # equation and operand (analysis/given_layouts.py)
+  given_layouts: dict[int, tuple] = dataclasses.field(default_factory=dict)
   # ps.estimate given shapes and walking the function (frontend/
   # shapes_only.py): the positions of inputs whose values it does not have
   # (given as shapes, or computed from them); zeros stand in for them. Every
@@ -224,6 +227,7 @@ def kernel_launch(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, mesh: A
       profile=profiler.spec_of(kw.get("compiler_params")),
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
       smem_swizzle=smem_swizzle.infer(jaxpr, lane_semantics(kw)),
+      given_layouts=given_layouts.infer(jaxpr),
       unknown_inputs=unknown_inputs)
   if _active:
     lower = lambda timeout=None: lowering_error_once(

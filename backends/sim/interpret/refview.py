@@ -46,7 +46,8 @@ class Ref:
 
 
 def root_ref(buf):
-  return Ref(buf, buf.data, raw_tiled=buf.tiling is not None)
+  # (a tiled allocation's refs start at its tiled layout where they undo it)
+  return Ref(buf, buf.data, raw_tiled=buf.tiling is not None and jx.SCRATCH_REFS_UNDO_TILING)
 
 
 def _as_int(x):
@@ -121,7 +122,7 @@ def apply(ref, transforms, wg=None):
       continue
     if isinstance(tr, jx.gpu_core.ExtractAliasedRef):
       buf, view, layout = _aliased(buf, view, tr, transforms[i + 1:])
-      raw = tiling_of(transforms[i + 1:])[0] is not None
+      raw = any(isinstance(t, jx.gpu_core.UntilingTransform) for t in transforms[i + 1:])
       continue
     if raw:
       raise UnsupportedPrimitiveError(
@@ -156,10 +157,9 @@ def _aliased(buf, view, tr, rest):
     raise UnsupportedPrimitiveError(
         f"ExtractAliasedRef of {buf.name}: only the whole union is modelled")
   tiling, swizzle = tiling_of(rest)
-  shape = tuple(tr.shape)
-  if tiling is not None:
-    k = len(tiling)
-    shape = shape[:-2 * k] + tuple(n * t for n, t in zip(shape[-2 * k:-k], shape[-k:]))
+  shape = logical_shape(tuple(tr.shape), rest)
+  if tiling is None and swizzle is None:  # (the allocation's, from jax 0.12.1)
+    tiling, swizzle = (buf.members or {}).get(tr, (None, None))
   dtype = np.dtype(tr.dtype)
   bits = jx.dtypes.itemsize_bits(tr.dtype)
   if bits not in (4, 8 * dtype.itemsize):
@@ -383,21 +383,38 @@ def barrier_of(ref, what):
 
 
 def tiling_of(transforms):
-  """(tiling, swizzle) that a ref's transforms name (None where they do not)."""
+  """(tiling, swizzle) that a ref's transforms name (None where they do not):
+  the transforms that undo them (Untiling, Unswizzle: a ref whose aval is
+  the tiled layout, as jax 0.12.0.1 and before give scratch), or an
+  allocation's own (Tiling, Swizzle: run_scoped's `ref_transforms` from jax
+  0.12.1, beside a logical aval)."""
   tiling = swizzle = None
   for tr in transforms:
-    if isinstance(tr, jx.gpu_core.UntilingTransform):
+    if isinstance(tr, (jx.gpu_core.UntilingTransform, jx.gpu_core.TilingTransform)):
       tiling = tr.tiling
-    elif isinstance(tr, jx.gpu_core.UnswizzleRef):
+    elif isinstance(tr, (jx.gpu_core.UnswizzleRef, jx.gpu_core.SwizzleTransform)):
       swizzle = tr.swizzle
   return tiling, swizzle
 
 
-def static_ref(aval, treedef, name="ref"):
+def logical_shape(shape, transforms):
+  """The logical shape of an allocation of `shape` given these transforms:
+  untiled where they undo a tiling (the aval is the tiled layout), as it is
+  where they are the allocation's own."""
+  if not any(isinstance(tr, jx.gpu_core.UntilingTransform) for tr in transforms):
+    return tuple(shape)
+  tiling = tiling_of(transforms)[0]
+  k = len(tiling)
+  return shape[:-2 * k] + tuple(n * t for n, t in zip(shape[-2 * k:-k], shape[-k:]))
+
+
+def static_ref(aval, treedef, name="ref", given=None):
   """The Ref a primitive would see, from avals alone (before anything runs):
   a buffer of the right logical shape and strides but no memory, dynamic
   indices taken as 0. For static checks of shapes and layouts; None where it
-  cannot be built (then the checks run when the primitive does)."""
+  cannot be built (then the checks run when the primitive does). `given`:
+  (tiling, swizzle) of the allocation the ref names, where its transforms do
+  not say (analysis/given_layouts.py)."""
   inner = getattr(aval, "inner_aval", None)
   if inner is None or not hasattr(inner.dtype, "itemsize"):
     return None
@@ -407,12 +424,9 @@ def static_ref(aval, treedef, name="ref"):
   try:
     trs = unflatten(treedef, [0] * num_leaves(treedef))
     tiling, swizzle = tiling_of(trs)
-    shape = tuple(inner.shape)
-    if tiling is not None:
-      # (jax's Transform protocol declares transform_array with a raising
-      # body, which mypy takes as abstract; UntilingTransform is concrete)
-      untile = jx.gpu_core.UntilingTransform(tiling)  # type: ignore[abstract]
-      shape = tuple(untile.transform_type(inner).shape)
+    shape = logical_shape(tuple(inner.shape), trs)
+    if tiling is None and swizzle is None and given is not None:
+      tiling, swizzle, _ = given
     dtype = np.dtype(inner.dtype)
     strides = [dtype.itemsize] * len(shape)
     for d in range(len(shape) - 2, -1, -1):
@@ -420,6 +434,8 @@ def static_ref(aval, treedef, name="ref"):
     data = np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides,
                                            writeable=False)
     buf = memory.Buffer(name, space, data, tiling, swizzle)
+    if given is not None:
+      buf.members = given[2]
     return apply(root_ref(buf), trs)
   except Exception:  # an exotic ref: checked at run time instead
     return None

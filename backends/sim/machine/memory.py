@@ -102,7 +102,7 @@ class Buffer:
   `swizzle` record the physical layout the lowering would use."""
   __slots__ = ("name", "space", "data", "tiling", "swizzle", "nbytes", "shadow",
                "alloc_key", "_origin", "written", "unwritten", "_addr", "aliases",
-               "smem_range", "packed", "lent", "inferred_swizzle")
+               "smem_range", "packed", "lent", "inferred_swizzle", "members")
 
   def __init__(self, name, space, data, tiling=None, swizzle=None, alloc_key=None,
                origin=None):
@@ -122,6 +122,10 @@ class Buffer:
     # the swizzle the lowering infers for it, untransformed (analysis/smem_swizzle.py)
     self.inferred_swizzle = None
     self.packed = None  # a RefUnion's 4-bit member: where in the union (machine/aliasing.py)
+    # A RefUnion's members' (tiling, swizzle), by their ExtractAliasedRef,
+    # where the allocation gives them (from jax 0.12.1: run_scoped's
+    # ref_transforms, one tuple a member; before, each member's own chain)
+    self.members = None
     # An input lent read-only (execute/buffers.py): nothing writes it in a
     # launch that completes, so its reads race with nothing and are not
     # tracked (a write fails, and the launch runs again with a copy).

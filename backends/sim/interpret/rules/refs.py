@@ -5,7 +5,7 @@ import math
 import numpy as np
 
 from pallas_sim.backends.sim.interpret import refview
-from pallas_sim.backends.sim.analysis import resources, walker
+from pallas_sim.backends.sim.analysis import given_layouts, resources, walker
 from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.timing.model import OpClass
@@ -125,18 +125,18 @@ def _allocator(aval, transforms, label, launch, inferred_swizzle=None):
     return _barriers(label, inner.shape,
                      dt.num_arrivals * _cluster_arrivals(axes, launch),
                      dt.orders_tensor_core, axes, dt.leader_tracked)
-  shape = tuple(inner.shape)
+  members = given_layouts.union_members(aval, transforms)
+  if members is not None:  # (a union's: one tuple of transforms a member)
+    transforms = ()
+  shape = refview.logical_shape(tuple(inner.shape), transforms)
   tiling, swizzle = refview.tiling_of(transforms)
-  if tiling is not None:
-    # (jax's Transform protocol declares transform_array with a raising body,
-    # which mypy takes as abstract; UntilingTransform is concrete)
-    untile = jx.gpu_core.UntilingTransform(tiling)  # type: ignore[abstract]
-    shape = tuple(untile.transform_type(inner).shape)
   if space == "smem":
     def smem(block, key):
       buf = memory.Buffer(label, "smem", memory.poison(shape, dt), tiling, swizzle,
                           alloc_key=key)
       buf.inferred_swizzle = inferred_swizzle
+      if members:
+        buf.members = members
       if block.group.check_init:
         initcheck.track(buf)
       return buf

@@ -11,6 +11,7 @@ early, sees what real hardware could.
 import numpy as np
 
 from pallas_sim.backends.sim.base import jax_internals as jx
+from pallas_sim.backends.sim.analysis import given_layouts
 from pallas_sim.backends.sim.interpret import operands
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
@@ -57,11 +58,22 @@ def run_bytes(view):
   return run
 
 
-def _check_box(ref, what, bulk=False):
+def _check_box(ref, what, bulk=False, gmem=None):
   """The lowering's TMA limits (mosaic/gpu/launch_context.py), its messages.
   `bulk`: the copy takes the plain bulk path (cp.async.bulk of one
-  contiguous range), which has no limit on a dimension's length."""
+  contiguous range), which has no limit on a dimension's length. `gmem`:
+  the GMEM side, where the limits apply once the dimensions where both it
+  and the box are 1 are dropped (jx.TMA_DROPS_UNIT_DIMS)."""
   box = _box(ref)
+  if gmem is not None and ref.tiling is None and gmem.view.ndim == len(box):
+    strides = gmem.view.strides
+    if jx.TMA_DROPS_UNIT_DIMS:
+      keep = [not (a == 1 and b == 1) for a, b in zip(gmem.buf.data.shape, box)]
+      box = tuple(b for b, k in zip(box, keep) if k)
+      strides = tuple(st for st, k in zip(strides, keep) if k)
+    if any(st % 16 for st in strides[:-1]):
+      raise KernelError(f"{what}: Async copies require all GMEM strides except the "
+                        "last one to be a multiple of 16 bytes")
   bits = (box[-1] if box else 1) * ref.view.dtype.itemsize * 8
   if bits % 128:
     raise KernelError(
@@ -92,21 +104,24 @@ def _contiguous(gmem_ref):
   return True
 
 
-def _static_check(eqn, what, smem_operand, name, bulk_possible=False):
+def _static_check(eqn, cx, what, smem_operand, name, gmem_operand, bulk_possible=False):
   """Checks a copy from avals alone (refview.static_ref), when the kernel is
   compiled: before the real lowering's checks, at the user's line. False
   where the ref cannot be built statically, or the limits depend on the GMEM
   slice (then each copy is checked). (Memory spaces, shapes and dtypes of
   both sides JAX checks while tracing.) `smem_operand`: the SMEM side's
-  RefOperand, called `name`."""
-  ref = refview.static_ref(eqn.invars[smem_operand.index].aval, smem_operand.tree, name)
+  RefOperand, called `name`; `gmem_operand` the GMEM side's."""
+  i = smem_operand.index
+  ref = refview.static_ref(eqn.invars[i].aval, smem_operand.tree, name,
+                           given_layouts.of(cx.launch, eqn, i))
   if ref is None:
     return False
+  gmem = refview.static_ref(eqn.invars[gmem_operand.index].aval, gmem_operand.tree)
   if bulk_possible and _may_be_bulk(ref):
-    _check_box(ref, what, bulk=True)  # (the length limit waits for the GMEM slice)
+    _check_box(ref, what, bulk=True, gmem=gmem)  # (the length limit waits for the slice)
     return False
-  _check_box(ref, what)
-  return True
+  _check_box(ref, what, gmem=gmem)
+  return gmem is not None or not jx.TMA_DROPS_UNIT_DIMS
 
 
 @rule("copy_gmem_to_smem", op=OpClass.TMA_LOAD)
@@ -135,7 +150,7 @@ def _copy_gmem_to_smem(eqn, cx):
   where = cx.where(eqn)
   # Checks that need no data run now, before the real lowering's.
   bulk_possible = not collective and oob != "ZEROS"
-  static = _static_check(eqn, what, dst, "dst", bulk_possible)
+  static = _static_check(eqn, cx, what, dst, "dst", src, bulk_possible)
   # (the copy leaves as its issue ends: the interpreter charges the warpgroup
   # the same cycles after the rule, Timing.issue_split)
   issue = timing.issue_cycles(OpClass.TMA_LOAD, eqn)
@@ -146,7 +161,7 @@ def _copy_gmem_to_smem(eqn, cx):
     b = bar_at(args[bar.index], args[bar.leaves])
     pred = args[pred_at] if pred_at is not None else True
     if not static:
-      _check_box(d, what, bulk_possible and _may_be_bulk(d) and _contiguous(s))
+      _check_box(d, what, bulk_possible and _may_be_bulk(d) and _contiguous(s), s)
     slot = refview.barrier_of(b, what)
     if not pred:
       barriers.arrive(slot, at=wg.time)
@@ -341,7 +356,7 @@ def _copy_smem_to_gmem(eqn, cx):
   timing = cx.timing
   what = "copy_smem_to_gmem"
   where = cx.where(eqn)
-  static = _static_check(eqn, what, src, "src", bulk_possible=op is None)
+  static = _static_check(eqn, cx, what, src, "src", dst, bulk_possible=op is None)
   # (the committed stores leave as its issue ends)
   issue = timing.issue_cycles(OpClass.TMA_STORE, eqn)
 
@@ -350,7 +365,7 @@ def _copy_smem_to_gmem(eqn, cx):
     d, _, inb = dst_at(args[dst.index], args[dst.leaves])
     pred = args[pred_at] if pred_at is not None else True
     if not static:
-      _check_box(s, what, op is None and _may_be_bulk(s) and _contiguous(d))
+      _check_box(s, what, op is None and _may_be_bulk(s) and _contiguous(d), d)
     if inb is not None:  # past the array's ends: TMA drops those elements
       s = refview.Ref(s.buf, s.view[inb])
     if pred:

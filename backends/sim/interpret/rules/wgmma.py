@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from pallas_sim.backends.sim.base import jax_internals as jx
+from pallas_sim.backends.sim.analysis import given_layouts
 from pallas_sim.backends.sim.interpret import operands
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
@@ -105,12 +106,13 @@ def _check_operands(acc_r, a_r, a_val, b_r):
   validate(acc_r.view, a, b_r.view, a_r is not None, b_r.swizzle)
 
 
-def _static_check(eqn, ops, a_is_ref):
+def _static_check(eqn, cx, ops, a_is_ref):
   """_check_operands from avals alone, when the kernel is compiled (before the
   real lowering's checks, at the user's line); False where the operands
   cannot be built statically (then the first issue checks them). `ops`:
   the wgmma's operands (operands.Wgmma)."""
-  acc_r, a_r, b_r = (refview.static_ref(eqn.invars[r.index].aval, r.tree, name)
+  acc_r, a_r, b_r = (refview.static_ref(eqn.invars[r.index].aval, r.tree, name,
+                                        given_layouts.of(cx.launch, eqn, r.index))
                      for r, name in ((ops.acc, "acc"), (ops.a, "lhs"), (ops.b, "rhs")))
   a_val = None
   if not a_is_ref:
@@ -141,7 +143,7 @@ def _wgmma_ref(eqn, cx):
   numerics = cx.numerics
   a_is_ref = hasattr(eqn.invars[a_op.index].aval, "inner_aval")
   where = cx.where(eqn)
-  checked = [True] if _static_check(eqn, ops, a_is_ref) else []
+  checked = [True] if _static_check(eqn, cx, ops, a_is_ref) else []
 
   def wgmma(wg, *args):
     acc_r = acc_at(args[acc_op.index], args[acc_op.leaves])
