@@ -268,11 +268,8 @@ def test_inputs_are_lent_uncopied_until_the_kernel_writes_one(monkeypatch, worke
       _kernel_fields(k) for k in at_once.report.kernels]
 
 
-@WRITES_ARRAYS
-def test_reads_of_an_input_race_with_a_write_to_it_in_another_block():
-  """Reads of a lent input are not tracked (nothing can write it while it
-  is lent); a kernel that writes an input runs with copies, whose reads
-  are: block 0 doubles x[0] in place, the other blocks read it."""
+def _doubles_row_0():
+  """Block 0 doubles x[0] in place, every block copies x[0] to its row."""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((ROWS, 128), F32),
                 grid=(ROWS,), grid_names=("i",))
   def k(x_ref, o_ref):
@@ -282,7 +279,15 @@ def test_reads_of_an_input_race_with_a_write_to_it_in_another_block():
     def _():
       x_ref[0] = x_ref[0] * 2
     o_ref[i] = x_ref[0]
-  ex, out = _run(k, (_x(),), 1)
+  return k
+
+
+@WRITES_ARRAYS
+def test_reads_of_an_input_race_with_a_write_to_it_in_another_block():
+  """Reads of a lent input are not tracked (nothing can write it while it
+  is lent); a kernel that writes an input runs with copies, whose reads
+  are: block 0 doubles x[0] in place, the other blocks read it."""
+  ex, out = _run(_doubles_row_0(), (_x(),), 1)
   kinds = {r.kind for r in ex.report.races}
   assert kinds == {"write-read race between blocks"}, kinds
   np.testing.assert_array_equal(out[0], np.tile(np.asarray(_x())[0] * 2, (ROWS, 1)))
@@ -292,17 +297,8 @@ def test_reads_of_an_input_ref_race_with_a_write_to_it_in_another_block():
   """The same kernel given a Ref, which it updates in place (how jax 0.12.1
   and later let a kernel write an input): the race is found, and the Ref
   holds the write."""
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((ROWS, 128), F32),
-                grid=(ROWS,), grid_names=("i",))
-  def k(x_ref, o_ref):
-    i = lax.axis_index("i")
-
-    @pl.when(i == 0)
-    def _():
-      x_ref[0] = x_ref[0] * 2
-    o_ref[i] = x_ref[0]
   x = jax.new_ref(_x())
-  ex, out = _run(k, (x,), 1)
+  ex, out = _run(_doubles_row_0(), (x,), 1)
   kinds = {r.kind for r in ex.report.races}
   assert kinds == {"write-read race between blocks"}, kinds
   np.testing.assert_array_equal(out[0], np.tile(np.asarray(_x())[0] * 2, (ROWS, 1)))

@@ -19,6 +19,32 @@ from pallas_sim.backends.sim.base import jax_internals as jx
 Layout = tuple  # (tiling, swizzle, members): members {ExtractAliasedRef: (tiling, swizzle)}
 
 
+def tiling_of(transforms):
+  """(tiling, swizzle) that a ref's transforms name (None where they do not):
+  the transforms that undo them (Untiling, Unswizzle: a ref whose aval is
+  the tiled layout, as jax 0.12.0.1 and before give scratch), or an
+  allocation's own (Tiling, Swizzle: run_scoped's `ref_transforms` from jax
+  0.12.1, beside a logical aval)."""
+  tiling = swizzle = None
+  for tr in transforms:
+    if isinstance(tr, (jx.gpu_core.UntilingTransform, jx.gpu_core.TilingTransform)):
+      tiling = tr.tiling
+    elif isinstance(tr, (jx.gpu_core.UnswizzleRef, jx.gpu_core.SwizzleTransform)):
+      swizzle = tr.swizzle
+  return tiling, swizzle
+
+
+def logical_shape(shape, transforms):
+  """The logical shape of an allocation of `shape` given these transforms:
+  untiled where they undo a tiling (the aval is the tiled layout), as it is
+  where they are the allocation's own."""
+  if not any(isinstance(tr, jx.gpu_core.UntilingTransform) for tr in transforms):
+    return tuple(shape)
+  tiling = tiling_of(transforms)[0]
+  k = len(tiling)
+  return shape[:-2 * k] + tuple(n * t for n, t in zip(shape[-2 * k:-k], shape[-k:]))
+
+
 def is_smem(v: Any) -> bool:
   aval = getattr(v, "aval", None)
   return hasattr(aval, "inner_aval") and str(getattr(aval, "memory_space", "")) == "smem"
@@ -31,7 +57,6 @@ def union_members(aval: Any, transforms: Any) -> dict | None:
   if not isinstance(aval, jx.gpu_core.AbstractRefUnion) or not transforms or not all(
       isinstance(t, tuple) for t in transforms):
     return None
-  from pallas_sim.backends.sim.interpret.refview import tiling_of
   refs = jax.tree.leaves(jx.gpu_core.flatten_ref_union(aval),
                          is_leaf=lambda x: isinstance(x, jx.pallas_core.TransformedRef))
   members = {}
@@ -44,7 +69,6 @@ def union_members(aval: Any, transforms: Any) -> dict | None:
 def given(aval: Any, transforms: Any) -> Layout | None:
   """The layout an allocation's own transforms give it (jax 0.12.1's form),
   or None (none given, or the old form, whose refs carry it)."""
-  from pallas_sim.backends.sim.interpret.refview import tiling_of
   members = union_members(aval, transforms)
   if members is not None:
     return (None, None, members) if any(m != (None, None) for m in members.values()) else None

@@ -16,6 +16,8 @@ from jax import tree_util
 from pallas_sim.backends.sim.machine import aliasing, memory
 from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
 from pallas_sim.backends.sim.base import jax_internals as jx
+# (an allocation's layout from its transforms, in either release's form)
+from pallas_sim.backends.sim.analysis.given_layouts import logical_shape, tiling_of
 
 
 class Ref:
@@ -380,32 +382,6 @@ def barrier_of(ref, what):
                         f"{v.shape} must be indexed down to one barrier")
     return v.reshape(())[()]
   return v
-
-
-def tiling_of(transforms):
-  """(tiling, swizzle) that a ref's transforms name (None where they do not):
-  the transforms that undo them (Untiling, Unswizzle: a ref whose aval is
-  the tiled layout, as jax 0.12.0.1 and before give scratch), or an
-  allocation's own (Tiling, Swizzle: run_scoped's `ref_transforms` from jax
-  0.12.1, beside a logical aval)."""
-  tiling = swizzle = None
-  for tr in transforms:
-    if isinstance(tr, (jx.gpu_core.UntilingTransform, jx.gpu_core.TilingTransform)):
-      tiling = tr.tiling
-    elif isinstance(tr, (jx.gpu_core.UnswizzleRef, jx.gpu_core.SwizzleTransform)):
-      swizzle = tr.swizzle
-  return tiling, swizzle
-
-
-def logical_shape(shape, transforms):
-  """The logical shape of an allocation of `shape` given these transforms:
-  untiled where they undo a tiling (the aval is the tiled layout), as it is
-  where they are the allocation's own."""
-  if not any(isinstance(tr, jx.gpu_core.UntilingTransform) for tr in transforms):
-    return tuple(shape)
-  tiling = tiling_of(transforms)[0]
-  k = len(tiling)
-  return shape[:-2 * k] + tuple(n * t for n, t in zip(shape[-2 * k:-k], shape[-k:]))
 
 
 def static_ref(aval, treedef, name="ref", given=None):

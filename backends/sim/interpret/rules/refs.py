@@ -128,8 +128,8 @@ def _allocator(aval, transforms, label, launch, inferred_swizzle=None):
   members = given_layouts.union_members(aval, transforms)
   if members is not None:  # (a union's: one tuple of transforms a member)
     transforms = ()
-  shape = refview.logical_shape(tuple(inner.shape), transforms)
-  tiling, swizzle = refview.tiling_of(transforms)
+  shape = given_layouts.logical_shape(tuple(inner.shape), transforms)
+  tiling, swizzle = given_layouts.tiling_of(transforms)
   if space == "smem":
     def smem(block, key):
       buf = memory.Buffer(label, "smem", memory.poison(shape, dt), tiling, swizzle,
