@@ -232,6 +232,26 @@ def test_a_unit_box_column_of_a_one_column_array(dtype):
     ps.run(_column_copy(16, 2, dtype), jnp.zeros((16, 2), dtype), backend="sim")
 
 
+def test_a_tiled_allocation_copies_in_boxes_of_its_tiles():
+  """TMA's 256-element limit is on the box the descriptor holds, which for a
+  tiled allocation is its tiles: 512 rows tiled (8, 64) are boxes of 8 rows.
+  The allocation's tiling comes from its transforms in either form (its
+  refs' up to jax 0.12.0.1, run_scoped's from 0.12.1)."""
+  tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((512, 64), jnp.float16),
+                scratch_types=[plgpu.SMEM((512, 64), jnp.float16, transforms=tr),
+                               plgpu.Barrier()])
+  def k(x_ref, o_ref, s, bar):
+    plgpu.copy_gmem_to_smem(x_ref, s, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(s, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((512, 64)), jnp.float16)
+  np.testing.assert_array_equal(np.asarray(ps.run(k, x, backend="sim")), np.asarray(x))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float16, jnp.bfloat16])
 def test_float_to_int_cast_of_nan_and_inf_as_on_hardware(dtype):
   # Found by the agreement suite on an H200: bf16 NaN -> int32 gave INT_MIN
