@@ -374,8 +374,8 @@ MUTANTS = [
     Mutant("tma-keeps-unit-dims", TMA,
            "from jax 0.12.1 TMA's limits apply once the dimensions where the array and "
            "the box are both 1 are dropped; the mutant keeps them",
-           "      keep = [not (a == 1 and b == 1) for a, b in zip(gmem.buf.data.shape, box)]",
-           "      keep = [True for a, b in zip(gmem.buf.data.shape, box)]",
+           "      keep = [not (a == 1 and b == 1) for a, b in zip(gmem.buf.data.shape, ref.view.shape)]",
+           "      keep = [True for a, b in zip(gmem.buf.data.shape, ref.view.shape)]",
            ("tests/test_semantics.py",)),
     Mutant("allocation-layout-ignored", "backends/sim/analysis/given_layouts.py",
            "an allocation's Tiling/Swizzle (jax 0.12.1's run_scoped ref_transforms) set "

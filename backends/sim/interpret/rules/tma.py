@@ -65,12 +65,13 @@ def _check_box(ref, what, bulk=False, gmem=None):
   the GMEM side, where the limits apply once the dimensions where both it
   and the box are 1 are dropped (jx.TMA_DROPS_UNIT_DIMS)."""
   box = _box(ref)
-  if gmem is not None and ref.tiling is None and gmem.view.ndim == len(box):
+  if gmem is not None and gmem.view.ndim == ref.view.ndim:
     strides = gmem.view.strides
     if jx.TMA_DROPS_UNIT_DIMS:
-      keep = [not (a == 1 and b == 1) for a, b in zip(gmem.buf.data.shape, box)]
-      box = tuple(b for b, k in zip(box, keep) if k)
+      keep = [not (a == 1 and b == 1) for a, b in zip(gmem.buf.data.shape, ref.view.shape)]
       strides = tuple(st for st, k in zip(strides, keep) if k)
+      if ref.tiling is None:  # (a tiled box has the tiles' dimensions)
+        box = tuple(b for b, k in zip(box, keep) if k)
     if any(st % 16 for st in strides[:-1]):
       raise KernelError(f"{what}: Async copies require all GMEM strides except the "
                         "last one to be a multiple of 16 bytes")
@@ -121,7 +122,7 @@ def _static_check(eqn, cx, what, smem_operand, name, gmem_operand, bulk_possible
     _check_box(ref, what, bulk=True, gmem=gmem)  # (the length limit waits for the slice)
     return False
   _check_box(ref, what, gmem=gmem)
-  return gmem is not None or not jx.TMA_DROPS_UNIT_DIMS
+  return gmem is not None  # (else each copy checks its GMEM side)
 
 
 @rule("copy_gmem_to_smem", op=OpClass.TMA_LOAD)
