@@ -389,8 +389,8 @@ def static_ref(aval, treedef, name="ref", given=None):
   a buffer of the right logical shape and strides but no memory, dynamic
   indices taken as 0. For static checks of shapes and layouts; None where it
   cannot be built (then the checks run when the primitive does). `given`:
-  (tiling, swizzle) of the allocation the ref names, where its transforms do
-  not say (analysis/given_layouts.py)."""
+  the layout (tiling, swizzle, a union's members') of the allocation the ref
+  names, where its transforms do not say (analysis/given_layouts.py)."""
   inner = getattr(aval, "inner_aval", None)
   if inner is None or not hasattr(inner.dtype, "itemsize"):
     return None
