@@ -43,6 +43,22 @@ def copy_kernel(shape, dtype, box, tiled=False):
   return k, (jnp.ones(shape, dtype),)
 
 
+def indexed_copy_kernel(shape, index, dtype=BF16):
+  """A TMA round trip through SMEM of x.at[index]: an int drops its
+  dimension, a pair (start, size) slices it."""
+  idx = tuple(i if isinstance(i, int) else pl.ds(*i) for i in index)
+  box = tuple(i[1] for i in index if not isinstance(i, int))
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(shape, dtype),
+                scratch_types=[plgpu.SMEM(box, dtype), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref.at[idx], smem, bar)  # <-
+    plgpu.barrier_wait(bar)
+    plgpu.copy_smem_to_gmem(smem, o_ref.at[idx])
+    plgpu.wait_smem_to_gmem(0)
+  return k, (jnp.ones(shape, dtype),)
+
+
 def store_kernel(n, dtype):
   """A TMA store of n elements (a row under 16 bytes when n is small)."""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((8, n), dtype),
@@ -144,6 +160,16 @@ CHECKS = [
      r"\[copy_gmem_to_smem\] .*Async copies require the number of bits copied along "
      r"the last dimension to be divisible by 128, but got 64",
      "divisible by 128, but got 64"),
+    # (rows of 40 bytes: the box's 16 are fine, the indexed dimension's stride not)
+    ("tma_indexed_row_stride", indexed_copy_kernel, dict(shape=(4, 20), index=(1, (0, 8))),
+     ps.KernelError, r"\[copy_gmem_to_smem\] .*all GMEM strides except the last one to be "
+     r"a multiple of 16 bytes", "all GMEM strides except the last one to be a multiple of 16"),
+    # (the indexed dimension's 2-byte stride: last in the array, not in the
+    # descriptor, which puts indexed dimensions first)
+    ("tma_indexed_inner_stride", indexed_copy_kernel,
+     dict(shape=(16, 8, 1), index=((0, 8), 3, (0, 1))),
+     ps.KernelError, r"\[copy_gmem_to_smem\] .*all GMEM strides except the last one to be "
+     r"a multiple of 16 bytes", "all GMEM strides except the last one to be a multiple of 16"),
     ("tma_box_over_256", copy_kernel, dict(shape=(16, 512), dtype=F32, box=(8, 512)),
      ps.KernelError,
      r"\[copy_gmem_to_smem\] .*Async copies only support copying <=256 elements "

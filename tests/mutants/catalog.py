@@ -374,9 +374,21 @@ MUTANTS = [
     Mutant("tma-keeps-unit-dims", TMA,
            "from jax 0.12.1 TMA's limits apply once the dimensions where the array and "
            "the box are both 1 are dropped; the mutant keeps them",
-           "      keep = [not (a == 1 and b == 1) for a, b in zip(gmem.buf.data.shape, ref.view.shape)]",
-           "      keep = [True for a, b in zip(gmem.buf.data.shape, ref.view.shape)]",
+           "    strides, unit = full.strides, [n == 1 for n in full.shape]",
+           "    strides, unit = full.strides, [False for n in full.shape]",
            ("tests/test_semantics.py",)),
+    Mutant("tma-strides-of-the-view", TMA,
+           "TMA's GMEM stride limit is on the whole array's strides, those of the "
+           "dimensions an integer index drops included; the mutant reads the view's",
+           "    full = gmem.buf.data\n", "    full = gmem.view\n",
+           ("tests/test_own_checks.py",)),
+    Mutant("tma-strides-in-array-order", TMA,
+           "from jax 0.12.1 the descriptor puts the indexed dimensions first, so the "
+           "stride TMA's limit leaves out is the last kept one's; the mutant keeps the "
+           "array's order",
+           "      order = list(range(full.ndim)) if kept is None else (",
+           "      order = list(range(full.ndim)) if True else (",
+           ("tests/test_own_checks.py",)),
     Mutant("allocation-layout-ignored", "backends/sim/analysis/given_layouts.py",
            "an allocation's Tiling/Swizzle (jax 0.12.1's run_scoped ref_transforms) set "
            "its layout; the mutant reads only the transforms that undo them",

@@ -65,13 +65,20 @@ def _check_box(ref, what, bulk=False, gmem=None):
   the GMEM side, where the limits apply once the dimensions where both it
   and the box are 1 are dropped (jx.TMA_DROPS_UNIT_DIMS)."""
   box = _box(ref)
-  if gmem is not None and gmem.view.ndim == ref.view.ndim:
-    strides = gmem.view.strides
+  if gmem is not None:
+    # (the strides are the whole array's, those of the dimensions an integer
+    # index drops included: the descriptor walks the array, not the view)
+    full = gmem.buf.data
+    strides, unit = full.strides, [n == 1 for n in full.shape]
     if jx.TMA_DROPS_UNIT_DIMS:
-      keep = [not (a == 1 and b == 1) for a, b in zip(gmem.buf.data.shape, ref.view.shape)]
-      strides = tuple(st for st, k in zip(strides, keep) if k)
-      if ref.tiling is None:  # (a tiled box has the tiles' dimensions)
-        box = tuple(b for b, k in zip(box, keep) if k)
+      # (the lowering moves the indexed dimensions to the front, then drops
+      # the 1-long ones)
+      kept = _view_dims(gmem)
+      order = list(range(full.ndim)) if kept is None else (
+          [d for d in range(full.ndim) if d not in kept] + kept)
+      strides = tuple(full.strides[d] for d in order if not unit[d])
+      if ref.tiling is None and kept is not None and len(kept) == len(box):
+        box = tuple(b for b, d in zip(box, kept) if not unit[d])  # (a tiled box: its tiles')
     if any(st % 16 for st in strides[:-1]):
       raise KernelError(f"{what}: Async copies require all GMEM strides except the "
                         "last one to be a multiple of 16 bytes")
@@ -84,6 +91,25 @@ def _check_box(ref, what, bulk=False, gmem=None):
     raise KernelError(
         f"{what}: Async copies only support copying <=256 elements along each"
         f" dimension, got {box}")
+
+
+def _view_dims(gmem):
+  """Which of its array's dimensions a GMEM view keeps, in order (an
+  integer index drops one), matched by stride from the innermost; None
+  where they do not match. Two dimensions share a stride only where the
+  inner one is 1 long, and a 1-long view dimension is then taken for it:
+  that decides only whether the box drops a 1, which TMA's limits (the
+  last dimension's bits, the longest) do not see unless it is the last."""
+  full, view = gmem.buf.data, gmem.view
+  kept, d = [], full.ndim - 1
+  for i in reversed(range(view.ndim)):
+    while d >= 0 and not (full.strides[d] == view.strides[i] and full.shape[d] >= view.shape[i]):
+      d -= 1
+    if d < 0:
+      return None
+    kept.append(d)
+    d -= 1
+  return kept[::-1]
 
 
 def _may_be_bulk(smem_ref):
