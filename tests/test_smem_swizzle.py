@@ -89,7 +89,7 @@ def test_lane_semantics_infer_nothing(monkeypatch):
   monkeypatch.setattr(smem_swizzle, "infer",
                       lambda j, lane=False: inferred.append(infer(j, lane)) or inferred[-1])
   ps.estimate(lambda a, b: matmul_mcs(a, b, tile_k=16), F16, F16, gpu="h200")
-  assert sorted(inferred[-1].values()) == [32, 32]
+  assert sorted(inferred[-1][0].values()) == [32, 32]
   lane = plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane)
   assert capture.lane_semantics({"compiler_params": lane})
   assert capture.lane_semantics({"compiler_params": {"mosaic_gpu": lane}})

@@ -80,17 +80,21 @@ def given(aval: Any, transforms: Any) -> Layout | None:
 
 class Allocations(walker.Forward):
   """Which allocation (a run_scoped invar) each ref names, run forward
-  through the kernel, and the layouts allocations are given (`layouts`).
-  Subclasses see each equation's operands as allocations (`seen`)."""
+  through the kernel, the layouts allocations are given (`layouts`), and
+  for each equation whose operands name any, their layouts (`at`: id(eqn)
+  -> one per operand, None for one without). Subclasses see each
+  equation's operands as allocations too (`seen`)."""
 
   def __init__(self):
     self.layouts: dict[Any, Layout] = {}  # allocation var -> its given layout
+    self.at: dict[int, tuple] = {}
 
   def join(self, a, b):
     return a if a is b else None
 
   def seen(self, eqn, ins):
-    pass
+    if any(x in self.layouts for x in ins if x is not None):
+      self.at[id(eqn)] = tuple(self.layouts.get(x) if x is not None else None for x in ins)
 
   def allocated(self, eqn, body):
     trs = jx.param(eqn, "ref_transforms") or ()
@@ -118,24 +122,6 @@ class Allocations(walker.Forward):
         sub_in = [None] * (len(body.constvars) + len(body.invars))
       self.walk(body, sub_in)
     return [None] * len(eqn.outvars)
-
-
-class _Given(Allocations):
-  def __init__(self):
-    super().__init__()
-    self.at: dict[int, tuple] = {}  # id(eqn) -> each operand's, where any has one
-
-  def seen(self, eqn, ins):
-    if any(x in self.layouts for x in ins if x is not None):
-      self.at[id(eqn)] = tuple(self.layouts.get(x) if x is not None else None for x in ins)
-
-
-def infer(kernel_jaxpr: Any) -> dict[int, tuple]:
-  """id(equation) -> the given layout of the allocation each operand names
-  (None for one without), for the equations whose operands name any."""
-  g = _Given()
-  g.walk(kernel_jaxpr, [])
-  return g.at
 
 
 def of(launch: Any, eqn: Any, index: int) -> Layout | None:

@@ -33,14 +33,15 @@ _WGMMA = ("wgmma_ref", "wgmma")
 
 
 def infer(kernel_jaxpr, lane_semantics=False):
-  """Allocation var (a run_scoped invar) -> the swizzle in bytes that the
-  lowering gives it, for every allocation a wgmma reads (one the kernel
-  tiles itself keeps its own rows). Empty under Lane semantics, which
-  infers nothing."""
-  if lane_semantics:
-    return {}
+  """One walk of the kernel for its allocations: (allocation var (a
+  run_scoped invar) -> the swizzle in bytes that the lowering gives it, for
+  every allocation a wgmma reads (one the kernel tiles itself keeps its own
+  rows); and given_layouts.Allocations.at, the layouts the kernel gives). The
+  swizzles are empty under Lane semantics, which infers nothing."""
   cls = _Operands()
   cls.walk(kernel_jaxpr, [])
+  if lane_semantics:
+    return {}, cls.at
   groups: dict[Any, list[Any]] = {}
   for v in cls.operand:
     groups.setdefault(cls.find(v), []).append(v)
@@ -49,7 +50,7 @@ def infer(kernel_jaxpr, lane_semantics=False):
     sw = next((s for s in SWIZZLES if all(_fits(v, s, cls.layouts) for v in members)), None)
     if sw:
       out.update((v, sw) for v in members)
-  return out
+  return out, cls.at
 
 
 def _fits(v, swizzle, layouts):
@@ -91,6 +92,7 @@ class _Operands(given_layouts.Allocations):
       self.parent[ra] = rb
 
   def seen(self, eqn, ins):
+    super().seen(eqn, ins)
     if eqn.primitive.name in _WGMMA:
       a, b = ins[1], ins[2]
       for x in (a, b):

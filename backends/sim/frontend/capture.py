@@ -30,7 +30,7 @@ from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.base.locations import (
     call_site, kernel_arg_names, kernel_location, lowering_location)
 from pallas_sim.backends.sim.report import profiler
-from pallas_sim.backends.sim.analysis import given_layouts, smem_swizzle, walker
+from pallas_sim.backends.sim.analysis import smem_swizzle, walker
 from pallas_sim.backends.sim.machine import memory
 
 
@@ -214,6 +214,7 @@ def kernel_launch(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, mesh: A
   block_mappings = ()
   if mesh is None:
     block_mappings = tuple(grid_mapping.block_mappings)
+  swizzles, given = smem_swizzle.infer(jaxpr, lane_semantics(kw))
   launch = KernelLaunch(
       name=name or "kernel", jaxpr=jaxpr, grid=grid, grid_names=grid_names,
       cluster=cluster, cluster_names=cluster_names, num_threads=nt,
@@ -226,8 +227,7 @@ def kernel_launch(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, mesh: A
       call_site=call_site(jaxpr),
       profile=profiler.spec_of(kw.get("compiler_params")),
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
-      smem_swizzle=smem_swizzle.infer(jaxpr, lane_semantics(kw)),
-      given_layouts=given_layouts.infer(jaxpr),
+      smem_swizzle=swizzles, given_layouts=given,
       unknown_inputs=unknown_inputs)
   if _active:
     lower = lambda timeout=None: lowering_error_once(
