@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import sys
 import threading
 from typing import Callable
@@ -739,6 +740,74 @@ def _build_rega(n, *, mode, wgs, blocks=None, cpu=False):
     return jnp.broadcast_to(out, (blocks, wgs, 128, 128))
   return Built(functools.partial(wgmma_register_a, n=n, blocks=blocks, mode=mode,
                                  wgs=wgs), (a, b), ref, tol=1e-6)
+
+
+# ---------------------------------------------------------------------------
+# (e''') A row kernel's body without its pipeline: a warpgroup's bf16 tile
+# loaded from SMEM in the WGMMA layout, scaled in f32 and stored back to SMEM
+# (RMSnorm's and softmax's second pass, which the H200 runs in about 1.6
+# times the model's cycles: lab/data/rows_trace_h200.json), or only loaded,
+# or only stored. The scratch has no transforms, as emit_pipeline's slots
+# have none: the lowering gives it its own swizzle and transfer plan.
+# ---------------------------------------------------------------------------
+
+SMEM_RW_MODES = {
+    "load": "tile SMEM -> registers (f32), a running max",
+    "store": "a register tile negated (f32) and stored to SMEM as bf16",
+    "rw": "tile SMEM -> registers (f32), negated, stored back to SMEM as bf16",
+}
+
+
+def smem_rewrite(x, *, n, blocks, mode):
+  """Each block: x (rows, cols) bf16 into both SMEM slots by TMA, then n
+  iterations of `mode` over the two slots (iteration i reads slot i % 2 and
+  writes the other, so that no load or store is the same address twice
+  running and none is hoisted; negation is exact). Output per block: the
+  slot the last iteration wrote, as f32 ("load": the running max)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  tile = plgpu.Layout.WGMMA
+
+  def body(x_ref, o_ref, buf, bar):
+    blk = lax.axis_index("b")
+    for slot in range(2):
+      plgpu.copy_gmem_to_smem(x_ref, buf.at[slot], bar)
+    plgpu.barrier_wait(bar)
+
+    def load(i):
+      return plgpu.load(buf.at[lax.rem(i, 2)], layout=tile).astype(jnp.float32)
+    if mode == "load":
+      init = plgpu.layout_cast(jnp.full((rows, cols), -1e30, jnp.float32), tile)
+      o_ref[blk] = lax.fori_loop(0, n, lambda i, m: jnp.maximum(m, load(i)), init)
+      return
+
+    def step(i, v):
+      w = -(load(i) if mode == "rw" else v)
+      buf[lax.rem(i + 1, 2)] = w.astype(buf.dtype)
+      return w
+    lax.fori_loop(0, n, step, load(0))
+    o_ref[blk] = buf[lax.rem(n, 2)].astype(jnp.float32)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((blocks, rows, cols), jnp.float32),
+      scratch_types=[plgpu.SMEM((2, rows, cols), x.dtype), plgpu.Barrier(num_arrivals=2)],
+      grid=(blocks,), grid_names=("b",))(x)
+
+
+def _build_smem_rw(n, *, mode, rows, cols, bps=1, cpu=False):
+  import jax.numpy as jnp
+  blocks = 2 if cpu else bps * NUM_SMS
+  x = _array((rows, cols), "bfloat16", seed=60, kind="int")
+
+  def ref(x):
+    xf = x.astype(jnp.float32)
+    return jnp.broadcast_to(xf if mode == "load" else xf * (-1.0) ** n,
+                            (blocks, rows, cols))
+  return Built(functools.partial(smem_rewrite, n=n, blocks=blocks, mode=mode), (x,), ref,
+               tol=0)
 
 
 # ALU work in one warpgroup beside another's wgmma loop (its A from SMEM, or
@@ -1471,6 +1540,18 @@ def _micros():
                        unit="iteration", cpu_n=(2, 4),
                        note=f"per iteration, in each of {wgs} warpgroup(s) of 132 "
                             f"blocks: {REGA_MODES[mode]}; 128x128x64"))
+  # (e''') the row kernels' body: 128x64 and 64x128 bf16 tiles (16 KiB), one
+  # block to an SM, and two for the load, negate and store.
+  for (rows_, cols_), mode, bps in itertools.product(((128, 64), (64, 128)),
+                                                     SMEM_RW_MODES, (1, 2)):
+    if bps == 2 and mode != "rw":
+      continue
+    out.append(Micro(f"smem_rw_{mode}_{rows_}x{cols_}_{bps}_per_sm",
+                     "SMEM loads and stores of a warpgroup's registers",
+                     _build_smem_rw, dict(mode=mode, rows=rows_, cols=cols_, bps=bps),
+                     200, 1000, work=1, unit="iteration", cpu_n=(2, 4),
+                     note=f"per iteration, one warpgroup in each of {bps * NUM_SMS} "
+                          f"blocks: {SMEM_RW_MODES[mode]}; {rows_}x{cols_} bf16"))
   for work in BESIDE_WORK:
     for wgmma in ("none", "smem", "bf16"):
       out.append(Micro(f"beside_{wgmma}_{work}", "ALU work beside a wgmma",

@@ -3,7 +3,7 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 9 minutes (limits add to 540 s):
+#   the next call (default), about 9 minutes (limits add to 560 s):
 #     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8), two to
 #                five slots, each profiled kernel 2 KiB under the SMEM limit
 #                (six slots left none: the H200 refused that launch);
@@ -12,6 +12,9 @@
 #                slots (lab/ws_trace.py): the two-slot steps' tail and mean;
 #     copyown    one block an SM reading its own tiles with two slots, and
 #                copying them back (calibrate stream_own_*, copy_own_*);
+#     smemrw     the row kernels' body alone: a warpgroup's tile loaded from
+#                SMEM, negated and stored back, or only loaded or stored
+#                (calibrate smem_rw_*);
 #     blind5     the fifth blind set (families, names ending "(blind 5)");
 #   measured on 2026-12-06, kept to run again:
 #     rowstrace  RMSnorm's and softmax's pipeline steps part by part, one
@@ -28,13 +31,13 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [fp8] [l2half] [wstrace] [copyown] [blind5] [rowstrace]
+#     bash lab/timing_plan.sh [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-fp8 l2half wstrace copyown blind5}"
+STEPS="${*:-fp8 l2half wstrace copyown smemrw blind5}"
 export PYTHONUNBUFFERED=1
 # (the steps' folders outside $OUT, packed into $TGZ after each step: what
 # comes back is the summary and one archive, whenever the call stops)
@@ -54,25 +57,28 @@ step rows 70 $PY -m lab.measure_gpu --only-micros --filter row_ --deadline 60
 step rowstrace 130 $PY -m lab.rows_trace
 # (a case's profiled call takes about 30 s there: 4 cases, each written as it ends)
 step attention 190 $PY -m lab.attention_trace
-step fp8 80 $PY -m lab.pipeline_trace --fp8
+step fp8 65 $PY -m lab.pipeline_trace --fp8
 # (four cases of 64 steps, each profiled over all of them)
 step wstrace 110 $PY -m lab.ws_trace
 # (six micros, two loop lengths each, written as each chunk ends)
 step copyown 140 $PY -m lab.measure_gpu --only-micros --filter _own_ --deadline 130
 # (the pair the H200 ranks 12% apart and the model not: K 4096, two and four slots)
+# (eight micros of a few hundred cycles an iteration; the rows step's 12
+# took 7 s there)
+step smemrw 65 $PY -m lab.measure_gpu --only-micros --filter smem_rw_ --deadline 60
 step fp8k 50 $PY -m lab.pipeline_trace --fp8 --k 4096 --case 8192 128 128 2 \
   --case 8192 128 128 4
 step l2 80 $PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 65
 # (the in-step streams beside them; 24 l2_lag streams took 11 s there)
-step l2half 90 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 75
+step l2half 65 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 60
 step blind3 170 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 160
 # (28 rows; the third set's 14 took 26 s there)
 step blind4 120 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 4)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 110
 # (33 rows)
-step blind5 120 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 5)" \
-  --sustain-s 1.0 --batch-s 0.1 --deadline 110
+step blind5 115 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 5)" \
+  --sustain-s 1.0 --batch-s 0.1 --deadline 105
 step sass 200 $PY -m lab.sass_study --set families --jobs 8 --timeout 120
 step again 560 $PY -m lab.measure_gpu --only-suite --families --sustain-s 1.0 \
   --batch-s 0.1 --deadline 420

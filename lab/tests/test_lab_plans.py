@@ -44,6 +44,7 @@ _DEVICE_S = {"fp8": 7.5,         # (fp8k: two traced fp8 cases in 15 s)
              # two consumers' 128 ranges, and the kernel's build and warm-up)
              "wstrace": 15.0,
              "copyown": 14.0,    # (rows: six micros in about 14 s each)
+             "smemrw": 1.0,      # (rows: 12 micros, two timings each, in 7 s)
              "blind5": 1.9}      # (blind3: 14 rows in 26 s)
 _START_S = 20.0
 
@@ -54,8 +55,8 @@ def _device_cases(step):
     return len(pipeline_trace.FP8_CASES)
   if step == "wstrace":
     return len(ws_trace.CASES)
-  if step in ("l2half", "copyown"):
-    key = {"l2half": "l2_half", "copyown": "_own_"}[step]
+  if step in ("l2half", "copyown", "smemrw"):
+    key = {"l2half": "l2_half", "copyown": "_own_", "smemrw": "smem_rw_"}[step]
     return len([m for m in calibrate.MICROS if key in m.name])
   return len([c for c in timing_suite.cases("families") if "(blind 5)" in c.name])
 
