@@ -6,8 +6,8 @@ provenance (the command, when, on what, at which commit).
     ./dev python -m lab.read_back PLAN_DIR --date 2026_12_05 [--summary PLAN.txt ...]
 
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
-their keys: rows, l2, l2half and copyown (micros) -> micros_<date>_rows, _l2_lag, _l2_half,
-_own_streams; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
+their keys: rows, l2, l2half, copyown and smemrw (micros) -> micros_<date>_rows, _l2_lag,
+_l2_half, _own_streams, _smem_rw; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
 _4 and _5, which benchmarks/accuracy.py --families
 scores against its committed predictions; again (every family a second time)
 -> families_again_<date>, each row's noise for accuracy.py. A key already
@@ -43,6 +43,11 @@ STEPS = {
     "copyown": ("micros_{date}_own_streams", "micros",
                 "one block an SM reading its own tiles with two slots, and copying them "
                 "back by TMA store (calibrate stream_own_*, copy_own_*)"),
+    "smemrw": ("micros_{date}_smem_rw", "micros",
+               "a warpgroup's tile loaded from SMEM, negated and stored back, or only "
+               "loaded or stored: the row kernels' body alone (calibrate smem_rw_*), "
+               "measured after their predictions (lab/data/"
+               "blind_predictions_micros_smem_rw.json) were committed"),
     "again": ("families_again_{date}", "cases",
               "every family of lab/families.py a second time, sustained: each row's "
               "noise for benchmarks/accuracy.py"),

@@ -36,3 +36,13 @@ def test_a_step_that_measured_nothing_stops_the_read_back(tmp_path):
   plan = _plan(tmp_path, "l2", "micros", [])
   with pytest.raises(SystemExit, match="no micros measured"):
     read_back.read_back(str(plan), "2026_12_05", measured=str(measured))
+
+
+def test_every_measure_gpu_step_of_the_timing_plan_is_read_back():
+  """A plan step that runs lab.measure_gpu writes an h200_measured.json,
+  which only read_back merges: each such step has its key (the traces have
+  their own --compare)."""
+  from test_lab_plans import _steps
+  _, steps = _steps("timing_plan.sh")
+  measured = {name for name, (_, command) in steps.items() if "lab.measure_gpu" in command}
+  assert measured and measured <= set(read_back.STEPS), measured - set(read_back.STEPS)
