@@ -216,6 +216,14 @@ class GPU:
   reduce_sum_cycles_per_vector: float = 1.7
   reduce_exchange_cycles: float = 13.0
   transcendental_cycles_per_vector: float = 14.4
+  # Of those, the cycles a warpgroup waits on its own (the library's
+  # dependent steps), which another warpgroup's work fills: exp(-v) at two
+  # blocks an SM took 1.73x, 1.78x and 1.76x one block's time in three runs
+  # (alu_exp_2_per_sm / alu_exp_1_per_sm: 3210 / 1851, 3192 / 1798 and
+  # 3206 / 1818 cycles, H200: "micros", alu_study, micros_2026_12_02_tenth),
+  # where work all shared would take 2x. With the 14.4 above and the
+  # negation's vector, 1.76x leaves 3.6 of a vector's cycles waiting.
+  transcendental_wait_cycles_per_vector: float = 3.6
   # With CompilerParams(approx_math=True) a transcendental function is one
   # special-function-unit op (ex2.approx...): exp2(-v) on the 128x128 tile
   # took 1054 cycles, 7.3 a vector after the negation's ALU op (the SM's

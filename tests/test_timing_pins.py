@@ -257,6 +257,15 @@ PINS = [
     Pin("alu_exp", ("transcendental_cycles_per_vector",),
         "h200_measured.json micros alu_exp_1_per_sm",
         _m(None, "alu_exp_1_per_sm"), lambda g: _per_iteration(g, _alu("exp"), 4, 12), 0.10),
+    # exp(-v) at two blocks an SM: 3210 cycles a block (micros alu_exp_2_per_sm),
+    # 1.73x one block's, as the wait of each exp's dependent steps is
+    # another warpgroup's to fill. Model +0.8%; x1.3 -5.2%, x0.7 +7.0%.
+    Pin("alu_exp_2_per_sm", ("transcendental_wait_cycles_per_vector",),
+        "h200_measured.json micros alu_exp_2_per_sm",
+        _m(None, "alu_exp_2_per_sm"),
+        lambda g: _per_iteration(
+            g, lambda n: (lambda x: C.alu_loop(x, n=n, blocks=2 * NUM_SMS, op="exp"),
+                          (S((128, 128), F32),)), 4, 12), 0.03),
     # exp2(-v) under approx_math: 1054 (alu_study alu_exp2_approx_1_per_sm).
     # Model +0.0%; x1.3 +26.6%, x0.7 -26.6%.
     Pin("alu_exp2_approx", ("sfu_cycles_per_vector",),

@@ -335,9 +335,14 @@ class Timing:
     c = self.issue_cycles(op, eqn, approx_math)
     if op in TMA_ISSUE:  # (no ALU work: all the warpgroup's wait)
       return c, 0.0
-    lat = min(c, self.gpu.op_overhead_cycles)
+    g = self.gpu
+    lat = min(c, g.op_overhead_cycles)
     if op in REDUCTIONS:  # (its exchange across lanes: a wait, no ALU work)
-      lat += self.gpu.reduce_exchange_cycles
+      lat += g.reduce_exchange_cycles
+    elif op is OpClass.TRANSCENDENTAL and not approx_math:
+      # (a library function's dependent steps: the warpgroup's own wait)
+      size = max(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
+      lat += g.transcendental_wait_cycles_per_vector * (-(-size // 128))
     return lat, c - lat
 
   def beside_tensor(self, op, eqn):
