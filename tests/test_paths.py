@@ -152,15 +152,16 @@ def test_an_inner_loops_trip_count_is_part_of_the_path():
 
 def _branchy(x):
   """Equal trip counts, but inside the loop a branch (ALU work, no load)
-  taken on (block + step) odd: the path, not the loads, tells the blocks
-  apart; a loop that starts where the block says (as causal attention's)."""
+  taken where (block // 2 + step) is even, twice or once in three steps:
+  the path, not the loads, tells the blocks apart; a loop that starts where
+  the block says (as causal attention's)."""
   @plgpu.kernel(out_type=S((8, 128), F32), grid=(8,), grid_names=("b",))
   def k(x_ref, o_ref):
     b = lax.axis_index("b")
     row = x_ref[b]
 
     def step(i, v):
-      return lax.cond((b // 2 + i) % 3 == 0, lambda u: jnp.sin(u) * 2.0 + u,
+      return lax.cond((b // 2 + i) % 2 == 0, lambda u: jnp.sin(u) * 2.0 + u,
                       lambda u: u, v)
     o_ref[b] = lax.fori_loop(b // 4, b // 4 + 3, step, row)
   return k(x)

@@ -1140,7 +1140,7 @@ MUTANTS = [
     Mutant("reduce-exchange-not-waited", "backends/sim/timing/model.py",
            "a reduction's exchange across lanes is its warpgroup's wait; the mutant "
            "drops it",
-           "      lat += self.gpu.reduce_exchange_cycles\n",
+           "      lat += g.reduce_exchange_cycles\n",
            "      lat += 0.0\n",
            ("tests/test_timing_model.py",)),
     Mutant("multicast-lanes-first-part", "backends/sim/blocks/paths.py",
@@ -1204,9 +1204,16 @@ MUTANTS = [
     Mutant("issue-latency-shared", "backends/sim/timing/model.py",
            "an equation's issue overhead is its warpgroup's own; the mutant shares "
            "it with the warpgroups beside it, as vector work is",
-           "    lat = min(c, self.gpu.op_overhead_cycles)\n",
+           "    lat = min(c, g.op_overhead_cycles)\n",
            "    lat = 0.0\n",
            ("tests/test_timing_model.py",)),
+    Mutant("transcendental-wait-shared", "backends/sim/timing/model.py",
+           "a library function's dependent steps are its warpgroup's own wait, which "
+           "another's work fills (exp at two blocks an SM, H200); the mutant shares them "
+           "as vector work",
+           "      lat += g.transcendental_wait_cycles_per_vector * (-(-size // 128))\n",
+           "      lat += 0.0\n",
+           ("tests/test_timing_pins.py",)),
     Mutant("int8-convert-as-one-alu-op", "backends/sim/timing/model.py",
            "converting int8 to a float costs convert8_cycles_per_vector a vector "
            "(H200); the mutant charges one ALU op",
