@@ -762,8 +762,10 @@ def smem_rewrite(x, *, n, blocks, mode):
   """Each block: x (rows, cols) bf16 into both SMEM slots by TMA, then n
   iterations of `mode` over the two slots (iteration i reads slot i % 2 and
   writes the other, so that no load or store is the same address twice
-  running and none is hoisted; negation is exact). Output per block: the
-  slot the last iteration wrote, as f32 ("load": the running max)."""
+  running; negation is exact). Each iteration ends in commit_smem, as a row
+  kernel's body ends before its pipeline's TMA: the fence also keeps the
+  compiler from moving loads or stores out of the loop. Output per block:
+  the slot the last iteration wrote, as f32 ("load": the running max)."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -780,13 +782,18 @@ def smem_rewrite(x, *, n, blocks, mode):
     def load(i):
       return plgpu.load(buf.at[lax.rem(i, 2)], layout=tile).astype(jnp.float32)
     if mode == "load":
+      def look(i, m):
+        m = jnp.maximum(m, load(i))
+        plgpu.commit_smem()
+        return m
       init = plgpu.layout_cast(jnp.full((rows, cols), -1e30, jnp.float32), tile)
-      o_ref[blk] = lax.fori_loop(0, n, lambda i, m: jnp.maximum(m, load(i)), init)
+      o_ref[blk] = lax.fori_loop(0, n, look, init)
       return
 
     def step(i, v):
       w = -(load(i) if mode == "rw" else v)
       buf[lax.rem(i + 1, 2)] = w.astype(buf.dtype)
+      plgpu.commit_smem()
       return w
     lax.fori_loop(0, n, step, load(0))
     o_ref[blk] = buf[lax.rem(n, 2)].astype(jnp.float32)
