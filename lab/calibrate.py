@@ -244,8 +244,8 @@ def _stream_ref(x, *, n, blocks, tile_rows, region_tiles=None, same=False, reade
 
 def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
                   flush=False, same=False, readers=1, lag=0, swizzle=None, cpu=False):
-  if cpu:
-    blocks, n_max = min(blocks, 2), 8
+  if cpu:  # (cpu_n runs up to slots + 2: eight slots take ten loads)
+    blocks, n_max = min(blocks, 2), 16
     readers = min(readers, blocks)
     assert n <= n_max
     region_tiles = 3 if region_mib else None
