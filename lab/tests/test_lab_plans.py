@@ -43,7 +43,9 @@ _DEVICE_S = {"fp8": 7.5,         # (fp8k: two traced fp8 cases in 15 s)
              # (the attention trace's 65 us a range written out: 512 blocks of
              # two consumers' 128 ranges, and the kernel's build and warm-up)
              "wstrace": 15.0,
-             "copyown": 14.0,    # (rows: six micros in about 14 s each)
+             # (a rowstrace case's 14 s, kept as a wide margin: the rows step's
+             # plain micros took about half a second each)
+             "copyown": 14.0,
              "smemrw": 1.0,      # (rows: 12 micros, two timings each, in 7 s)
              "blind5": 1.9}      # (blind3: 14 rows in 26 s)
 _START_S = 20.0
