@@ -6,11 +6,14 @@ trip (slots x an iteration) beside it.
 
     ./dev python benchmarks/micros.py --filter l2_        # l2_half_*, l2_lag*
     ./dev python benchmarks/micros.py --filter row_ --predictions FILE
+    ./dev python benchmarks/micros.py --from-predictions FILE   # blind, scored
 
 The measured rows are the newest run's of each micro in any micros_* key of
 lab/data/h200_measured.json; a micro not measured yet gets its prediction
 alone (--predictions writes them all, with the commit: committed before the
-micros are measured, they are blind). Streams whose blocks share tiles run
+micros are measured, they are blind; --from-predictions scores such a
+file's micros against the measurements instead of estimating them again).
+Streams whose blocks share tiles run
 `grouped` in the model (calibrate.tma_stream: the model sees who shares a
 tile through the grid's axes, not through b // readers)."""
 import argparse
@@ -64,15 +67,24 @@ def main(argv=None):
   ap.add_argument("--filter", default="", help="micros whose name holds this")
   ap.add_argument("--predictions", default=None, metavar="FILE",
                   help="write the model's cycles an iteration of each micro here")
+  ap.add_argument("--from-predictions", default=None, metavar="FILE",
+                  help="take the model's cycles from FILE (written by --predictions at "
+                  "an earlier commit) for the micros it holds, instead of estimating them")
   ns = ap.parse_args(argv)
   meas = measured()
+  given = None
+  if ns.from_predictions:
+    with open(ns.from_predictions) as fh:
+      blind = json.load(fh)
+    given = blind["predictions"]
+    print(f"predictions of {ns.from_predictions} (commit {blind['commit'][:12]})\n")
   preds, errs = {}, []
   print("| micro | H200 (cycles an iteration) | model's | error | round trip: H200 / model |")
   print("|---|---:|---:|---:|---:|")
   for m in calibrate.MICROS:
-    if ns.filter not in m.name:
+    if ns.filter not in m.name or (given is not None and m.name not in given):
       continue
-    it = preds[m.name] = predicted(m)
+    it = preds[m.name] = given[m.name] if given is not None else predicted(m)
     h = meas.get(m.name)
     if h:
       errs.append(it / h - 1)
