@@ -374,8 +374,8 @@ MUTANTS = [
     Mutant("tma-keeps-unit-dims", TMA,
            "from jax 0.12.1 TMA's limits apply once the dimensions where the array and "
            "the box are both 1 are dropped; the mutant keeps them",
-           "    strides, unit = full.strides, [n == 1 for n in full.shape]",
-           "    strides, unit = full.strides, [False for n in full.shape]",
+           "      unit = [n == 1 for n in full.shape]\n",
+           "      unit = [False for n in full.shape]\n",
            ("tests/test_semantics.py",)),
     Mutant("tma-strides-of-the-view", TMA,
            "TMA's GMEM stride limit is on the whole array's strides, those of the "
@@ -1128,8 +1128,8 @@ MUTANTS = [
     Mutant("reduce-costs-its-output", "backends/sim/timing/model.py",
            "a reduction's ALU work is over the elements it reduces; the mutant charges "
            "the few it returns",
-           "    for v in (eqn.invars if op in REDUCTIONS else eqn.outvars):\n",
-           "    for v in eqn.outvars:\n",
+           "  for v in (eqn.invars if op in REDUCTIONS else eqn.outvars):\n",
+           "  for v in eqn.outvars:\n",
            ("tests/test_timing_model.py",)),
     Mutant("reduce-sum-at-max-rate", "backends/sim/interpret/rules/lax_math.py",
            "a sum or product reduces on the FMA pipes (row_sum micros); the mutant "
@@ -1211,7 +1211,7 @@ MUTANTS = [
            "a library function's dependent steps are its warpgroup's own wait, which "
            "another's work fills (exp at two blocks an SM, H200); the mutant shares them "
            "as vector work",
-           "      lat += g.transcendental_wait_cycles_per_vector * (-(-size // 128))\n",
+           "      lat += g.transcendental_wait_cycles_per_vector * _vectors(op, eqn)\n",
            "      lat += 0.0\n",
            ("tests/test_timing_pins.py",)),
     Mutant("int8-convert-as-one-alu-op", "backends/sim/timing/model.py",

@@ -138,6 +138,16 @@ def _int8_to_float(eqn):
           and np.dtype(src).itemsize == 1 and memory.is_float(dst))
 
 
+def _vectors(op, eqn):
+  """The 128-element vectors (one element a lane) of an equation's widest
+  output, or for a reduction of its widest operand: what its per-vector
+  costs count."""
+  size = 1
+  for v in (eqn.invars if op in REDUCTIONS else eqn.outvars):
+    size = max(size, math.prod(getattr(v.aval, "shape", ())))
+  return -(-size // 128)
+
+
 def tensor_overlap(work, busy, slower):
   """Cycles that `work` cycles of ALU work take when the SM's tensor cores
   stay busy for `busy` more cycles: `slower` times as long while they are
@@ -302,9 +312,6 @@ class Timing:
     OpClass `op`: an overhead, and per 128 elements of its widest output,
     the ALU's, or for transcendental functions the library's (or with
     approx_math, one special-function unit op's)."""
-    size = 1
-    for v in (eqn.invars if op in REDUCTIONS else eqn.outvars):
-      size = max(size, math.prod(getattr(v.aval, "shape", ())))
     g = self.gpu
     if op is OpClass.CONVERT and eqn.invars and getattr(
         eqn.invars[0].aval, "dtype", None) == eqn.params.get("new_dtype"):
@@ -324,7 +331,7 @@ class Timing:
     else:
       per = g.transcendental_cycles_per_vector
     exchange = g.reduce_exchange_cycles if op in REDUCTIONS else 0.0
-    return g.op_overhead_cycles + exchange + per * (-(-size // 128))
+    return g.op_overhead_cycles + exchange + per * _vectors(op, eqn)
 
   def issue_split(self, op, eqn, approx_math=False):
     """issue_cycles as (latency, ALU work): a warpgroup waits out an
@@ -341,8 +348,7 @@ class Timing:
       lat += g.reduce_exchange_cycles
     elif op is OpClass.TRANSCENDENTAL and not approx_math:
       # (a library function's dependent steps: the warpgroup's own wait)
-      size = max(math.prod(getattr(v.aval, "shape", ())) for v in eqn.outvars)
-      lat += g.transcendental_wait_cycles_per_vector * (-(-size // 128))
+      lat += g.transcendental_wait_cycles_per_vector * _vectors(op, eqn)
     return lat, c - lat
 
   def beside_tensor(self, op, eqn):

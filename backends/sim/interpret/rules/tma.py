@@ -69,8 +69,9 @@ def _check_box(ref, what, bulk=False, gmem=None):
     # (the strides are the whole array's, those of the dimensions an integer
     # index drops included: the descriptor walks the array, not the view)
     full = gmem.buf.data
-    strides, unit = full.strides, [n == 1 for n in full.shape]
+    strides = full.strides
     if jx.TMA_DROPS_UNIT_DIMS:
+      unit = [n == 1 for n in full.shape]
       # (the lowering moves the indexed dimensions to the front, then drops
       # the 1-long ones)
       kept = _view_dims(gmem)
