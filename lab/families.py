@@ -59,7 +59,8 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
   and read their own columns of B's). Each consumer carries its
   accumulator through the pipeline (a wgmma per step) and stores its tile
   through SMEM by TMA. `scopes`: each step's run_state in a named scope
-  "acc" and its wgmma's issue in "issue", for Mosaic GPU's profiler
+  "acc" and its wgmma's issue in "issue", the store in "epilogue" and a
+  consumer's whole work in "block", for Mosaic GPU's profiler
   (`compiler_params`; lab/ws_trace.py)."""
   import jax
   import jax.numpy as jnp
@@ -87,13 +88,15 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
     col = pid_n * block_n + (wg * tile_n if split == "N" else 0)
 
     def compute(pipeline):
-      acc = pipeline(plgpu.layout_cast(jnp.zeros((tile_m, tile_n), jnp.float32),
-                                       plgpu.Layout.WGMMA))
-      o_smem[wg] = acc.astype(dtype)
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(o_smem.at[wg],
-                              o_gmem.at[pl.ds(row, tile_m), pl.ds(col, tile_n)])
-      plgpu.wait_smem_to_gmem(0)
+      with scope("block"):
+        acc = pipeline(plgpu.layout_cast(jnp.zeros((tile_m, tile_n), jnp.float32),
+                                         plgpu.Layout.WGMMA))
+        with scope("epilogue"):
+          o_smem[wg] = acc.astype(dtype)
+          plgpu.commit_smem()
+          plgpu.copy_smem_to_gmem(o_smem.at[wg],
+                                  o_gmem.at[pl.ds(row, tile_m), pl.ds(col, tile_n)])
+          plgpu.wait_smem_to_gmem(0)
 
     def step(_, a_smem, b_smem, carry):
       if consumers > 1 and split == "M":

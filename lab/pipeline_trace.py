@@ -191,6 +191,37 @@ def ranges(trace):
   return {tid: done for tid, (done, _) in by_tid.items()}, sm
 
 
+def block_clock(trace):
+  """Each block's cycles, its tracks' first event to their last, against
+  the time on the global timer from its start to the next block's start on
+  the same SM (a track's first event stands at its block's start in ns: the
+  profiler counts cycles from there). Their ratio is the SM's clock, or less
+  by what a block does outside its events (its start before the first, its
+  end after the last, the next one's launch): `mhz_at_least`. `block_us`:
+  those intervals. None where no SM ran two blocks one after the other (the
+  simulator counts each block from 0)."""
+  tracks, sm = ranges(trace)
+  by_sm = {}
+  for tid, rs in tracks.items():
+    if rs:
+      b = min(r[1] for r in rs)
+      by_sm.setdefault(sm[tid], []).append((b, max(r[2] for r in rs) - b))
+  intervals, mhz = [], []
+  for runs in by_sm.values():
+    runs.sort()
+    # (a block's warpgroups read the timer each at its start: one block)
+    blocks = []
+    for b, cycles in runs:
+      if blocks and b - blocks[-1][0] < 500.0:
+        blocks[-1][1] = max(blocks[-1][1], cycles)
+      else:
+        blocks.append([b, cycles])
+    for (b0, cycles), (b1, _) in zip(blocks, blocks[1:]):
+      intervals.append((b1 - b0) / 1e3)
+      mhz.append(cycles / (b1 - b0) * 1e3)
+  return {"block_us": spread(intervals), "mhz_at_least": spread(mhz)}
+
+
 def issue_cycles(trace):
   """Median over blocks of each range's cycles (issue, land, store, drain)."""
   tracks, _ = ranges(trace)
@@ -319,6 +350,7 @@ def steps_of(trace, mcs):
     starts.setdefault(sm_of[tid], []).append(t)
   gaps = [sorted(v)[1] - sorted(v)[0] for v in starts.values() if len(v) > 1]
   out["second_block_after_us"] = float(np.median(gaps)) / 1e3 if gaps else None
+  out.update(block_clock(trace))
   out["blocks"] = len(spans)
   out["block_cycles_median"] = float(np.median(spans)) if spans else None
   out["block_cycles_max"] = float(np.max(spans)) if spans else None
@@ -700,6 +732,8 @@ def main(argv=None):
              if r["second_block_after_us"] is not None else "none; ")
           + (f"epilogue {r['epilogue']['median']:.0f}, prologue "
              f"{r['prologue_cycles_median']:.0f} cycles; " if r.get("epilogue") else "")
+          + (f"the clock by the blocks' starts >= {r['mhz_at_least']['median']:.0f} MHz; "
+             if r.get("mhz_at_least") else "")
           + f"unprofiled {r['unprofiled_call_s'] * 1e6:.0f} us a call (dispatch included)",
           flush=True)
   write()

@@ -9,7 +9,13 @@ before the last):
   this consumer's wgmma and the other's before it);
 * `gap`: from its end to the next step's start: the consumed barrier's
   arrive, the loop, and the wait on the produced barrier (the loads);
-* `step`: one start to the next.
+* `step`: one start to the next;
+* `block`, `prologue`, `epilogue`: a consumer's whole work, from its start
+  to its first step, and its tile's store;
+* `block_us`, `mhz_at_least`: on the GPU, the time from one block's start
+  to the next one's on its SM, and `block`'s cycles over it (the clock the
+  SM held, less by its launches: lab.pipeline_trace.block_clock), beside
+  the call's time and nvidia-smi's clock.
 
 On the GPU machine (each case warmed up unprofiled first, so the clock is the
 one a sustained run holds):
@@ -31,7 +37,7 @@ import sys
 import tempfile
 
 from lab import families
-from lab.pipeline_trace import newest_trace, ranges, spread
+from lab.pipeline_trace import block_clock, newest_trace, ranges, spread
 
 # (tile_m, tile_n, split, mcs): the families' split-N block 128x256x64 at its
 # two depths, and the split-M one.
@@ -62,7 +68,8 @@ def parts(trace, mcs):
   consumer track's steady steps, in cycles; `span`: each consumer's first
   step's start to its last's end, and `steps`: the most steps a track holds."""
   tracks, _ = ranges(trace)
-  out = {"acc": [], "gap": [], "step": [], "issue": [], "span": []}
+  out = {"acc": [], "gap": [], "step": [], "issue": [], "span": [], "block": [],
+         "prologue": [], "epilogue": []}
   steps = 0
   for rs in tracks.values():
     acc = [(b, e) for name, b, e in rs if name == "acc"]
@@ -70,13 +77,20 @@ def parts(trace, mcs):
     if acc:
       out["span"].append(acc[-1][1] - acc[0][0])
       steps = max(steps, len(acc))
+    for name, b, e in rs:
+      if name == "block":
+        out["block"].append(e - b)
+        if acc:
+          out["prologue"].append(acc[0][0] - b)
+      elif name == "epilogue":
+        out["epilogue"].append(e - b)
     for j in range(mcs + 1, len(acc) - 1):
       out["acc"].append(acc[j][1] - acc[j][0])
       out["gap"].append(acc[j + 1][0] - acc[j][1])
       out["step"].append(acc[j + 1][0] - acc[j][0])
       if j < len(issue):
         out["issue"].append(issue[j][1] - issue[j][0])
-  return {"steps": steps, **{k: spread(v) for k, v in out.items()}}
+  return {"steps": steps, **{k: spread(v) for k, v in out.items()}, **block_clock(trace)}
 
 
 def _operands(sim):
@@ -135,7 +149,10 @@ def _print(row):
             if p else "     -")
   print(f"{row['name']:32s} {row.get('mhz') or 0:5.0f} MHz  acc {f(row['acc'])}  "
         f"gap {f(row['gap'])}  step {f(row['step'])}  issue {f(row['issue'])}  "
-        f"{row['steps']} steps in {f(row['span'])}"
+        f"{row['steps']} steps in {f(row['span'])}  block {f(row.get('block'))}  "
+        f"prologue {f(row.get('prologue'))}  epilogue {f(row.get('epilogue'))}"
+        + (f"  block {row['block_us']['median']:.1f} us apart, clock >= "
+           f"{row['mhz_at_least']['median']:.0f} MHz" if row.get("block_us") else "")
         + (f"  {row['per_call_us']:.1f} us a call" if "per_call_us" in row else ""),
         flush=True)
 

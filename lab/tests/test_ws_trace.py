@@ -32,3 +32,22 @@ def test_the_device_step_runs_end_to_end_in_the_simulator(tmp_path, monkeypatch)
   rows = json.load(open(tmp_path / "ws_trace.json"))["rows"]
   assert [r["name"] for r in rows] == [wt.name_of(*c) for c in wt.CASES[:2]]
   assert all(r["mhz"] == 1440.0 and r["steps"] == 8 and r["step"]["mean"] > 0 for r in rows)
+
+
+def test_block_clock_reads_the_sm_clock_from_consecutive_blocks():
+  # Two warpgroups a block, two blocks one after the other on SM 1 (the
+  # second 50 us after the first), each 60000 cycles: 1200 MHz at least.
+  def track(tid, sm, start_ns, cycles):
+    return [{"name": "block", "ph": "B", "ts": start_ns / 1e3, "pid": sm, "tid": tid},
+            {"name": "acc", "ph": "B", "ts": (start_ns + 100) / 1e3, "pid": sm, "tid": tid},
+            {"name": "acc", "ph": "E", "ts": (start_ns + 900) / 1e3, "pid": sm, "tid": tid},
+            {"name": "block", "ph": "E", "ts": (start_ns + cycles) / 1e3, "pid": sm, "tid": tid}]
+  events = (track(1, 1, 1e6, 60000) + track(2, 1, 1e6 + 40, 59000)
+            + track(4, 1, 1e6 + 50000, 61000) + track(5, 1, 1e6 + 50030, 61000)
+            + track(7, 2, 1e6, 60000))
+  got = pt.block_clock({"traceEvents": events})
+  assert got["block_us"]["median"] == 50.0
+  assert got["mhz_at_least"]["median"] == 1200.0
+  # The simulator counts each block from 0: no interval, no clock.
+  assert pt.block_clock({"traceEvents": track(1, 1, 0, 60000) + track(4, 1, 0, 60000)}) == {
+      "block_us": None, "mhz_at_least": None}
