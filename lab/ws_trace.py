@@ -107,19 +107,15 @@ def gpu(out_dir, warm_s):
   """Each case warmed up, then profiled once; OUT/ws_trace.json written after
   every case. Exits 1 where a case traced nothing."""
   import jax
-  from lab.pipeline_trace import _clock_of, _clock_sampler, _warm
+  from lab.pipeline_trace import profiled_after_warm
   a, b = _operands(False)
   rows = []
   for case in CASES:
     f = jax.jit(kernel_of(*case))
     jax.block_until_ready(f(a, b))
-    clock = _clock_sampler()
-    per_call = _warm(f, a, b, warm_s)
-    mhz = _clock_of(clock)
     with tempfile.TemporaryDirectory() as d:
-      jax.block_until_ready(jax.jit(kernel_of(*case, profile_dir=d))(a, b))
-      jax.effects_barrier()
-      trace = newest_trace(d)
+      per_call, mhz, trace = profiled_after_warm(
+          jax.jit(kernel_of(*case, profile_dir=d)), f, (a, b), d, warm_s)
     row = dict(name=name_of(*case), case=case, per_call_us=per_call * 1e6, mhz=mhz)
     if trace is None:
       row["error"] = "no trace written"
