@@ -40,6 +40,7 @@ clock its suite row held sustained (h200_measured.json):
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import math
@@ -59,16 +60,18 @@ CASES = [(4096, 128, 128, 2), (4096, 128, 64, 2), (8192, 128, 64, 2), (4096, 128
          (4096, 64, 64, 3), (4096, 64, 128, 4), (4096, 64, 128, 2)]
 
 
-# Our fp8 matmul at one block an SM (three slots and more) and at two (two
-# slots), 4096^3: the H200 runs three slots within 2% of four, where the
-# model has them latency-bound (benchmarks/HISTORY.md). (Six slots leave no
-# SMEM for the profiler's buffer: PROFILE_SMEM_MARGIN.)
-FP8_CASES = [(4096, 128, 128, 2), (4096, 128, 128, 3), (4096, 128, 128, 4),
-             (4096, 128, 128, 5)]
+# Our fp8 matmul, 4096^3, at two slots (two blocks an SM) and four (one):
+# 128x128 tiles, which the model times within 2% at every depth, beside
+# 64x256 ones, which the H200 runs 5-19% slower at four slots than at two and
+# the model faster (the families' 64x256 rows). (size, tile_n, tile_k, mcs[,
+# tile_m]); six slots of 128x128 leave no SMEM for the profiler's buffer
+# (PROFILE_SMEM_MARGIN).
+FP8_CASES = [(4096, 128, 128, 2), (4096, 128, 128, 4), (4096, 256, 128, 2, 64),
+             (4096, 256, 128, 4, 64)]
 
 
-def name_of(size, tile_n, tile_k, mcs, fp8=False):
-  return f"{'own fp8' if fp8 else 'quickstart'} {size} 128x{tile_n}x{tile_k} mcs={mcs}"
+def name_of(size, tile_n, tile_k, mcs, fp8=False, tile_m=128):
+  return f"{'own fp8' if fp8 else 'quickstart'} {size} {tile_m}x{tile_n}x{tile_k} mcs={mcs}"
 
 
 def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0,
@@ -88,7 +91,7 @@ def traced_matmul(a, b, *, tile_n, tile_k, mcs, profile_dir=None, space=0,
 
 
 def traced_fp8(a, bt, *, tile_n, tile_k, mcs, profile_dir=None, space=0, truncate=False,
-               step_scopes=True):
+               step_scopes=True, tile_m=128):
   """Our fp8 (e4m3) matmul (lab/families.fp8_matmul: B given as B^T, the same
   pipeline as the quickstart's) with the same scopes, profiled likewise."""
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -96,7 +99,7 @@ def traced_fp8(a, bt, *, tile_n, tile_k, mcs, profile_dir=None, space=0, truncat
   params = (plgpu.CompilerParams(profile_space=space, profile_dir=profile_dir,
                                  profile_bounds_check=truncate)
             if profile_dir else None)
-  return families.fp8_matmul(a, bt, tile_n=tile_n, tile_k=tile_k, mcs=mcs,
+  return families.fp8_matmul(a, bt, tile_m=tile_m, tile_n=tile_n, tile_k=tile_k, mcs=mcs,
                              compiler_params=params, step_scopes=step_scopes)
 
 
@@ -628,11 +631,12 @@ def compare(path):
   for r in gpu["rows"]:
     if "error" in r:
       continue
-    size, (_, tn, tk), mcs = r["size"], r["tile"], r["mcs"]
+    size, (tm, tn, tk), mcs = r["size"], r["tile"], r["mcs"]
     mhz = r.get("mhz") or clocks.get(r["name"])
     d = tempfile.mkdtemp(prefix="trace_sim_")
     fp8 = r.get("fp8", False)
     fn, dtype = tracer(fp8)
+    fn = fn if tm == 128 else functools.partial(fn, tile_m=tm)
     k, m = r.get("k") or size, r.get("m") or size  # (as _operands shapes them)
     x = jax.ShapeDtypeStruct((m, k), dtype)
     y = jax.ShapeDtypeStruct((size, k) if fp8 else (k, size), dtype)
@@ -726,13 +730,14 @@ def main(argv=None):
     with open(os.path.join(a.out, "pipeline_trace.json"), "w") as fh:
       json.dump({"command": " ".join(sys.argv), "rows": rows}, fh, indent=1)
 
-  for size, tn, tk, mcs in ([tuple(c) for c in a.case] or (FP8_CASES if a.fp8 else CASES)):
-    name = (name_of(size, tn, tk, mcs, a.fp8) + (f" k={a.k}" if a.k else "")
+  for size, tn, tk, mcs, *tm in ([tuple(c) for c in a.case] or (FP8_CASES if a.fp8 else CASES)):
+    tm = tm[0] if tm else 128
+    name = (name_of(size, tn, tk, mcs, a.fp8, tm) + (f" k={a.k}" if a.k else "")
             + (f" m={a.m}" if a.m else ""))
     if a.filter not in name:
       continue
     try:
-      r = trace_case(a, fn, name, size, tn, tk, mcs)
+      r = trace_case(a, fn, name, size, tn, tk, mcs, tm)
     except Exception as e:  # (a failed launch leaves the device unusable: stop, loudly)
       rows.append({"name": name, "error": f"{type(e).__name__}: {e}"[:500]})
       write()
@@ -765,9 +770,10 @@ def main(argv=None):
   return 0
 
 
-def trace_case(a, fn, name, size, tn, tk, mcs):
+def trace_case(a, fn, name, size, tn, tk, mcs, tm=128):
   """One configuration warmed up unprofiled, then profiled once: its row."""
   import jax
+  fn = fn if tm == 128 else functools.partial(fn, tile_m=tm)
   x, y = _operands(size, a.k, a.m, a.fp8)
   plain = jax.jit(lambda x, y: fn(x, y, tile_n=tn, tile_k=tk, mcs=mcs))
   d = tempfile.mkdtemp(prefix="trace_")
@@ -788,7 +794,7 @@ def trace_case(a, fn, name, size, tn, tk, mcs):
     with gzip.open(os.path.join(a.out, f"trace_{size}_{tn}_{tk}_{mcs}.json.gz"), "wt") as fh:
       json.dump(trace, fh)
   return {"name": name, "size": size, "k": a.k or size, "m": a.m or size,
-          "tile": [128, tn, tk], "mcs": mcs, "space": space, "fp8": a.fp8, "mhz": mhz,
+          "tile": [tm, tn, tk], "mcs": mcs, "space": space, "fp8": a.fp8, "mhz": mhz,
           "unprofiled_call_s": per_call, **steps_of(trace, mcs)}
 
 

@@ -4,12 +4,14 @@
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
 #   the next call (default), about 9 minutes (limits add to 560 s):
-#     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8), two to
-#                five slots, each profiled kernel 2 KiB under the SMEM limit
-#                (six slots left none: the H200 refused that launch);
+#     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8), 128x128
+#                and 64x256 tiles at two and four slots, each profiled kernel
+#                2 KiB under the SMEM limit (at the limit exactly the H200
+#                refused the launch), each at the clock of its warm-up;
 #     l2half     the in-step L2 streams (l2_half*) beside the out-of-step ones;
 #     wstrace    the warp-specialized matmul's every step at two and three
-#                slots (lab/ws_trace.py): the two-slot steps' tail and mean;
+#                slots (lab/ws_trace.py): the two-slot steps' tail and mean,
+#                and the clock the traced call held;
 #     copyown    one block an SM reading its own tiles with two slots, and
 #                copying them back (calibrate stream_own_*, copy_own_*);
 #     smemrw     the row kernels' body alone: a warpgroup's tile loaded from
