@@ -174,8 +174,7 @@ def test_a_branch_without_loads_inside_a_loop_is_part_of_the_path():
 
 
 def _warps_decide(x):
-  """Warp 0 of block 1 alone loads a tile (a decision inside a warp_map,
-  which the slice does not follow)."""
+  """Warp 0 of block 1 alone loads a tile (a decision inside a warp_map)."""
   @plgpu.kernel(out_type=S((4, 32, 32), F32), grid=(4,), grid_names=("b",),
                 scratch_types=[plgpu.SMEM((32, 32), F32), plgpu.Barrier()])
   def k(x_ref, o_ref, smem, bar):
@@ -192,10 +191,112 @@ def _warps_decide(x):
   return k(x)
 
 
-def test_a_kernel_the_slice_cannot_follow_runs_every_block_and_says_why():
+def test_decisions_inside_a_warp_map_are_followed():
   k = _estimated(_warps_decide, jnp.ones((4, 32, 32), F32))
-  assert k.simulated_blocks == 4
-  assert "its paths were not followed (a decision or a TMA load inside" in k.classes
+  assert k.simulated_blocks == 2 and k.block_cycles_max > k.block_cycles_min
+  assert "1 of" not in k.classes and "2 class(es)" in k.classes
+
+
+def _loading_warp(x):
+  """A producer warpgroup whose warp 0 streams block b's first b // 2 + 1
+  tiles (a causal bound) through two slots to a consumer warpgroup, which sums
+  them (as a warp-specialized attention's TMA warp feeds its compute)."""
+  nblocks = x.shape[0] // 64
+
+  @plgpu.kernel(out_type=S((nblocks, 64, 128), F32), grid=(nblocks,), grid_names=("b",),
+                num_threads=2, thread_name="wg",
+                scratch_types=[plgpu.SMEM((2, 64, 128), F32), plgpu.Barrier(num_barriers=2),
+                               plgpu.Barrier(num_arrivals=1, num_barriers=2)])
+  def k(x_ref, o_ref, tiles, loaded, consumed):
+    b, wg = lax.axis_index("b"), lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      @plgpu.warp_map
+      def _(warp):
+        @pl.when(warp == 0)
+        def _():
+          @pl.loop(0, b // 2 + 1)
+          def _(i):
+            s = i % 2
+
+            @pl.when(i >= 2)
+            def _():
+              plgpu.barrier_wait(consumed.at[s])
+            plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(i * 64, 64)], tiles.at[s], loaded.at[s])
+
+    @pl.when(wg == 1)
+    def _():
+      def step(i, acc):
+        s = i % 2
+        plgpu.barrier_wait(loaded.at[s])
+        acc = acc + tiles[s]
+        plgpu.barrier_arrive(consumed.at[s])
+        return acc
+      o_ref[b] = lax.fori_loop(0, b // 2 + 1, step, jnp.zeros((64, 128), F32))
+  return k(x)
+
+
+def test_a_warp_s_loads_in_a_loop_bounded_by_the_block_are_followed():
+  k = _estimated(_loading_warp, jnp.ones((4 * 64, 128), F32))
+  assert k.simulated_blocks == 2 and "2 class(es)" in k.classes
+  assert k.block_cycles_max > k.block_cycles_min  # (two tiles against one)
+
+
+def _warps_each_step(x):
+  """Warpgroup 0 loops over block b's first b // 2 + 1 tiles, forking its
+  warps each step (warp 0 copies the tile through SMEM); warpgroup 1 idles."""
+  @plgpu.kernel(out_type=S((4, 32, 32), F32), grid=(4,), grid_names=("b",),
+                num_threads=2, thread_name="wg",
+                scratch_types=[plgpu.SMEM((32, 32), F32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    b, wg = lax.axis_index("b"), lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      @pl.loop(0, b // 2 + 1)
+      def _(t):
+        @plgpu.warp_map
+        def _(warp):
+          @pl.when(warp == 0)
+          def _():
+            plgpu.copy_gmem_to_smem(x_ref.at[t], smem, bar)
+            plgpu.barrier_wait(bar)
+            plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
+            plgpu.wait_smem_to_gmem(0)
+  return k(x)
+
+
+def test_a_loop_that_forks_warps_each_step_is_followed():
+  k = _estimated(_warps_each_step, jnp.ones((4, 32, 32), F32))
+  assert k.simulated_blocks == 2 and k.block_cycles_max > k.block_cycles_min
+
+
+def _persistent_warps(x):
+  """A persistent loop over tiles whose every iteration forks warps."""
+  @plgpu.kernel(out_type=S((6, 32, 32), F32), grid=(2,), grid_names=("b",),
+                scratch_types=[plgpu.SMEM((32, 32), F32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    b = lax.axis_index("b")
+
+    @pl.loop(b, 6 - b, step=1)
+    def _(t):
+      @plgpu.warp_map
+      def _(warp):
+        @pl.when(warp == 0)
+        def _():
+          plgpu.copy_gmem_to_smem(x_ref.at[t], smem, bar)
+          plgpu.barrier_wait(bar)
+          plgpu.copy_smem_to_gmem(smem, o_ref.at[t])
+          plgpu.wait_smem_to_gmem(0)
+  return k(x)
+
+
+def test_a_kernel_the_slice_cannot_follow_runs_every_block_and_says_why():
+  k = _estimated(_persistent_warps, jnp.ones((6, 32, 32), F32))
+  assert k.simulated_blocks == 2
+  assert "its paths were not followed (a persistent loop whose iterations fork warps" in (
+      k.classes)
 
 
 def test_the_slice_leaves_out_the_math_no_decision_or_address_needs():

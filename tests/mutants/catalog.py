@@ -1066,6 +1066,26 @@ MUTANTS = [
            '             + [("end", f, it.paths[-1] if it.paths else None)])\n',
            '             + [next(k for k in self.spans if k[0] == "end" and k[1] == f)])\n',
            ("tests/test_extrapolate.py", "tests/test_paths.py")),
+    Mutant("warp-map-not-sliced", "backends/sim/analysis/walker.py",
+           "a warp_map's body is sliced like a call (each warp runs it on the operands); "
+           "the mutant refuses it, so every block of such a kernel runs",
+           "    if form.kind == \"map\" and is_warp_map(eqn):\n",
+           "    if form.kind == \"map\" and is_warp_map(eqn) and False:\n",
+           ("tests/test_paths.py",)),
+    Mutant("slice-blocking-branch-run-plain", "backends/sim/blocks/paths.py",
+           "a slice's branch that forks warps runs as a generator; the mutant runs it "
+           "plain, which skips the warps: their loads go missing from the path",
+           "  if any(b.blocking for b in branches):  # (a branch that forks warps: "
+           "plgpu.warp_map)\n",
+           "  if False:\n",
+           ("tests/test_paths.py",)),
+    Mutant("slice-blocking-loop-run-plain", "backends/sim/blocks/paths.py",
+           "a slice's loop whose body forks warps runs as a generator; the mutant runs "
+           "it plain, which skips the warps",
+           "  if cond.blocking or body.blocking:  # (a body that forks warps: "
+           "plgpu.warp_map)\n",
+           "  if False:\n",
+           ("tests/test_paths.py",)),
     Mutant("known-reads-ignore-writes", "backends/sim/blocks/paths.py",
            "the slice reads only inputs nothing in the kernel writes; the mutant reads "
            "written ones too",

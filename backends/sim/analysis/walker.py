@@ -213,6 +213,18 @@ def _structure(eqn: Eqn) -> Form | None:
 F = TypeVar("F", Cond, While, Scan, RunState, Call)
 
 
+def is_warp_map(eqn: Eqn) -> bool:
+  """Whether eqn is warp-level code inside a kernel (plgpu.warp_map, or a
+  core_map over a plgpu.WarpMesh): an mpmd_map over one WarpMesh, whose body
+  each warp runs on the operands by position."""
+  if eqn.primitive is not jx.mpmd.mpmd_map_p:
+    return False
+  meshes, given = eqn.params.get("meshes", ()), bodies(eqn)
+  return (len(meshes) == 1 and isinstance(meshes[0], jx.gpu_core.WarpMesh)
+          and len(given) == 1 and not given[0].constvars
+          and len(given[0].invars) == len(eqn.invars))
+
+
 def form_of(eqn: Eqn, kind: type[F]) -> F:
   """structure(eqn), which a rule for its primitive knows is a `kind`."""
   form = structure(eqn)
@@ -517,6 +529,10 @@ class Backward:
     """A scope's or a call's body is sliced through; a map's bodies must
     hold nothing the slice keeps."""
     name = eqn.primitive.name
+    if form.kind == "map" and is_warp_map(eqn):
+      # (each warp runs the body on the operands by position, with its own
+      # index on the warp axis: a call, to the slice)
+      form = Call(form.bodies, "call", form.given)
     if form.kind == "map":  # (left out only where nothing inside matters)
       for body in form.bodies:
         _, kept = self.body(body, [False] * len(body.outvars))

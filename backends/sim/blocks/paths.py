@@ -355,14 +355,22 @@ def _decided(wg, value):
 
 @_override("cond")
 def _cond(eqn, cx):
-  from pallas_sim.backends.sim.interpret.compiler import run_plain
+  from pallas_sim.backends.sim.interpret.compiler import Gen, run_gen, run_plain
   branches = [cx.compile(b) for b in walker.form_of(eqn, walker.Cond).given]
   last = len(branches) - 1
 
-  def cond(wg, i, *args):
+  def choose(wg, i):
     i = min(max(int(_one(wg, i)), 0), last)
     _decided(wg, i)
-    return run_plain(branches[i], list(args), wg)
+    return branches[i]
+
+  if any(b.blocking for b in branches):  # (a branch that forks warps: plgpu.warp_map)
+    def blocking(wg, i, *args):
+      return (yield from run_gen(choose(wg, i), list(args), wg))
+    return Gen(blocking)
+
+  def cond(wg, i, *args):
+    return run_plain(choose(wg, i), list(args), wg)
   return cond
 
 
@@ -377,21 +385,36 @@ def overrides(loop=None):
 
 @_override("while")
 def _while_rule(eqn, cx):
-  from pallas_sim.backends.sim.interpret.compiler import run_plain
+  from pallas_sim.backends.sim.interpret.compiler import Gen, run_gen, run_plain
   form = walker.form_of(eqn, walker.While)
   cond, body = map(cx.compile, form.given)
   cn, bn = form.cond_consts, form.body_consts
 
-  def loop(wg, *args):
+  def steps(wg, args, run):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
     trips = 0
-    while _one(wg, run_plain(cond, cc + carry, wg)[0]):
-      carry = run_plain(body, bc + carry, wg)
+    while _one(wg, (yield from run(cond, cc + carry, wg))[0]):
+      carry = yield from run(body, bc + carry, wg)
       trips += 1
       if trips > MAX_DECISIONS:
         raise TooLong(f"a loop runs past {MAX_DECISIONS} iterations")
     _decided(wg, ("trips", trips))
     return carry
+
+  if cond.blocking or body.blocking:  # (a body that forks warps: plgpu.warp_map)
+    return Gen(lambda wg, *args: steps(wg, args, run_gen))
+
+  def plain(prog, ins, wg):
+    return run_plain(prog, ins, wg)
+    yield  # (a generator that never yields: `steps` runs straight through)
+
+  def loop(wg, *args):
+    gen = steps(wg, args, plain)
+    try:
+      next(gen)
+    except StopIteration as done:
+      return done.value
+    raise AssertionError("a plain loop yielded")
   return loop
 
 
@@ -421,6 +444,8 @@ def _iterations(eqn, cx, loop):
   from pallas_sim.backends.sim.interpret.compiler import run_plain
   form = walker.form_of(eqn, walker.While)
   body = cx.compile(form.given[1])
+  if body.blocking:  # (warp-level code in each iteration: not followed as lanes)
+    raise SliceError("a persistent loop whose iterations fork warps (plgpu.warp_map)")
   cn, bn = form.cond_consts, form.body_consts
   dims = _shapes(cx.launch.jaxpr) if cx.launch is not None else {1}
 
