@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # Third-party kernel libraries on a Hopper machine (jax[cuda]==0.11.2, no
 # network), in one device call; each step has its own time limit, so a step
-# that overruns costs only itself (limits add to 560 s):
+# that overruns costs only itself (the default, timing, 300 s; all 860 s):
 #   named    our named-barrier kernels against the simulator, bit for bit
 #            (tests/test_gpu.py);
 #   kernels  tokamax's sm90 kernels natively: each case's outputs, for
 #            benchmarks/tokamax_suite.py compare against the simulator's;
 #   tests    tokamax's test files (attention, GLU, ragged dot) natively;
 #   hang     a named-barrier phase that never completes (the simulator's
-#            DeadlockError): the launch must not finish on the GPU either.
+#            DeadlockError): the launch must not finish on the GPU either;
+#   timing   tokamax's sm90 kernels timed at working sizes (benchmarks/
+#            tokamax_timing.py measure): kernels the timing model never saw,
+#            beside the predictions committed for them before
+#            (lab/data/blind_predictions_tokamax.json). The default: the
+#            other steps were measured on 2026-12-05.
 # Carry build/tokamax/src (benchmarks/tokamax_suite.py extract) and .whl: the
-# wheels of tokamax's dependencies, as docs/gpu-lab.md lists them
-# ("The library plan"). Results: $OUT/library_plan.txt (every step's
+# wheels of tokamax's dependencies (lab/library_wheels.sh fetches them; docs/
+# gpu-lab.md, "The library plan"). Results: $OUT/library_plan.txt (every step's
 # tail) and $OUT/library_plan.tgz (each step's files).
-#     bash lab/library_plan.sh [named] [kernels] [tests] [hang]
+#     bash lab/library_plan.sh [timing] [named] [kernels] [tests] [hang]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-named kernels tests hang}"
+STEPS="${*:-timing}"
 export PYTHONUNBUFFERED=1
 W="$OUT/library_plan"; mkdir -p "$W"
 LOG="$OUT/library_plan.txt"
@@ -43,4 +48,7 @@ step tests 270 env XLA_PYTHON_CLIENT_PREALLOCATE=false $PY benchmarks/tokamax_su
   tests --native --out "$W/tests" -n 8 --timeout 100
 step hang 40 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
   -k never_completes
+# (11 cases, each written as it ends: a compile, a second of calls, seven
+# batches of 0.1 s)
+step timing 300 $PY benchmarks/tokamax_timing.py measure --out "$W/timing"
 tar -czf "$OUT/library_plan.tgz" -C "$OUT" library_plan

@@ -75,3 +75,9 @@ def test_each_step_of_the_next_call_fits_its_limit_at_the_device_s_speed():
     deadline = re.findall(r"--deadline (\d+)", command)
     budget = int(deadline[0]) if deadline else limit
     assert 1.25 * need <= budget, (name, need, budget)
+
+
+def test_the_library_plan_s_default_fits_one_call():
+  default, steps = _steps("library_plan.sh")
+  assert default and set(default) <= set(steps)
+  assert sum(steps[s][0] for s in default) <= 560
