@@ -243,6 +243,18 @@ def test_a_warp_s_loads_in_a_loop_bounded_by_the_block_are_followed():
   assert k.block_cycles_max > k.block_cycles_min  # (two tiles against one)
 
 
+def _warp0_copies(src, dst, smem, bar):
+  """Forks the warpgroup's warps; warp 0 copies src to dst through smem."""
+  @plgpu.warp_map
+  def _(warp):
+    @pl.when(warp == 0)
+    def _():
+      plgpu.copy_gmem_to_smem(src, smem, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.copy_smem_to_gmem(smem, dst)
+      plgpu.wait_smem_to_gmem(0)
+
+
 def _warps_each_step(x):
   """Warpgroup 0 loops over block b's first b // 2 + 1 tiles, forking its
   warps each step (warp 0 copies the tile through SMEM); warpgroup 1 idles."""
@@ -256,14 +268,7 @@ def _warps_each_step(x):
     def _():
       @pl.loop(0, b // 2 + 1)
       def _(t):
-        @plgpu.warp_map
-        def _(warp):
-          @pl.when(warp == 0)
-          def _():
-            plgpu.copy_gmem_to_smem(x_ref.at[t], smem, bar)
-            plgpu.barrier_wait(bar)
-            plgpu.copy_smem_to_gmem(smem, o_ref.at[b])
-            plgpu.wait_smem_to_gmem(0)
+        _warp0_copies(x_ref.at[t], o_ref.at[b], smem, bar)
   return k(x)
 
 
@@ -281,14 +286,7 @@ def _persistent_warps(x):
 
     @pl.loop(b, 6 - b, step=1)
     def _(t):
-      @plgpu.warp_map
-      def _(warp):
-        @pl.when(warp == 0)
-        def _():
-          plgpu.copy_gmem_to_smem(x_ref.at[t], smem, bar)
-          plgpu.barrier_wait(bar)
-          plgpu.copy_smem_to_gmem(smem, o_ref.at[t])
-          plgpu.wait_smem_to_gmem(0)
+      _warp0_copies(x_ref.at[t], o_ref.at[t], smem, bar)
   return k(x)
 
 
