@@ -194,15 +194,19 @@ def ranges(trace):
   return {tid: done for tid, (done, _) in by_tid.items()}, sm
 
 
-def block_clock(trace):
+def block_clock(trace, max_mhz=1980.0):
   """Each block's cycles, its tracks' first event to their last, against
   the time on the global timer from its start to the next block's start on
   the same SM (a track's first event stands at its block's start in ns: the
   profiler counts cycles from there). Their ratio is the SM's clock, or less
   by what a block does outside its events (its start before the first, its
   end after the last, the next one's launch): `mhz_at_least`. `block_us`:
-  those intervals. None where no SM ran two blocks one after the other (the
-  simulator counts each block from 0)."""
+  those intervals. It reads the clock where an SM holds one block at a time
+  (blocks_at_launch_per_sm 1). Where it holds several, a block that starts
+  before its predecessor could have ended at `max_mhz` ran beside it and that
+  pair is left out, but pairs of blocks that overlapped in part still count:
+  the figure is then too high. None where no SM ran two blocks one after the
+  other (the simulator counts each block from 0)."""
   tracks, sm = ranges(trace)
   by_sm = {}
   for tid, rs in tracks.items():
@@ -220,6 +224,8 @@ def block_clock(trace):
       else:
         blocks.append([b, cycles])
     for (b0, cycles), (b1, _) in zip(blocks, blocks[1:]):
+      if cycles / (b1 - b0) * 1e3 > max_mhz:  # (beside it, not after it)
+        continue
       intervals.append((b1 - b0) / 1e3)
       mhz.append(cycles / (b1 - b0) * 1e3)
   return {"block_us": spread(intervals), "mhz_at_least": spread(mhz)}
