@@ -1081,7 +1081,7 @@ MUTANTS = [
            ("tests/test_paths.py",)),
     Mutant("slice-blocking-loop-run-plain", "backends/sim/blocks/paths.py",
            "a slice's loop whose body forks warps runs as a generator; the mutant runs "
-           "it plain, which skips the warps",
+           "it as a plain step, which stops where the warps are forked",
            "  if cond.blocking or body.blocking:  # (a body that forks warps: "
            "plgpu.warp_map)\n",
            "  if False:\n",

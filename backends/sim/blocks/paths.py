@@ -385,16 +385,16 @@ def overrides(loop=None):
 
 @_override("while")
 def _while_rule(eqn, cx):
-  from pallas_sim.backends.sim.interpret.compiler import Gen, run_gen, run_plain
+  from pallas_sim.backends.sim.interpret.compiler import Gen, run_gen
   form = walker.form_of(eqn, walker.While)
   cond, body = map(cx.compile, form.given)
   cn, bn = form.cond_consts, form.body_consts
 
-  def steps(wg, args, run):
+  def steps(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
     trips = 0
-    while _one(wg, (yield from run(cond, cc + carry, wg))[0]):
-      carry = yield from run(body, bc + carry, wg)
+    while _one(wg, (yield from run_gen(cond, cc + carry, wg))[0]):
+      carry = yield from run_gen(body, bc + carry, wg)
       trips += 1
       if trips > MAX_DECISIONS:
         raise TooLong(f"a loop runs past {MAX_DECISIONS} iterations")
@@ -402,14 +402,10 @@ def _while_rule(eqn, cx):
     return carry
 
   if cond.blocking or body.blocking:  # (a body that forks warps: plgpu.warp_map)
-    return Gen(lambda wg, *args: steps(wg, args, run_gen))
+    return Gen(steps)
 
-  def plain(prog, ins, wg):
-    return run_plain(prog, ins, wg)
-    yield  # (a generator that never yields: `steps` runs straight through)
-
-  def loop(wg, *args):
-    gen = steps(wg, args, plain)
+  def loop(wg, *args):  # (nothing in it blocks: run_gen never yields)
+    gen = steps(wg, *args)
     try:
       next(gen)
     except StopIteration as done:
