@@ -124,7 +124,6 @@ def measure(out_dir, only="", sustain_s=1.0, batch_s=0.1, sim=False):
   after every case. Exits 1 where no case was timed. `sim`: every call in
   the simulator instead (a CPU's run of the GPU step, end to end)."""
   import contextlib
-  import jax
   from lab import measure_gpu
   _setup(sim=sim)
   os.makedirs(out_dir, exist_ok=True)

@@ -194,7 +194,7 @@ def ranges(trace):
   return {tid: done for tid, (done, _) in by_tid.items()}, sm
 
 
-def block_clock(trace, max_mhz=1980.0):
+def block_clock(tracks, sm, max_mhz=1980.0):
   """Each block's cycles, its tracks' first event to their last, against
   the time on the global timer from its start to the next block's start on
   the same SM (a track's first event stands at its block's start in ns: the
@@ -206,8 +206,7 @@ def block_clock(trace, max_mhz=1980.0):
   before its predecessor could have ended at `max_mhz` ran beside it and that
   pair is left out, but pairs of blocks that overlapped in part still count:
   the figure is then too high. None where no SM ran two blocks one after the
-  other (the simulator counts each block from 0)."""
-  tracks, sm = ranges(trace)
+  other (the simulator counts each block from 0). `tracks`, `sm`: ranges(trace)."""
   by_sm = {}
   for tid, rs in tracks.items():
     if rs:
@@ -359,7 +358,7 @@ def steps_of(trace, mcs):
     starts.setdefault(sm_of[tid], []).append(t)
   gaps = [sorted(v)[1] - sorted(v)[0] for v in starts.values() if len(v) > 1]
   out["second_block_after_us"] = float(np.median(gaps)) / 1e3 if gaps else None
-  out.update(block_clock(trace))
+  out.update(block_clock(tracks, sm_of))
   out["blocks"] = len(spans)
   out["block_cycles_median"] = float(np.median(spans)) if spans else None
   out["block_cycles_max"] = float(np.max(spans)) if spans else None
@@ -484,7 +483,7 @@ def profiled_after_warm(traced, plain, args, d, warm_s):
   import jax
   compiled = traced.lower(*args).compile()
   clock = _clock_sampler()
-  per_call = _warm(plain, *args, warm_s)
+  per_call = _warm(lambda *_: plain(*args), None, None, warm_s)
   jax.block_until_ready(compiled(*args))
   mhz = _clock_of(clock)
   jax.effects_barrier()

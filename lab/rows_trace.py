@@ -179,14 +179,8 @@ def measure(cases, out_dir, warm_s):
     d = tempfile.mkdtemp(prefix="rows_trace_")
     plain, args = call(case)
     traced, _ = call(case, d)
-    plain, traced = jax.jit(plain), jax.jit(traced)
-    jax.block_until_ready(traced(*args))  # (compiled before the clock is sampled)
-    smi = pt._clock_sampler()
-    per_call = pt._warm(lambda *a: plain(*args), None, None, warm_s)
-    jax.block_until_ready(traced(*args))
-    mhz = pt._clock_of(smi)
-    jax.effects_barrier()
-    trace = pt.newest_trace(d)
+    per_call, mhz, trace = pt.profiled_after_warm(jax.jit(traced), jax.jit(plain), args, d,
+                                                  warm_s)
     r = {"name": name, "case": list(case), "mhz": mhz, "unprofiled_call_s": per_call}
     if trace is None:
       r["error"] = "no trace written"

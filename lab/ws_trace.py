@@ -67,7 +67,7 @@ def parts(trace, mcs):
   """Medians (10th/90th percentiles, means) of acc, gap and step over every
   consumer track's steady steps, in cycles; `span`: each consumer's first
   step's start to its last's end, and `steps`: the most steps a track holds."""
-  tracks, _ = ranges(trace)
+  tracks, sm = ranges(trace)
   out = {"acc": [], "gap": [], "step": [], "issue": [], "span": [], "block": [],
          "prologue": [], "epilogue": []}
   steps = 0
@@ -90,7 +90,7 @@ def parts(trace, mcs):
       out["step"].append(acc[j + 1][0] - acc[j][0])
       if j < len(issue):
         out["issue"].append(issue[j][1] - issue[j][0])
-  return {"steps": steps, **{k: spread(v) for k, v in out.items()}, **block_clock(trace)}
+  return {"steps": steps, **{k: spread(v) for k, v in out.items()}, **block_clock(tracks, sm)}
 
 
 def _operands(sim):

@@ -45,15 +45,16 @@ def test_block_clock_reads_the_sm_clock_from_consecutive_blocks():
   events = (track(1, 1, 1e6, 60000) + track(2, 1, 1e6 + 40, 59000)
             + track(4, 1, 1e6 + 50000, 61000) + track(5, 1, 1e6 + 50030, 61000)
             + track(7, 2, 1e6, 60000))
-  got = pt.block_clock({"traceEvents": events})
+  got = pt.block_clock(*pt.ranges({"traceEvents": events}))
   assert got["block_us"]["median"] == 50.0
   assert got["mhz_at_least"]["median"] == 1200.0
   # Two blocks an SM at once: one that starts before the other could have
   # ended (60000 cycles in 20 us: 3 GHz) ran beside it, not after.
   side = (track(1, 3, 1e6, 60000) + track(2, 3, 1e6 + 20000, 60000)
           + track(3, 3, 1e6 + 60000, 60000))
-  got = pt.block_clock({"traceEvents": side})
+  got = pt.block_clock(*pt.ranges({"traceEvents": side}))
   assert got["block_us"]["median"] == 40.0 and got["mhz_at_least"]["median"] == 1500.0
   # The simulator counts each block from 0: no interval, no clock.
-  assert pt.block_clock({"traceEvents": track(1, 1, 0, 60000) + track(4, 1, 0, 60000)}) == {
+  assert pt.block_clock(*pt.ranges({"traceEvents": track(1, 1, 0, 60000)
+                                              + track(4, 1, 0, 60000)})) == {
       "block_us": None, "mhz_at_least": None}
