@@ -432,6 +432,17 @@ def test_inline_mgpu_agrees():
       assert_bit_equal(a, b, f"inline_mgpu {what} {np.dtype(dtype).name}")
 
 
+
+def test_dequantized_weights_and_transposed_store_agree():
+  from test_wgmma import dequantized_matmul_t
+  r = np.random.default_rng(11)
+  for m in (8, 64):
+    w = jnp.asarray(r.integers(-127, 128, (64, 128)), jnp.int8)
+    s = jnp.asarray(r.uniform(0.001, 0.01, 64), jnp.bfloat16)
+    x = jnp.asarray(r.standard_normal((m, 128)), jnp.bfloat16)
+    sim, real = both(dequantized_matmul_t, w, s, x)
+    assert_bit_equal(sim, real, f"int8 weights upcast in registers, transposed store, m={m}")
+
 def test_leader_tracked_cluster_barrier_agrees():
   from test_clusters import leader_tracked_gather
   # (no cross-block GMEM reads: the summing leader once read stale rows on

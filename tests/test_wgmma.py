@@ -96,6 +96,61 @@ def test_int8_wgmma_accumulates_exactly_in_int32():
   np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64).T)
 
 
+
+def dequantized_matmul_t(w, s, x):
+  """x @ (w * s[:, None]).T, weight-only quantized: int8 weights (N, K) upcast
+  in registers (WGMMA_UPCAST_2X, then WGMMA), scaled by a per-row bf16 scale
+  loaded from GMEM straight into the WGMMA row layout, and multiplied as
+  wgmma's register operand against the activations' SMEM tile (M, K)
+  transposed. The (N, M) accumulator is stored through the output tile's
+  transposed view (WGMMA_TRANSPOSED), so the kernel writes (M, N)."""
+  n, k = w.shape
+  m = x.shape[0]
+  def swz(tile):
+    return dict(transforms=(plgpu.TilingTransform(tile), plgpu.SwizzleTransform(128)))
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+                scratch_types=dict(w_s=plgpu.SMEM((n, k), jnp.int8, **swz((8, 128))),
+                                   x_s=plgpu.SMEM((m, k), jnp.bfloat16, **swz((8, 64))),
+                                   o_s=plgpu.SMEM((m, n), jnp.bfloat16, **swz((1, 64))),
+                                   bar=plgpu.Barrier(num_arrivals=2),
+                                   acc=plgpu.ACC((n, m), jnp.float32)))
+  def kern(w_ref, s_ref, x_ref, o_ref, w_s, x_s, o_s, bar, acc):
+    plgpu.copy_gmem_to_smem(w_ref, w_s, bar)
+    plgpu.copy_gmem_to_smem(x_ref, x_s, bar)
+    scale = plgpu.load(s_ref, layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+    plgpu.barrier_wait(bar)
+    wr = plgpu.load(w_s, layout=plgpu.Layout.WGMMA_UPCAST_2X)
+    wr = plgpu.layout_cast(wr, plgpu.Layout.WGMMA).astype(jnp.bfloat16)
+    wr = wr * jax.lax.broadcast_in_dim(scale, wr.shape, (0,))
+    plgpu.wgmma(acc, wr, x_s.T)
+    o_s.T[...] = plgpu.layout_cast(acc[...].astype(jnp.bfloat16),
+                                   plgpu.Layout.WGMMA_TRANSPOSED)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_s, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+  return kern(w, s, x)
+
+
+@pytest.mark.parametrize("m", [8, 64])
+def test_int8_weights_dequantized_in_registers_store_through_a_transposed_view(m):
+  r = np.random.default_rng(m)
+  w = jnp.asarray(r.integers(-127, 128, (64, 128)), jnp.int8)
+  s = jnp.asarray(r.uniform(0.001, 0.01, 64), jnp.bfloat16)
+  x = jnp.asarray(r.standard_normal((m, 128)), jnp.bfloat16)
+  assert lowering_error(dequantized_matmul_t, w, s, x) is None
+  sim = ps.simulate(dequantized_matmul_t, w, s, x)
+  assert not sim.report.races and not sim.report.uninitialized
+  # (the scaled weights are bf16, as the kernel's product is; the sum is f32)
+  wq = np.asarray(w.astype(jnp.bfloat16) * s[:, None], np.float64)
+  want = np.asarray(x, np.float64) @ wq.T
+  got = np.asarray(sim.outputs, np.float64)
+  assert got.shape == (m, 64)
+  assert rel_err(got, want) < 4e-3
+  # (each output row is its own: a transposed store that wrote the (N, M)
+  # accumulator as if it were (M, N) would misplace all but the diagonal)
+  assert np.abs(got - want).max() < 2e-2 * np.abs(want).max()
+
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "wgmma_h200.npz")
 ITEMSIZE = {"f8e4m3": 1, "f8e5m2": 1, "f16": 2, "bf16": 2, "f32": 4}
 GOLDEN_DTYPES = {"f8e4m3": jnp.float8_e4m3fn, "f8e5m2": jnp.float8_e5m2,
