@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Third-party kernel libraries on a Hopper machine (jax[cuda]==0.11.2, no
 # network), in one device call; each step has its own time limit, so a step
-# that overruns costs only itself (the default, timing, 300 s; all 860 s):
+# that overruns costs only itself (the default, timing and regop, 400 s; all
+# 960 s):
 #   named    our named-barrier kernels against the simulator, bit for bit
 #            (tests/test_gpu.py);
 #   kernels  tokamax's sm90 kernels natively: each case's outputs, for
@@ -13,17 +14,21 @@
 #            tokamax_timing.py measure): kernels the timing model never saw,
 #            beside the predictions committed for them before
 #            (lab/data/blind_predictions_tokamax.json). The default: the
-#            other steps were measured on 2026-12-05.
+#            other steps were measured on 2026-12-05;
+#   regop    a wgmma whose register operand the next loop step redefines
+#            while it may be in flight (wgmma_wait(1)): right or wrong on
+#            the GPU, what ptxas said, and its time beside wgmma_wait(0)
+#            (lab/register_operand_probe.py; the simulator's side: --sim).
 # Carry build/tokamax/src (benchmarks/tokamax_suite.py extract) and .whl: the
 # wheels of tokamax's dependencies (lab/library_wheels.sh fetches them; docs/
 # gpu-lab.md, "The library plan"). Results: $OUT/library_plan.txt (every step's
 # tail) and $OUT/library_plan.tgz (each step's files).
-#     bash lab/library_plan.sh [timing] [named] [kernels] [tests] [hang]
+#     bash lab/library_plan.sh [timing] [regop] [named] [kernels] [tests] [hang]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-timing}"
+STEPS="${*:-timing regop}"
 export PYTHONUNBUFFERED=1
 W="$OUT/library_plan"; mkdir -p "$W"
 LOG="$OUT/library_plan.txt"
@@ -51,4 +56,7 @@ step hang 40 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
 # (11 cases, each written as it ends: a compile, a second of calls, seven
 # batches of 0.1 s)
 step timing 300 $PY benchmarks/tokamax_timing.py measure --out "$W/timing"
+# (five cases, each a compile, 50 calls of about 0.3 ms and a compile in a
+# process of its own for ptxas's notes: about 10 s a case)
+step regop 100 $PY -m lab.register_operand_probe --out "$W/regop"
 tar -czf "$OUT/library_plan.tgz" -C "$OUT" library_plan
