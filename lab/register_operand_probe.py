@@ -109,6 +109,29 @@ def run_case(case, sim, repeat=50):
   return row
 
 
+def ptxas_versions():
+  """Every ptxas this machine holds (the PATH's, CUDA's, the nvidia wheels'),
+  with its version line: NVIDIA's CUDA 13.3 release notes fix a ptxas that
+  reused a wgmma's input registers before the wgmma had read them."""
+  import glob
+  import shutil
+  found = {shutil.which("ptxas"), *glob.glob("/usr/local/cuda*/bin/ptxas")}
+  try:
+    import nvidia
+    for root in nvidia.__path__:
+      found.update(glob.glob(os.path.join(root, "**", "ptxas"), recursive=True))
+  except ImportError:
+    pass
+  out = {}
+  for path in sorted(p for p in found if p):
+    try:
+      v = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
+      out[path] = (v.stdout.strip().splitlines() or ["?"])[-1]
+    except (OSError, subprocess.SubprocessError) as e:
+      out[path] = f"{type(e).__name__}"
+  return out
+
+
 _SERIAL = re.compile(r"\(C75\d\d\)[^\n]*serializ[^\n]*")
 
 
@@ -137,6 +160,8 @@ def main(argv=None):
   if not a.sim and jax.default_backend() != "gpu":
     sys.exit("no GPU here: run with --sim for the simulator")
   os.makedirs(a.out, exist_ok=True)
+  toolchain = {} if a.sim else ptxas_versions()
+  print("ptxas:", json.dumps(toolchain), flush=True)
   rows = []
   for case in CASES:
     row = run_case(case, a.sim)
@@ -147,7 +172,7 @@ def main(argv=None):
     with open(os.path.join(a.out, "register_operand.json"), "w") as f:
       json.dump({"command": " ".join(["python3 -m lab.register_operand_probe"] + (argv or sys.argv[1:])),
                  "backend": "sim" if a.sim else jax.devices()[0].device_kind,
-                 "jax": jax.__version__, "rows": rows}, f, indent=1)
+                 "jax": jax.__version__, "ptxas": toolchain, "rows": rows}, f, indent=1)
   if len(rows) != len(CASES):
     sys.exit("not every case ran")
   return 0
