@@ -15,6 +15,9 @@ cycles are seconds times the SM clock read with nvidia-smi during the run.
     (a) tma_latency_*   one block, a chain of dependent TMA loads (each awaited
                         before the next): same tile (L2 hit) or a new tile far
                         away each time with L2 flushed between calls (HBM)
+    (a') gmem_*         one block, plain GMEM loads: a dependent scalar chain
+                        (j = x[j]) and a loop adding a row each iteration, from
+                        1 MiB (L2) or over 256 MiB with L2 flushed (HBM)
     (b) stream_*, copy  all SMs streaming GMEM->SMEM (TMA, 4 slots in flight)
                         from a 1 GiB array; one SM alone; a GMEM->SMEM->GMEM copy
     (c) l2_reuse        all SMs re-reading the same 8 MiB region
@@ -141,6 +144,85 @@ def _build_tma_chain(n, *, tile_rows, cols, hbm, region_mib=None, cpu=False):
     return Built(lambda x, junk: (fn(x), _flush_l2(junk)), (x, junk),
                  lambda x, junk: ref(x), tol=0.0)
   return Built(fn, (x,), ref, tol=0.0)
+
+
+# ---------------------------------------------------------------------------
+# (a') Plain GMEM loads (no TMA), one block: a chain of dependent scalar
+# loads (j = x[j]: how a kernel reads page tables, group offsets and indices),
+# and a loop adding a 64-float row read in the WGMMA row layout each
+# iteration (as a split-K reduction reads its partials).
+# ---------------------------------------------------------------------------
+
+def gmem_chain(x, *, n):
+  """One block follows n dependent plain loads j = x[j] from GMEM; writes the
+  last j (128 copies)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(x_ref, o_ref):
+    j = lax.fori_loop(0, n, lambda i, j: x_ref[j], jnp.int32(0))
+    o_ref[...] = jnp.broadcast_to(j, (128,))
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
+                      grid=(1,), grid_names=("b",))(x)
+
+
+def gmem_rows(x, *, n, hop):
+  """One block adds n rows of 64 floats, row (i * hop) % R of x (R, 64), each
+  read from GMEM in the WGMMA row layout; writes the sum."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows = x.shape[0]
+  lay = plgpu.Layout.WGMMA.reduce(1)
+
+  def body(x_ref, o_ref):
+    def step(i, acc):
+      r = lax.rem(i * hop, rows)
+      return acc + plgpu.load(x_ref.at[r], layout=lay, optimized=False)
+    zero = plgpu.layout_cast(jnp.zeros((64,), jnp.float32), lay)
+    o_ref[...] = lax.fori_loop(0, n, step, zero)
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64,), jnp.float32),
+                      grid=(1,), grid_names=("b",))(x)
+
+
+def _gmem_hop(count, unit):
+  """A hop of about count / 16 items of `unit` bytes (count a power of two):
+  odd, so prime to count, and landing on a new 128-byte line each time."""
+  return count // 16 + (33 if unit < 128 else 1)
+
+
+def _build_gmem(n, *, what, hbm, cpu=False):
+  import jax.numpy as jnp
+  mib = 1 if cpu else (256 if hbm else 1)
+  if what == "chain":
+    count = (mib << 20) // 4
+    hop = _gmem_hop(count, 4)
+    x = jnp.asarray((np.arange(count, dtype=np.int64) + hop) % count, jnp.int32)
+    j = 0
+    for _ in range(n):
+      j = (j + hop) % count
+    fn, ref = functools.partial(gmem_chain, n=n), (
+        lambda x, *_: jnp.full((128,), j, jnp.int32))
+  else:
+    rows = (mib << 20) // (64 * F32)
+    hop = _gmem_hop(rows, 64 * F32)
+    x = _array((rows, 64), seed=12)
+    picks = (np.arange(n) * hop) % rows
+
+    def ref(x, *_):
+      return jnp.asarray(np.asarray(x, np.float64)[picks].sum(0), jnp.float32)
+    fn = functools.partial(gmem_rows, n=n, hop=hop)
+  if hbm and not cpu:
+    junk = _array((64 << 20,), seed=11)
+    return Built(lambda x, junk: (fn(x), _flush_l2(junk)), (x, junk),
+                 lambda x, junk: ref(x), tol=1e-5)
+  return Built(fn, (x,), ref, tol=1e-5)
 
 
 # ---------------------------------------------------------------------------
@@ -1231,6 +1313,15 @@ def _micros():
         work=1, unit="load",
         note=("a new tile each load, 256 MiB apart / 16, L2 flushed between calls"
               if hbm else "the same tile each load (L2 hit after the first)")))
+  # (a') plain GMEM loads: a dependent scalar chain, a loop of row loads.
+  for what, hbm in itertools.product(("chain", "rows"), (False, True)):
+    out.append(Micro(
+        f"gmem_{what}_{'hbm' if hbm else 'l2'}", "gmem_load_latency", _build_gmem,
+        dict(what=what, hbm=hbm), 200, 1000, work=1, unit="load",
+        note=("j = x[j], one int32 a load" if what == "chain" else
+              "acc + a 64-float row in the WGMMA row layout, a new row each load")
+             + (", a new 128-byte line each load over 256 MiB, L2 flushed between calls"
+                if hbm else ", over 1 MiB (L2 hits after the first call)")))
   # (b) HBM streaming, all SMs and one; copy through SMEM. (c) L2 reuse.
   tile = dict(tile_rows=64, cols=128)          # 32 KiB f32 tiles
   tb = 64 * 128 * F32

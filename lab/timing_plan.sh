@@ -18,6 +18,9 @@
 #                SMEM, negated and stored back, or only loaded or stored
 #                (calibrate smem_rw_*);
 #     blind5     the fifth blind set (families, names ending "(blind 5)");
+#   by name, new:
+#     gmem       plain GMEM loads, one block: a dependent scalar chain and a
+#                loop of row loads, from the L2 and from HBM (calibrate gmem_*);
 #   measured on 2026-12-06, kept to run again:
 #     rowstrace  RMSnorm's and softmax's pipeline steps part by part, one
 #                block an SM and two (lab/rows_trace.py);
@@ -33,7 +36,7 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
+#     bash lab/timing_plan.sh [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [gmem] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -73,6 +76,8 @@ step fp8k 50 $PY -m lab.pipeline_trace --fp8 --k 4096 --case 8192 128 128 2 \
 step l2 80 $PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 65
 # (the in-step streams beside them; 24 l2_lag streams took 11 s there)
 step l2half 65 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 60
+# (four micros of one block, plain GMEM loads: under a millisecond a call)
+step gmem 70 $PY -m lab.measure_gpu --only-micros --filter gmem_ --deadline 60
 step blind3 170 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 160
 # (28 rows; the third set's 14 took 26 s there)

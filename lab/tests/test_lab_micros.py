@@ -16,3 +16,11 @@ def test_the_next_call_s_micros_run_in_the_simulator(capsys):
   for p in patterns:
     assert any(p in m.name for m in calibrate.MICROS), p
     assert calibrate.sim_check(p), capsys.readouterr().out
+
+
+def test_the_plain_gmem_load_micros_run_in_the_simulator(capsys):
+  assert calibrate.sim_check("gmem_"), capsys.readouterr().out
+  # (at the GPU's sizes: each load a new 128-byte line, the chain one cycle)
+  for count, unit in (((256 << 20) // 4, 4), ((256 << 20) // 256, 256)):
+    hop = calibrate._gmem_hop(count, unit)
+    assert hop % 2 == 1 and (hop * unit) % 128 != 0 or unit >= 128
