@@ -15,9 +15,9 @@ cycles are seconds times the SM clock read with nvidia-smi during the run.
     (a) tma_latency_*   one block, a chain of dependent TMA loads (each awaited
                         before the next): same tile (L2 hit) or a new tile far
                         away each time with L2 flushed between calls (HBM)
-    (a') gmem_*         one block, plain GMEM loads: a dependent scalar chain
-                        (j = x[j]) and a loop adding a row each iteration, from
-                        1 MiB (L2) or over 256 MiB with L2 flushed (HBM)
+    (a') plain_load_*   one block, plain GMEM loads: a dependent scalar chain
+                        (j = x[j]) and a loop adding a row each iteration, over
+                        16 KiB (L1), 1 MiB (L2) or 256 MiB with L2 flushed (HBM)
     (b) stream_*, copy  all SMs streaming GMEM->SMEM (TMA, 4 slots in flight)
                         from a 1 GiB array; one SM alone; a GMEM->SMEM->GMEM copy
     (c) l2_reuse        all SMs re-reading the same 8 MiB region
@@ -197,11 +197,15 @@ def _gmem_hop(count, unit):
   return count // 16 + (33 if unit < 128 else 1)
 
 
-def _build_gmem(n, *, what, hbm, cpu=False):
+GMEM_REGIONS = {"l1": 16 << 10, "l2": 1 << 20, "hbm": 256 << 20}  # bytes
+
+
+def _build_gmem(n, *, what, where, cpu=False):
   import jax.numpy as jnp
-  mib = 1 if cpu else (256 if hbm else 1)
+  hbm = where == "hbm"
+  nbytes = min(GMEM_REGIONS[where], 1 << 20) if cpu else GMEM_REGIONS[where]
   if what == "chain":
-    count = (mib << 20) // 4
+    count = nbytes // 4
     hop = _gmem_hop(count, 4)
     x = jnp.asarray((np.arange(count, dtype=np.int64) + hop) % count, jnp.int32)
     j = 0
@@ -210,7 +214,7 @@ def _build_gmem(n, *, what, hbm, cpu=False):
     fn, ref = functools.partial(gmem_chain, n=n), (
         lambda x, *_: jnp.full((128,), j, jnp.int32))
   else:
-    rows = (mib << 20) // (64 * F32)
+    rows = nbytes // (64 * F32)
     hop = _gmem_hop(rows, 64 * F32)
     x = _array((rows, 64), seed=12)
     picks = (np.arange(n) * hop) % rows
@@ -1314,14 +1318,17 @@ def _micros():
         note=("a new tile each load, 256 MiB apart / 16, L2 flushed between calls"
               if hbm else "the same tile each load (L2 hit after the first)")))
   # (a') plain GMEM loads: a dependent scalar chain, a loop of row loads.
-  for what, hbm in itertools.product(("chain", "rows"), (False, True)):
+  for what, where in (("chain", "l1"), ("chain", "l2"), ("chain", "hbm"), ("rows", "l2"),
+                      ("rows", "hbm")):
     out.append(Micro(
-        f"gmem_{what}_{'hbm' if hbm else 'l2'}", "gmem_load_latency", _build_gmem,
-        dict(what=what, hbm=hbm), 200, 1000, work=1, unit="load",
+        f"plain_load_{what}_{where}", "gmem_load_latency", _build_gmem,
+        dict(what=what, where=where), 200, 1000, work=1, unit="load",
         note=("j = x[j], one int32 a load" if what == "chain" else
               "acc + a 64-float row in the WGMMA row layout, a new row each load")
-             + (", a new 128-byte line each load over 256 MiB, L2 flushed between calls"
-                if hbm else ", over 1 MiB (L2 hits after the first call)")))
+             + {"hbm": ", a new 128-byte line each load over 256 MiB, L2 flushed between "
+                       "calls",
+                "l2": ", a new line each load over 1 MiB (L2 hits after the first call)",
+                "l1": ", over 16 KiB (the block's L1 holds it after the first pass)"}[where]))
   # (b) HBM streaming, all SMs and one; copy through SMEM. (c) L2 reuse.
   tile = dict(tile_rows=64, cols=128)          # 32 KiB f32 tiles
   tb = 64 * 128 * F32

@@ -20,7 +20,7 @@
 #     blind5     the fifth blind set (families, names ending "(blind 5)");
 #   by name, new:
 #     gmem       plain GMEM loads, one block: a dependent scalar chain and a
-#                loop of row loads, from the L2 and from HBM (calibrate gmem_*);
+#                loop of row loads, from the L1, the L2 and HBM (calibrate plain_load_*);
 #   measured on 2026-12-06, kept to run again:
 #     rowstrace  RMSnorm's and softmax's pipeline steps part by part, one
 #                block an SM and two (lab/rows_trace.py);
@@ -77,7 +77,7 @@ step l2 80 $PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 65
 # (the in-step streams beside them; 24 l2_lag streams took 11 s there)
 step l2half 65 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 60
 # (four micros of one block, plain GMEM loads: under a millisecond a call)
-step gmem 70 $PY -m lab.measure_gpu --only-micros --filter gmem_ --deadline 60
+step gmem 70 $PY -m lab.measure_gpu --only-micros --filter plain_load_ --deadline 60
 step blind3 170 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 160
 # (28 rows; the third set's 14 took 26 s there)

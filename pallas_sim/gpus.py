@@ -155,6 +155,18 @@ class GPU:
   # 4-cycle issue) less 39 (the measured issue's 43 less those 4).
   tma_latency: int = 361
   hbm_latency_extra: int = 530
+  # A plain load of GMEM (a get or plgpu.load of a GMEM ref, no TMA), from
+  # its issue to its value, from the L2; a buffer of more than half the L2
+  # adds hbm_latency_extra (its loads miss). Until the plain_load_* micros
+  # (lab/calibrate.py: a dependent chain of scalar loads, a loop of row loads)
+  # are measured, the TMA chain's figure stands in for it: 440 cycles a load
+  # from the L2, issue included (tma_latency_l2_4k, H200). The warpgroup goes
+  # on issuing and waits where the value is first used. A block's re-read of
+  # a buffer that fits in the L1 beside the largest SMEM carve-out (256 KiB
+  # of L1 and SMEM an SM, at most 228 KiB of it SMEM: datasheet) hits the L1,
+  # whose latency is not charged (plain_load_chain_l1 measures it).
+  gmem_load_latency: float = 440.0
+  gmem_l1_bytes: int = 28 * 1024
   # What a byte costs HBM, read and written, when a TMA box's rows are runs
   # of at most this many bytes in GMEM (pieces of longer rows), against the
   # contiguous rates above: 256 blocks streaming their own 64 rows of 32 KiB
@@ -190,10 +202,11 @@ class GPU:
   # Two warpgroups handing a barrier back and forth: 115 cycles a round
   # trip, two hand-offs (H200, barrier_pingpong in "micros").
   barrier_latency: int = 57
-  # Tiny kernels chained in one jitted program: 1.34-1.64 us a launch (H200,
-  # launch_1_blocks and launch_132_blocks in "micros"; host-bound, so an
-  # upper bound on the device's own gap).
-  launch_overhead_s: float = 1.5e-6
+  # Tiny kernels chained in one jitted program: 1.34-1.64 us a launch, 1.49
+  # their mean (H200, launch_1_blocks and launch_132_blocks in "micros";
+  # host-bound, so an upper bound on the device's own gap), less the tiny
+  # kernel's own 0.23 us in the model (its block's plain GMEM load's latency).
+  launch_overhead_s: float = 1.26e-6
   # A warpgroup's elementwise op, per 128 elements (one per lane) of its
   # widest operand: v + 1 on a 128x128 f32 tile in registers took 113 cycles
   # (and v * a + b, one FMA, 123); exp(-v) 1851 (H200, alu_* in "micros").
@@ -374,6 +387,7 @@ def at_clock(gpu, mhz):
                                 for k, v in gpu.tensor_flop_per_clk),
       tensor_rate_mhz=tuple((k, mhz) for k, _ in gpu.tensor_rate_mhz),
       tma_latency=gpu.tma_latency * r, hbm_latency_extra=gpu.hbm_latency_extra * r,
+      gmem_load_latency=gpu.gmem_load_latency * r,
       l2_far_latency_extra=gpu.l2_far_latency_extra * r,
       hbm_queue_cycles=gpu.hbm_queue_cycles * r,
       local_l2_bytes_per_clk=gpu.local_l2_bytes_per_clk / r)

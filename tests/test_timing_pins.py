@@ -358,7 +358,7 @@ PINS = [
     _tensor_pin("tf32", "wgmma_tf32_m128n128_1per_sm"),
     # Tiny kernels chained in one jit: 1.64 and 1.34 us a launch (1 and 132
     # blocks; figures.launch_overhead_s_*), their mean. Model (132 blocks)
-    # +3.1%; x1.3 +33.3%, x0.7 -27.2%.
+    # +0.1%; x1.3 +25.5%, x0.7 -25.3%.
     Pin("launch", ("launch_overhead_s",),
         "h200_measured.json figures.launch_overhead_s_1_block, _132_blocks (mean), in us",
         lambda: (MEASURED["figures"]["launch_overhead_s_1_block"]

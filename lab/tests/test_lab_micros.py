@@ -19,7 +19,7 @@ def test_the_next_call_s_micros_run_in_the_simulator(capsys):
 
 
 def test_the_plain_gmem_load_micros_run_in_the_simulator(capsys):
-  assert calibrate.sim_check("gmem_"), capsys.readouterr().out
+  assert calibrate.sim_check("plain_load_"), capsys.readouterr().out
   # (at the GPU's sizes: each load a new 128-byte line, the chain one cycle)
   for count, unit in (((256 << 20) // 4, 4), ((256 << 20) // 256, 256)):
     hop = calibrate._gmem_hop(count, unit)

@@ -283,9 +283,95 @@ class Compiler:
       _profiled(end, len(scopes), [], scopes)
       prog.steps.append(end)
     prog.outvars = [read(v) for v in jaxpr.outvars]
+    if any(_gmem_load(st.eqn) for st in prog.steps):
+      _await_gmem_loads(prog, template, self.timing.gpu, self._where[-1])
     prog.template = template
     prog.blocking = blocking
     return prog
+
+
+# Plain loads of GMEM (no TMA: a get or plgpu.load of a GMEM ref) return
+# their value after the memory's latency (gpus.GPU.gmem_load_latency): the
+# warpgroup goes on issuing, and waits at the first step that reads the value,
+# or where the program hands it on (a loop's carry, a branch's result).
+GMEM_LOADS = frozenset({"get", "load"})
+# Steps that only rename a value's registers (no instruction): their result
+# is ready when their operand is, and they do not wait for it.
+RENAMES = frozenset({"layout_cast", "reshape", "squeeze", "expand_dims"})
+
+
+def _gmem_load(eqn: Any) -> bool:
+  return (eqn is not None and primitive_name(eqn) in GMEM_LOADS and len(eqn.outvars) == 1
+          and str(getattr(eqn.invars[0].aval, "memory_space", "")) in ("gmem", "any"))
+
+
+def _await_gmem_loads(prog: Program, template: list[Any], gpu: Any, where: str) -> None:
+  """Each plain GMEM load also gives the time its value is ready, in a slot of
+  its own; the steps that read the value wait for it first."""
+  ready: dict[int, int] = {}  # a loaded value's slot -> its ready time's slot
+  for st in prog.steps:
+    waits = tuple(dict.fromkeys(ready[i] for i in st.ins if i in ready))
+    if (len(waits) == 1 and len(st.outs) == 1 and st.eqn is not None
+        and primitive_name(st.eqn) in RENAMES):
+      ready[st.outs[0]] = waits[0]
+      continue
+    if waits:
+      _wait_first(st, waits)
+    if _gmem_load(st.eqn) and not st.gen and not st.multi:
+      ready[st.outs[0]] = len(template)
+      st.outs = (st.outs[0], len(template))
+      template.append(0.0)
+      st.multi = True
+      st.fn = _timed_load(st.fn, gpu)
+  pending = tuple(dict.fromkeys(ready[i] for i in prog.outvars if i in ready))
+  if pending:
+    end = Step()
+    end.eqn, end.where, end.gen, end.op = None, where, False, OpClass.ALU
+    end.ins, end.outs, end.multi, end.cost, end.lat, end.beside = pending, (), False, 0, 0, 1
+    end.fn = lambda wg, *times: _await(wg, times)
+    prog.steps.append(end)
+
+
+def _timed_load(fn: Callable[..., Any], gpu: Any) -> Callable[..., Any]:
+  hbm_from = gpu.l2_bytes // 2  # (a buffer past half the L2: its loads miss)
+
+  def load(wg: Warpgroup, ref: Any, *idx: Any) -> tuple[Any, float]:
+    value = fn(wg, ref, *idx)
+    buf = getattr(ref, "buf", ref)
+    nbytes = getattr(buf, "nbytes", 0)
+    read = wg.block.gmem_read
+    if nbytes <= gpu.gmem_l1_bytes and id(buf) in read:
+      return value, wg.time  # (the L1's: not charged)
+    read.add(id(buf))
+    lat = gpu.gmem_load_latency + (gpu.hbm_latency_extra if nbytes > hbm_from else 0)
+    return value, wg.time + lat
+  return load
+
+
+def _await(wg: Warpgroup, times: Sequence[float]) -> None:
+  t = max(times)
+  if t > wg.time:
+    since = wg.time
+    wg.time = t
+    wg.stalled("GMEM load", since)
+
+
+def _wait_first(st: Step, waits: tuple[int, ...]) -> None:
+  """Step `st` first waits for the ready times in slots `waits` (its last
+  operands from now on)."""
+  k = len(waits)
+  st.ins = st.ins + waits
+  inner = st.fn
+  if st.gen:
+    def gen(wg: Warpgroup, *args: Any) -> Generator[Any, Any, Any]:
+      _await(wg, args[-k:])
+      return (yield from inner(wg, *args[:-k]))
+    st.fn = gen
+  else:
+    def plain(wg: Warpgroup, *args: Any) -> Any:
+      _await(wg, args[-k:])
+      return inner(wg, *args[:-k])
+    st.fn = plain
 
 
 def _constant(template: list[Any], value: Any) -> int:

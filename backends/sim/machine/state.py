@@ -11,7 +11,7 @@ from pallas_sim.backends.sim.machine.scheduler import Resource, Task, Wait
 # wgmma's issue while their queue is full), TMA stores
 # (their SMEM reads or GMEM writes); and time spent moving spilled
 # registers (timing/occupancy.py).
-STALLS = ("TMA", "barrier", "tensor core", "TMA store", "spill")
+STALLS = ("TMA", "barrier", "tensor core", "TMA store", "spill", "GMEM load")
 
 
 class BlockStats:
@@ -78,6 +78,7 @@ class Block:
     self.until = 0.0          # when its last async work completes
     self.warpgroups = []
     self.named = {}           # id -> its named barrier (machine/named_barriers.py), once used
+    self.gmem_read = set()    # ids of the GMEM buffers its plain loads read (the L1's)
     # Async work on SMEM of run_scoped scopes that ended before it was
     # observed (checks/observer.py, scope_end).
     self.zombies = []

@@ -83,5 +83,5 @@ def name(kt, totals, util, regs):
   kind = max(shares, key=shares.get)
   words = {"TMA": "TMA latency", "TMA store": "TMA latency", "barrier": "barrier stalls",
            "tensor core": "tensor core", "spill": "register spills",
-           "issue": "ALU"}[kind]
+           "GMEM load": "GMEM load latency", "issue": "ALU"}[kind]
   return words, f"warpgroups {'issue' if kind == 'issue' else 'wait on ' + kind} {shares[kind]:.0%} of their time"
