@@ -30,8 +30,12 @@ OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
 STEPS="${*:-timing regop}"
 export PYTHONUNBUFFERED=1
-W="$OUT/library_plan"; mkdir -p "$W"
+# (the steps' folders outside $OUT, packed into $TGZ after each step: what
+# comes back is the summary and one archive, whenever the call stops, as the
+# device machine returns at most 8 files)
+W="$(mktemp -d)/library_plan"; mkdir -p "$W"
 LOG="$OUT/library_plan.txt"
+TGZ="$OUT/library_plan.tgz"
 if ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
@@ -59,4 +63,4 @@ step timing 300 $PY benchmarks/tokamax_timing.py measure --out "$W/timing"
 # (five cases, each a compile, 50 calls of about 0.3 ms and a compile in a
 # process of its own for ptxas's notes: about 10 s a case)
 step regop 100 $PY -m lab.register_operand_probe --out "$W/regop"
-tar -czf "$OUT/library_plan.tgz" -C "$OUT" library_plan
+rm -rf "$(dirname "$W")"
