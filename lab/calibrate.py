@@ -1056,6 +1056,45 @@ def _build_pingpong(n, cpu=False):
                tol=0.0)
 
 
+def semaphore_pingpong(x, *, n):
+  """Two blocks (on two SMs) hand a token back and forth n times through two
+  global semaphores: block 0 signals sems[0] and waits on sems[1], block 1
+  waits on sems[0] and signals sems[1]. Each block then writes x + (round
+  trips it counted)."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(x_ref, o_ref):
+    sems = pl.get_global(plgpu.SemaphoreType.REGULAR((2,)))
+    b = lax.axis_index("b")
+
+    def play(first):
+      def step(i, c):
+        if first:
+          pl.semaphore_signal(sems.at[0])
+          pl.semaphore_wait(sems.at[1])
+        else:
+          pl.semaphore_wait(sems.at[0])
+          pl.semaphore_signal(sems.at[1])
+        return c + 1.0
+      return lax.fori_loop(0, n, step, jnp.float32(0))
+
+    pl.when(b == 0)(lambda: o_ref.__setitem__(0, x_ref[0] + play(True)))
+    pl.when(b == 1)(lambda: o_ref.__setitem__(1, x_ref[1] + play(False)))
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      grid=(2,), grid_names=("b",))(x)
+
+
+def _build_sem_pingpong(n, cpu=False):
+  x = _array((2, 128), seed=31)
+  return Built(functools.partial(semaphore_pingpong, n=n), (x,), lambda x: x + n,
+               tol=0.0)
+
+
 # ---------------------------------------------------------------------------
 # (i) ALU: a warpgroup's elementwise ops on a 128x128 f32 tile in registers.
 # ---------------------------------------------------------------------------
@@ -1665,6 +1704,10 @@ def _micros():
                        note=f"per iteration: WG0 a 128x128x64 bf16 wgmma ({wgmma}: A "
                             f"from SMEM, or registers, or none), WG1 "
                             f"{BESIDE_REPS[work]} x {BESIDE_WORK[work]}; 132 blocks"))
+  out.append(Micro("sem_pingpong", "a global semaphore's hand-off between SMs",
+                   _build_sem_pingpong, {}, 200, 1000, work=1, unit="round trip",
+                   note="two blocks, signal/wait over two global semaphores: one round "
+                        "trip = two hand-offs through the L2"))
   out.append(Micro("barrier_pingpong", "barrier_latency", _build_pingpong, {},
                    2000, 10000, work=1, unit="round trip",
                    note="two warpgroups, arrive/wait over two Barriers: one round trip "

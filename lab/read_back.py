@@ -6,8 +6,8 @@ provenance (the command, when, on what, at which commit).
     ./dev python -m lab.read_back PLAN_DIR --date 2026_12_05 [--summary PLAN.txt ...]
 
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
-their keys: rows, l2, l2half, copyown, smemrw and gmem (micros) -> micros_<date>_rows,
-_l2_lag, _l2_half, _own_streams, _smem_rw, _plain_load; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
+their keys: rows, l2, l2half, copyown, smemrw, gmem and sem (micros) ->
+micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw, _plain_load, _sem; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
 _4 and _5, which benchmarks/accuracy.py --families
 scores against its committed predictions; again (every family a second time)
 -> families_again_<date>, each row's noise for accuracy.py. A key already
@@ -53,6 +53,10 @@ STEPS = {
              "loads, from the L1, the L2 and HBM (calibrate plain_load_*), measured after "
              "their predictions (lab/data/blind_predictions_micros_plain_load.json) were "
              "committed"),
+    "sem": ("micros_{date}_sem", "micros",
+            "two blocks handing a token back and forth through global semaphores "
+            "(calibrate sem_pingpong), measured after its prediction "
+            "(lab/data/blind_predictions_micros_sem.json) was committed"),
     "again": ("families_again_{date}", "cases",
               "every family of lab/families.py a second time, sustained: each row's "
               "noise for benchmarks/accuracy.py"),

@@ -21,6 +21,8 @@
 #   by name, new:
 #     gmem       plain GMEM loads, one block: a dependent scalar chain and a
 #                loop of row loads, from the L1, the L2 and HBM (calibrate plain_load_*);
+#     sem        two blocks handing a token back and forth through global
+#                semaphores (calibrate sem_pingpong);
 #   measured on 2026-12-06, kept to run again:
 #     rowstrace  RMSnorm's and softmax's pipeline steps part by part, one
 #                block an SM and two (lab/rows_trace.py);
@@ -36,7 +38,7 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [gmem] [rowstrace]
+#     bash lab/timing_plan.sh [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [gmem] [sem] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +80,7 @@ step l2 80 $PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 65
 step l2half 65 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 60
 # (four micros of one block, plain GMEM loads: under a millisecond a call)
 step gmem 70 $PY -m lab.measure_gpu --only-micros --filter plain_load_ --deadline 60
+step sem 40 $PY -m lab.measure_gpu --only-micros --filter sem_pingpong --deadline 30
 step blind3 170 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 160
 # (28 rows; the third set's 14 took 26 s there)

@@ -128,3 +128,36 @@ def parallel_signal_kernel():
 def test_semaphore_signal_parallel_signals_each_and_releases_the_writes_before():
   out = np.asarray(ps.run(parallel_signal_kernel(), backend="sim"))
   np.testing.assert_array_equal(out, [[8.0] * 128, [7.0] * 128])
+
+
+def test_a_hand_off_through_a_global_semaphore_takes_two_trips_to_the_memory():
+  """The signal is an atomic in GMEM and the wait polls it with loads: a
+  round trip between two blocks is two hand-offs, each a load's round trip
+  after the signal (never before it: a block whose clock is behind the signal
+  sees the count no sooner)."""
+  from lab import calibrate
+  from pallas_sim import gpus
+  cyc = []
+  for n in (20, 60):
+    b = calibrate._build_sem_pingpong(n)
+    r = ps.estimate(b.fn, *b.args, gpu="h200", clock_mhz=1980)
+    cyc.append(r.kernels[0].block_cycles_max)
+  per = (cyc[1] - cyc[0]) / 40
+  lat = gpus.H200.gmem_load_latency
+  assert 2 * lat <= per <= 2 * lat + 60
+
+
+def test_a_semaphore_read_is_a_load_of_gmem():
+  def k(n_reads):
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), I32))
+    def kern(o_ref):
+      g = pl.get_global(plgpu.SemaphoreType.REGULAR)
+      v = I32(0)
+      for _ in range(n_reads):
+        v = v + pl.semaphore_read(g)
+      o_ref[...] = jnp.full((128,), v, I32)
+    return kern
+  from pallas_sim import gpus
+  one, five = (ps.estimate(k(n), gpu="h200", clock_mhz=1980).kernels[0].block_cycles_max
+               for n in (1, 5))
+  assert five - one >= 4 * gpus.H200.gmem_load_latency

@@ -1104,6 +1104,18 @@ MUTANTS = [
            "    if nbytes <= gpu.gmem_l1_bytes and id(buf) in read:\n",
            "    if False:\n",
            ("tests/test_gmem_loads.py",)),
+    Mutant("semaphore-count-seen-before-its-signal", "backends/sim/interpret/rules/semaphores.py",
+           "a wait sees a count no sooner than the latest signal made it; the mutant lets a "
+           "thread whose clock is behind the signal see it at once",
+           "    wg.time = max(wg.time, r.buf.signalled.get(r.buf.element(r.view), 0.0))\n",
+           "    pass\n",
+           ("tests/test_semaphores.py",)),
+    Mutant("semaphore-wait-at-barrier-latency", "backends/sim/interpret/rules/semaphores.py",
+           "a semaphore wait polls GMEM: a load's round trip; the mutant takes an SMEM "
+           "barrier's hand-off",
+           "  latency = cx.timing.gpu.gmem_load_latency\n\n  def wait(",
+           "  latency = cx.timing.barrier_latency\n\n  def wait(",
+           ("tests/test_semaphores.py",)),
     Mutant("known-reads-ignore-writes", "backends/sim/blocks/paths.py",
            "the slice reads only inputs nothing in the kernel writes; the mutant reads "
            "written ones too",

@@ -32,18 +32,24 @@ class Semaphores(memory.Buffer):
   """A semaphore array (all zero when made); `res`: its waiters; `logs`:
   each element's signals and acquires, for the happens-before observer
   (semaphore_order.SemLog), made as it is first used; `start`: the values
-  the launch began with."""
-  __slots__ = ("res", "logs", "start")
+  the launch began with; `signalled`: each element's latest signal's time (a
+  thread whose clock is behind it sees the count no sooner)."""
+  __slots__ = ("res", "logs", "start", "signalled")
 
   def __init__(self, name, shape):
     super().__init__(name, "sem", np.zeros(shape, np.uint32))
     self.res = Resource(f"semaphore {name}")
     self.logs = {}
     self.start = self.data.copy()
+    self.signalled = {}
+
+  def element(self, view):
+    """The flat index of the element `view` (a view of one element) is."""
+    return (view.__array_interface__["data"][0] - self.address()) // self.data.itemsize
 
   def log(self, view):
     """The SemLog of the element `view` (a view of one element) holds."""
-    at = (view.__array_interface__["data"][0] - self.address()) // self.data.itemsize
+    at = self.element(view)
     log = self.logs.get(at)
     if log is None:
       name = self.name if self.data.size == 1 else (
@@ -106,6 +112,8 @@ def _signal_one(wg, ref, transforms, inc, device_id, prim, where=None):
   r.view[...] = r.view + np.uint32(np.int64(inc) & 0xFFFFFFFF)
   add = int(inc) & 0xFFFFFFFF  # (as a signed add: a negative one takes away)
   wg.block.hb.sem_signal(wg, r.buf.log(r.view), add - (add >> 31 << 32), where)
+  at = r.buf.element(r.view)
+  r.buf.signalled[at] = max(r.buf.signalled.get(at, 0.0), wg.time)
   wg.sched.notify(r.buf.res, at=wg.time)
 
 
@@ -142,7 +150,9 @@ def _signal_parallel(eqn, cx):
 def _wait(eqn, cx):
   tree = eqn.params["args_tree"]
   where = cx.where(eqn)
-  latency = cx.timing.barrier_latency
+  # (a semaphore is a word of GMEM: the wait polls it with loads, and sees the
+  # count it waits for a load's round trip after it is there)
+  latency = cx.timing.gpu.gmem_load_latency
 
   def wait(wg, *operands):
     ref, transforms, value, decrement = tree_util.tree_unflatten(tree, operands)
@@ -153,6 +163,8 @@ def _wait(eqn, cx):
       yield Wait(lambda: r.view.reshape(()) >= want, (r.buf.res,),
                  f"semaphore_wait on {r.buf.name} (for {int(want)})", where)
       wg.stalled("barrier", start)
+    # (the count it saw was there no sooner than the latest signal)
+    wg.time = max(wg.time, r.buf.signalled.get(r.buf.element(r.view), 0.0))
     if decrement:
       r.view[...] = r.view - want
     wg.block.hb.sem_acquire(wg, r.buf.log(r.view), int(want), decrement, where)
@@ -165,10 +177,13 @@ def _wait(eqn, cx):
 def _read(eqn, cx):
   tree = eqn.params["args_tree"]
 
+  latency = cx.timing.gpu.gmem_load_latency
+
   def read(wg, *operands):
     ref, transforms = tree_util.tree_unflatten(tree, operands)
     r = _sem(ref, transforms, "semaphore_read", wg)
     value = np.int32(r.view.reshape(()).view(np.int32))
     wg.block.hb.sem_acquire(wg, r.buf.log(r.view), int(value), False, read=True)
+    wg.time += latency  # (a load of GMEM)
     return value
   return read
