@@ -80,7 +80,7 @@ step l2 80 $PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 65
 step l2half 65 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 60
 # (four micros of one block, plain GMEM loads: under a millisecond a call)
 step gmem 70 $PY -m lab.measure_gpu --only-micros --filter plain_load_ --deadline 60
-step sem 40 $PY -m lab.measure_gpu --only-micros --filter sem_pingpong --deadline 30
+step sem 65 $PY -m lab.measure_gpu --only-micros --filter sem_pingpong --deadline 60
 step blind3 170 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 160
 # (28 rows; the third set's 14 took 26 s there)
