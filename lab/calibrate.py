@@ -1015,12 +1015,28 @@ def _build_beside(n, *, wgmma, work, blocks=None, cpu=False):
 # (f) Barrier round trip between two Pallas threads.
 # ---------------------------------------------------------------------------
 
+def _ping_or_pong(n, first, send, recv):
+  """n rounds of send(0) then recv(1) (the ping: `first`), or recv(0) then
+  send(1) (the pong); the rounds counted, as an f32."""
+  import jax.numpy as jnp
+  from jax import lax
+
+  def step(i, c):
+    if first:
+      send(0)
+      recv(1)
+    else:
+      recv(0)
+      send(1)
+    return c + 1.0
+  return lax.fori_loop(0, n, step, jnp.float32(0))
+
+
 def barrier_pingpong(x, *, n):
   """Thread 0 arrives on bars[0] and waits on bars[1]; thread 1 waits on
   bars[0] and arrives on bars[1]: n round trips. Each thread then writes
   x + (round trips it counted)."""
   import jax
-  import jax.numpy as jnp
   from jax import lax
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -1029,16 +1045,9 @@ def barrier_pingpong(x, *, n):
     def play(t, arrive_first):
       """Thread t: arrive on bars[0] then wait on bars[1] (the ping), or
       the other way round (the pong), n times."""
-      def step(i, c):
-        if arrive_first:
-          plgpu.barrier_arrive(bars.at[0])
-          plgpu.barrier_wait(bars.at[1])
-        else:
-          plgpu.barrier_wait(bars.at[0])
-          plgpu.barrier_arrive(bars.at[1])
-        return c + 1.0
-      cnt = lax.fori_loop(0, n, step, jnp.float32(0))
-      o_ref[t] = x_ref[t] + cnt
+      send = lambda k: plgpu.barrier_arrive(bars.at[k])
+      recv = lambda k: plgpu.barrier_wait(bars.at[k])
+      o_ref[t] = x_ref[t] + _ping_or_pong(n, arrive_first, send, recv)
 
     t = lax.axis_index("t")
     pl.when(t == 0)(lambda: play(0, True))
@@ -1062,7 +1071,6 @@ def semaphore_pingpong(x, *, n):
   waits on sems[0] and signals sems[1]. Each block then writes x + (round
   trips it counted)."""
   import jax
-  import jax.numpy as jnp
   from jax import lax
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -1072,15 +1080,8 @@ def semaphore_pingpong(x, *, n):
     b = lax.axis_index("b")
 
     def play(first):
-      def step(i, c):
-        if first:
-          pl.semaphore_signal(sems.at[0])
-          pl.semaphore_wait(sems.at[1])
-        else:
-          pl.semaphore_wait(sems.at[0])
-          pl.semaphore_signal(sems.at[1])
-        return c + 1.0
-      return lax.fori_loop(0, n, step, jnp.float32(0))
+      return _ping_or_pong(n, first, lambda k: pl.semaphore_signal(sems.at[k]),
+                           lambda k: pl.semaphore_wait(sems.at[k]))
 
     pl.when(b == 0)(lambda: o_ref.__setitem__(0, x_ref[0] + play(True)))
     pl.when(b == 1)(lambda: o_ref.__setitem__(1, x_ref[1] + play(False)))
