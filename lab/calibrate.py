@@ -97,6 +97,14 @@ def _flush_l2(junk):
   return junk * 1.0001 + 1.0
 
 
+def _cold(fn, x, ref, tol):
+  """fn(x) with the L2 flushed after it (_flush_l2): each timed call of the
+  kernel starts with nothing of x in the L2."""
+  junk = _array((64 << 20,), seed=11)
+  return Built(lambda x, junk: (fn(x), _flush_l2(junk)), (x, junk),
+               lambda x, junk: ref(x), tol=tol)
+
+
 # ---------------------------------------------------------------------------
 # (a) TMA load latency: a chain of dependent loads, one block.
 # ---------------------------------------------------------------------------
@@ -140,9 +148,7 @@ def _build_tma_chain(n, *, tile_rows, cols, hbm, region_mib=None, cpu=False):
   ref = lambda x, *_: x[last * tile_rows:(last + 1) * tile_rows]
   fn = functools.partial(tma_chain, n=n, tile_rows=tile_rows, hop=hop)
   if hbm and not cpu:
-    junk = _array((64 << 20,), seed=11)
-    return Built(lambda x, junk: (fn(x), _flush_l2(junk)), (x, junk),
-                 lambda x, junk: ref(x), tol=0.0)
+    return _cold(fn, x, ref, 0.0)
   return Built(fn, (x,), ref, tol=0.0)
 
 
@@ -202,15 +208,12 @@ GMEM_REGIONS = {"l1": 16 << 10, "l2": 1 << 20, "hbm": 256 << 20}  # bytes
 
 def _build_gmem(n, *, what, where, cpu=False):
   import jax.numpy as jnp
-  hbm = where == "hbm"
   nbytes = min(GMEM_REGIONS[where], 1 << 20) if cpu else GMEM_REGIONS[where]
   if what == "chain":
     count = nbytes // 4
     hop = _gmem_hop(count, 4)
     x = jnp.asarray((np.arange(count, dtype=np.int64) + hop) % count, jnp.int32)
-    j = 0
-    for _ in range(n):
-      j = (j + hop) % count
+    j = n * hop % count  # (where n hops from 0 land)
     fn, ref = functools.partial(gmem_chain, n=n), (
         lambda x, *_: jnp.full((128,), j, jnp.int32))
   else:
@@ -222,10 +225,8 @@ def _build_gmem(n, *, what, where, cpu=False):
     def ref(x, *_):
       return jnp.asarray(np.asarray(x, np.float64)[picks].sum(0), jnp.float32)
     fn = functools.partial(gmem_rows, n=n, hop=hop)
-  if hbm and not cpu:
-    junk = _array((64 << 20,), seed=11)
-    return Built(lambda x, junk: (fn(x), _flush_l2(junk)), (x, junk),
-                 lambda x, junk: ref(x), tol=1e-5)
+  if where == "hbm" and not cpu:
+    return _cold(fn, x, ref, 1e-5)
   return Built(fn, (x,), ref, tol=1e-5)
 
 
@@ -345,9 +346,7 @@ def _build_stream(n, *, blocks, tile_rows, cols, slots, n_max, region_mib=None,
   fn = functools.partial(tma_stream, slots=slots, swizzle=swizzle, **kw)
   ref = functools.partial(_stream_ref, **kw)
   if flush and not cpu:
-    junk = _array((64 << 20,), seed=11)
-    return Built(lambda x, junk: (fn(x), _flush_l2(junk)), (x, junk),
-                 lambda x, junk: ref(x), tol=0.0)
+    return _cold(fn, x, ref, 0.0)
   return Built(fn, (x,), ref, tol=0.0)
 
 
