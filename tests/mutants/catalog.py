@@ -183,8 +183,8 @@ MUTANTS = [
     Mutant("shadow-summary-ignores-clocks", RACES,
            "a shadow's summary says a view is ordered only if its clock is known; the "
            "mutant trusts every summary",
-           "        if ((kw is None or kw[1] <= vec[kw[0]]) and "
-           "(kr is None or kr[1] <= vec[kr[0]])",
+           "        if ((kw is None or kw[1] <= wv[kw[0]]) and "
+           "(kr is None or kr[1] <= rv[kr[0]])",
            "        if ((kw is None or True) and (kr is None or True)",
            ("tests/test_shadow_fast_path.py", "tests/test_races.py")),
     Mutant("gmem-replay-keeps-one-read", RACES,
@@ -482,7 +482,7 @@ MUTANTS = [
            ("tests/test_races.py",)),
     Mutant("races-write-after-read-unchecked", RACES,
            "a write is checked against earlier unordered reads",
-           "        rc, rk = map(V, sh.slot(i))\n        m = _unordered(rc, rk, vec)",
+           "        rc, rk = map(V, sh.slot(i))\n        m = _unordered(rc, rk, rv)",
            "        rc, rk = map(V, sh.slot(i))\n        m = None",
            ("tests/test_races.py", "tests/test_races_jax_scenarios.py")),
     Mutant("races-landing-finds-nothing", RACES,
@@ -1116,6 +1116,37 @@ MUTANTS = [
            "  latency = cx.timing.gpu.gmem_load_latency\n\n  def wait(",
            "  latency = cx.timing.barrier_latency\n\n  def wait(",
            ("tests/test_semaphores.py",)),
+    # --- unsafe_no_auto_barriers: a thread's lanes ------------------------------
+    Mutant("lanes-always-ordered", "backends/sim/checks/observer.py",
+           "under unsafe_no_auto_barriers a thread's own read and write are ordered only "
+           "across a barrier; the mutant orders them by program order",
+           "    lanes[c] = h.lanes[c]\n",
+           "    lanes[c] = h.vc[c]\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-commit-orders-nothing", "backends/sim/checks/observer.py",
+           "commit_smem's warpgroup barrier orders every lane's accesses; the mutant "
+           "drops that",
+           "      h.lanes[h.thread] = h.vc[h.thread]\n",
+           "      pass\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-fence-counts-as-barrier", "backends/sim/interpret/rules/inline_mgpu.py",
+           "an async-proxy fence alone orders no lane (commit_smem adds a warpgroup "
+           "barrier); the mutant counts it as commit_smem",
+           "    wg.block.hb.commit_smem(wg, barrier=False)\n",
+           "    wg.block.hb.commit_smem(wg)\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-waits-learn-nothing", "backends/sim/checks/observer.py",
+           "a wait orders the lanes of every thread whose arrival its phase carries; the "
+           "mutant learns none",
+           "      np.maximum(h.lanes, b.lanes[n - 1], out=h.lanes)\n",
+           "      pass\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-writes-meet-reads-unchecked", "backends/sim/checks/observer.py",
+           "a thread's write meets its own reads since its last barrier; the mutant checks "
+           "it against its writes only",
+           "                 against_reads=lanes if write else h.vc)\n",
+           "                 against_reads=h.vc)\n",
+           ("tests/test_no_auto_barriers.py",)),
     Mutant("known-reads-ignore-writes", "backends/sim/blocks/paths.py",
            "the slice reads only inputs nothing in the kernel writes; the mutant reads "
            "written ones too",

@@ -80,7 +80,7 @@ class NoObserver:
   def warpgroup(self, wg: Any) -> None: pass
   def plain(self, wg: Any, ref: Any, write: bool, prim: str, where: str | None,
             atomic: bool = False) -> None: pass
-  def commit_smem(self, wg: Any) -> None: pass
+  def commit_smem(self, wg: Any, barrier: bool = True) -> None: pass
   def tma_load(self, wg: Any, slot: Any, src: Any, dst: Any, where: str | None,
                prim: str = "copy_gmem_to_smem", atomic: bool = False) -> _Op | None:
     return None
@@ -122,7 +122,7 @@ class _WgClock:
   wait_read_only=True (explain)."""
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
                "warps", "wg", "warp", "read_only_wait", "last_waits", "acquired",
-               "counts")
+               "counts", "lanes")
   vc: np.ndarray              # what it knows
   avc: np.ndarray             # what its async work knows (up to its last commit_smem)
   thread: int                 # its components: its own, its async channels'
@@ -139,6 +139,11 @@ class _WgClock:
   # id(SemLog) -> (the log, its last acquire of it)
   acquired: dict[int, tuple[semaphore_order.SemLog, semaphore_order.Acquire]]
   counts: list[int]           # signals and semaphore acquires made
+  # Under CompilerParams(unsafe_no_auto_barriers=True) (else None): per thread
+  # component, the clock up to which that thread's accesses are ordered
+  # before every lane of this one, not just before the lane that made them
+  # (HappensBefore.plain).
+  lanes: np.ndarray | None
 
   @property
   def who(self) -> str:
@@ -158,7 +163,7 @@ class _BarrierClock:
   when a report needs them), and where each thread observed each completion
   (`seen_at`: (thread component, completion) -> where)."""
   __slots__ = ("comp", "base", "acc", "phases", "waits", "by", "phase_by", "seen_at",
-               "clocks", "last")
+               "clocks", "last", "lanes_acc", "lanes")
 
   def __init__(self, comp, base):
     self.comp, self.base = comp, base
@@ -172,6 +177,11 @@ class _BarrierClock:
     # where): the pending phase's, and the last completed phase's
     self.clocks = []
     self.last = []
+    # What the pending phase's arrivals and each completed phase carry of
+    # _WgClock.lanes (arrivals by every lane of a thread only: not a TMA
+    # load's, whose issue and arrival are one lane's)
+    self.lanes_acc = None
+    self.lanes = []
 
 
 class _Op:
@@ -196,8 +206,12 @@ class HappensBefore:
   `tracker` (races.Tracker, reused by the groups of a launch)."""
 
   def __init__(self, tracker, size, events, comps=None, warps=0, number=0,
-               sem_order=None):
+               sem_order=None, no_auto_barriers=False):
     self.tracker = tracker
+    # CompilerParams(unsafe_no_auto_barriers=True): the lowering puts no
+    # warpgroup barrier around plain loads and stores, so a thread's lanes
+    # see each other's accesses in order only across a barrier (plain())
+    self.no_auto_barriers = no_auto_barriers
     self.events = events
     self.number = number      # the group's number in the launch
     # The signals each semaphore acquire is to acquire, by its key, when an
@@ -255,6 +269,7 @@ class HappensBefore:
     self.owners[h.thread] = self.owners[h.store_write] = self.owners[h.wgmma] = h
     h.vc, h.avc = self.new_vector(), self.new_vector()
     h.vc[h.thread] = self.base + 1
+    h.lanes = self.new_vector() if self.no_auto_barriers else None
     # A warp's own component; its async channels are the warpgroup's.
     h.warps = []
     for w in range(self.warps):
@@ -266,6 +281,7 @@ class HappensBefore:
       hw.wg, hw.warp, hw.read_only_wait = wg, w, None
       hw.last_waits, hw.acquired = h.last_waits, h.acquired
       hw.counts = [0, 0]
+      hw.lanes = None
       self.owners[hw.thread] = hw
       h.warps.append(hw)
     wg.hb = h
@@ -323,7 +339,7 @@ class HappensBefore:
                                  block_of(blk), bool(blk.cluster))
 
   def _access(self, wg, buf, view, vec, comp, clock, site, write, atomic=False,
-              issued=None, since=None):
+              issued=None, since=None, against_writes=None, against_reads=None):
     """`since`: for async work, when it was issued; it takes effect now (the
     event's time). A plain access takes effect at the thread's clock."""
     now = wg.block.sched.now if since is not None else wg.time
@@ -339,7 +355,8 @@ class HappensBefore:
           "touched its SMEM: on hardware the launch fails "
           "(CUDA_ERROR_LAUNCH_FAILED). " + _CLUSTER_END, None))
     self.tracker.access(buf, view, vec, comp, clock, site, write, wg.hb,
-                        wg.block, atomic=atomic, issued=issued, span=span)
+                        wg.block, atomic=atomic, issued=issued, span=span,
+                        against_writes=against_writes, against_reads=against_reads)
 
   def plain(self, wg: Any, ref: Any, write: bool, prim: str, where: str | None,
             atomic: bool = False) -> None:
@@ -352,15 +369,32 @@ class HappensBefore:
     c = h.thread
     h.vc[c] += 1
     site = self._site(wg, "thread", prim, where, buf.name, "write" if write else "read")
-    self._access(wg, buf, ref.view, h.vc, c, h.vc[c], site, write, atomic)
+    if h.lanes is None:
+      self._access(wg, buf, ref.view, h.vc, c, h.vc[c], site, write, atomic)
+      return
+    # Without the auto barriers the lowering's loads and stores are each
+    # lane's own, and which lane holds which element follows the layouts: a
+    # read and a write of the thread's are ordered only up to what its last
+    # barrier ordered for every lane (JAX's contract for the flag: no region
+    # read and written by one thread). Its writes alone may meet unordered,
+    # as its reads alone do: the contract allows both.
+    lanes = h.vc.copy()
+    lanes[c] = h.lanes[c]
+    self._access(wg, buf, ref.view, lanes, c, h.vc[c], site, write, atomic,
+                 issued=h.vc, against_writes=h.vc if write else lanes,
+                 against_reads=lanes if write else h.vc)
 
-  def commit_smem(self, wg: Any) -> None:
+  def commit_smem(self, wg: Any, barrier: bool = True) -> None:
     """The plain SMEM accesses this warpgroup knows of (its own and, fences
     being cumulative, those of warpgroups it synchronized with) become
-    visible to the async work it issues from now on."""
+    visible to the async work it issues from now on. `barrier`: the fence
+    ends in a warpgroup barrier (plgpu.commit_smem's does; a fence alone,
+    in inline_mgpu, does not)."""
     h = wg.hb
     tc = self.tracker.thread_comps
     h.avc[tc] = np.maximum(h.avc[tc], h.vc[tc])
+    if h.lanes is not None and barrier:  # (it orders every lane's accesses)
+      h.lanes[h.thread] = h.vc[h.thread]
     self._tick(h)
 
   # --- TMA --------------------------------------------------------------------
@@ -474,9 +508,19 @@ class HappensBefore:
       np.maximum(b.acc[1], avc, out=b.acc[1])
 
   def arrive(self, wg: Any, slot: Any, where: str | None = None) -> None:
+    """Every lane of the thread arrives (a barrier_arrive, a named barrier's,
+    async_store_smem's expect_tx), each releasing its own accesses; a TMA
+    load's arrival, one lane's, is tma_load's."""
     h = wg.hb
     b = self._barrier(slot)
     self._accumulate(b, h.vc, h.avc)
+    if h.lanes is not None:
+      lanes = h.lanes.copy()
+      lanes[h.thread] = h.vc[h.thread]
+      if b.lanes_acc is None:
+        b.lanes_acc = lanes
+      else:
+        np.maximum(b.lanes_acc, lanes, out=b.lanes_acc)
     b.by.append((h, where, True))
     self._tick(h)
 
@@ -511,6 +555,9 @@ class HappensBefore:
     clock = b.base + slot.completions
     vc[b.comp] = avc[b.comp] = clock
     b.phases.append((vc, avc))
+    if self.no_auto_barriers:
+      b.lanes.append(b.lanes_acc if b.lanes_acc is not None else self.new_vector())
+      b.lanes_acc = None
     b.phase_by.append(b.by)
     b.by = []
     b.acc = None
@@ -544,6 +591,8 @@ class HappensBefore:
     b.seen_at[(h.thread, n)] = where
     np.maximum(h.vc, b.phases[n - 1][0], out=h.vc)
     np.maximum(h.avc, b.phases[n - 1][1], out=h.avc)
+    if h.lanes is not None:
+      np.maximum(h.lanes, b.lanes[n - 1], out=h.lanes)
     b.waits[wg] = int(h.vc[h.thread])
     self._tick(h)
 
@@ -564,6 +613,8 @@ class HappensBefore:
     `buf`: the buffer both touched."""
     (rsite, c, k), (csite, cc, ck) = rec, cur
     rh = self.owners.get(c)
+    if c == cc and rsite.agent == csite.agent == "thread":
+      return _lanes_unordered(rsite, csite) if not swapped else _lanes_unordered(csite, rsite)
     # A TMA load another block issued into this block's SMEM (a multicast,
     # async_store_smem to a peer) completes on this block's copy of its
     # barrier: this block waits on that, not on a cluster barrier.
@@ -960,3 +1011,17 @@ def clock_components(blocks, warpgroups, barriers_per_block, warps=0):
   kernel allocates (a scope entered again reuses its barrier's component);
   0 is "no access"."""
   return 1 + blocks * ((4 + warps) * warpgroups + barriers_per_block)
+
+
+def _lanes_unordered(first, second):
+  """A thread's own two plain accesses, unordered under
+  CompilerParams(unsafe_no_auto_barriers=True) (HappensBefore.plain)."""
+  return (f"with unsafe_no_auto_barriers=True the lowering puts no barrier between "
+          f"{first.who}'s {first.access} ({first.where}) and its {second.access} "
+          f"({second.where}), so its lanes may make them in either order, and a "
+          "lane may touch an element another lane wrote or read (which one holds "
+          "which follows the layouts): JAX's contract for the flag is that no "
+          "region is read and written by one thread. Put a barrier between the "
+          "two (commit_smem, or an arrival and a wait on a barrier: a named "
+          "barrier's sync, a plgpu.Barrier another thread passes back), use "
+          "separate buffers, or drop the flag")

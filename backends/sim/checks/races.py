@@ -507,21 +507,23 @@ def _stamp(c, k, off, d0, d1, s0, s1, comp, clock, clock_too):
 
 
 @numba.njit(cache=True)
-def plain_access(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, comp, clock, write,
-                 check_w, check_r):
+def plain_access(wc, wk, rc, rk, slot, off, d0, d1, s0, s1, vec, rvec, comp, clock,
+                 write, check_w, check_r):
   """access()'s common case in one call: nothing unordered under the view.
   A write: the last write and (`slot`) the one read slot ordered before
   it; it becomes the last write, the slot cleared. A read: the last write
   and the one slot ordered before it; it takes the slot. False (nothing
   changed) where something is unordered: access() then reports it.
   `check_w`, `check_r`: whether the last write, the slot, need looking at
-  (not where the shadow's summary of these rows says they are ordered).
+  (not where the shadow's summary of these rows says they are ordered);
+  `rvec`: the vector the slot is checked with (Tracker.access's
+  against_reads).
   Tracker.access calls it before its numpy path; tests/test_shadow_fast_path.py
   replaces it with one that always returns False, to hold the numpy path
   alone against it."""
   if check_w and not _ordered(wc, wk, off, d0, d1, s0, s1, vec):
     return False
-  if slot and check_r and not _ordered(rc, rk, off, d0, d1, s0, s1, vec):
+  if slot and check_r and not _ordered(rc, rk, off, d0, d1, s0, s1, rvec):
     return False
   if write:
     _stamp(wc, wk, off, d0, d1, s0, s1, comp, clock, True)
@@ -633,14 +635,21 @@ class Tracker:
     return sh
 
   def access(self, buf, view, vec, comp, clock, site, write, agent, block,
-             atomic=False, issued=None, span=(0.0, 0.0)):
+             atomic=False, issued=None, span=(0.0, 0.0), against_writes=None,
+             against_reads=None):
     """Checks one access against the shadow, reports races, records it.
     `agent`: the clock state of the warpgroup that made (or issued) it;
     `issued`: its vector at issue, for async work (default `vec`), to
     report pairs in happens-before order; `span`: (when it may start to
     touch the memory, when it took effect) in simulated cycles: the issue
     and the completion of async work, the thread's clock twice for a plain
-    access."""
+    access. `against_writes`, `against_reads` (default `vec`): the vectors
+    it is checked with against the last write and against the reads since,
+    where those differ (a thread whose lanes are unordered,
+    observer.HappensBefore.plain); a read's `against_reads` also says which
+    reads it subsumes."""
+    wv = vec if against_writes is None else against_writes
+    rv = vec if against_reads is None else against_reads
     if view.size == 0 or (buf.lent and not write):
       return
     sh = self.shadow(buf)
@@ -660,7 +669,7 @@ class Tracker:
     if not sh.written:
       if not write:
         self.sites[(sh.uid, comp, clock)] = (site, issue, know, span)
-        sh.read_log.append((self.group, off, estrides, shape, comp, clock, vec.copy()))
+        sh.read_log.append((self.group, off, estrides, shape, comp, clock, rv.copy()))
         self.logged.add(sh)
         return
       self._replay(sh)
@@ -682,9 +691,9 @@ class Tracker:
         key = (off,) + rows
         kw = sh.known_w.get(key)
         kr = sh.known_r.get(key) if slot else None
-        if ((kw is None or kw[1] <= vec[kw[0]]) and (kr is None or kr[1] <= vec[kr[0]])
-            and plain_access(sh.wc, sh.wk, rc, rk, slot, off, *rows, vec, comp, clock,
-                             write, kw is None, kr is None)):
+        if ((kw is None or kw[1] <= wv[kw[0]]) and (kr is None or kr[1] <= rv[kr[0]])
+            and plain_access(sh.wc, sh.wk, rc, rk, slot, off, *rows, wv, rv, comp,
+                             clock, write, kw is None, kr is None)):
           if write:
             sh.know(sh.known_w, key, comp, clock)
             if slot:
@@ -697,7 +706,7 @@ class Tracker:
     sh.forget()  # (the arrays change below, element by element)
     V = lambda arr: element_view(arr, off, shape, estrides)
     wc, wk = V(sh.wc), V(sh.wk)
-    m = _unordered(wc, wk, vec)
+    m = _unordered(wc, wk, wv)
     if m is not None and atomic and sh.any_atomic:
       # Atomic read-modify-writes do not race with each other.
       m &= V(sh.wa) == 0
@@ -709,7 +718,7 @@ class Tracker:
       # The atomic write an unordered atomic one replaced as the last write
       # (below) races with a plain access too.
       ac, ak = V(sh.a2c), V(sh.a2k)
-      m = _unordered(ac, ak, vec)
+      m = _unordered(ac, ak, wv)
       if m is not None:
         self.report("write", m, ac, ak, sh, buf, off, estrides, site, issue, agent,
                     block, span, (comp, clock, vec, issued))
@@ -722,7 +731,7 @@ class Tracker:
         # are unordered, or a plain access by this one's thread would not
         # see it.
         was = (V(sh.wa) != 0) & (wc != NONE)
-        was &= wk > vec[wc]
+        was &= wk > wv[wc]
         if was.any():
           V(sh.a2c)[was] = wc[was]
           V(sh.a2k)[was] = wk[was]
@@ -736,13 +745,13 @@ class Tracker:
         return
       for i in range(sh.read_slots):
         rc, rk = map(V, sh.slot(i))
-        m = _unordered(rc, rk, vec)
+        m = _unordered(rc, rk, rv)
         if m is not None:
           self.report("read", m, rc, rk, sh, buf, off, estrides, site, issue, agent,
                       block, span, (comp, clock, vec, issued))
         rc[...] = NONE
       return
-    self._read(sh, V, vec, comp, clock)
+    self._read(sh, V, rv, comp, clock)
 
   def _read(self, sh, V, vec, comp, clock):
     """A read goes into the read slots (V: a shadow array's elements under
@@ -819,5 +828,9 @@ class Tracker:
       comp, clock, vec, issued = stamp
       text = self.explain and self.explain((first, int(c), int(k)), (site, comp, clock),
                                            agent, issued, vec, swapped, buf)
+      # (one thread's own two accesses, unordered among its lanes: the
+      # simulation runs a thread's lanes as one, so it has no timing for them)
+      lanes = int(c) == comp and first.agent == site.agent == "thread"
       self.events.append(RaceFound(kind, a[1], b[1], block.index, rng,
-                                   text or advice(a[1], b[1]), timing_verdict(*spans)))
+                                   text or advice(a[1], b[1]),
+                                   None if lanes else timing_verdict(*spans)))

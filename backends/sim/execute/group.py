@@ -199,7 +199,8 @@ class GroupRunner:
           len(members), launch.num_threads, self.prep.barriers, self.prep.warps)
       group.hb = HappensBefore(self.tracker, size, events, self.comps if one else None,
                                self.prep.warps, group.number,
-                               self.sem_order.get(group.number))
+                               self.sem_order.get(group.number),
+                               launch.no_auto_barriers)
     refs = self.refs
     if refs is None:
       copies = {id(b): memory.Buffer(b.name, "gmem", b.data.copy(), origin=b)

@@ -75,7 +75,9 @@ class KernelLaunch:
   call_site: str = ""
   arg_names: tuple[str, ...] = ()  # the body's parameter names, where recoverable
   profile: profiler.Spec | None = None  # when compiler_params ask for a profile
-  approx_math: bool = False     # CompilerParams(approx_math=True): the timing model's
+  approx_math: bool = False     # CompilerParams(approx_math=True), for the timing model
+  # CompilerParams(unsafe_no_auto_barriers=True), for the race checks
+  no_auto_barriers: bool = False
   # allocation var -> the swizzle the lowering infers for an untransformed
   # wgmma operand (analysis/smem_swizzle.py): the rows its TMA loads move
   smem_swizzle: dict[Any, int] = dataclasses.field(default_factory=dict)
@@ -227,6 +229,8 @@ def kernel_launch(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, mesh: A
       call_site=call_site(jaxpr),
       profile=profiler.spec_of(kw.get("compiler_params")),
       approx_math=bool(getattr(_mosaic_params(kw), "approx_math", False)),
+      no_auto_barriers=bool(getattr(_mosaic_params(kw), "unsafe_no_auto_barriers",
+                                    False)),
       smem_swizzle=swizzles, given_layouts=given,
       unknown_inputs=unknown_inputs)
   if _active:

@@ -488,6 +488,6 @@ def _fence(wg, sync):
   """An async-proxy fence: over SMEM (all state spaces, or shared::cta) it
   orders what commit_smem's fence orders; a fence of GMEM alone orders
   nothing the simulator tracks (TMA and plain GMEM accesses are one proxy
-  here)."""
+  here). Unlike commit_smem it has no warpgroup barrier."""
   if sync.op in ("async_shared", "async"):
-    wg.block.hb.commit_smem(wg)
+    wg.block.hb.commit_smem(wg, barrier=False)

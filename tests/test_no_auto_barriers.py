@@ -1,0 +1,220 @@
+"""CompilerParams(unsafe_no_auto_barriers=True): the lowering drops the
+warpgroup barriers it puts around plain SMEM and GMEM stores, so a thread's
+lanes order their accesses with each other only across a barrier. JAX's
+contract for the flag is that no region is read and written by one thread; the
+race checks hold a thread's own plain accesses to it, and take as ordering
+what orders every lane: commit_smem, an arrival of every lane and a wait that
+observes it (directly, or through another thread's arrival after its own
+wait). A TMA load's completion does not: its issue is one lane's."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jaxlib.mlir.dialects import nvvm
+
+import pallas_sim as ps
+
+X = jnp.arange(128 * 128, dtype=jnp.float32).reshape(128, 128) / 7
+OUT = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+CONTRACT = "JAX's contract for the flag is that no region is read and written by one thread"
+
+
+def _params(flag):
+  return plgpu.CompilerParams(unsafe_no_auto_barriers=flag)
+
+
+def _races(kernel, *args):
+  sim = ps.simulate(kernel, *args, on_race="report")
+  return sim, sim.report.races
+
+
+def _one_thread(body, flag, scratch):
+  return plgpu.kernel(body, out_type=OUT, scratch_types=scratch,
+                      compiler_params=_params(flag))
+
+
+def _store_then_load(sync):
+  def body(x_ref, o_ref, s_ref, bar):
+    s_ref[...] = x_ref[...] * 2
+    if sync == "commit_smem":
+      plgpu.commit_smem()
+    elif sync == "own barrier":  # every lane arrives, then waits for the phase
+      plgpu.barrier_arrive(bar)
+      plgpu.barrier_wait(bar)
+    o_ref[...] = s_ref[...] + 1
+  return body
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("sync", [None, "commit_smem", "own barrier"])
+def test_a_store_then_a_load_of_the_same_smem(flag, sync):
+  kernel = _one_thread(_store_then_load(sync), flag,
+                       [plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier()])
+  sim, races = _races(kernel, X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X) * 2 + 1)
+  if not flag or sync:
+    assert races == []
+    return
+  (race,) = races
+  assert race.kind == "write-read race"
+  assert race.first.who == race.second.who == "thread 0"
+  text = str(race)
+  assert CONTRACT in text
+  assert "test_no_auto_barriers.py:" in text
+  assert race.first.where.endswith(f":{_line('s_ref[...] = x_ref[...] * 2')}")
+  assert race.second.where.endswith(f":{_line('o_ref[...] = s_ref[...] + 1')}")
+  # (the simulation runs a thread's lanes as one: it has no timing for them)
+  assert "timing:" not in text
+  with pytest.raises(ps.RaceError):
+    ps.run(kernel, X, backend="sim")
+
+
+def _line(text):
+  """The line of this file that holds `text` alone."""
+  src = open(__file__).read().splitlines()
+  return next(i for i, s in enumerate(src, 1) if s.strip() == text)
+
+
+def test_an_async_proxy_fence_alone_orders_no_lane():
+  # commit_smem is the fence and a warpgroup barrier; the fence alone (as
+  # inline_mgpu emits it) orders each lane's own accesses only.
+  @plgpu.inline_mgpu()
+  def fence(_):
+    nvvm.fence_proxy(nvvm.ProxyKind.async_shared, space=nvvm.SharedSpace.shared_cta)
+
+  def body(x_ref, o_ref, s_ref):
+    s_ref[...] = x_ref[...] * 2
+    fence()
+    o_ref[...] = s_ref[...] + 1
+  sim, races = _races(_one_thread(body, True, [plgpu.SMEM((128, 128), jnp.float32)]), X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X) * 2 + 1)
+  (race,) = races
+  assert race.kind == "write-read race" and CONTRACT in str(race)
+
+
+def test_an_update_in_place_reads_then_writes():
+  def body(x_ref, o_ref, s_ref):
+    s_ref[...] = x_ref[...]
+    plgpu.commit_smem()
+    s_ref[...] = s_ref[...] * 3
+    plgpu.commit_smem()
+    o_ref[...] = s_ref[...]
+  sim, races = _races(_one_thread(body, True, [plgpu.SMEM((128, 128), jnp.float32)]), X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X) * 3)
+  (race,) = races
+  assert race.kind == "read-write race"
+  assert race.first.access == "read" and race.second.access == "write"
+  assert CONTRACT in str(race)
+
+
+def test_gmem_counts_too():
+  # (the contract names memory regions, not SMEM alone)
+  def body(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1
+    o_ref[...] = o_ref[...] * 2
+  sim, races = _races(_one_thread(body, True, []), X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), (np.asarray(X) + 1) * 2)
+  # (the two stores alone may meet unordered: the contract allows that)
+  assert sorted(r.kind for r in races) == ["read-write race", "write-read race"]
+  assert all(CONTRACT in str(r) for r in races)
+
+
+def test_only_writes_and_only_reads_keep_the_contract():
+  def body(x_ref, o_ref, s_ref):
+    for _ in range(3):  # (writes of one thread, no read between)
+      s_ref[...] = x_ref[...]
+    plgpu.commit_smem()
+    a = s_ref[...]
+    b = s_ref[...]  # (reads alone never conflict)
+    o_ref[...] = a + b
+  sim, races = _races(_one_thread(body, True, [plgpu.SMEM((128, 128), jnp.float32)]), X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X) * 2)
+  assert races == []
+
+
+def test_a_tma_loads_completion_does_not_order_the_lanes():
+  # One lane issues the copy and arrives with its byte count; the wait for it
+  # orders nothing the other lanes stored before.
+  def body(x_ref, o_ref, s_ref, t_ref, bar):
+    s_ref[...] = x_ref[...] * 2
+    plgpu.copy_gmem_to_smem(x_ref, t_ref, bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = s_ref[...] + t_ref[...]
+  scratch = [plgpu.SMEM((128, 128), jnp.float32), plgpu.SMEM((128, 128), jnp.float32),
+             plgpu.Barrier()]
+  sim, races = _races(_one_thread(body, True, scratch), X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X) * 3)
+  (race,) = races
+  assert race.kind == "write-read race" and CONTRACT in str(race)
+  _, none = _races(_one_thread(body, False, scratch), X)
+  assert none == []
+
+
+def _hand_back(flag, chained):
+  """Thread 0 writes its tile and arrives, thread 1 hands it back, thread 0
+  reads it. `chained`: thread 1 arrives on the hand-back barrier after it
+  waited for thread 0's arrival, so the hand-back carries thread 0's stores
+  to every lane of it; else it arrives before, and carries nothing."""
+  @plgpu.kernel(out_type=OUT, num_threads=2, thread_name="wg",
+                scratch_types=[plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier(),
+                               plgpu.Barrier()],
+                compiler_params=_params(flag))
+  def k(x_ref, o_ref, s_ref, written, handed_back):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      s_ref[...] = x_ref[...] - 1
+      plgpu.barrier_arrive(written)
+      plgpu.barrier_wait(handed_back)
+      o_ref[...] = s_ref[...] + 2
+
+    @pl.when(wg == 1)
+    def _():
+      if not chained:
+        plgpu.barrier_arrive(handed_back)
+      plgpu.barrier_wait(written)
+      if chained:
+        plgpu.barrier_arrive(handed_back)
+  return k
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_a_barrier_another_thread_passes_back_orders_the_lanes(chained):
+  sim, races = _races(_hand_back(True, chained), X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X) - 1 + 2)
+  if chained:
+    assert races == []
+    return
+  # thread 1's arrival does not come after thread 0's: it carries nothing of
+  # thread 0's lanes, and the read meets the store's lanes unordered (without
+  # the flag the store's own barrier orders them)
+  (race,) = races
+  assert race.kind == "write-read race" and CONTRACT in str(race)
+  assert race.first.where.endswith(f":{_line('s_ref[...] = x_ref[...] - 1')}")
+  assert race.second.where.endswith(f":{_line('o_ref[...] = s_ref[...] + 2')}")
+  _, none = _races(_hand_back(False, chained), X)
+  assert none == []
+
+
+def test_a_phase_both_threads_arrive_in_orders_each_ones_lanes():
+  # Two threads meet at a Barrier(num_arrivals=2): each reads back its own
+  # tile (and the other's) after the phase it arrived in and observed.
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128, 128), jnp.float32), num_threads=2,
+                thread_name="wg",
+                scratch_types=[plgpu.SMEM((2, 128, 128), jnp.float32),
+                               plgpu.Barrier(num_arrivals=2)],
+                compiler_params=_params(True))
+  def k(x_ref, o_ref, s_ref, meet):
+    wg = lax.axis_index("wg")
+    s_ref[wg] = x_ref[...] * (wg + 1).astype(jnp.float32)
+    plgpu.barrier_arrive(meet)
+    plgpu.barrier_wait(meet)
+    o_ref[wg] = s_ref[wg] - s_ref[1 - wg]
+  sim, races = _races(k, X)
+  x = np.asarray(X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.stack([-x, x]))
+  assert races == []
