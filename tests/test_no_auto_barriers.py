@@ -218,3 +218,70 @@ def test_a_phase_both_threads_arrive_in_orders_each_ones_lanes():
   x = np.asarray(X)
   np.testing.assert_allclose(np.asarray(sim.outputs), np.stack([-x, x]))
   assert races == []
+
+
+def _into_a_warp(flag, sync):
+  """The warpgroup writes a row, then warp 1 of a warp_map reads one element
+  of it (another warp's lane may have written it), and after the map the
+  warpgroup reads what warp 0 wrote. `sync`: commit_smem before and after
+  the map. (Warps load scalars of GMEM only.)"""
+  @plgpu.kernel(out_type=(jax.ShapeDtypeStruct((128,), jnp.float32),
+                          jax.ShapeDtypeStruct((3,), jnp.float32)),
+                compiler_params=_params(flag))
+  def k(x_ref, o_ref, p_ref):
+    o_ref[...] = x_ref[...]
+    if sync:
+      plgpu.commit_smem()
+
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp == 0)
+      def _():
+        p_ref[1] = x_ref[0] * 2
+
+      @pl.when(warp == 1)
+      def _():
+        p_ref[0] = o_ref[5]
+    if sync:
+      plgpu.commit_smem()
+    p_ref[2] = p_ref[1] + 1
+  return k
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_warp_maps_warps_and_their_warpgroup(flag, sync):
+  x = np.asarray(X[0])
+  sim, races = _races(_into_a_warp(flag, sync), X[0])
+  np.testing.assert_allclose(np.asarray(sim.outputs[1]), [x[5], x[0] * 2, x[0] * 2 + 1])
+  if not flag or sync:
+    assert races == []
+    return
+  # (no barrier starts or ends the map without the auto barriers)
+  assert sorted((r.first.who, r.second.who) for r in races) == [
+      ("thread 0", "thread 0 warp 1"), ("thread 0 warp 0", "thread 0")]
+  text = "\n".join(str(r) for r in races)
+  assert "thread 0's write" in text and "and thread 0 warp 1's read" in text
+  assert all(CONTRACT in str(r) for r in races)
+
+
+def test_one_warps_barrier_orders_its_own_lanes_only():
+  # warp 0 passes a barrier on its own (every lane of it arrives and waits),
+  # which leaves the warpgroup's other lanes unordered with its store
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2,), jnp.float32),
+                scratch_types=[plgpu.Barrier()], compiler_params=_params(True))
+  def k(x_ref, p_ref, bar):
+    @plgpu.warp_map
+    def _(warp):
+      @pl.when(warp == 0)
+      def _():
+        p_ref[0] = x_ref[0] * 2
+        plgpu.barrier_arrive(bar)
+        plgpu.barrier_wait(bar)
+    p_ref[1] = p_ref[0] + 1
+  sim, races = _races(k, X[0])
+  x0 = float(X[0, 0])
+  np.testing.assert_allclose(np.asarray(sim.outputs), [x0 * 2, x0 * 2 + 1])
+  (race,) = races
+  assert (race.first.who, race.second.who) == ("thread 0 warp 0", "thread 0")
+  assert CONTRACT in str(race)

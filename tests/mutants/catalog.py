@@ -1120,13 +1120,13 @@ MUTANTS = [
     Mutant("lanes-always-ordered", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a thread's own read and write are ordered only "
            "across a barrier; the mutant orders them by program order",
-           "    lanes[c] = h.lanes[c]\n",
-           "    lanes[c] = h.vc[c]\n",
+           "    lanes[h.family] = h.lanes[h.family]  # (its warpgroup's and its warps')\n",
+           "    lanes[h.family] = h.vc[h.family]\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-commit-orders-nothing", "backends/sim/checks/observer.py",
            "commit_smem's warpgroup barrier orders every lane's accesses; the mutant "
            "drops that",
-           "      h.lanes[h.thread] = h.vc[h.thread]\n",
+           "      h.lanes[mine] = h.vc[mine]\n",
            "      pass\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-fence-counts-as-barrier", "backends/sim/interpret/rules/inline_mgpu.py",
@@ -1134,6 +1134,18 @@ MUTANTS = [
            "barrier); the mutant counts it as commit_smem",
            "    wg.block.hb.commit_smem(wg, barrier=False)\n",
            "    wg.block.hb.commit_smem(wg)\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-warps-outside-the-family", "backends/sim/checks/observer.py",
+           "a thread's lanes and its warps' in warp_map are one set of lanes; the mutant "
+           "orders the warpgroup's accesses and its warps' by the map's start and end",
+           "    lanes[h.family] = h.lanes[h.family]  # (its warpgroup's and its warps')\n",
+           "    lanes[c] = h.lanes[c]\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-join-takes-one-warps-order", "backends/sim/checks/observer.py",
+           "after warp_map, what every lane of the warpgroup has ordered is what every "
+           "warp's lanes have; the mutant takes any one warp's",
+           "      every = np.minimum.reduce([warp.hb.lanes for warp in warps])\n",
+           "      every = np.maximum.reduce([warp.hb.lanes for warp in warps])\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-waits-learn-nothing", "backends/sim/checks/observer.py",
            "a wait orders the lanes of every thread whose arrival its phase carries; the "

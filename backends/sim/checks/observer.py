@@ -122,7 +122,7 @@ class _WgClock:
   wait_read_only=True (explain)."""
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
                "warps", "wg", "warp", "read_only_wait", "last_waits", "acquired",
-               "counts", "lanes")
+               "counts", "lanes", "family")
   vc: np.ndarray              # what it knows
   avc: np.ndarray             # what its async work knows (up to its last commit_smem)
   thread: int                 # its components: its own, its async channels'
@@ -144,6 +144,9 @@ class _WgClock:
   # before every lane of this one, not just before the lane that made them
   # (HappensBefore.plain).
   lanes: np.ndarray | None
+  # The components of its warpgroup and of that one's warps: whose accesses
+  # its lanes order only through `lanes`
+  family: np.ndarray
 
   @property
   def who(self) -> str:
@@ -272,6 +275,7 @@ class HappensBefore:
     h.lanes = self.new_vector() if self.no_auto_barriers else None
     # A warp's own component; its async channels are the warpgroup's.
     h.warps = []
+    family = [h.thread]
     for w in range(self.warps):
       hw = _WgClock()
       hw.thread = self.comp(("warp",) + key + (w,))
@@ -281,9 +285,13 @@ class HappensBefore:
       hw.wg, hw.warp, hw.read_only_wait = wg, w, None
       hw.last_waits, hw.acquired = h.last_waits, h.acquired
       hw.counts = [0, 0]
-      hw.lanes = None
+      hw.lanes = self.new_vector() if self.no_auto_barriers else None
       self.owners[hw.thread] = hw
       h.warps.append(hw)
+      family.append(hw.thread)
+    h.family = np.array(family)
+    for hw in h.warps:
+      hw.family = h.family
     wg.hb = h
     self.wgs.append(wg)
 
@@ -299,6 +307,8 @@ class HappensBefore:
       hw = warp.hb = h.warps[warp.warp]
       hw.vc, hw.avc = h.vc.copy(), h.avc.copy()
       hw.vc[hw.thread] += 1  # (above its clocks of an earlier warp_map)
+      if h.lanes is not None:  # (without the auto barriers no barrier starts the map)
+        np.maximum(hw.lanes, h.lanes, out=hw.lanes)
     self._tick(h)
 
   def join(self, wg: Any, warps: Sequence[Any]) -> None:
@@ -307,6 +317,11 @@ class HappensBefore:
     for warp in warps:
       np.maximum(h.vc, warp.hb.vc, out=h.vc)
       np.maximum(h.avc, warp.hb.avc, out=h.avc)
+    if h.lanes is not None:
+      # (no barrier ends the map either: what every lane of every warp has
+      # ordered, every lane of the warpgroup has)
+      every = np.minimum.reduce([warp.hb.lanes for warp in warps])
+      np.maximum(h.lanes, every, out=h.lanes)
     self._tick(h)
 
   @staticmethod
@@ -379,7 +394,7 @@ class HappensBefore:
     # read and written by one thread). Its writes alone may meet unordered,
     # as its reads alone do: the contract allows both.
     lanes = h.vc.copy()
-    lanes[c] = h.lanes[c]
+    lanes[h.family] = h.lanes[h.family]  # (its warpgroup's and its warps')
     self._access(wg, buf, ref.view, lanes, c, h.vc[c], site, write, atomic,
                  issued=h.vc, against_writes=h.vc if write else lanes,
                  against_reads=lanes if write else h.vc)
@@ -394,7 +409,8 @@ class HappensBefore:
     tc = self.tracker.thread_comps
     h.avc[tc] = np.maximum(h.avc[tc], h.vc[tc])
     if h.lanes is not None and barrier:  # (it orders every lane's accesses)
-      h.lanes[h.thread] = h.vc[h.thread]
+      mine = h.family if h.warp is None else h.thread
+      h.lanes[mine] = h.vc[mine]
     self._tick(h)
 
   # --- TMA --------------------------------------------------------------------
@@ -516,7 +532,8 @@ class HappensBefore:
     self._accumulate(b, h.vc, h.avc)
     if h.lanes is not None:
       lanes = h.lanes.copy()
-      lanes[h.thread] = h.vc[h.thread]
+      mine = h.family if h.warp is None else h.thread
+      lanes[mine] = h.vc[mine]
       if b.lanes_acc is None:
         b.lanes_acc = lanes
       else:
@@ -613,7 +630,10 @@ class HappensBefore:
     `buf`: the buffer both touched."""
     (rsite, c, k), (csite, cc, ck) = rec, cur
     rh = self.owners.get(c)
-    if c == cc and rsite.agent == csite.agent == "thread":
+    if (self.no_auto_barriers and rh is not None and rsite.agent == csite.agent == "thread"
+        and rh.wg is h.wg and (c == cc or None in (rh.warp, h.warp))):
+      # (a thread's own two accesses, or its warp's and its own: two warps'
+      # get the advice for warps)
       return _lanes_unordered(rsite, csite) if not swapped else _lanes_unordered(csite, rsite)
     # A TMA load another block issued into this block's SMEM (a multicast,
     # async_store_smem to a peer) completes on this block's copy of its
@@ -1014,13 +1034,15 @@ def clock_components(blocks, warpgroups, barriers_per_block, warps=0):
 
 
 def _lanes_unordered(first, second):
-  """A thread's own two plain accesses, unordered under
-  CompilerParams(unsafe_no_auto_barriers=True) (HappensBefore.plain)."""
+  """A thread's own two plain accesses (or its and one of its warps'),
+  unordered under CompilerParams(unsafe_no_auto_barriers=True)
+  (HappensBefore.plain)."""
+  second_who = "its" if second.who == first.who else f"{second.who}'s"
   return (f"with unsafe_no_auto_barriers=True the lowering puts no barrier between "
-          f"{first.who}'s {first.access} ({first.where}) and its {second.access} "
-          f"({second.where}), so its lanes may make them in either order, and a "
-          "lane may touch an element another lane wrote or read (which one holds "
-          "which follows the layouts): JAX's contract for the flag is that no "
+          f"{first.who}'s {first.access} ({first.where}) and {second_who} "
+          f"{second.access} ({second.where}), so the lanes may make them in either "
+          "order, and a lane may touch an element another lane wrote or read "
+          "(which one holds which follows the layouts): JAX's contract for the flag is that no "
           "region is read and written by one thread. Put a barrier between the "
           "two (commit_smem, or an arrival and a wait on a barrier: a named "
           "barrier's sync, a plgpu.Barrier another thread passes back), use "
