@@ -74,6 +74,25 @@ def test_unsupported_primitive_names_itself_and_the_users_line():
   assert line in str(e.value) and e.value.primitive == "sort"
 
 
+def test_an_mlir_verifier_error_is_placed_at_the_op_it_names():
+  # The verifier runs after later equations were lowered: its error names
+  # the op it rejected, with that op's line, which the report gives.
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+  def k(x_ref, o_ref):
+    v = x_ref[...]
+    empty = v[:0]  # a vector of no elements: MLIR rejects its type
+    o_ref[...] = jnp.concatenate([v[:64], v[64:]]) + jnp.sum(empty)
+
+  fn = test_an_mlir_verifier_error_is_placed_at_the_op_it_names
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, jnp.ones((128,), jnp.float32), backend="sim")
+  msg = str(e.value)
+  where, _, rest = msg.partition(": ")
+  assert where.endswith(f"{HERE}:{line_of(fn, 'empty = v[:0]')}"), msg
+  assert rest.startswith("the Mosaic GPU lowering rejects this kernel (MLIRError)"), msg
+  assert "vector types must have positive constant sizes" in msg
+
+
 def test_out_of_bounds_store_names_index_and_shape():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((1024,), jnp.float32), grid=(8,),
                 grid_names=("i",))

@@ -1116,6 +1116,12 @@ MUTANTS = [
            "  latency = cx.timing.gpu.gmem_load_latency\n\n  def wait(",
            "  latency = cx.timing.barrier_latency\n\n  def wait(",
            ("tests/test_semaphores.py",)),
+    Mutant("mlir-error-at-the-traced-line", "backends/sim/execute/prepare.py",
+           "an MLIR verifier's error is reported at the line of the op it names; the "
+           "mutant gives the line the lowering's traceback ends in",
+           "      where = locations.mlir_location(err[0]) or where or err[1] or launch.where\n",
+           "      where = where or err[1] or launch.where\n",
+           ("tests/test_errors.py",)),
     # --- unsafe_no_auto_barriers: a thread's lanes ------------------------------
     Mutant("lanes-always-ordered", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a thread's own read and write are ordered only "

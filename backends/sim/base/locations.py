@@ -5,6 +5,7 @@ library's or the standard library's)."""
 import ast
 import linecache
 import os
+import re
 import site
 import sys
 import sysconfig
@@ -40,8 +41,13 @@ def eqn_location(eqn: Any) -> str | None:
 
 
 def lowering_location(exc: BaseException) -> str | None:
-  """The user's file:line an exception from the real lowering points at (its
-  cause carries the failing equation's traceback), or None."""
+  """The user's file:line an exception from the real lowering points at, or
+  None: an MLIR verifier's error names the op it rejected, with that op's
+  location (the equation being lowered when the verifier ran can be a later
+  one); otherwise the cause carries the failing equation's traceback."""
+  at = mlir_location(exc)
+  if at:
+    return at
   for e in (exc.__cause__, exc):
     frames = [f for f in traceback.extract_tb(getattr(e, "__traceback__", None))
               if jx.source_info_util.is_user_filename(f.filename)
@@ -49,6 +55,25 @@ def lowering_location(exc: BaseException) -> str | None:
     if frames:
       return f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
   return None
+
+
+def mlir_location(exc: BaseException) -> str | None:
+  """The user's file:line of the op an MLIR verifier's error rejected (its
+  diagnostics name each op with its location), or None."""
+  if isinstance(exc, jx.ir.MLIRError):
+    for path, line in _MLIR_LOCATION.findall(str(exc)):
+      if _users(path):
+        return f"{_short(path)}:{line}"
+  return None
+
+
+# An op's location in an MLIR diagnostic: ... "file.py":line:column ...
+_MLIR_LOCATION = re.compile(r'"([^"]+\.py)":(\d+):\d+')
+
+
+def _users(path: str) -> bool:
+  return (jx.source_info_util.is_user_filename(path)
+          and not path.startswith(_OUR_DIRS + (_JAXLIB_DIR,)))
 
 
 def user_tail(tb: types.TracebackType | None) -> types.TracebackType | None:

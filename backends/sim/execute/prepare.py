@@ -156,8 +156,9 @@ class Preparer:
           "for it.", where=launch.where)
     if err is not None:
       # (The lowering's traceback ends in the user's code where the MLIR op
-      # it rejected came from: keep those frames last, as on the GPU.)
-      where = where or err[1] or launch.where
+      # it rejected came from: keep those frames last, as on the GPU. An MLIR
+      # verifier's error names that op's own line: it comes first.)
+      where = locations.mlir_location(err[0]) or where or err[1] or launch.where
       raise resources.lowering_error(err[0], where=where).with_traceback(
           locations.user_tail(err[0].__traceback__))
     self._lowered[key] = launch.jaxpr
