@@ -9,7 +9,9 @@ lets a mutant pass cannot see that bug class.
 
 Each mutant is applied to a scratch copy of the checkout (its git-tracked and
 untracked, not ignored, files), never to the checkout itself; the copy's tests
-run with the copy first on PYTHONPATH. A mutant is killed when a test fails
+run with the copy first on PYTHONPATH, on the newest JAX (`.venv`), or on
+the oldest (`.venv-oldest`) for a mutant whose path only older releases take
+(catalog.Mutant.jax). A mutant is killed when a test fails
 (pytest exit 1). Prints `N mutants, K killed` and the survivors; exit 1 if any
 survives or cannot be applied.
 """
@@ -35,7 +37,7 @@ def checkout_files(root=ROOT):
   return [f for f in out.splitlines() if os.path.isfile(os.path.join(root, f))]
 
 
-def make_scratch(files):
+def make_scratch(files, pythons):
   d = tempfile.mkdtemp(prefix="pallas-sim-mutants-")
   for f in files:
     dst = os.path.join(d, f)
@@ -45,13 +47,27 @@ def make_scratch(files):
   # on PYTHONPATH the copy needs them there too, or the checkout's editable
   # install would answer for them, unmutated.
   os.symlink(os.path.join("..", "backends"), os.path.join(d, "pallas_sim", "backends"))
-  got = subprocess.run(
-      [sys.executable, "-c", "import pallas_sim.backends.sim as s; print(s.__file__)"],
-      cwd=d, env=dict(os.environ, PYTHONPATH=d), capture_output=True, text=True,
-      check=True).stdout.strip()
-  if not got.startswith(d + os.sep):
-    raise RuntimeError(f"the scratch copy {d} imports the simulator from {got}")
+  for py in pythons:
+    got = subprocess.run(
+        [py, "-c", "import pallas_sim.backends.sim as s; print(s.__file__)"],
+        cwd=d, env=dict(os.environ, PYTHONPATH=d), capture_output=True, text=True,
+        check=True).stdout.strip()
+    if not got.startswith(d + os.sep):
+      raise RuntimeError(f"the scratch copy {d} imports the simulator from {got} "
+                         f"under {py}")
   return d
+
+
+def python_for(m):
+  """The interpreter a mutant's tests run under: this one, or the oldest
+  JAX's venv for a mutant whose path only older releases take."""
+  if m.jax == "newest":
+    return sys.executable
+  py = os.path.join(ROOT, ".venv-oldest", "bin", "python")
+  if not os.path.exists(py):
+    raise RuntimeError(f"mutant {m.name} runs its tests on the oldest JAX: "
+                       f"{py} is missing (./dev test makes it)")
+  return py
 
 
 def apply(m, text):
@@ -73,7 +89,7 @@ def run_one(m, scratch, all_tests, timeout):
     tests = ["tests"] if all_tests else list(m.tests)
     env = dict(os.environ, PYTHONPATH=scratch, CI="true", PYTHONDONTWRITEBYTECODE="1")
     env.pop("HYPOTHESIS_PROFILE", None)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+    cmd = [python_for(m), "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
            "-m", "not gpu", *tests]
     t0 = time.perf_counter()
     try:
@@ -110,7 +126,8 @@ def main(argv=None):
     with open(os.path.join(ROOT, m.path)) as f:
       apply(m, f.read())
   files = checkout_files()
-  scratches = [make_scratch(files) for _ in range(max(1, args.jobs))]
+  pythons = sorted({python_for(m) for m in mutants})
+  scratches = [make_scratch(files, pythons) for _ in range(max(1, args.jobs))]
   print(f"{len(mutants)} mutants, {len(scratches)} at a time, "
         f"{'the whole CPU suite' if args.all_tests else 'the tests that cover each'}",
         flush=True)
