@@ -5,7 +5,8 @@ contract for the flag is that no region is read and written by one thread; the
 race checks hold a thread's own plain accesses to it, and take as ordering
 what orders every lane: commit_smem, an arrival of every lane and a wait that
 observes it (directly, or through another thread's arrival after its own
-wait). A TMA load's completion does not: its issue is one lane's."""
+wait). A TMA load's completion does not: its issue is one lane's, so a phase
+it completes carries to its waiters only what every lane had ordered."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -285,3 +286,62 @@ def test_one_warps_barrier_orders_its_own_lanes_only():
   (race,) = races
   assert (race.first.who, race.second.who) == ("thread 0 warp 0", "thread 0")
   assert CONTRACT in str(race)
+
+
+def _through_a_tma_load(flag, commit):
+  """Thread 0 writes a tile and issues a TMA load that completes a barrier;
+  thread 1 waits on it and reads the tile."""
+  @plgpu.kernel(out_type=OUT, num_threads=2, thread_name="wg",
+                scratch_types=[plgpu.SMEM((128, 128), jnp.float32),
+                               plgpu.SMEM((8, 128), jnp.float32), plgpu.Barrier()],
+                compiler_params=_params(flag))
+  def k(x_ref, o_ref, s_ref, t_ref, bar):
+    wg = lax.axis_index("wg")
+
+    @pl.when(wg == 0)
+    def _():
+      s_ref[...] = x_ref[...] + 1
+      if commit:
+        plgpu.commit_smem()
+      plgpu.copy_gmem_to_smem(x_ref.at[:8], t_ref, bar)
+
+    @pl.when(wg == 1)
+    def _():
+      plgpu.barrier_wait(bar)
+      o_ref[...] = s_ref[...]
+  return k
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("commit", [False, True])
+def test_a_tma_loads_phase_carries_only_what_every_lane_ordered(flag, commit):
+  sim, races = _races(_through_a_tma_load(flag, commit), X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X) + 1)
+  if not flag or commit:
+    assert races == []
+    return
+  (race,) = races
+  assert race.kind == "write-read race"
+  assert (race.first.who, race.second.who) == ("thread 0", "thread 1")
+  text = str(race)
+  assert "comes before the TMA load (" in text and "that completes the phase of bar" in text
+  assert "the phase releases that lane's accesses only" in text
+  assert "commit_smem in thread 0 between the write and the copy" in text
+
+
+def test_a_thread_that_waits_then_refills_its_own_barrier_loses_no_completion():
+  # The thread observes each TMA load's phase before it issues the next one
+  # on the same barrier: its own order, though it never made its lanes
+  # agree on anything (no plain access, no commit_smem).
+  @plgpu.kernel(out_type=OUT, scratch_types=[plgpu.SMEM((32, 128), jnp.float32),
+                                             plgpu.Barrier()],
+                compiler_params=_params(True))
+  def k(x_ref, o_ref, t_ref, bar):
+    for i in range(4):
+      plgpu.copy_gmem_to_smem(x_ref.at[pl.ds(32 * i, 32)], t_ref, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.copy_smem_to_gmem(t_ref, o_ref.at[pl.ds(32 * i, 32)])
+      plgpu.wait_smem_to_gmem(0)
+  sim, races = _races(k, X)
+  np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X))
+  assert races == []

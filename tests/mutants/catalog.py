@@ -1159,6 +1159,27 @@ MUTANTS = [
            "      every = np.minimum.reduce([warp.hb.lanes for warp in warps])\n",
            "      every = np.maximum.reduce([warp.hb.lanes for warp in warps])\n",
            ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-tma-phase-carries-every-lane", "backends/sim/checks/observer.py",
+           "a TMA load's phase carries to its waiters only what every lane of the "
+           "issuing thread had ordered; the mutant carries all the thread did",
+           "      told[h.family] = np.minimum(told[h.family], h.lanes[h.family])\n",
+           "      pass\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-phase-lowered-for-all-checks", "backends/sim/checks/observer.py",
+           "what a TMA load's phase tells its waiters is lowered, the phase itself (which "
+           "the lost-completion check reads) is not; the mutant lowers the phase",
+           "    self._accumulate(b, op.vc, op.avc)\n    h = wg.hb\n    if h.lanes is not None:\n",
+           "    h = wg.hb\n    if h.lanes is None:\n      self._accumulate(b, op.vc, op.avc)\n"
+           "    else:\n      _v = op.vc.copy()\n"
+           "      _v[h.family] = np.minimum(_v[h.family], h.lanes[h.family])\n"
+           "      self._accumulate(b, _v, op.avc)\n    if h.lanes is not None:\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("cause-one-lanes-phase-off", "backends/sim/checks/observer.py",
+           "a race behind a TMA load's phase under unsafe_no_auto_barriers names the "
+           "load and the missing commit_smem; the mutant gives the generic advice",
+           "      text = self._one_lanes_phase(rsite, rh, k, csite, h)\n",
+           "      text = None\n",
+           ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-waits-learn-nothing", "backends/sim/checks/observer.py",
            "a wait orders the lanes of every thread whose arrival its phase carries; the "
            "mutant learns none",

@@ -166,7 +166,8 @@ class _BarrierClock:
   when a report needs them), and where each thread observed each completion
   (`seen_at`: (thread component, completion) -> where)."""
   __slots__ = ("comp", "base", "acc", "phases", "waits", "by", "phase_by", "seen_at",
-               "clocks", "last", "lanes_acc", "lanes")
+               "clocks", "last", "lanes_acc", "lanes", "one_lane", "phase_one_lane",
+               "told_acc", "told")
 
   def __init__(self, comp, base):
     self.comp, self.base = comp, base
@@ -185,6 +186,15 @@ class _BarrierClock:
     # load's, whose issue and arrival are one lane's)
     self.lanes_acc = None
     self.lanes = []
+    # TMA loads that complete the pending phase and each completed one, as
+    # (the issuing thread's _WgClock, its clock at the issue, where): for a
+    # report, where a wait orders only the issuing lane's accesses
+    self.one_lane = []
+    self.phase_one_lane = []
+    # What a wait on the pending phase and on each completed one learns
+    # (`phases` less what TMA loads' issuers had not ordered for every lane)
+    self.told_acc = None
+    self.told = []
 
 
 class _Op:
@@ -424,6 +434,15 @@ class HappensBefore:
     op.comp, op.clock = b.comp, b.base + slot.completions + 1
     op.atomic = atomic
     self._accumulate(b, op.vc, op.avc)
+    h = wg.hb
+    if h.lanes is not None:
+      # One lane issues the copy and announces its bytes: the phase releases
+      # that lane's accesses, so its waiters learn of the thread's own only
+      # what every lane had ordered.
+      told = op.vc.copy()
+      told[h.family] = np.minimum(told[h.family], h.lanes[h.family])
+      self._tell(b, told)
+      b.one_lane.append((h, int(op.vc[h.thread]), where))
     b.by.append((wg.hb, where, False))
     op.sites = [(dst, self._site(wg, "tma_load", prim, where, dst.buf.name, "write"))]
     if src is not None:
@@ -523,6 +542,13 @@ class HappensBefore:
       np.maximum(b.acc[0], vc, out=b.acc[0])
       np.maximum(b.acc[1], avc, out=b.acc[1])
 
+  @staticmethod
+  def _tell(b, vc):
+    if b.told_acc is None:
+      b.told_acc = vc.copy()
+    else:
+      np.maximum(b.told_acc, vc, out=b.told_acc)
+
   def arrive(self, wg: Any, slot: Any, where: str | None = None) -> None:
     """Every lane of the thread arrives (a barrier_arrive, a named barrier's,
     async_store_smem's expect_tx), each releasing its own accesses; a TMA
@@ -531,6 +557,7 @@ class HappensBefore:
     b = self._barrier(slot)
     self._accumulate(b, h.vc, h.avc)
     if h.lanes is not None:
+      self._tell(b, h.vc)
       lanes = h.lanes.copy()
       mine = h.family if h.warp is None else h.thread
       lanes[mine] = h.vc[mine]
@@ -575,6 +602,12 @@ class HappensBefore:
     if self.no_auto_barriers:
       b.lanes.append(b.lanes_acc if b.lanes_acc is not None else self.new_vector())
       b.lanes_acc = None
+      b.phase_one_lane.append(b.one_lane)
+      b.one_lane = []
+      told = b.told_acc if b.told_acc is not None else self.new_vector()
+      told[b.comp] = clock
+      b.told.append(told)
+      b.told_acc = None
     b.phase_by.append(b.by)
     b.by = []
     b.acc = None
@@ -606,7 +639,7 @@ class HappensBefore:
     b = self._barrier(slot)
     h = wg.hb
     b.seen_at[(h.thread, n)] = where
-    np.maximum(h.vc, b.phases[n - 1][0], out=h.vc)
+    np.maximum(h.vc, b.phases[n - 1][0] if h.lanes is None else b.told[n - 1], out=h.vc)
     np.maximum(h.avc, b.phases[n - 1][1], out=h.avc)
     if h.lanes is not None:
       np.maximum(h.lanes, b.lanes[n - 1], out=h.lanes)
@@ -635,6 +668,10 @@ class HappensBefore:
       # (a thread's own two accesses, or its warp's and its own: two warps'
       # get the advice for warps)
       return _lanes_unordered(rsite, csite) if not swapped else _lanes_unordered(csite, rsite)
+    if self.no_auto_barriers and rh is not None and not swapped:
+      text = self._one_lanes_phase(rsite, rh, k, csite, h)
+      if text:
+        return text
     # A TMA load another block issued into this block's SMEM (a multicast,
     # async_store_smem to a peer) completes on this block's copy of its
     # barrier: this block waits on that, not on a cluster barrier.
@@ -704,6 +741,28 @@ class HappensBefore:
         text = self._no_arrival_after(slot, b, rsite, c, k, csite, h, vc)
         if text:
           return text
+    return None
+
+  def _one_lanes_phase(self, rsite, rh, k, csite, h):
+    """Under unsafe_no_auto_barriers: `h` waited on a phase that a TMA load
+    `rh` issued after its access completed; that orders the issuing lane's
+    accesses only. Text, or None."""
+    for slot, b in self.barriers:
+      for n, issued in enumerate(b.phase_one_lane, 1):
+        if (h.thread, n) not in b.seen_at:
+          continue
+        for who, clock, where in issued:
+          if who is rh and clock >= k:
+            return (f"{rh.who}'s {rsite.access} ({rsite.where}) comes before the TMA "
+                    f"load ({where}) that completes the phase of {slot.name} "
+                    f"{h.who} waited on ({b.seen_at[(h.thread, n)]}), but with "
+                    "unsafe_no_auto_barriers=True nothing orders the other lanes' "
+                    "accesses before it: one lane issues the copy and announces its "
+                    "bytes, and the phase releases that lane's accesses only (which "
+                    "lane holds which element follows the layouts). commit_smem in "
+                    f"{rh.who} between the {rsite.access} and the copy orders every "
+                    f"lane's; so would an arrival of every lane on a barrier {h.who} "
+                    f"waits on before its {csite.access} ({csite.where})")
     return None
 
   @staticmethod
