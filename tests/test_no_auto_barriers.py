@@ -7,6 +7,8 @@ what orders every lane: commit_smem, an arrival of every lane and a wait that
 observes it (directly, or through another thread's arrival after its own
 wait). A TMA load's completion does not: its issue is one lane's, so a phase
 it completes carries to its waiters only what every lane had ordered."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -344,4 +346,62 @@ def test_a_thread_that_waits_then_refills_its_own_barrier_loses_no_completion():
       plgpu.wait_smem_to_gmem(0)
   sim, races = _races(k, X)
   np.testing.assert_allclose(np.asarray(sim.outputs), np.asarray(X))
+  assert races == []
+
+
+def _handoff(flag, commit):
+  """Block 3 writes a row and signals a global semaphore; blocks 0-2 wait
+  for it and read the row."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 128), jnp.int32), grid=(4,),
+                grid_names=("x",), compiler_params=_params(flag))
+  def k(o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+    b = lax.axis_index("x")
+
+    @pl.when(b == 3)
+    def _():
+      o_ref[3] = jnp.full((128,), 7, jnp.int32)
+      if commit:
+        plgpu.commit_smem()
+      pl.semaphore_signal(sem, 3)
+
+    @pl.when(b < 3)
+    def _():
+      pl.semaphore_wait(sem, 1)
+      o_ref[b] = o_ref[3] + b
+  return k
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("commit", [False, True])
+def test_a_semaphore_signal_releases_one_lane(flag, commit):
+  # (one lane signals; without the flag the lowering's barrier comes first)
+  sim, races = _races(_handoff(flag, commit))
+  np.testing.assert_array_equal(np.asarray(sim.outputs)[:, 0], [7, 8, 9, 7])
+  if not flag or commit:
+    assert races == []
+    return
+  assert races and {r.kind for r in races} == {"write-read race"}
+  store = f"{__file__.rpartition('/')[2]}:{_line('o_ref[3] = jnp.full((128,), 7, jnp.int32)')}"
+  assert all(r.first.where.endswith(store) for r in races)
+  text = str(races[0])
+  assert "thread 0 of block (3,) signals global semaphore" in text
+  assert "the lowering puts no barrier before the signal, which one lane makes" in text
+
+
+def test_a_semaphore_wait_ends_in_a_barrier_of_every_lane():
+  # (one lane spins on the count, then the warpgroup meets: a store before
+  # the wait and a load after it are ordered, with or without the flag)
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 128), jnp.int32),
+                compiler_params=_params(True))
+  def k(o_ref):
+    o_ref[0] = jnp.full((128,), 5, jnp.int32)
+
+    @functools.partial(pl.run_scoped, sem=plgpu.SemaphoreType.REGULAR)
+    def _(sem):
+      pl.semaphore_signal(sem, 1)
+      pl.semaphore_wait(sem, 1)
+    o_ref[1] = o_ref[0] + 1
+  sim, races = _races(k)
+  np.testing.assert_array_equal(np.asarray(sim.outputs)[:, 0], [5, 6])
   assert races == []

@@ -1174,6 +1174,27 @@ MUTANTS = [
            "      _v[h.family] = np.minimum(_v[h.family], h.lanes[h.family])\n"
            "      self._accumulate(b, _v, op.avc)\n    if h.lanes is not None:\n",
            ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-signal-releases-every-lane", "backends/sim/checks/observer.py",
+           "under unsafe_no_auto_barriers a semaphore signal (one lane's, no barrier "
+           "before it) releases of the thread's own accesses only what every lane had "
+           "ordered; the mutant releases them all",
+           "      s.vc[h.family] = np.minimum(s.vc[h.family], h.lanes[h.family])\n",
+           "      pass\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("cause-one-lanes-signal-off", "backends/sim/checks/observer.py",
+           "a race behind a semaphore signal under unsafe_no_auto_barriers names the "
+           "signal; the mutant gives the generic advice",
+           "              or self._one_lanes_signal(rsite, rh, k, csite, h))\n",
+           "              or None)\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-semaphore-wait-orders-nothing", "backends/sim/checks/observer.py",
+           "a semaphore wait ends in a barrier of every lane; the mutant leaves the "
+           "thread's lanes unordered",
+           "    if h.lanes is not None and not read:  # (the wait ends in a barrier of every lane)\n"
+           "      mine = h.family if h.warp is None else h.thread\n"
+           "      h.lanes[mine] = h.vc[mine]\n",
+           "    if False:\n      pass\n",
+           ("tests/test_no_auto_barriers.py",)),
     Mutant("cause-one-lanes-phase-off", "backends/sim/checks/observer.py",
            "a race behind a TMA load's phase under unsafe_no_auto_barriers names the "
            "load and the missing commit_smem; the mutant gives the generic advice",

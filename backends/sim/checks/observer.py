@@ -669,7 +669,8 @@ class HappensBefore:
       # get the advice for warps)
       return _lanes_unordered(rsite, csite) if not swapped else _lanes_unordered(csite, rsite)
     if self.no_auto_barriers and rh is not None and not swapped:
-      text = self._one_lanes_phase(rsite, rh, k, csite, h)
+      text = (self._one_lanes_phase(rsite, rh, k, csite, h)
+              or self._one_lanes_signal(rsite, rh, k, csite, h))
       if text:
         return text
     # A TMA load another block issued into this block's SMEM (a multicast,
@@ -741,6 +742,25 @@ class HappensBefore:
         text = self._no_arrival_after(slot, b, rsite, c, k, csite, h, vc)
         if text:
           return text
+    return None
+
+  def _one_lanes_signal(self, rsite, rh, k, csite, h):
+    """Under unsafe_no_auto_barriers: `h` acquired a semaphore that `rh`
+    signalled after its access; one lane signals, with no barrier before it
+    to order the other lanes' accesses. Text, or None."""
+    for log in self.sem_logs.values():
+      if not any(a.who is h for a in log.acquires):
+        continue
+      for sig in log.signals:
+        if sig.who is rh and sig.clock >= k:
+          return (f"{rh.who} signals {log.name} ({sig.where}) after its "
+                  f"{rsite.access} ({rsite.where}), and {h.who} waits on it before "
+                  f"its {csite.access} ({csite.where}), but with "
+                  "unsafe_no_auto_barriers=True the lowering puts no barrier before "
+                  "the signal, which one lane makes: it releases that lane's "
+                  "accesses only (which lane holds which element follows the "
+                  f"layouts). commit_smem in {rh.who} between the {rsite.access} "
+                  "and the signal orders every lane's, or drop the flag")
     return None
 
   def _one_lanes_phase(self, rsite, rh, k, csite, h):
@@ -1033,20 +1053,25 @@ class HappensBefore:
 
   def sem_signal(self, wg: Any, log: semaphore_order.SemLog, inc: int,
                  where: str | None = None) -> None:
-    """A signal releases what the signalling thread knows."""
+    """A signal releases what the signalling thread knows (one lane signals:
+    under unsafe_no_auto_barriers, of the thread's own accesses only what
+    every lane had ordered; else the lowering's barrier before it orders
+    them all)."""
     h = wg.hb
     s = semaphore_order.Signal()
     s.key, s.who, s.thread, s.where = (h.thread, h.counts[0]), h, h.thread, where
     s.clock, s.inc, s.order = int(h.vc[h.thread]), inc, len(log.signals)
     s.vc, s.avc = h.vc.copy(), h.avc.copy()
+    if h.lanes is not None:
+      s.vc[h.family] = np.minimum(s.vc[h.family], h.lanes[h.family])
     h.counts[0] += 1
     log.signals.append(s)
     log.by_key[s.key] = s
     self.sem_logs[id(log)] = log
     if log.acc is None:
-      log.acc = (h.vc.copy(), h.avc.copy())
+      log.acc = (s.vc.copy(), h.avc.copy())
     else:
-      np.maximum(log.acc[0], h.vc, out=log.acc[0])
+      np.maximum(log.acc[0], s.vc, out=log.acc[0])
       np.maximum(log.acc[1], h.avc, out=log.acc[1])
     self._tick(h)
 
@@ -1062,6 +1087,9 @@ class HappensBefore:
     h.counts[1] += 1
     a.need = None if self.sem_order is None else self.sem_order.get(a.key)
     a.got = semaphore_order.join(log, a.need, h.vc, h.avc)
+    if h.lanes is not None and not read:  # (the wait ends in a barrier of every lane)
+      mine = h.family if h.warp is None else h.thread
+      h.lanes[mine] = h.vc[mine]
     self._tick(h)
     a.clock, a.vc = int(h.vc[h.thread]), h.vc.copy()
     log.acquires.append(a)
