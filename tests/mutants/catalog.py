@@ -1138,8 +1138,8 @@ MUTANTS = [
     Mutant("lanes-commit-orders-nothing", "backends/sim/checks/observer.py",
            "commit_smem's warpgroup barrier orders every lane's accesses; the mutant "
            "drops that",
-           "      h.lanes[mine] = h.vc[mine]\n",
-           "      pass\n",
+           "    if h.lanes is not None and barrier:  # (it orders every lane's accesses)\n",
+           "    if False:\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-fence-counts-as-barrier", "backends/sim/interpret/rules/inline_mgpu.py",
            "an async-proxy fence alone orders no lane (commit_smem adds a warpgroup "
