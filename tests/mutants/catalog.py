@@ -1198,8 +1198,8 @@ MUTANTS = [
     Mutant("cause-one-lanes-phase-off", "backends/sim/checks/observer.py",
            "a race behind a TMA load's phase under unsafe_no_auto_barriers names the "
            "load and the missing commit_smem; the mutant gives the generic advice",
-           "      text = self._one_lanes_phase(rsite, rh, k, csite, h)\n",
-           "      text = None\n",
+           "      text = (self._one_lanes_phase(rsite, rh, k, csite, h)\n",
+           "      text = (None\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-waits-learn-nothing", "backends/sim/checks/observer.py",
            "a wait orders the lanes of every thread whose arrival its phase carries; the "
