@@ -328,7 +328,7 @@ def test_a_tma_loads_phase_carries_only_what_every_lane_ordered(flag, commit):
   text = str(race)
   assert "comes before the TMA load (" in text and "that completes the phase of bar" in text
   assert "the phase releases that lane's accesses only" in text
-  assert "commit_smem in thread 0 between the write and the copy" in text
+  assert "commit_smem in thread 0 between the write and the load orders every lane's" in text
 
 
 def test_a_thread_that_waits_then_refills_its_own_barrier_loses_no_completion():
@@ -405,3 +405,38 @@ def test_a_semaphore_wait_ends_in_a_barrier_of_every_lane():
   sim, races = _races(k)
   np.testing.assert_array_equal(np.asarray(sim.outputs)[:, 0], [5, 6])
   assert races == []
+
+
+def _cluster_exchange(flag, commit):
+  """Each block of a cluster of two writes its row, arrives on a
+  ClusterBarrier (one lane arrives on each block's copy) and waits; then
+  reads the other block's row."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((4, 128), jnp.float32), grid=(1,),
+                grid_names=("g",), cluster=(2,), cluster_names=("c",),
+                scratch_types=[plgpu.ClusterBarrier(collective_axes=("c",))],
+                compiler_params=_params(flag))
+  def k(x_ref, o_ref, cbar):
+    c = lax.axis_index("c")
+    o_ref[c] = x_ref[c] * 2
+    if commit:
+      plgpu.commit_smem()
+    plgpu.barrier_arrive(cbar)
+    plgpu.barrier_wait(cbar)
+    o_ref[2 + c] = o_ref[1 - c] + 1
+  return k
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("commit", [False, True])
+def test_a_cluster_barriers_arrival_is_one_lanes(flag, commit):
+  x = np.asarray(X[:2])
+  sim, races = _races(_cluster_exchange(flag, commit), X[:2])
+  np.testing.assert_allclose(np.asarray(sim.outputs),
+                             np.concatenate([x * 2, x[::-1] * 2 + 1]))
+  if not flag or commit:
+    assert races == []
+    return
+  assert races and {r.kind for r in races} == {"write-read race"}
+  text = str(races[0])
+  assert "comes before the arrival (" in text and "one lane arrives for each block" in text
+  assert "commit_smem in thread 0 of cluster block" in text and "and the arrival" in text

@@ -1162,8 +1162,9 @@ MUTANTS = [
     Mutant("lanes-tma-phase-carries-every-lane", "backends/sim/checks/observer.py",
            "a TMA load's phase carries to its waiters only what every lane of the "
            "issuing thread had ordered; the mutant carries all the thread did",
-           "      told[h.family] = np.minimum(told[h.family], h.lanes[h.family])\n",
-           "      pass\n",
+           "      told[h.family] = np.minimum(told[h.family], h.lanes[h.family])\n"
+           "      self._tell(b, told)\n      b.one_lane.append((h, int(op.vc",
+           "      self._tell(b, told)\n      b.one_lane.append((h, int(op.vc",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-phase-lowered-for-all-checks", "backends/sim/checks/observer.py",
            "what a TMA load's phase tells its waiters is lowered, the phase itself (which "
@@ -1194,6 +1195,12 @@ MUTANTS = [
            "      mine = h.family if h.warp is None else h.thread\n"
            "      h.lanes[mine] = h.vc[mine]\n",
            "    if False:\n      pass\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("lanes-cluster-arrival-every-lane", "backends/sim/interpret/rules/barriers.py",
+           "a ClusterBarrier's arrival is one lane's per block arrived on; the mutant "
+           "counts it as every lane's",
+           "      blk.hb.arrive(wg, s, where, one_lane=bool(slot.collective))\n",
+           "      blk.hb.arrive(wg, s, where)\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("cause-one-lanes-phase-off", "backends/sim/checks/observer.py",
            "a race behind a TMA load's phase under unsafe_no_auto_barriers names the "

@@ -95,7 +95,8 @@ class NoObserver:
             where: str | None) -> _Op | None: return None
   def wgmma_done(self, op: _Op | None) -> None: pass
   def wgmma_awaited(self, wg: Any, n: int, where: str | None = None) -> None: pass
-  def arrive(self, wg: Any, slot: Any, where: str | None = None) -> None: pass
+  def arrive(self, wg: Any, slot: Any, where: str | None = None,
+             one_lane: bool = False) -> None: pass
   def named_arrive(self, wg: Any, nb: Any, where: str | None) -> None: pass
   def phase_completed(self, slot: Any) -> None: pass
   def waited(self, wg: Any, slot: Any, n: int, where: str | None = None) -> None: pass
@@ -186,9 +187,10 @@ class _BarrierClock:
     # load's, whose issue and arrival are one lane's)
     self.lanes_acc = None
     self.lanes = []
-    # TMA loads that complete the pending phase and each completed one, as
-    # (the issuing thread's _WgClock, its clock at the issue, where): for a
-    # report, where a wait orders only the issuing lane's accesses
+    # One lane's arrivals (TMA loads', a ClusterBarrier's) in the pending
+    # phase and each completed one, as (the thread's _WgClock, its clock
+    # then, where, what): for a report, where a wait orders only that lane's
+    # accesses
     self.one_lane = []
     self.phase_one_lane = []
     # What a wait on the pending phase and on each completed one learns
@@ -442,7 +444,7 @@ class HappensBefore:
       told = op.vc.copy()
       told[h.family] = np.minimum(told[h.family], h.lanes[h.family])
       self._tell(b, told)
-      b.one_lane.append((h, int(op.vc[h.thread]), where))
+      b.one_lane.append((h, int(op.vc[h.thread]), where, "TMA load"))
     b.by.append((wg.hb, where, False))
     op.sites = [(dst, self._site(wg, "tma_load", prim, where, dst.buf.name, "write"))]
     if src is not None:
@@ -549,14 +551,22 @@ class HappensBefore:
     else:
       np.maximum(b.told_acc, vc, out=b.told_acc)
 
-  def arrive(self, wg: Any, slot: Any, where: str | None = None) -> None:
+  def arrive(self, wg: Any, slot: Any, where: str | None = None,
+             one_lane: bool = False) -> None:
     """Every lane of the thread arrives (a barrier_arrive, a named barrier's,
-    async_store_smem's expect_tx), each releasing its own accesses; a TMA
-    load's arrival, one lane's, is tma_load's."""
+    async_store_smem's expect_tx), each releasing its own accesses; or, with
+    `one_lane`, one lane arrives for it (on a ClusterBarrier: one per block
+    arrived on), releasing that lane's, which under unsafe_no_auto_barriers
+    is what every lane had ordered. A TMA load's arrival is tma_load's."""
     h = wg.hb
     b = self._barrier(slot)
     self._accumulate(b, h.vc, h.avc)
-    if h.lanes is not None:
+    if h.lanes is not None and one_lane:
+      told = h.vc.copy()
+      told[h.family] = np.minimum(told[h.family], h.lanes[h.family])
+      self._tell(b, told)
+      b.one_lane.append((h, int(h.vc[h.thread]), where, "arrival"))
+    elif h.lanes is not None:
       self._tell(b, h.vc)
       lanes = h.lanes.copy()
       mine = h.family if h.warp is None else h.thread
@@ -771,18 +781,18 @@ class HappensBefore:
       for n, issued in enumerate(b.phase_one_lane, 1):
         if (h.thread, n) not in b.seen_at:
           continue
-        for who, clock, where in issued:
+        for who, clock, where, what in issued:
           if who is rh and clock >= k:
-            return (f"{rh.who}'s {rsite.access} ({rsite.where}) comes before the TMA "
-                    f"load ({where}) that completes the phase of {slot.name} "
+            how = ("one lane issues the copy and announces its bytes" if what ==
+                   "TMA load" else "one lane arrives for each block")
+            return (f"{rh.who}'s {rsite.access} ({rsite.where}) comes before the "
+                    f"{what} ({where}) that completes the phase of {slot.name} "
                     f"{h.who} waited on ({b.seen_at[(h.thread, n)]}), but with "
                     "unsafe_no_auto_barriers=True nothing orders the other lanes' "
-                    "accesses before it: one lane issues the copy and announces its "
-                    "bytes, and the phase releases that lane's accesses only (which "
-                    "lane holds which element follows the layouts). commit_smem in "
-                    f"{rh.who} between the {rsite.access} and the copy orders every "
-                    f"lane's; so would an arrival of every lane on a barrier {h.who} "
-                    f"waits on before its {csite.access} ({csite.where})")
+                    f"accesses before it: {how}, and the phase releases that lane's "
+                    "accesses only (which lane holds which element follows the "
+                    f"layouts). commit_smem in {rh.who} between the {rsite.access} "
+                    f"and the {what.split()[-1].lower()} orders every lane's")
     return None
 
   @staticmethod

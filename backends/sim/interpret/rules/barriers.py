@@ -34,7 +34,8 @@ def _barrier_arrive(eqn, cx):
     # leader-tracked, in the leader's only: block 0 along its axis).
     for peer in (_arrivees(blk, slot) if slot.collective else (blk,)):
       s = slot if peer is blk else peer_slot(peer, slot)
-      blk.hb.arrive(wg, s, where)
+      # (a ClusterBarrier's arrivals are one lane's per block arrived on)
+      blk.hb.arrive(wg, s, where, one_lane=bool(slot.collective))
       barriers.arrive(s, at=wg.time)
     return []
   return arrive
