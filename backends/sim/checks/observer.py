@@ -20,6 +20,13 @@ accesses only up to its last commit_smem (the async-proxy fence): its vector
 takes warpgroup components from the warpgroup's `avc`. The number of
 components is known before a group runs (clock_components), so vectors never
 grow.
+
+Under CompilerParams(unsafe_no_auto_barriers=True) a thread's lanes order
+their plain accesses with each other only through barriers of every lane:
+each thread also keeps `lanes` (what every one of its lanes has ordered), a
+plain access is checked against its own thread's accesses by that, and what
+one lane releases (a TMA load's issue, a ClusterBarrier's arrival, a
+semaphore signal) carries of its thread's accesses only that.
 """
 from __future__ import annotations
 
@@ -194,7 +201,8 @@ class _BarrierClock:
     self.one_lane = []
     self.phase_one_lane = []
     # What a wait on the pending phase and on each completed one learns
-    # (`phases` less what TMA loads' issuers had not ordered for every lane)
+    # under unsafe_no_auto_barriers: `phases` less what the threads whose one
+    # lane arrived had not ordered for every lane
     self.told_acc = None
     self.told = []
 
@@ -774,9 +782,9 @@ class HappensBefore:
     return None
 
   def _one_lanes_phase(self, rsite, rh, k, csite, h):
-    """Under unsafe_no_auto_barriers: `h` waited on a phase that a TMA load
-    `rh` issued after its access completed; that orders the issuing lane's
-    accesses only. Text, or None."""
+    """Under unsafe_no_auto_barriers: `h` waited on a phase that one lane of
+    `rh` completed after its access (a TMA load's issue, a ClusterBarrier's
+    arrival); that orders that lane's accesses only. Text, or None."""
     for slot, b in self.barriers:
       for n, issued in enumerate(b.phase_one_lane, 1):
         if (h.thread, n) not in b.seen_at:
