@@ -1132,8 +1132,8 @@ MUTANTS = [
     Mutant("lanes-always-ordered", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a thread's own read and write are ordered only "
            "across a barrier; the mutant orders them by program order",
-           "    lanes[h.family] = h.lanes[h.family]  # (its warpgroup's and its warps')\n",
-           "    lanes[h.family] = h.vc[h.family]\n",
+           "    lanes = self._every_lane(h, h.vc)\n",
+           "    lanes = h.vc.copy()\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-commit-orders-nothing", "backends/sim/checks/observer.py",
            "commit_smem's warpgroup barrier orders every lane's accesses; the mutant "
@@ -1150,8 +1150,8 @@ MUTANTS = [
     Mutant("lanes-warps-outside-the-family", "backends/sim/checks/observer.py",
            "a thread's lanes and its warps' in warp_map are one set of lanes; the mutant "
            "orders the warpgroup's accesses and its warps' by the map's start and end",
-           "    lanes[h.family] = h.lanes[h.family]  # (its warpgroup's and its warps')\n",
-           "    lanes[c] = h.lanes[c]\n",
+           "    out[h.family] = np.minimum(vc[h.family], h.lanes[h.family])\n",
+           "    out[h.thread] = np.minimum(vc[h.thread], h.lanes[h.thread])\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-join-takes-one-warps-order", "backends/sim/checks/observer.py",
            "after warp_map, what every lane of the warpgroup has ordered is what every "
@@ -1162,25 +1162,22 @@ MUTANTS = [
     Mutant("lanes-tma-phase-carries-every-lane", "backends/sim/checks/observer.py",
            "a TMA load's phase carries to its waiters only what every lane of the "
            "issuing thread had ordered; the mutant carries all the thread did",
-           "      told[h.family] = np.minimum(told[h.family], h.lanes[h.family])\n"
-           "      self._tell(b, told)\n      b.one_lane.append((h, int(op.vc",
-           "      self._tell(b, told)\n      b.one_lane.append((h, int(op.vc",
+           "      self._tell(b, self._every_lane(h, op.vc))\n",
+           "      self._tell(b, op.vc)\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-phase-lowered-for-all-checks", "backends/sim/checks/observer.py",
            "what a TMA load's phase tells its waiters is lowered, the phase itself (which "
            "the lost-completion check reads) is not; the mutant lowers the phase",
            "    self._accumulate(b, op.vc, op.avc)\n    h = wg.hb\n    if h.lanes is not None:\n",
-           "    h = wg.hb\n    if h.lanes is None:\n      self._accumulate(b, op.vc, op.avc)\n"
-           "    else:\n      _v = op.vc.copy()\n"
-           "      _v[h.family] = np.minimum(_v[h.family], h.lanes[h.family])\n"
-           "      self._accumulate(b, _v, op.avc)\n    if h.lanes is not None:\n",
+           "    h = wg.hb\n    self._accumulate(b, op.vc if h.lanes is None else "
+           "self._every_lane(h, op.vc), op.avc)\n    if h.lanes is not None:\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-signal-releases-every-lane", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a semaphore signal (one lane's, no barrier "
            "before it) releases of the thread's own accesses only what every lane had "
            "ordered; the mutant releases them all",
-           "      s.vc[h.family] = np.minimum(s.vc[h.family], h.lanes[h.family])\n",
-           "      pass\n",
+           "    s.vc = h.vc.copy() if h.lanes is None else self._every_lane(h, h.vc)\n",
+           "    s.vc = h.vc.copy()\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("cause-one-lanes-signal-off", "backends/sim/checks/observer.py",
            "a race behind a semaphore signal under unsafe_no_auto_barriers names the "
@@ -1192,8 +1189,8 @@ MUTANTS = [
            "a semaphore wait ends in a barrier of every lane; the mutant leaves the "
            "thread's lanes unordered",
            "    if h.lanes is not None and not read:  # (the wait ends in a barrier of every lane)\n"
-           "      mine = h.family if h.warp is None else h.thread\n"
-           "      h.lanes[mine] = h.vc[mine]\n",
+           "      own = self._own(h)\n"
+           "      h.lanes[own] = h.vc[own]\n",
            "    if False:\n      pass\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-cluster-arrival-every-lane", "backends/sim/interpret/rules/barriers.py",

@@ -413,11 +413,25 @@ class HappensBefore:
     # barrier ordered for every lane (JAX's contract for the flag: no region
     # read and written by one thread). Its writes alone may meet unordered,
     # as its reads alone do: the contract allows both.
-    lanes = h.vc.copy()
-    lanes[h.family] = h.lanes[h.family]  # (its warpgroup's and its warps')
+    lanes = self._every_lane(h, h.vc)
     self._access(wg, buf, ref.view, lanes, c, h.vc[c], site, write, atomic,
                  issued=h.vc, against_writes=h.vc if write else lanes,
                  against_reads=lanes if write else h.vc)
+
+  @staticmethod
+  def _every_lane(h, vc):
+    """`vc` (a copy) with the components of h's warpgroup and its warps held
+    to what every lane of h has ordered (h.lanes): what a plain access of h
+    is ordered after, and what one lane of h releases."""
+    out = vc.copy()
+    out[h.family] = np.minimum(vc[h.family], h.lanes[h.family])
+    return out
+
+  @staticmethod
+  def _own(h):
+    """The components whose accesses a barrier of every lane of h orders: a
+    warpgroup's own and its warps'; a warp's own."""
+    return h.family if h.warp is None else h.thread
 
   def commit_smem(self, wg: Any, barrier: bool = True) -> None:
     """The plain SMEM accesses this warpgroup knows of (its own and, fences
@@ -429,8 +443,8 @@ class HappensBefore:
     tc = self.tracker.thread_comps
     h.avc[tc] = np.maximum(h.avc[tc], h.vc[tc])
     if h.lanes is not None and barrier:  # (it orders every lane's accesses)
-      mine = h.family if h.warp is None else h.thread
-      h.lanes[mine] = h.vc[mine]
+      own = self._own(h)
+      h.lanes[own] = h.vc[own]
     self._tick(h)
 
   # --- TMA --------------------------------------------------------------------
@@ -449,9 +463,7 @@ class HappensBefore:
       # One lane issues the copy and announces its bytes: the phase releases
       # that lane's accesses, so its waiters learn of the thread's own only
       # what every lane had ordered.
-      told = op.vc.copy()
-      told[h.family] = np.minimum(told[h.family], h.lanes[h.family])
-      self._tell(b, told)
+      self._tell(b, self._every_lane(h, op.vc))
       b.one_lane.append((h, int(op.vc[h.thread]), where, "TMA load"))
     b.by.append((wg.hb, where, False))
     op.sites = [(dst, self._site(wg, "tma_load", prim, where, dst.buf.name, "write"))]
@@ -570,15 +582,13 @@ class HappensBefore:
     b = self._barrier(slot)
     self._accumulate(b, h.vc, h.avc)
     if h.lanes is not None and one_lane:
-      told = h.vc.copy()
-      told[h.family] = np.minimum(told[h.family], h.lanes[h.family])
-      self._tell(b, told)
+      self._tell(b, self._every_lane(h, h.vc))
       b.one_lane.append((h, int(h.vc[h.thread]), where, "arrival"))
     elif h.lanes is not None:
       self._tell(b, h.vc)
       lanes = h.lanes.copy()
-      mine = h.family if h.warp is None else h.thread
-      lanes[mine] = h.vc[mine]
+      own = self._own(h)
+      lanes[own] = h.vc[own]
       if b.lanes_acc is None:
         b.lanes_acc = lanes
       else:
@@ -1079,9 +1089,8 @@ class HappensBefore:
     s = semaphore_order.Signal()
     s.key, s.who, s.thread, s.where = (h.thread, h.counts[0]), h, h.thread, where
     s.clock, s.inc, s.order = int(h.vc[h.thread]), inc, len(log.signals)
-    s.vc, s.avc = h.vc.copy(), h.avc.copy()
-    if h.lanes is not None:
-      s.vc[h.family] = np.minimum(s.vc[h.family], h.lanes[h.family])
+    s.vc = h.vc.copy() if h.lanes is None else self._every_lane(h, h.vc)
+    s.avc = h.avc.copy()
     h.counts[0] += 1
     log.signals.append(s)
     log.by_key[s.key] = s
@@ -1106,8 +1115,8 @@ class HappensBefore:
     a.need = None if self.sem_order is None else self.sem_order.get(a.key)
     a.got = semaphore_order.join(log, a.need, h.vc, h.avc)
     if h.lanes is not None and not read:  # (the wait ends in a barrier of every lane)
-      mine = h.family if h.warp is None else h.thread
-      h.lanes[mine] = h.vc[mine]
+      own = self._own(h)
+      h.lanes[own] = h.vc[own]
     self._tick(h)
     a.clock, a.vc = int(h.vc[h.thread]), h.vc.copy()
     log.acquires.append(a)
