@@ -95,6 +95,59 @@ def test_an_mlir_verifier_error_is_placed_at_the_op_it_names():
   assert "vector types must have positive constant sizes" in msg
 
 
+def test_a_dialect_lowering_error_is_placed_at_the_op_it_lowers():
+  # A reduction across warps needs reduction_scratch_bytes of SMEM to pass
+  # partial results between them; too few, and Mosaic GPU's dialect
+  # lowering (a pass after Pallas's) rejects the reduction's op. Its error
+  # names no line: the op's own location is the one given.
+  def call(x, scratch):
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                  scratch_types=[plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier()],
+                  compiler_params=plgpu.CompilerParams(reduction_scratch_bytes=scratch))
+    def k(x_gmem, o_gmem, x_smem, bar):
+      plgpu.copy_gmem_to_smem(x_gmem, x_smem, bar)
+      plgpu.barrier_wait(bar)
+      x = plgpu.load(x_smem, layout=plgpu.Layout.WGMMA)
+      o_gmem[...] = jnp.sum(x, axis=0)  # across the warps of the warpgroup
+    return k(x)
+
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((128, 128)), jnp.float32)
+  out = ps.run(lambda x: call(x, 2048), x, backend="sim")
+  np.testing.assert_allclose(out, np.asarray(x).sum(0), rtol=1e-5, atol=1e-5)
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(lambda x: call(x, 256), x, backend="sim")
+  msg = str(e.value)
+  where, _, rest = msg.partition(": ")
+  line = line_of(test_a_dialect_lowering_error_is_placed_at_the_op_it_lowers, "jnp.sum(x")
+  assert where.endswith(f"{HERE}:{line}"), msg
+  assert "Required reduction scratch size (1024 bytes)" in rest, msg
+  assert "available scratch size (256 bytes)" in rest, msg
+
+
+def test_a_pallas_call_built_before_the_backend_is_simulated_in_it():
+  # pl.pallas_call takes its interpret mode when it builds the kernel's
+  # function: one built before ps.backend("sim") is entered is simulated
+  # there as one built inside (it would otherwise run on the GPU, or fail on
+  # a CPU). The real lowering's check then says what a GPU would: no
+  # Mosaic GPU lowering of pallas_call in the window.
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+  f = pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct((256,), jnp.float32),
+                     compiler_params=plgpu.CompilerParams())
+  x = jnp.arange(256, dtype=jnp.float32)
+  with pytest.raises(ps.LoweringError) as e:
+    with ps.backend("sim"):
+      f(x)
+  msg = str(e.value)
+  assert f"{HERE}:{line_of(test_a_pallas_call_built_before_the_backend_is_simulated_in_it, 'def k(')}" in msg
+  assert "pl.pallas_call has no Mosaic GPU lowering" in msg and "plgpu.kernel" in msg, msg
+  with ps.backend("sim", check_lowering=False) as report:
+    out = f(x)
+  np.testing.assert_array_equal(out, np.asarray(x) * 2)
+  assert len(report.kernels) == 1
+
+
 def test_out_of_bounds_store_names_index_and_shape():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((1024,), jnp.float32), grid=(8,),
                 grid_names=("i",))

@@ -1128,6 +1128,24 @@ MUTANTS = [
            "      where = locations.mlir_location(err[0]) or where or err[1] or launch.where\n",
            "      where = where or err[1] or launch.where\n",
            ("tests/test_errors.py",)),
+    Mutant("dialect-error-at-the-traced-line", "backends/sim/base/locations.py",
+           "an error of Mosaic GPU's dialect lowering is reported at the line of the op it "
+           "was lowering; the mutant gives the kernel's line",
+           "  for op in reversed(jx.dialect_ops_lowering(exc.__traceback__)):\n",
+           "  for op in ():\n",
+           ("tests/test_errors.py",)),
+    Mutant("pallas-call-built-outside-runs-natively", "backends/sim/frontend/capture.py",
+           "a pl.pallas_call built before ps.backend('sim') is simulated inside it; the "
+           "mutant leaves it to its own interpret mode (none: the GPU, or a CPU's error)",
+           "  if not params.get(\"interpret\") and isinstance(jx.interpret_mode(), SimParams):\n",
+           "  if False:\n",
+           ("tests/test_errors.py",)),
+    Mutant("pallas-call-missing-lowering-bare", "backends/sim/frontend/capture.py",
+           "pallas_call's missing Mosaic GPU lowering is said in words; the mutant passes "
+           "on the lowering's bare assertion",
+           "    if mesh is None and jx.pallas_call_lowering_missing(e):\n",
+           "    if False:\n",
+           ("tests/test_errors.py",)),
     # --- unsafe_no_auto_barriers: a thread's lanes ------------------------------
     Mutant("lanes-always-ordered", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a thread's own read and write are ordered only "

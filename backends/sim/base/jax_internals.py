@@ -46,11 +46,22 @@ What each release needs (0.11.2 / 0.12.0.1 / 0.12.1):
   dimensions where the GMEM array and the box are both 1 are dropped.
 - Kernels writing inputs (KERNELS_WRITE_INPUT_ARRAYS): from 0.12.1 an input
   a kernel writes must be a Ref (jax.new_ref); an array is refused by JAX.
+- The Mosaic GPU dialect's lowering (after Pallas's, for kernels whose ops
+  carry layouts to infer) lowers each op in `LoweringContext.lower_op`, the
+  op in its local `op` (dialect_ops_lowering): the same in all three.
+- No Mosaic GPU lowering of pallas_call_p: pallas_call.py's gpu_lowering
+  asserts that one is registered for plgpu.CompilerParams (none is; only
+  mpmd_map_p, plgpu.kernel's, lowers) (pallas_call_lowering_missing): the
+  same in all three.
+- pl.pallas_call reads the interpret mode (force_gpu_interpret_mode's
+  config, interpret_mode below) when it builds the kernel's function, not
+  when that function is called: the same in all three.
 - Unchanged in all three: interpret_pallas_call's signature; mpmd_map_p's
   and pallas_call_p's params; the Mosaic GPU core classes imported by name
   (transforms, barrier types, WarpMesh, TraceScope, RefType).
 """
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import Any
 import dataclasses
@@ -65,6 +76,7 @@ jax_window.check()
 
 # pylint: disable=g-import-not-at-top,unused-import
 from jax._src import callback  # noqa: E402
+from jax._src import config  # noqa: E402
 from jax._src import core  # noqa: E402
 from jax._src import debugging  # noqa: E402
 from jax._src import dtypes  # noqa: E402
@@ -231,3 +243,38 @@ def checkify_failure(error: Any) -> BaseException | None:
   [payload] = error._payload.values()  # pylint: disable=protected-access
   exc: BaseException = jax.tree.unflatten(exc_tree, payload)
   return exc
+
+
+def dialect_ops_lowering(tb: Any) -> list[Any]:
+  """The MLIR ops Mosaic GPU's dialect lowering was lowering in the frames
+  of traceback `tb`, outermost first: a rule of that pass raising (a
+  reduction's scratch too small, say) names no op, and its op's location
+  is the user's line. Read from `LoweringContext.lower_op`'s local `op`."""
+  ops = []
+  while tb is not None:
+    code = tb.tb_frame.f_code
+    if (code.co_name == "lower_op"
+        and code.co_filename.endswith(os.path.join("mosaic", "gpu", "dialect_lowering.py"))):
+      op = tb.tb_frame.f_locals.get("op")
+      if op is not None:
+        ops.append(op)
+    tb = tb.tb_next
+  return ops
+
+
+def interpret_mode() -> Any:
+  """The interpret params force_gpu_interpret_mode set for this thread, or
+  None (JAX's config holds them under its TPU name)."""
+  return config.pallas_tpu_interpret_mode_context_manager.value
+
+
+def pallas_call_lowering_missing(exc: BaseException) -> bool:
+  """Whether `exc` is the bare assertion pallas_call.py's gpu_lowering
+  raises when no lowering is registered for the kernel's compiler params."""
+  tb, last = exc.__traceback__, None
+  while tb is not None:
+    last, tb = tb, tb.tb_next
+  return (isinstance(exc, AssertionError) and last is not None
+          and last.tb_frame.f_code.co_name == "gpu_lowering"
+          and last.tb_frame.f_code.co_filename.endswith(
+              os.path.join("pallas", "pallas_call.py")))

@@ -58,12 +58,28 @@ def lowering_location(exc: BaseException) -> str | None:
 
 
 def mlir_location(exc: BaseException) -> str | None:
-  """The user's file:line of the op an MLIR verifier's error rejected (its
-  diagnostics name each op with its location), or None."""
+  """The user's file:line of the MLIR op the lowering rejected, or None: an
+  MLIR verifier's error names each op with its location; a rule of Mosaic
+  GPU's dialect lowering raises while lowering its op, the innermost one of
+  the traceback."""
   if isinstance(exc, jx.ir.MLIRError):
-    for path, line in _MLIR_LOCATION.findall(str(exc)):
-      if _users(path):
-        return f"{_short(path)}:{line}"
+    return _user_location(str(exc))
+  for op in reversed(jx.dialect_ops_lowering(exc.__traceback__)):
+    try:
+      text = str(op.operation.location)
+    except Exception:  # pylint: disable=broad-except  (an op already erased)
+      continue
+    at = _user_location(text)
+    if at:
+      return at
+  return None
+
+
+def _user_location(text: str) -> str | None:
+  """The first user file:line of the MLIR locations in `text`."""
+  for path, line in _MLIR_LOCATION.findall(text):
+    if _users(path):
+      return f"{_short(path)}:{line}"
   return None
 
 

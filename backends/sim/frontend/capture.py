@@ -365,11 +365,18 @@ def real_lowering_error(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, m
     kw["compiler_params"] = profiler.without_profiler(kw["compiler_params"])
   avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
   try:
-    with _time_limit(timeout):
+    with _time_limit(timeout), force_real():
       jax.export.export(jax.jit(fn), platforms=["cuda"])(*avals)
   except LoweringTimedOut as e:
     return e, None
   except Exception as e:  # the lowering raises ValueError, NotImplementedError...
+    if mesh is None and jx.pallas_call_lowering_missing(e):
+      return NotImplementedError(
+          f"pl.pallas_call has no Mosaic GPU lowering in jax {jax.__version__} (on a "
+          "GPU it stops at a bare assertion in pallas_call.py's gpu_lowering): write "
+          "the kernel with plgpu.kernel (grid= and grid_names= for its blocks, "
+          "plgpu.emit_pipeline for what BlockSpecs did), or pass check_lowering=False "
+          "to simulate it anyway"), None
     return e, lowering_location(e)
   return None
 
@@ -450,3 +457,20 @@ def _dispatch(*args: Any, interpret_params: Any, **kw: Any) -> Any:
 
 
 jx.interpret_pallas_call.interpret_pallas_call = _dispatch
+
+
+_orig_bind = jx.pallas_call.pallas_call_p.bind
+
+
+def _bind_in_sim(*args: Any, **params: Any) -> Any:
+  """pl.pallas_call takes its interpret mode when it builds the kernel's
+  function, so one built before `ps.backend("sim")` was entered would run
+  on a GPU, or fail on a CPU ("Only interpret mode is supported on CPU
+  backend"), though called inside. It runs in the simulator, as one built
+  inside does. (The real lowering's check binds under force_real.)"""
+  if not params.get("interpret") and isinstance(jx.interpret_mode(), SimParams):
+    params["interpret"] = SIM_PARAMS
+  return _orig_bind(*args, **params)
+
+
+jx.pallas_call.pallas_call_p.bind = _bind_in_sim  # type: ignore[method-assign]
