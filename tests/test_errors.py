@@ -148,6 +148,28 @@ def test_a_pallas_call_built_before_the_backend_is_simulated_in_it():
   assert len(report.kernels) == 1
 
 
+def test_a_bare_assertion_of_the_lowering_says_where_it_was_raised():
+  # Some of the lowering's checks are bare asserts (layout inference's, on a
+  # TMA copy's indices): their message is empty, so the report says where
+  # in JAX it came from rather than nothing.
+  from pallas_sim.backends.sim.analysis import resources
+
+  def layout_check():
+    raise AssertionError  # (pytest rewrites a plain assert's message)
+
+  try:
+    layout_check()
+  except AssertionError as exc:
+    err = resources.lowering_error(exc, where="kernel.py:7")
+  msg = str(err)
+  assert isinstance(err, ps.LoweringError)
+  line = line_of(test_a_bare_assertion_of_the_lowering_says_where_it_was_raised,
+                 "raise AssertionError")
+  assert msg.startswith("kernel.py:7: the Mosaic GPU lowering rejects this kernel "
+                        "(AssertionError): an assertion with no message, at "), msg
+  assert f"{HERE}:{line} (layout_check)" in msg, msg
+
+
 def test_out_of_bounds_store_names_index_and_shape():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((1024,), jnp.float32), grid=(8,),
                 grid_names=("i",))

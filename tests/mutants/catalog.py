@@ -1131,7 +1131,7 @@ MUTANTS = [
     Mutant("dialect-error-at-the-traced-line", "backends/sim/base/locations.py",
            "an error of Mosaic GPU's dialect lowering is reported at the line of the op it "
            "was lowering; the mutant gives the kernel's line",
-           "  for op in reversed(jx.dialect_ops_lowering(exc.__traceback__)):\n",
+           "  for op in reversed(jx.mosaic_ops_in_frames(exc.__traceback__)):\n",
            "  for op in ():\n",
            ("tests/test_errors.py",)),
     Mutant("pallas-call-built-outside-runs-natively", "backends/sim/frontend/capture.py",
@@ -1145,6 +1145,12 @@ MUTANTS = [
            "on the lowering's bare assertion",
            "    if mesh is None and jx.pallas_call_lowering_missing(e):\n",
            "    if False:\n",
+           ("tests/test_errors.py",)),
+    Mutant("bare-assertion-says-nothing", "backends/sim/analysis/resources.py",
+           "a bare assertion of the lowering is reported with where JAX raised it; the "
+           "mutant reports its empty message",
+           "  if not lines:  # (a bare assertion: where JAX raised it is all it says)\n",
+           "  if False:\n",
            ("tests/test_errors.py",)),
     # --- unsafe_no_auto_barriers: a thread's lanes ------------------------------
     Mutant("lanes-always-ordered", "backends/sim/checks/observer.py",

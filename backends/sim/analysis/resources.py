@@ -150,6 +150,8 @@ def lowering_error(exc, where=None):
       break
     lines.append(line.replace(" Please file an issue at "
                               "https://github.com/jax-ml/jax/issues/new/choose.", ""))
+  if not lines:  # (a bare assertion: where JAX raised it is all it says)
+    lines = [f"an assertion with no message, at {jx.raised_at(exc)}"]
   m = _UNIMPLEMENTED.search(msg)
   return LoweringError.of(
       exc, f"the Mosaic GPU lowering rejects this kernel "

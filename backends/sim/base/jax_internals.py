@@ -46,9 +46,9 @@ What each release needs (0.11.2 / 0.12.0.1 / 0.12.1):
   dimensions where the GMEM array and the box are both 1 are dropped.
 - Kernels writing inputs (KERNELS_WRITE_INPUT_ARRAYS): from 0.12.1 an input
   a kernel writes must be a Ref (jax.new_ref); an array is refused by JAX.
-- The Mosaic GPU dialect's lowering (after Pallas's, for kernels whose ops
-  carry layouts to infer) lowers each op in `LoweringContext.lower_op`, the
-  op in its local `op` (dialect_ops_lowering): the same in all three.
+- Mosaic GPU's passes after Pallas's lowering (layout inference, the
+  dialect's lowering) hold the op they check or lower in a local named `op`
+  (mosaic_ops_in_frames): the same in all three.
 - No Mosaic GPU lowering of pallas_call_p: pallas_call.py's gpu_lowering
   asserts that one is registered for plgpu.CompilerParams (none is; only
   mpmd_map_p, plgpu.kernel's, lowers) (pallas_call_lowering_missing): the
@@ -245,21 +245,39 @@ def checkify_failure(error: Any) -> BaseException | None:
   return exc
 
 
-def dialect_ops_lowering(tb: Any) -> list[Any]:
-  """The MLIR ops Mosaic GPU's dialect lowering was lowering in the frames
-  of traceback `tb`, outermost first: a rule of that pass raising (a
-  reduction's scratch too small, say) names no op, and its op's location
-  is the user's line. Read from `LoweringContext.lower_op`'s local `op`."""
+def mosaic_ops_in_frames(tb: Any) -> list[Any]:
+  """The MLIR ops Mosaic GPU's own passes held in the frames of traceback
+  `tb` (a local named `op`), outermost first. Its dialect lowering lowers
+  each op in `LoweringContext.lower_op`, and its layout inference checks
+  them one by one: a rule or check raising there (a reduction's scratch too
+  small, an assertion) names no op, and the innermost op's location is the
+  user's line."""
   ops = []
   while tb is not None:
-    code = tb.tb_frame.f_code
-    if (code.co_name == "lower_op"
-        and code.co_filename.endswith(os.path.join("mosaic", "gpu", "dialect_lowering.py"))):
-      op = tb.tb_frame.f_locals.get("op")
-      if op is not None:
+    frame = tb.tb_frame
+    if _MOSAIC_GPU_DIR in frame.f_code.co_filename:
+      op = frame.f_locals.get("op")
+      if isinstance(op, (ir.OpView, ir.Operation)):
         ops.append(op)
     tb = tb.tb_next
   return ops
+
+
+_MOSAIC_GPU_DIR = os.path.join("jax", "experimental", "mosaic", "gpu") + os.sep
+
+
+def raised_at(exc: BaseException) -> str:
+  """Where in JAX an exception was raised: its innermost frame, as
+  `path-inside-jax:line (function)`."""
+  tb, last = exc.__traceback__, None
+  while tb is not None:
+    last, tb = tb, tb.tb_next
+  if last is None:
+    return "an unknown place"
+  code = last.tb_frame.f_code
+  path = code.co_filename
+  cut = path.rfind(os.sep + "jax" + os.sep)
+  return f"{path[cut + 1:] if cut >= 0 else path}:{last.tb_lineno} ({code.co_name})"
 
 
 def interpret_mode() -> Any:

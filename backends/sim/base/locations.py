@@ -59,12 +59,12 @@ def lowering_location(exc: BaseException) -> str | None:
 
 def mlir_location(exc: BaseException) -> str | None:
   """The user's file:line of the MLIR op the lowering rejected, or None: an
-  MLIR verifier's error names each op with its location; a rule of Mosaic
-  GPU's dialect lowering raises while lowering its op, the innermost one of
-  the traceback."""
+  MLIR verifier's error names each op with its location; Mosaic GPU's
+  passes after Pallas's raise while holding the op they check or lower,
+  the innermost one of the traceback."""
   if isinstance(exc, jx.ir.MLIRError):
     return _user_location(str(exc))
-  for op in reversed(jx.dialect_ops_lowering(exc.__traceback__)):
+  for op in reversed(jx.mosaic_ops_in_frames(exc.__traceback__)):
     try:
       text = str(op.operation.location)
     except Exception:  # pylint: disable=broad-except  (an op already erased)
