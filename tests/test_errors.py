@@ -170,6 +170,39 @@ def test_a_bare_assertion_of_the_lowering_says_where_it_was_raised():
   assert f"{HERE}:{line} (layout_check)" in msg, msg
 
 
+def test_a_mosaic_pass_error_names_the_op_it_held():
+  # Mosaic GPU's passes after Pallas's (layout inference, the dialect's
+  # lowering) raise while holding the op they check in a local `op`: the
+  # report takes the user's line, or else the primitive, from its location.
+  # (A stand-in pass: a function compiled as if it were in JAX's mosaic/gpu.)
+  from pallas_sim.backends.sim.base import jax_internals as jx
+  from pallas_sim.backends.sim.base import locations
+  from pallas_sim.backends.sim.analysis import resources
+
+  fake = os.path.join(os.sep, "x", "jax", "experimental", "mosaic", "gpu", "layout_inference.py")
+  code = compile("def check(op):\n  raise AssertionError\n", fake, "exec")
+  scope = {}
+  exec(code, scope)  # pylint: disable=exec-used
+
+  def held(make_loc):
+    with jx.mlir.make_ir_context(), make_loc():
+      module = jx.ir.Module.create()
+      with jx.ir.InsertionPoint(module.body):
+        op = jx.arith.ConstantOp(jx.ir.IntegerType.get_signless(32), 7)
+      try:
+        scope["check"](op)
+      except AssertionError as exc:
+        return locations.mlir_location(exc), str(resources.lowering_error(exc))
+
+  where, _ = held(lambda: jx.ir.Location.name(
+      "copy_gmem_to_smem:", childLoc=jx.ir.Location.file("/home/me/kernel.py", 12, 5)))
+  assert where == "/home/me/kernel.py:12", where
+  where, msg = held(lambda: jx.ir.Location.name("copy_gmem_to_smem:"))
+  assert where is None
+  assert "an assertion with no message, at jax/experimental/mosaic/gpu/" \
+         "layout_inference.py:2 (check), on the op of a copy_gmem_to_smem" in msg, msg
+
+
 def test_out_of_bounds_store_names_index_and_shape():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((1024,), jnp.float32), grid=(8,),
                 grid_names=("i",))

@@ -1152,6 +1152,12 @@ MUTANTS = [
            "  if not lines:  # (a bare assertion: where JAX raised it is all it says)\n",
            "  if False:\n",
            ("tests/test_errors.py",)),
+    Mutant("bare-assertion-without-its-op", "backends/sim/analysis/resources.py",
+           "a bare assertion of a Mosaic GPU pass names the primitive of the op it held; "
+           "the mutant leaves it out",
+           "             + (f\", on the op of a {op}\" if op else \"\")]\n",
+           "             + \"\"]\n",
+           ("tests/test_errors.py",)),
     # --- unsafe_no_auto_barriers: a thread's lanes ------------------------------
     Mutant("lanes-always-ordered", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a thread's own read and write are ordered only "

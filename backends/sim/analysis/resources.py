@@ -20,6 +20,7 @@ from typing import Any
 
 from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.base import jax_internals as jx
+from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import named_barriers
 from pallas_sim.errors import LoweringError, SmemOverflowError
@@ -151,7 +152,9 @@ def lowering_error(exc, where=None):
     lines.append(line.replace(" Please file an issue at "
                               "https://github.com/jax-ml/jax/issues/new/choose.", ""))
   if not lines:  # (a bare assertion: where JAX raised it is all it says)
-    lines = [f"an assertion with no message, at {jx.raised_at(exc)}"]
+    op = locations.mosaic_op_name(exc)
+    lines = [f"an assertion with no message, at {jx.raised_at(exc)}"
+             + (f", on the op of a {op}" if op else "")]
   m = _UNIMPLEMENTED.search(msg)
   return LoweringError.of(
       exc, f"the Mosaic GPU lowering rejects this kernel "

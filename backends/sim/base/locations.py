@@ -75,6 +75,24 @@ def mlir_location(exc: BaseException) -> str | None:
   return None
 
 
+def mosaic_op_name(exc: BaseException) -> str | None:
+  """The primitive whose MLIR op a Mosaic GPU pass held when it raised
+  `exc` (its location's name: "copy_gmem_to_smem", ...), or None."""
+  ops = jx.mosaic_ops_in_frames(exc.__traceback__)
+  if not ops:
+    return None
+  try:
+    text = str(ops[-1].operation.location)
+  except Exception:  # pylint: disable=broad-except  (an op already erased)
+    return None
+  m = _LOCATION_NAME.search(text)
+  return m.group(1) if m else None
+
+
+# A name location's name: loc("copy_gmem_to_smem:"(...)) or loc("name"(...))
+_LOCATION_NAME = re.compile(r'loc\("([A-Za-z_][\w.]*)')
+
+
 def _user_location(text: str) -> str | None:
   """The first user file:line of the MLIR locations in `text`."""
   for path, line in _MLIR_LOCATION.findall(text):
