@@ -1158,6 +1158,13 @@ MUTANTS = [
            "             + (f\", on the op of a {op}\" if op else \"\")]\n",
            "             + \"\"]\n",
            ("tests/test_errors.py",)),
+    Mutant("cached-launch-skips-the-lowering-check", "backends/sim/execute/executor.py",
+           "a kernel run from JAX's jit cache, traced under a simulation that skipped the "
+           "real lowering's check, is checked under the running one's options; the mutant "
+           "checks only when tracing",
+           "    if self.interrupted is None and launch.lower is not None and not self.checking_estimate:\n",
+           "    if False:\n",
+           ("tests/test_errors.py",)),
     # --- unsafe_no_auto_barriers: a thread's lanes ------------------------------
     Mutant("lanes-always-ordered", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a thread's own read and write are ordered only "

@@ -37,6 +37,7 @@ from pallas_sim.backends.sim.execute.tuning import Tuning
 from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.report import Report, profiler
 from pallas_sim.backends.sim.timing.model import LaunchTiming, Timing
+from pallas_sim.errors import SimError
 from pallas_sim.options import Options
 
 # Runs of one launch at most, refining the signals its semaphore waits
@@ -117,6 +118,15 @@ class Executor:
     self.launches += 1
     if self.replay is not None:  # (a Ray task: execute/ray_engine.py)
       return self._replay(launch, arrays)
+    if self.interrupted is None and launch.lower is not None and not self.checking_estimate:
+      # (JAX's jit cache can run a kernel traced under another simulation,
+      # whose options skipped the real lowering's check: it runs under these.
+      # Done already when this simulation traced it.)
+      try:
+        self.check_lowering(launch, launch.lower)
+      except SimError as e:
+        self.errors.append(e)
+        return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
     if self.interrupted is None:
       try:
         with np.errstate(all="ignore"):

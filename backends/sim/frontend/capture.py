@@ -90,6 +90,10 @@ class KernelLaunch:
   # other input holds its values (constants the function captured, arrays
   # given). None: not known (a launch traced through XLA).
   unknown_inputs: frozenset[int] | None = None
+  # the real lowering's check of this kernel (prepare.check_lowering's
+  # `lower`), when it was traced inside a simulation: a later simulation
+  # that runs it from JAX's jit cache, untraced, checks it under its own options
+  lower: Any = dataclasses.field(default=None, repr=False, compare=False)
 
 
 # --- executing launches: the active executor receives them ----------------
@@ -238,6 +242,7 @@ def kernel_launch(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, mesh: A
         args, timeout=timeout, jaxpr=jaxpr, grid_mapping=grid_mapping, mesh=mesh,
         input_output_aliases=input_output_aliases, out_avals=out_avals,
         name=name, **kw)
+    launch.lower = lower
     try:
       _active[-1].prepare(launch)
     except _errors.UnsupportedPrimitiveError as e:
