@@ -35,8 +35,9 @@ GPU sizes, `m.build(n, cpu=True)` a small version for the simulator.
 
 runs each kernel (two small n) in the simulator on the CPU (which also runs
 JAX's real Mosaic lowering) against its reference, and prints the simulator's
-per-iteration figure beside the model's. On the GPU use measure_gpu.py
-(or `python3 -m lab.calibrate --gpu`, which runs only these).
+per-iteration figure beside the model's. On the GPU, measure_gpu.py runs
+them (`python3 -m lab.measure_gpu --only-micros --filter SUBSTRING`): this
+module is its library and imports nothing of it.
 """
 from __future__ import annotations
 
@@ -1775,12 +1776,8 @@ def main(argv=None):
   import argparse
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--sim-check", action="store_true")
-  ap.add_argument("--gpu", action="store_true", help="measure on the GPU (measure_gpu.py)")
   ap.add_argument("pattern", nargs="?", default="")
   ns = ap.parse_args(argv)
-  if ns.gpu:
-    from lab import measure_gpu
-    return measure_gpu.main(["--only-micros", "--filter", ns.pattern])
   return 0 if sim_check(ns.pattern) else 1
 
 
