@@ -266,12 +266,18 @@ def mosaic_ops_in_frames(tb: Any) -> list[Any]:
 _MOSAIC_GPU_DIR = os.path.join("jax", "experimental", "mosaic", "gpu") + os.sep
 
 
-def raised_at(exc: BaseException) -> str:
-  """Where in JAX an exception was raised: its innermost frame, as
-  `path-inside-jax:line (function)`."""
+def _innermost(exc: BaseException) -> Any:
+  """The last entry of an exception's traceback (where it was raised), or None."""
   tb, last = exc.__traceback__, None
   while tb is not None:
     last, tb = tb, tb.tb_next
+  return last
+
+
+def raised_at(exc: BaseException) -> str:
+  """Where in JAX an exception was raised: its innermost frame, as
+  `path-inside-jax:line (function)`."""
+  last = _innermost(exc)
   if last is None:
     return "an unknown place"
   code = last.tb_frame.f_code
@@ -289,9 +295,7 @@ def interpret_mode() -> Any:
 def pallas_call_lowering_missing(exc: BaseException) -> bool:
   """Whether `exc` is the bare assertion pallas_call.py's gpu_lowering
   raises when no lowering is registered for the kernel's compiler params."""
-  tb, last = exc.__traceback__, None
-  while tb is not None:
-    last, tb = tb, tb.tb_next
+  last = _innermost(exc)
   return (isinstance(exc, AssertionError) and last is not None
           and last.tb_frame.f_code.co_name == "gpu_lowering"
           and last.tb_frame.f_code.co_filename.endswith(

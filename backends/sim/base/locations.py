@@ -65,27 +65,25 @@ def mlir_location(exc: BaseException) -> str | None:
   if isinstance(exc, jx.ir.MLIRError):
     return _user_location(str(exc))
   for op in reversed(jx.mosaic_ops_in_frames(exc.__traceback__)):
-    try:
-      text = str(op.operation.location)
-    except Exception:  # pylint: disable=broad-except  (an op already erased)
-      continue
-    at = _user_location(text)
+    at = _user_location(_location_text(op))
     if at:
       return at
   return None
+
+
+def _location_text(op: Any) -> str:
+  """An MLIR op's location as text ("" for an op already erased)."""
+  try:
+    return str(op.operation.location)
+  except Exception:  # pylint: disable=broad-except
+    return ""
 
 
 def mosaic_op_name(exc: BaseException) -> str | None:
   """The primitive whose MLIR op a Mosaic GPU pass held when it raised
   `exc` (its location's name: "copy_gmem_to_smem", ...), or None."""
   ops = jx.mosaic_ops_in_frames(exc.__traceback__)
-  if not ops:
-    return None
-  try:
-    text = str(ops[-1].operation.location)
-  except Exception:  # pylint: disable=broad-except  (an op already erased)
-    return None
-  m = _LOCATION_NAME.search(text)
+  m = _LOCATION_NAME.search(_location_text(ops[-1])) if ops else None
   return m.group(1) if m else None
 
 
