@@ -278,3 +278,24 @@ def test_mma_sync_sums_as_the_h200_does_bit_for_bit(key):
   out = np.asarray(ps.run(mma_sync_kernel(dtype), jnp.asarray(a, dtype),
                           jnp.asarray(bt, dtype), backend="sim"))
   np.testing.assert_array_equal(out[:len(hw)].view(np.int32), hw.view(np.int32))
+
+
+def test_an_operand_outside_smem_is_rejected_at_its_line():
+  a = jnp.ones((64, 64), jnp.float16)
+  b = jnp.ones((64, 128), jnp.float16)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
+                scratch_types=[plgpu.SMEM((64, 64), jnp.float16),
+                               plgpu.ACC((64, 128), jnp.float32)])
+  def kern(a_ref, b_ref, o_ref, a_smem, acc):
+    a_smem[...] = a_ref[...]
+    plgpu.commit_smem()
+    plgpu.wgmma(acc, a_smem, b_ref)  # b_ref: GMEM
+    o_ref[...] = acc[...]
+
+  assert lowering_error(kern, a, b) is not None  # (the real lowering refuses it too)
+  with pytest.raises(ps.KernelError) as e:
+    ps.run(kern, a, b, backend="sim")
+  msg = str(e.value)
+  assert "wgmma rhs must be in SMEM" in msg and "rhs rhs" not in msg
+  assert "test_wgmma.py:" in msg and "plgpu.wgmma(acc, a_smem, b_ref)" in msg

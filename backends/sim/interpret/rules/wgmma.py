@@ -89,15 +89,22 @@ def validate(acc, a, b, a_in_smem, swizzle=None):
                       "8-bit B as (N, K) and pass its transposed view)")
 
 
+def _role(ref, role, words=None):
+  """An operand as reports name it: its role, and its buffer's name where
+  that says more (a ref checked from avals alone is named by its role)."""
+  words = words or role
+  return words if ref.buf.name == role else f"{words} {ref.buf.name}"
+
+
 def _check_operands(acc_r, a_r, a_val, b_r):
   """Spaces, shapes and the lowering's rules for one wgmma; a_r is the lhs
   ref (None when the lhs is a register value a_val)."""
   if a_r is not None and a_r.buf.space != "smem":
-    raise KernelError(f"wgmma lhs {a_r.buf.name} must be in SMEM or registers")
+    raise KernelError(f"wgmma {_role(a_r, 'lhs')} must be in SMEM or registers")
   if b_r.buf.space != "smem":
-    raise KernelError(f"wgmma rhs {b_r.buf.name} must be in SMEM")
+    raise KernelError(f"wgmma {_role(b_r, 'rhs')} must be in SMEM")
   if acc_r.buf.space != "regs":
-    raise KernelError(f"wgmma accumulator {acc_r.buf.name} must be a plgpu.ACC")
+    raise KernelError(f"wgmma {_role(acc_r, 'acc', 'accumulator')} must be a plgpu.ACC")
   a = a_r.view if a_r is not None else a_val
   (m, k), (k2, n) = a.shape, b_r.view.shape
   if k != k2 or acc_r.view.shape != (m, n):
