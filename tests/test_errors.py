@@ -328,3 +328,18 @@ def test_kernel_parameter_names_follow_the_source_text(tmp_path):
   linecache.checkcache(str(path))
   assert locations.parameter_names_at(str(path), 1) == ("x_gmem", "y_gmem", "z")
   assert locations.parameter_names_at(str(path), 3) == ()
+
+
+def test_a_tma_load_without_a_barrier_is_refused_at_its_line():
+  """Hopper's TMA completes on an mbarrier; the lowering's barrier-less copy
+  is pre-Hopper cp.async, which an sm_90 kernel cannot use."""
+  def body(x_ref, o_ref, s):
+    plgpu.copy_gmem_to_smem(x_ref, s)
+    o_ref[...] = s[...]
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                   scratch_types=[plgpu.SMEM((128, 128), jnp.float32)])
+  with pytest.raises(ps.KernelError) as e:
+    ps.run(k, jnp.ones((128, 128), jnp.float32), backend="sim")
+  msg = str(e.value)
+  assert "copy_gmem_to_smem without a barrier" in msg and "pre-Hopper" in msg
+  assert f"{HERE}:{line_of(body, 'copy_gmem_to_smem(x_ref, s)')}" in msg
