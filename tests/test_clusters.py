@@ -319,3 +319,26 @@ def test_reports_of_a_grid_of_clusters_fold_by_the_blocks_place_in_its_cluster()
   np.testing.assert_array_equal(
       np.asarray(ps.simulate(cluster_ref_kernel(clusters=4), x).outputs),
       np.broadcast_to(np.asarray(x)[::-1], (4, 2, 64, 32)))
+
+
+def test_a_peer_past_the_cluster_is_out_of_bounds_at_its_line():
+  """cluster_ref's index is checked against the cluster's size in each
+  block: block 1 names peer 2 of a cluster of 2."""
+  def body(x_ref, o_ref, smem, bar, cbar):
+    c = lax.axis_index("c")
+    plgpu.copy_gmem_to_smem(x_ref.at[c], smem, bar)
+    plgpu.barrier_wait(bar)
+    plgpu.barrier_arrive(cbar)
+    plgpu.barrier_wait(cbar)
+    o_ref[c] = plgpu.cluster_ref(smem, {"c": c + 1})[...]
+    plgpu.barrier_arrive(cbar)
+    plgpu.barrier_wait(cbar)
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 64, 32), F32), cluster=(2,),
+                   cluster_names=("c",),
+                   scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.Barrier(),
+                                  plgpu.ClusterBarrier(collective_axes=("c",))])
+  with pytest.raises(ps.OutOfBoundsError) as e:
+    ps.run(k, jnp.ones((2, 64, 32), F32), backend="sim")
+  msg = str(e.value)
+  assert "index 2 along cluster axis 'c' of size 2" in msg and "block (1,)" in msg
+  assert "test_clusters.py:" in msg and 'cluster_ref(smem, {"c": c + 1})' in msg
