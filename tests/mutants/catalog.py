@@ -1711,6 +1711,24 @@ MUTANTS = [
            "    if type(e).__module__.split(\".\")[0] not in OURS:\n",
            "    if False:\n",
            ("tests/test_estimate.py",)),
+    Mutant("wgmma-operand-space-unchecked", WG,
+           "a wgmma's B operand must be in SMEM (the lowering refuses GMEM); the "
+           "mutant takes a GMEM ref as the tensor core's operand",
+           "  if b_r.buf.space != \"smem\":\n",
+           "  if False:\n",
+           ("tests/test_wgmma.py",)),
+    Mutant("tma-load-without-barrier-accepted", TMA,
+           "Hopper's TMA loads complete on an mbarrier; the mutant runs a barrier-less "
+           "copy_gmem_to_smem (pre-Hopper cp.async) as one",
+           "  if not jx.param(eqn, \"has_barrier\"):\n",
+           "  if False:\n",
+           ("tests/test_errors.py",)),
+    Mutant("cluster-peer-unbounded", "backends/sim/interpret/refview.py",
+           "a cluster peer's index is checked against the cluster's size; the mutant "
+           "wraps it round",
+           "    i = _as_int(i)\n",
+           "    i = _as_int(i) % group.cluster_axes[name][1]\n",
+           ("tests/test_clusters.py",)),
 ]
 
 
