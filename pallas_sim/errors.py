@@ -52,6 +52,19 @@ class SimInternalError(SimError):
 class UnsupportedPrimitiveError(SimError, NotImplementedError):
   """The kernel uses a primitive (or a form of one) the simulator does not model."""
 
+  # True where the refusal is the simulator's own limit, not one the real
+  # lowering shares: a kernel the lowering rejects as well then gets the
+  # lowering's reason, which says more (the kernel cannot run on a GPU).
+  unmodelled: bool = False
+
+
+def not_modelled(message: str, **kw) -> UnsupportedPrimitiveError:
+  """An UnsupportedPrimitiveError for a form of a primitive the simulator
+  does not model (see UnsupportedPrimitiveError.unmodelled)."""
+  e = UnsupportedPrimitiveError(message, **kw)
+  e.unmodelled = True
+  return e
+
 
 class KernelError(SimError):
   """The kernel does something the real hardware or lowering would reject or

@@ -74,6 +74,29 @@ def test_unsupported_primitive_names_itself_and_the_users_line():
   assert line in str(e.value) and e.value.primitive == "sort"
 
 
+@pytest.mark.parametrize("form", ["batched dot_general", "negative pad"])
+def test_a_form_we_do_not_model_gives_the_lowerings_reason_where_it_rejects_too(form):
+  """A primitive we model, in a form we do not: where the GPU rejects the
+  kernel as well, its reason comes first (the kernel cannot run anywhere);
+  without the lowering's check, ours, at the same line."""
+  def body(x_ref, o_ref):
+    x = x_ref[...]
+    if form == "batched dot_general":
+      o_ref[...] = jnp.einsum("bij,bjk->bik", x, x)  # <- the form
+    else:
+      o_ref[...] = lax.pad(x, 0.0, [(0, 0, 0), (0, 0, 0), (-2, 2, 0)])  # <- the form
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((2, 16, 16), jnp.float32))
+  x = jnp.ones((2, 16, 16), jnp.float32)
+  line = f"{HERE}:{line_of(body, form.split()[-1].replace('dot_general', 'einsum'))}"
+  with pytest.raises(ps.UnsupportedPrimitiveError) as e:
+    ps.run(k, x, backend="sim", check_lowering=False)
+  assert form.split()[0] in str(e.value) and line in str(e.value)
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, x, backend="sim")
+  assert "Unimplemented primitive in Pallas Mosaic GPU lowering" in str(e.value)
+  assert line in str(e.value)
+
+
 def test_an_mlir_verifier_error_is_placed_at_the_op_it_names():
   # The verifier runs after later equations were lowered: its error names
   # the op it rejected, with that op's line, which the report gives.

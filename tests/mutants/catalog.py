@@ -1723,6 +1723,12 @@ MUTANTS = [
            "  if not jx.param(eqn, \"has_barrier\"):\n",
            "  if False:\n",
            ("tests/test_errors.py",)),
+    Mutant("unmodelled-form-hides-the-lowering", "pallas_sim/errors.py",
+           "a primitive or form the simulator does not model, in a kernel the real "
+           "lowering rejects too, gets the lowering's reason; the mutant gives ours",
+           "  e.unmodelled = True\n",
+           "  e.unmodelled = False\n",
+           ("tests/test_errors.py",)),
     Mutant("cluster-peer-unbounded", "backends/sim/interpret/refview.py",
            "a cluster peer's index is checked against the cluster's size; the mutant "
            "wraps it round",

@@ -248,7 +248,7 @@ def kernel_launch(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, mesh: A
     except _errors.UnsupportedPrimitiveError as e:
       # A primitive we have no rule for, in a kernel the GPU rejects too: the
       # GPU's reason (its lowering's error) says more than ours.
-      if getattr(e, "unmodelled", False):  # (at the equation's line: ours is exact)
+      if e.unmodelled:  # (at the equation's line: ours is exact)
         _active[-1].check_lowering(launch, lower, where=e.where)
       raise
     _active[-1].check_lowering(launch, lower)

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend import core as jax_extend_core
 
-from pallas_sim.errors import SimError, SimInternalError, UnsupportedPrimitiveError
+from pallas_sim.errors import SimError, SimInternalError, not_modelled
 from pallas_sim.options import MAX_CYCLES
 from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.report import profiler
@@ -228,13 +228,10 @@ class Compiler:
       if id(eqn) in fused:
         builder = RULES["fma"]
       if builder is None:
-        err = UnsupportedPrimitiveError(
+        raise not_modelled(
             f"primitive '{eqn.primitive.name}' is not modelled by the simulator "
             "(see README: supported primitives)", primitive=eqn.primitive.name,
             where=where)
-        # (frontend/capture.py reads it with getattr: the lowering's verdict comes first)
-        setattr(err, "unmodelled", True)
-        raise err
       self._where.append(where)
       try:
         fn = builder(eqn, self)

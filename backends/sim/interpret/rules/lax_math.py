@@ -16,7 +16,7 @@ from pallas_sim.backends.sim.interpret.compiler import rule
 from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.machine.numerics import division, rounding
 from pallas_sim.backends.sim.machine.memory import is_float
-from pallas_sim.errors import UnsupportedPrimitiveError
+from pallas_sim.errors import not_modelled
 
 
 def _np_dtype(d):
@@ -393,7 +393,7 @@ def _dus(eqn, cx):
 def _pad(eqn, cx):
   cfg = eqn.params["padding_config"]
   if any(i for _, _, i in cfg) or any(lo < 0 or hi < 0 for lo, hi, _ in cfg):
-    raise UnsupportedPrimitiveError("pad with interior or negative padding")
+    raise not_modelled("pad with interior or negative padding")
   return lambda wg, x, v: np.pad(x, [(lo, hi) for lo, hi, _ in cfg],
                                 constant_values=v)
 
@@ -478,7 +478,7 @@ def _dot_general(eqn, cx):
   (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
   out_dt = np.dtype(eqn.outvars[0].aval.dtype)
   if lb or rb:
-    raise UnsupportedPrimitiveError("batched dot_general in registers")
+    raise not_modelled("batched dot_general in registers")
 
   def f(wg, x, y):
     acc = np.float32 if is_float(out_dt) else np.int64

@@ -22,7 +22,7 @@ from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.interpret.rules.atomics import OPS, unsigned
 from pallas_sim.backends.sim.interpret.rules.barriers import peer_slot
 from pallas_sim.backends.sim.interpret.rules.refs import peer_ref
-from pallas_sim.errors import KernelError, OutOfBoundsError, UnsupportedPrimitiveError
+from pallas_sim.errors import KernelError, OutOfBoundsError, not_modelled
 
 
 def _box(ref):
@@ -156,8 +156,8 @@ def _static_check(eqn, cx, what, smem_operand, name, gmem_operand, bulk_possible
 def _copy_gmem_to_smem(eqn, cx):
   collective = tuple(jx.param(eqn, "collective_axes") or ())
   if jx.param(eqn, "leader_tracked") is not None:
-    raise UnsupportedPrimitiveError("leader-tracked (partitioned or replicated) "
-                                    "collective TMA loads are not modelled yet")
+    raise not_modelled("leader-tracked (partitioned or replicated) "
+                       "collective TMA loads are not modelled yet")
   if not jx.param(eqn, "has_barrier"):
     raise KernelError("copy_gmem_to_smem without a barrier is only supported on "
                       "pre-Hopper GPUs, which use the cp.async implementation")
@@ -375,7 +375,7 @@ def _copy_smem_to_gmem(eqn, cx):
   commit = jx.param(eqn, "commit_group")
   op = jx.param(eqn, "reduction_op")
   if op not in _REDUCE:
-    raise UnsupportedPrimitiveError(f"TMA store reduction {op!r}")
+    raise not_modelled(f"TMA store reduction {op!r}")
   reduce, types = _REDUCE[op]
   dtype = np.dtype(eqn.invars[src.index].aval.inner_aval.dtype)
   if types is not None and dtype.name not in types:

@@ -14,7 +14,7 @@ from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen
 from pallas_sim.backends.sim.machine.scheduler import Resource, Wait
 from pallas_sim.backends.sim.machine.state import WARPS_PER_WARPGROUP, Warp
-from pallas_sim.errors import LoweringError, UnsupportedPrimitiveError
+from pallas_sim.errors import LoweringError, not_modelled
 from pallas_sim.backends.sim.base import jax_internals as jx
 
 DIVERGED = -1  # bar_waits: the warps waited on this barrier unequally
@@ -25,7 +25,7 @@ def _mpmd_map(eqn, cx):
   meshes, jaxprs = eqn.params["meshes"], walker.form_of(eqn, walker.Call).given
   where = cx.where(eqn)
   if len(jaxprs) != 1 or not isinstance(meshes[0], jx.gpu_core.WarpMesh):
-    raise UnsupportedPrimitiveError(
+    raise not_modelled(
         f"mpmd_map over {', '.join(type(m).__name__ for m in meshes)} inside a "
         "kernel: only a single WarpMesh (plgpu.warp_map) is modelled, as in the "
         "Mosaic GPU lowering")

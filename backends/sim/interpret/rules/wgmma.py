@@ -20,7 +20,7 @@ from pallas_sim.backends.sim.interpret import operands
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule
 from pallas_sim.backends.sim.machine.numerics import tensor_core
-from pallas_sim.errors import KernelError, UnsupportedPrimitiveError
+from pallas_sim.errors import KernelError, not_modelled
 
 _HALF = {np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16),
          np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)}
@@ -251,7 +251,7 @@ def _mma_sync(eqn, cx):
   accumulators (f16, f64) are not fitted on the GPU and are rejected."""
   acc_dt = np.dtype(eqn.invars[0].aval.dtype)
   if acc_dt not in (_F32, np.dtype(np.int32)):
-    raise UnsupportedPrimitiveError(
+    raise not_modelled(
         f"mma with a {acc_dt} accumulator: only f32 and int32 accumulation is "
         "modelled (the tensor core's rounding into others is not measured)")
 
