@@ -366,3 +366,22 @@ def test_a_tma_load_without_a_barrier_is_refused_at_its_line():
   msg = str(e.value)
   assert "copy_gmem_to_smem without a barrier" in msg and "pre-Hopper" in msg
   assert f"{HERE}:{line_of(body, 'copy_gmem_to_smem(x_ref, s)')}" in msg
+
+
+def test_an_arrival_past_the_barriers_count_is_an_overflow_at_its_line():
+  """num_arrivals=1 and the TMA load's own arrival (arrive_expect_tx) already
+  made: a second arrival in the phase, before the copy lands, overflows the
+  count (PTX leaves that undefined)."""
+  def body(x_ref, o_ref, s, bar):
+    plgpu.copy_gmem_to_smem(x_ref, s, bar)
+    plgpu.barrier_arrive(bar)  # <- the second arrival
+    plgpu.barrier_wait(bar)
+    o_ref[...] = s[...]
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                   scratch_types=[plgpu.SMEM((128, 128), jnp.float32),
+                                  plgpu.Barrier(num_arrivals=1)])
+  with pytest.raises(ps.KernelError) as e:
+    ps.run(k, jnp.ones((128, 128), jnp.float32), backend="sim")
+  msg = str(e.value)
+  assert "barrier bar: 2 arrivals in one phase" in msg and "num_arrivals=1" in msg
+  assert f"{HERE}:{line_of(body, '<- the second arrival')}" in msg
