@@ -313,6 +313,37 @@ def test_max_cycles_ends_a_runaway_loop_at_its_line():
   assert ps.Options().max_cycles == 2 ** 32  # the documented default
 
 
+def test_a_loop_that_gives_back_its_state_never_ends_and_is_said_at_once():
+  """A while loop with no effects goes on or stops on its carry alone: an
+  iteration that gives the carry back unchanged loops for ever (the default
+  max_cycles would take the simulation minutes to reach)."""
+  def body(o_ref):
+    n = lax.while_loop(lambda i: i < 10, lambda i: i * 1, jnp.int32(0))  # <- stuck
+    o_ref[...] = jnp.full((128,), n, F32)
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), F32))
+  with pytest.raises(ps.RunawayKernelError) as e:
+    ps.run(k, backend="sim", max_cycles=1e7)  # (seconds, were it run to the limit)
+  assert "this loop never ends: iteration 1 gave back the state it was given" in str(e.value)
+  assert e.value.where == _marked_line(body), e.value.where
+
+
+def test_a_loop_whose_state_is_in_memory_is_not_taken_for_stuck():
+  """The same carry, but the loop reads and writes SMEM: what it reads
+  decides whether it goes on, so an unchanged carry says nothing."""
+  def body(o_ref, s_ref):
+    s_ref[...] = jnp.zeros((128,), jnp.int32)
+
+    def step(c):
+      s_ref[...] = s_ref[...] + 1
+      return c
+    lax.while_loop(lambda c: s_ref[...][0] < 5, step, jnp.int32(7))
+    o_ref[...] = s_ref[...].astype(F32)
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), F32),
+                   scratch_types=[plgpu.SMEM((128,), jnp.int32)])
+  np.testing.assert_array_equal(ps.run(k, backend="sim", check_lowering=False),
+                                np.full((128,), 5.0))
+
+
 def test_progress_line_shows_the_block_cycles_and_line_being_run(monkeypatch):
   from pallas_sim.backends.sim.execute import executor, progress
 

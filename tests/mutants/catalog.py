@@ -1729,6 +1729,18 @@ MUTANTS = [
            "  e.unmodelled = True\n",
            "  e.unmodelled = False\n",
            ("tests/test_errors.py",)),
+    Mutant("stuck-loop-runs-on", "backends/sim/interpret/rules/control_flow.py",
+           "a while loop without effects whose carry comes back unchanged never "
+           "ends, and is said at once; the mutant runs it to max_cycles",
+           "  pure = not any(j.effects for j in form.given)\n",
+           "  pure = False\n",
+           ("tests/test_debugging.py",)),
+    Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
+           "a loop whose condition or body touches memory may go on with an "
+           "unchanged carry; the mutant calls it stuck",
+           "  pure = not any(j.effects for j in form.given)\n",
+           "  pure = True\n",
+           ("tests/test_debugging.py",)),
     Mutant("cluster-peer-unbounded", "backends/sim/interpret/refview.py",
            "a cluster peer's index is checked against the cluster's size; the mutant "
            "wraps it round",

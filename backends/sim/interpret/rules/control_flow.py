@@ -95,6 +95,22 @@ def _scan(eqn, cx):
   return _maybe_gen(body.blocking or sync is not None, plain, gen)
 
 
+def _unchanged(before, after):
+  """Whether an iteration gave back its carry bit for bit."""
+  for x, y in zip(before, after):
+    x, y = np.asarray(x), np.asarray(y)
+    if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+      return False
+  return True
+
+
+def _stuck(iteration):
+  return RunawayKernelError(
+      f"this loop never ends: iteration {iteration} gave back the state it was "
+      "given, and nothing else decides whether it goes on (its condition and body "
+      "read no memory and wait on nothing)")
+
+
 @rule("while")
 def _while(eqn, cx):
   form = walker.form_of(eqn, walker.While)
@@ -102,25 +118,33 @@ def _while(eqn, cx):
   cn, bn = form.cond_consts, form.body_consts
   limit = cx.max_cycles
   sync = _catch_up(cx, eqn)
+  # A loop without effects goes on or stops on its carry and consts alone:
+  # a carry that comes back unchanged loops for ever, which the simulation
+  # would otherwise run to max_cycles (minutes of a tight scalar loop).
+  pure = not any(j.effects for j in form.given)
 
   def plain(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
     iteration = 0
     while run_plain(cond, cc + carry, wg)[0]:
-      carry = run_plain(body, bc + carry, wg)
+      before, carry = carry, run_plain(body, bc + carry, wg)
       iteration += 1
       if wg.time > limit:
         raise _runaway(wg, iteration, limit)
+      if pure and _unchanged(before, carry):
+        raise _stuck(iteration)
     return carry
 
   def gen(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
     iteration = 0
     while (yield from run_gen(cond, cc + carry, wg))[0]:
-      carry = yield from run_gen(body, bc + carry, wg)
+      before, carry = carry, (yield from run_gen(body, bc + carry, wg))
       iteration += 1
       if wg.time > limit:
         raise _runaway(wg, iteration, limit)
+      if pure and _unchanged(before, carry):
+        raise _stuck(iteration)
       if sync is not None and wg.sched.due_before(wg.time):
         yield sync
     return carry
