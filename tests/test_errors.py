@@ -97,6 +97,32 @@ def test_a_form_we_do_not_model_gives_the_lowerings_reason_where_it_rejects_too(
   assert line in str(e.value)
 
 
+def test_a_lowering_error_inside_a_scope_with_an_accumulator_names_its_line():
+  """A kernel with a plgpu.ACC is lowered through a state discharge of its
+  scoped body, which re-traces each equation under JAX's user_context: the
+  simulator's own tracing (which keeps real stacks) must not leak into it,
+  or every op there loses its line and the error names the kernel's def."""
+  def body(a_gmem, b_gmem, o_gmem, a, b, acc, bar):
+    a[...] = a_gmem[...]  # <- the lowering cannot plan this GMEM load
+    plgpu.copy_gmem_to_smem(b_gmem, b, bar)
+    plgpu.commit_smem()
+    plgpu.barrier_wait(bar)
+    plgpu.wgmma(acc, a, b)
+    plgpu.wgmma_wait(0)
+    o_gmem[...] = acc[...]
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32),
+                   scratch_types=dict(a=plgpu.SMEM((64, 64), jnp.float16),
+                                      b=plgpu.SMEM((64, 128), jnp.float16),
+                                      acc=plgpu.ACC((64, 128), jnp.float32),
+                                      bar=plgpu.Barrier(num_arrivals=1)))
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, jnp.ones((64, 64), jnp.float16), jnp.ones((64, 128), jnp.float16),
+           backend="sim")
+  assert "the Mosaic GPU lowering rejects this kernel" in str(e.value)
+  assert e.value.where.endswith(f"{HERE}:{line_of(body, '<- the lowering cannot plan')}"), \
+      e.value.where
+
+
 def test_an_mlir_verifier_error_is_placed_at_the_op_it_names():
   # The verifier runs after later equations were lowered: its error names
   # the op it rejected, with that op's line, which the report gives.

@@ -1741,6 +1741,13 @@ MUTANTS = [
            "  pure = not any(j.effects for j in form.given)\n",
            "  pure = True\n",
            ("tests/test_debugging.py",)),
+    Mutant("lowering-under-the-simulators-tracebacks", "backends/sim/frontend/capture.py",
+           "the real lowering runs with JAX's own user_context, whose tracebacks place "
+           "the ops of a scoped body it re-traces (a kernel with an accumulator); the "
+           "mutant keeps the simulator's, and the error names the kernel's def",
+           "      jx.jax_user_context():  # type: ignore[arg-type]\n",
+           "      contextlib.nullcontext():  # type: ignore[arg-type]\n",
+           ("tests/test_errors.py",)),
     Mutant("cluster-peer-unbounded", "backends/sim/interpret/refview.py",
            "a cluster peer's index is checked against the cluster's size; the mutant "
            "wraps it round",

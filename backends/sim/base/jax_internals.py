@@ -232,6 +232,24 @@ def real_tracebacks() -> Iterator[None]:
     cls.__enter__ = enter  # type: ignore[method-assign]
 
 
+_JAX_USER_CONTEXT_ENTER = source_info_util.UserContextManager.__enter__
+
+
+@contextlib.contextmanager
+def jax_user_context() -> Iterator[None]:
+  """JAX's own user_context again, inside real_tracebacks: the real
+  lowering re-traces a kernel's scoped bodies (run_scoped's state
+  discharge) under each equation's user_context, and places the MLIR ops,
+  and so its errors, by the tracebacks that gives them."""
+  cls = source_info_util.UserContextManager
+  now = cls.__enter__
+  cls.__enter__ = _JAX_USER_CONTEXT_ENTER  # type: ignore[method-assign]  # (restored below)
+  try:
+    yield
+  finally:
+    cls.__enter__ = now  # type: ignore[method-assign]
+
+
 def checkify_failure(error: Any) -> BaseException | None:
   """A checkify Error (a pl.debug_check's, rebuilt from its leaves): the
   exception it holds if its check failed, else None. Its fields are

@@ -177,9 +177,14 @@ def _ieee_subnormals() -> Iterator[None]:
     _libm.fesetenv(saved)
 
 
-def force_real() -> Any:
-  """Context manager: kernels traced inside use the real lowering."""
-  return jx.interpret_params_module.force_gpu_interpret_mode(None)  # type: ignore[arg-type]  # (None: no interpret mode, as JAX's own callers pass it)
+@contextlib.contextmanager
+def force_real() -> Iterator[None]:
+  """Context manager: kernels traced inside use the real lowering, with
+  JAX's own tracebacks (inside force_sim too: jx.jax_user_context)."""
+  # (None: no interpret mode, as JAX's own callers pass it)
+  with jx.interpret_params_module.force_gpu_interpret_mode(None), \
+      jx.jax_user_context():  # type: ignore[arg-type]
+    yield
 
 
 def _mesh_info(mesh: Any, grid_mapping: Any) -> tuple[Any, ...]:
