@@ -16,7 +16,8 @@ its own in the simulator, are, in order of precedence:
   1. the zero-argument callables listed in a module-level `PALLAS_SIM_CHECKS`;
   2. otherwise its module-level functions named `check_*` (taking no
      arguments);
-  3. otherwise the file itself, run as __main__.
+  3. otherwise the file itself, run as __main__ (once: a file whose text
+     declares neither is not imported first).
 A file sees sys.argv as `python FILE ARGS...` gives it, at its import too.
 The GPU model is the H100's unless --gpu says otherwise.
 """
@@ -47,6 +48,44 @@ def _load(target):
     return mod, path
   mod = importlib.import_module(target)
   return mod, getattr(mod, "__file__", None)
+
+
+def _source_of(target):
+  """TARGET's source file, without running it (None where none is found)."""
+  if target.endswith(".py") or os.path.sep in target:
+    return os.path.abspath(target)
+  try:
+    spec = importlib.util.find_spec(target)
+  except (ImportError, ValueError):
+    return None
+  origin = spec.origin if spec else None
+  return origin if origin and origin.endswith(".py") else None
+
+
+def declares_entry_points(path):
+  """Whether the file at `path` defines, at its top level, a
+  PALLAS_SIM_CHECKS or a check_* function (read from its text: a script
+  that declares neither is run once, as __main__, not imported first).
+  True where the text cannot be read or parsed (import it and see)."""
+  import ast
+  try:
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+  except (OSError, SyntaxError, ValueError):
+    return True
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+        node.name.startswith("check_"):
+      return True
+    targets = (node.targets if isinstance(node, ast.Assign) else
+               [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+    if any(isinstance(t, ast.Name) and t.id == "PALLAS_SIM_CHECKS" for t in targets):
+      return True
+    if isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+        (a.asname or a.name) in ("PALLAS_SIM_CHECKS", "*") or
+        (a.asname or a.name).startswith("check_") for a in node.names):
+      return True
+  return False
 
 
 def entry_points(mod):
@@ -80,15 +119,20 @@ def check(target, gpu="h100", out=sys.stdout, uninitialized="fail", args=()):
   opts = ps.Options(gpu=gpu, on_race="report", on_uninitialized="report")
   strict = uninitialized == "fail"
   argv = _Argv(os.path.abspath(target) if target.endswith(".py") else target, args)
-  try:  # kernels run at import time are checked too
-    with ps.backend("sim", options=opts) as report, argv:
-      mod, path = _load(target)
-  except Exception as e:
-    print(f"FAIL import of {target}: {type(e).__name__}: {e}", file=out)
-    return 1
-  import_failed = _print_findings(f"import of {target}", report, out, strict)
+  path = _source_of(target)
+  import_failed, points = False, []
+  if path is None or declares_entry_points(path):
+    try:  # kernels run at import time are checked too
+      with ps.backend("sim", options=opts) as report, argv:
+        mod, path = _load(target)
+    except Exception as e:
+      print(f"FAIL import of {target}: {type(e).__name__}: {e}", file=out)
+      return 1
+    import_failed = _print_findings(f"import of {target}", report, out, strict)
+    points = entry_points(mod)
+  else:  # a plain script: its run as __main__ is its import
+    sys.path.insert(0, os.path.dirname(path))  # as `python FILE` does
   failed = 0
-  points = entry_points(mod)
   if not points:
     def as_main():
       try:
@@ -163,15 +207,20 @@ def main(argv=None):
     return 1 if check(ns.target, ns.gpu, uninitialized=ns.uninitialized,
                       args=ns.args) else 0
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
-  status = 0
-  with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz) as report, \
-      _Argv(ns.file, ns.args):
-    try:
-      runpy.run_path(ns.file, run_name="__main__")
-    except SystemExit as e:  # the script's own exit: report first, then its status
-      status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-      if isinstance(e.code, str):
-        print(e.code, file=sys.stderr)
+  status, found = 0, None
+  try:
+    with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz) as report, \
+        _Argv(ns.file, ns.args):
+      try:
+        runpy.run_path(ns.file, run_name="__main__")
+      except SystemExit as e:  # the script's own exit: report first, then its status
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if isinstance(e.code, str):
+          print(e.code, file=sys.stderr)
+  except ps.SimError as e:
+    # (what the simulation found, raised as the block ends: said as the
+    # report says it, after the report, with no traceback of ours)
+    found, status = e, 1
   # (a script that runs its own ps.simulate reports those itself: only the
   # launches this backend simulated are ours to report)
   if report.kernels:
@@ -182,6 +231,11 @@ def main(argv=None):
   if ns.trace and report.kernels:
     report.save_trace(ns.trace)
     print(f"trace written to {ns.trace}")
+  if found is not None:
+    text = str(found)
+    if isinstance(found, (ps.RaceError, ps.UninitializedError)) and report.kernels:
+      text = text.splitlines()[0].rstrip(":") + " (in the report above)"  # (listed there)
+    print(f"pallas-sim run: {type(found).__name__}: {text}", file=sys.stderr)
   return status
 
 

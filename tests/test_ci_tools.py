@@ -89,6 +89,33 @@ def test_check_runs_a_script_without_entry_points_as_main(tmp_path):
   assert "FAIL __main__: 1 race(s)" in r.stdout
 
 
+def test_check_runs_a_plain_script_once(tmp_path):
+  """A script that declares no entry points is run once, as __main__: not
+  imported first and then run again (its kernels and prints twice)."""
+  (tmp_path / "plain.py").write_text(KERNELS + textwrap.dedent('''
+      print("ran")
+      copy_kernel(False)(jnp.ones((128,), jnp.float32))
+  '''))
+  r = run(["-m", "pallas_sim.cli", "check", "plain.py"], tmp_path)
+  assert r.returncode == 1, r.stdout + r.stderr
+  assert r.stdout.count("ran\n") == 1, r.stdout
+  assert r.stdout.count("1 race(s)") == 1 and "FAIL __main__: 1 race(s)" in r.stdout
+  assert "import of" not in r.stdout and "0 passed, 1 failed\n" in r.stdout
+
+
+def test_run_says_what_the_simulation_found_without_a_traceback(tmp_path):
+  """`pallas-sim run`: the report, then what ended the run in one line, exit 1."""
+  (tmp_path / "racy.py").write_text(KERNELS + textwrap.dedent('''
+      copy_kernel(False)(jnp.ones((128,), jnp.float32))
+  '''))
+  r = run(["-m", "pallas_sim.cli", "run", "racy.py"], tmp_path)
+  assert r.returncode == 1, r.stdout + r.stderr
+  assert "Traceback" not in r.stderr, r.stderr
+  assert "no barrier_wait between this TMA load" in r.stdout  # (the report)
+  assert "pallas-sim run: RaceError: racy.py:" in r.stderr
+  assert "1 race(s) in kernel k (in the report above)" in r.stderr, r.stderr
+
+
 def test_check_reports_races_of_kernels_run_at_import(tmp_path):
   (tmp_path / "kernels_mod.py").write_text(KERNELS)
   (tmp_path / "imp.py").write_text(KERNELS + textwrap.dedent('''
