@@ -8,6 +8,7 @@ from typing import Any, Literal, TypeVar, overload
 import jax
 
 from pallas_sim.backends import mosaic
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.frontend import capture, device, shapes_only
 from pallas_sim.backends.sim.execute.executor import Executor
 from pallas_sim.backends.sim.report import Report
@@ -53,8 +54,8 @@ def _simulating(options: Options, **executor_args: Any) -> Iterator[Executor]:
       with capture.force_sim(), device.simulated():
         yield ex
         jax.effects_barrier()
-    except SimError as e:
-      raise e.with_traceback(None) from None
+    except SimError as e:  # (a static check's, raised in the block)
+      raise _fresh(e) from None
     except Exception as e:
       # The user's code failed after a kernel did (e.g. a test's assertion
       # on its poison outputs): the kernel's error is the cause to show.
@@ -77,6 +78,19 @@ def _simulating(options: Options, **executor_args: Any) -> Iterator[Executor]:
       raise err
   finally:
     capture.pop_executor(ex)
+
+
+def _fresh(err: BaseException) -> BaseException:
+  """The same error as a new object. contextlib gives an exception that a
+  generator raises again its first traceback back (JAX's frames and ours,
+  down to the static check that raised it); a new one carries only the
+  frames it passes on its way out to the user's call."""
+  new = type(err).__new__(type(err))
+  new.__dict__.update(err.__dict__)
+  new.args = err.args
+  if getattr(err, "__notes__", None):
+    new.__notes__ = jx.without_filter_notes(err.__notes__)
+  return new
 
 
 def _headline(err: BaseException) -> str:

@@ -58,7 +58,7 @@ class UnsupportedPrimitiveError(SimError, NotImplementedError):
   unmodelled: bool = False
 
 
-def not_modelled(message: str, **kw) -> UnsupportedPrimitiveError:
+def not_modelled(message: str, **kw: Any) -> UnsupportedPrimitiveError:
   """An UnsupportedPrimitiveError for a form of a primitive the simulator
   does not model (see UnsupportedPrimitiveError.unmodelled)."""
   e = UnsupportedPrimitiveError(message, **kw)

@@ -411,3 +411,26 @@ def test_an_arrival_past_the_barriers_count_is_an_overflow_at_its_line():
   msg = str(e.value)
   assert "barrier bar: 2 arrivals in one phase" in msg and "num_arrivals=1" in msg
   assert f"{HERE}:{line_of(body, '<- the second arrival')}" in msg
+
+
+@pytest.mark.parametrize("entry", ["run", "backend"])
+def test_a_static_error_carries_no_frames_of_jax_or_the_simulator(entry):
+  """An error a static check raises while the kernel is traced reaches the
+  user with their own frames and the entry point's, not JAX's lowering and
+  the simulator's (contextlib would give it its first traceback back)."""
+  import traceback
+  k = plgpu.kernel(lambda x_ref, o_ref, s: None,
+                   out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                   scratch_types=[plgpu.SMEM((512, 128), jnp.float32)])
+  x = jnp.ones((128,), jnp.float32)
+  with pytest.raises(ps.SmemOverflowError) as e:
+    if entry == "run":
+      ps.run(k, x, backend="sim")
+    else:
+      with ps.backend("sim"):
+        k(x)
+  files = [f.filename for f in traceback.extract_tb(e.value.__traceback__)]
+  assert not [f for f in files if os.sep + "jax" + os.sep in f or
+              os.sep + "backends" + os.sep in f], files
+  assert not any("JAX has removed its internal frames" in n
+                 for n in getattr(e.value, "__notes__", [])), e.value.__notes__

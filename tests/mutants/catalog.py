@@ -651,9 +651,9 @@ MUTANTS = [
            ("tests/test_debugging.py",)),
     Mutant("runaway-loops-unchecked", "backends/sim/interpret/rules/control_flow.py",
            "a while loop ends a block past max_cycles; the mutant never checks",
-           "      carry = run_plain(body, bc + carry, wg)\n      iteration += 1\n"
+           "      before, carry = carry, run_plain(body, bc + carry, wg)\n      iteration += 1\n"
            "      if wg.time > limit:",
-           "      carry = run_plain(body, bc + carry, wg)\n      iteration += 1\n"
+           "      before, carry = carry, run_plain(body, bc + carry, wg)\n      iteration += 1\n"
            "      if False:",
            ("tests/test_debugging.py",)),
     # --- warps, semaphores, atomics, aliasing, timing, scopes ----------------
@@ -1745,8 +1745,15 @@ MUTANTS = [
            "the real lowering runs with JAX's own user_context, whose tracebacks place "
            "the ops of a scoped body it re-traces (a kernel with an accumulator); the "
            "mutant keeps the simulator's, and the error names the kernel's def",
-           "      jx.jax_user_context():  # type: ignore[arg-type]\n",
-           "      contextlib.nullcontext():  # type: ignore[arg-type]\n",
+           "  with real, jx.jax_user_context():\n",
+           "  with real, contextlib.nullcontext():\n",
+           ("tests/test_errors.py",)),
+    Mutant("static-error-keeps-the-lowerings-frames", "pallas_sim/api.py",
+           "a static check's error reaches the user without JAX's and the "
+           "simulator's frames; the mutant re-raises the same object, which "
+           "contextlib gives its first traceback back",
+           "      raise _fresh(e) from None\n",
+           "      raise e.with_traceback(None) from None\n",
            ("tests/test_errors.py",)),
     Mutant("cluster-peer-unbounded", "backends/sim/interpret/refview.py",
            "a cluster peer's index is checked against the cluster's size; the mutant "

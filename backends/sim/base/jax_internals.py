@@ -56,6 +56,11 @@ What each release needs (0.11.2 / 0.12.0.1 / 0.12.1):
 - pl.pallas_call reads the interpret mode (force_gpu_interpret_mode's
   config, interpret_mode below) when it builds the kernel's function, not
   when that function is called: the same in all three.
+- JAX's traceback filtering notes an exception whose frames it removed
+  with traceback_util._simplified_tb_msg (without_filter_notes): the same
+  in all three.
+- The real lowering's state discharge re-traces a scoped body under
+  source_info_util.user_context (jax_user_context): the same in all three.
 - Unchanged in all three: interpret_pallas_call's signature; mpmd_map_p's
   and pallas_call_p's params; the Mosaic GPU core classes imported by name
   (transforms, barrier types, WarpMesh, TraceScope, RefType).
@@ -83,6 +88,7 @@ from jax._src import dtypes  # noqa: E402
 from jax._src import effects  # noqa: E402
 from jax._src import lib  # noqa: E402
 from jax._src import source_info_util  # noqa: E402
+from jax._src import traceback_util  # noqa: E402
 from jax._src.checkify import FailedCheckError  # noqa: E402
 from jax._src.frozen_dict import FrozenDict  # noqa: E402
 from jax._src.interpreters import mlir  # noqa: E402
@@ -230,6 +236,13 @@ def real_tracebacks() -> Iterator[None]:
     yield
   finally:
     cls.__enter__ = enter  # type: ignore[method-assign]
+
+
+def without_filter_notes(notes: list[str]) -> list[str]:
+  """An exception's notes less the one JAX's traceback filtering adds ("...
+  removed its internal frames from the traceback of the following
+  exception"), which says nothing of a traceback rebuilt after it."""
+  return [n for n in notes if traceback_util._simplified_tb_msg not in n]  # pylint: disable=protected-access
 
 
 _JAX_USER_CONTEXT_ENTER = source_info_util.UserContextManager.__enter__

@@ -182,8 +182,8 @@ def force_real() -> Iterator[None]:
   """Context manager: kernels traced inside use the real lowering, with
   JAX's own tracebacks (inside force_sim too: jx.jax_user_context)."""
   # (None: no interpret mode, as JAX's own callers pass it)
-  with jx.interpret_params_module.force_gpu_interpret_mode(None), \
-      jx.jax_user_context():  # type: ignore[arg-type]
+  real = jx.interpret_params_module.force_gpu_interpret_mode(None)  # type: ignore[arg-type]
+  with real, jx.jax_user_context():
     yield
 
 
