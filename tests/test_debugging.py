@@ -474,8 +474,10 @@ def test_a_read_of_smem_nothing_wrote_that_reaches_no_output_warns():
     o_ref[pl.ds(0, 64), :] = doubled[pl.ds(0, 64), :]  # ... and are not stored
     o_ref[pl.ds(64, 64), :] = x_ref[pl.ds(64, 64), :]
   x = jnp.ones((128, 128), F32)
-  with pytest.warns(ps.UninitializedWarning, match="harmless in this launch"):
+  with pytest.warns(ps.UninitializedWarning, match="harmless in this launch") as got:
     out = ps.run(k, x, backend="sim")
+  [w] = [w for w in got if issubclass(w.category, ps.UninitializedWarning)]
+  assert w.filename.endswith("test_debugging.py"), w.filename  # (the kernel's line)
   np.testing.assert_array_equal(np.asarray(out)[:64], 2.0)
   sim = ps.simulate(k, x, on_uninitialized="report")
   [f] = sim.report.uninitialized

@@ -188,6 +188,8 @@ def test_an_estimate_names_the_input_given_as_a_shape_that_decides():
   [w] = [w for w in got if issubclass(w.category, ps.EstimateWarning)]
   assert "n_ref was given as a shape" in str(w.message)
   assert "test_estimate.py:" in str(w.message)
+  # (issued at that line, not at the simulator's frame that found it)
+  assert w.filename.endswith("test_estimate.py") and f"py:{w.lineno}:" in str(w.message)
   zeros = _full(_counted_rows, x, jnp.zeros((8,), jnp.int32))
   assert _times(est) == _times(zeros)
   assert est.kernels[0].classes.endswith("on zeros for the inputs given as shapes (n_ref)")

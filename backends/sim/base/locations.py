@@ -217,3 +217,20 @@ def _short(path: str) -> str:
   return rel if not rel.startswith("..") else path
 
 
+
+
+_WARNED: dict[str, dict[Any, Any]] = {}  # (per file, as the warnings module keeps a module's)
+
+
+def warn_at(warning: Warning, where: str | None) -> None:
+  """Issues `warning` at the user's file:line `where` (a kernel's, or the
+  line a finding names), not at the simulator's frame that found it: a
+  simulation runs inside an XLA host callback, whose stack may not hold the
+  user's code at all. Shown once per line and text, as warnings are."""
+  import warnings
+  m = re.match(r"(.+?):(\d+)(?::|$)", where or "")  # ("path:line", or "path:line: what")
+  if m is None:
+    warnings.warn(warning, stacklevel=2)
+    return
+  warnings.warn_explicit(warning, type(warning), m[1], int(m[2]),
+                         registry=_WARNED.setdefault(m[1], {}))

@@ -3,12 +3,12 @@ one per class of groups whose blocks share their SMs alike and take the
 same path; the others take its times (merge.Merge.same_as)."""
 import copy
 import hashlib
-import warnings
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.blocks import block_classes
 from pallas_sim.backends.sim.blocks import paths
 from pallas_sim.backends.sim.checks import races
@@ -26,10 +26,10 @@ def _on_zeros(launch, where, jaxpr):
   reads anything but inputs whose values it has (constants the function
   captured, arrays given)."""
   if launch.unknown_inputs is None:  # (run through XLA: which inputs is not known)
-    warnings.warn(EstimateWarning(
+    locations.warn_at(EstimateWarning(
         f"ps.estimate: kernel {launch.name}'s control flow depends on values read "
         f"from memory ({where}), and inputs were given as shapes: zeros stand in for "
-        "them. Pass arrays to estimate the paths their values take."), stacklevel=2)
+        "them. Pass arrays to estimate the paths their values take."), where)
     return ", on zeros for the inputs given as shapes"
   def on_data(known):  # (the first decision on data, reads of `known` inputs not counted)
     found = block_classes.analyse(jaxpr, launch.grid_names, sizes=axis_sizes(launch),
@@ -48,14 +48,14 @@ def _on_zeros(launch, where, jaxpr):
     unknown = [i for i in unknown if on_data([j for j in every if j != i]) is not None]
   names = [launch.arg_names[i] if i < len(launch.arg_names) else f"input {i}"
            for i in unknown]
-  warnings.warn(EstimateWarning(
+  locations.warn_at(EstimateWarning(
       f"ps.estimate: kernel {launch.name}'s control flow depends on values read "
       f"from memory ({where}), and {', '.join(names)} "
       f"{'was' if len(names) == 1 else 'were'} given as a shape: zeros stand in for "
       f"{'it' if len(names) == 1 else 'them'}, so where that decision reads "
       f"{'it' if len(names) == 1 else 'them'}, blocks take the paths zeros take. Pass "
       f"{'an array for it' if len(names) == 1 else 'arrays for them'} to estimate the "
-      "paths their values take."), stacklevel=2)
+      "paths their values take."), where)
   return f", on zeros for the inputs given as shapes ({', '.join(names)})"
 
 

@@ -1,9 +1,9 @@
 """A launch's findings once its groups merged: race reports and
 uninitialized memory into the Report, and the errors they raise
 (Options.on_race, on_uninitialized, library_races)."""
-import warnings
 
 from pallas_sim import unwritten
+from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.checks import initcheck
 from pallas_sim.errors import (RaceError, RaceWarning, UninitializedError,
                                UninitializedWarning)
@@ -21,11 +21,11 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
   for i in sorted(prep.sem_inputs):
     if in_bufs[i].data.any():
       # (the callback holds a copy of the Ref's values: a GPU keeps them)
-      warnings.warn(
+      locations.warn_at(UserWarning(
           f"kernel {launch.name} leaves semaphores of {in_bufs[i].name} at "
           f"{in_bufs[i].data.tolist()}: the simulator starts every kernel "
           "with the values the Ref held before it (a later kernel here does "
-          "not see these, as it would on a GPU)", stacklevel=3)
+          "not see these, as it would on a GPU)"), launch.where)
   may_stay = unwritten.allowed(launch.name, [b.data for b in in_bufs],
                                [b.data.shape for b in out_bufs], launch.arg_names)
   for buf, ok in zip(out_bufs, may_stay):
@@ -43,7 +43,7 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
     mine = [r for r in found if strict or not r.library]
     for r in found:
       if r.library and not strict:
-        warnings.warn(RaceWarning(f"kernel {launch.name}: {r}"), stacklevel=3)
+        locations.warn_at(RaceWarning(f"kernel {launch.name}: {r}"), launch.where)
     if mine:
       errors.append(RaceError(
           f"{len(mine)} race(s) in kernel {launch.name}:\n"
@@ -53,7 +53,7 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
   if unset and options.on_uninitialized == "raise":
     for f in unset:
       if f.harmless:
-        warnings.warn(UninitializedWarning(f"kernel {launch.name}: {f}"), stacklevel=3)
+        locations.warn_at(UninitializedWarning(f"kernel {launch.name}: {f}"), launch.where)
   if harmful and options.on_uninitialized == "raise":
     errors.append(UninitializedError(
         f"{len(harmful)} uninitialized-memory finding(s) in kernel {launch.name}:\n"
