@@ -107,17 +107,24 @@ def pytest_runtest_call(item):
   report_unset = opt("--pallas-sim-uninitialized") == "report"
   report_races = opt("--pallas-sim-races") == "report"
   library = "raise" if opt("--pallas-sim-library-races") == "fail" else "report"
-  with ps.backend("sim", gpu=opt("--pallas-sim-gpu"), library_races=library,
-                  on_race="report" if report_races else "raise",
-                  on_uninitialized="report" if report_unset else "raise") as report:
-    out = yield
-    # A unittest.TestCase's failure reaches pytest through the item, not as
-    # an exception through here: raised here, it gives way to the error of
-    # a kernel that failed in the test (its outputs were poison), as a
-    # plain test's does.
-    failures = getattr(item, "_excinfo", None)
-    if failures:
-      raise failures.pop(0).value
+  block = ps.backend("sim", gpu=opt("--pallas-sim-gpu"), library_races=library,
+                     on_race="report" if report_races else "raise",
+                     on_uninitialized="report" if report_unset else "raise")
+  try:
+    with block as report:
+      out = yield
+      # A unittest.TestCase's failure reaches pytest through the item, not as
+      # an exception through here: raised here, it gives way to the error of
+      # a kernel that failed in the test (its outputs were poison), as a
+      # plain test's does.
+      failures = getattr(item, "_excinfo", None)
+      if failures:
+        raise failures.pop(0).value
+  except ps.SimError as e:
+    # (with the test's own frames only: not those of JAX, pallas-sim and
+    # the context managers it came out of, where pytest would place it)
+    from pallas_sim.backends.sim.base import locations
+    raise e.with_traceback(locations.own_frames(e.__traceback__)) from None
   for r in report.races:
     warnings.warn(ps.RaceWarning(str(r)))
   for f in report.uninitialized:

@@ -8,7 +8,7 @@ from typing import Any, Literal, TypeVar, overload
 import jax
 
 from pallas_sim.backends import mosaic
-from pallas_sim.backends.sim.base import jax_internals as jx
+from pallas_sim.backends.sim.base import jax_internals as jx, locations
 from pallas_sim.backends.sim.frontend import capture, device, shapes_only
 from pallas_sim.backends.sim.execute.executor import Executor
 from pallas_sim.backends.sim.report import Report
@@ -55,7 +55,7 @@ def _simulating(options: Options, **executor_args: Any) -> Iterator[Executor]:
         yield ex
         jax.effects_barrier()
     except SimError as e:  # (a static check's, raised in the block)
-      raise _fresh(e) from None
+      raise _fresh(e).with_traceback(locations.own_frames(e.__traceback__)) from None
     except Exception as e:
       # The user's code failed after a kernel did (e.g. a test's assertion
       # on its poison outputs): the kernel's error is the cause to show.
@@ -83,8 +83,9 @@ def _simulating(options: Options, **executor_args: Any) -> Iterator[Executor]:
 def _fresh(err: BaseException) -> BaseException:
   """The same error as a new object. contextlib gives an exception that a
   generator raises again its first traceback back (JAX's frames and ours,
-  down to the static check that raised it); a new one carries only the
-  frames it passes on its way out to the user's call."""
+  down to the static check that raised it); a new one carries only what it
+  is given (the user's own frames of the first) and the frames it passes on
+  its way out to the user's call."""
   new = type(err).__new__(type(err))
   new.__dict__.update(err.__dict__)
   new.args = err.args

@@ -50,6 +50,8 @@ def test_pytest_flag_fails_racy_tests_with_the_report(tmp_path):
   assert "test_racy" in out and "RaceError" in out
   assert "no barrier_wait between this TMA load" in out
   assert "kernels_mod.py:" in out  # the report names the user's lines
+  # (placed by the report's lines, not at the context managers it came out of)
+  assert "contextlib.py" not in out and "pallas_sim" + os.sep + "api.py" not in out, out
 
 
 def test_check_command_exit_codes(tmp_path):

@@ -1752,7 +1752,7 @@ MUTANTS = [
            "a static check's error reaches the user without JAX's and the "
            "simulator's frames; the mutant re-raises the same object, which "
            "contextlib gives its first traceback back",
-           "      raise _fresh(e) from None\n",
+           "      raise _fresh(e).with_traceback(locations.own_frames(e.__traceback__)) from None\n",
            "      raise e.with_traceback(None) from None\n",
            ("tests/test_errors.py",)),
     Mutant("cluster-peer-unbounded", "backends/sim/interpret/refview.py",

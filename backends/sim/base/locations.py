@@ -234,3 +234,19 @@ def warn_at(warning: Warning, where: str | None) -> None:
     return
   warnings.warn_explicit(warning, type(warning), m[1], int(m[2]),
                          registry=_WARNED.setdefault(m[1], {}))
+
+
+def own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+  """Traceback `tb` with only the user's own frames (is_own_file) left, as a
+  new chain, or None: what a test runner shows of an error the simulation
+  raised, without the frames of JAX, pallas-sim and the context managers it
+  came out of."""
+  keep: list[types.TracebackType] = []
+  while tb is not None:
+    if is_own_file(tb.tb_frame.f_code.co_filename):
+      keep.append(tb)
+    tb = tb.tb_next
+  chain = None
+  for t in reversed(keep):
+    chain = types.TracebackType(chain, t.tb_frame, t.tb_lasti, t.tb_lineno)
+  return chain
