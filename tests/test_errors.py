@@ -434,3 +434,16 @@ def test_a_static_error_carries_no_frames_of_jax_or_the_simulator(entry):
               os.sep + "backends" + os.sep in f], files
   assert not any("JAX has removed its internal frames" in n
                  for n in getattr(e.value, "__notes__", [])), e.value.__notes__
+
+
+def test_a_pass_error_names_the_primitive_of_the_op_it_held():
+  """Layout inference rejects math.erf with MLIR text only: the report tags
+  it with the primitive whose op the pass held, as Pallas's own errors are."""
+  def body(x_ref, o_ref):
+    o_ref[...] = lax.erf(x_ref[...])  # <- no layout rule
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, jnp.ones((128,), jnp.float32), backend="sim")
+  assert e.value.primitive == "erf", str(e.value)
+  assert "[erf] the Mosaic GPU lowering rejects this kernel" in str(e.value)
+  assert e.value.where.endswith(f"{HERE}:{line_of(body, '<- no layout rule')}")

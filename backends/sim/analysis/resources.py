@@ -159,7 +159,7 @@ def lowering_error(exc, where=None):
   return LoweringError.of(
       exc, f"the Mosaic GPU lowering rejects this kernel "
       f"({type(exc).__name__}): " + "\n".join(lines).strip(),
-      primitive=m.group(1) if m else None, where=where)
+      primitive=m.group(1) if m else locations.mosaic_op_name(exc), where=where)
 
 
 def primitive_names(kernel_jaxpr):
