@@ -457,6 +457,9 @@ def test_kernel_ending_with_unawaited_tma_store(wait):
   else:
     found = assert_race(k, X, kind="unawaited TMA store")
     assert "wait_smem_to_gmem(0)" in found[0].advice
+    # (raised, it is counted as what it is: no two accesses race)
+    with pytest.raises(ps.RaceError, match=r": 1 synchronization error\(s\) in kernel"):
+      ps.run(k, X, backend="sim")
 
 
 # --- awaiting another thread's TMA stores -----------------------------------

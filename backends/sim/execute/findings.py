@@ -46,7 +46,7 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
         locations.warn_at(RaceWarning(f"kernel {launch.name}: {r}"), launch.where)
     if mine:
       errors.append(RaceError(
-          f"{len(mine)} race(s) in kernel {launch.name}:\n"
+          f"{_counted(mine)} in kernel {launch.name}:\n"
           + "\n".join(str(r) for r in mine) + initcheck.also_found(unset, "races"),
           races=mine, where=launch.where))
   harmful = [f for f in unset if not f.harmless]
@@ -60,3 +60,14 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
         + "\n".join(str(f) for f in harmful) + initcheck.also_found(found, "uninitialized"),
         findings=harmful, where=launch.where))
   return errors
+
+
+def _counted(found):
+  """A RaceError's count of what it lists: races (two accesses unordered),
+  and synchronization errors that are not (an unawaited TMA store, a lost
+  barrier completion, SMEM touched after its block ended...)."""
+  races = sum(r.kind.endswith(" race") for r in found)
+  parts = [f"{races} race(s)"] if races else []
+  if len(found) > races:
+    parts.append(f"{len(found) - races} synchronization error(s)")
+  return " and ".join(parts)
