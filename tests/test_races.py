@@ -197,7 +197,8 @@ def test_plain_store_then_tma_store_needs_commit(commit):
   if commit:
     assert_clean(k, X)
   else:
-    assert_race(k, X, buffer="smem", advice="no commit_smem")
+    [r] = assert_race(k, X, buffer="smem", advice="no commit_smem")
+    assert ") and the TMA store (" in r.advice, r.advice
 
 
 @pytest.mark.parametrize("commit", [False, True])

@@ -757,7 +757,7 @@ class HappensBefore:
         n, where = waiter.last_waits[kind]
         what = "wgmma groups" if kind == "wgmma" else "TMA store groups"
         return (f"the last wait before this {plain.access} ({where}) leaves the newest "
-                f"{n} {what} in flight, and the {work.agent.replace('_', ' ')} at "
+                f"{n} {what} in flight, and the {races.agent_words(work.agent)} at "
                 f"{work.where} is one of them: wait with n=0 there (wait_n=0 for "
                 "wgmma_accumulator_load), or issue the work earlier")
     if rh is not None:

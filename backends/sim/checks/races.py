@@ -220,6 +220,11 @@ def timing_verdict(first, second):
   return (start2 < end1, max(0.0, start2 - end1))
 
 
+def agent_words(agent):
+  """An async agent as reports name it: "TMA store", "TMA load", "wgmma"."""
+  return agent.replace("_", " ").replace("tma", "TMA")
+
+
 def advice(first, second, same_block=True):
   """What synchronization would have ordered the two accesses, where the
   kernel has none that could (observer.HappensBefore.explain names what is
@@ -238,7 +243,7 @@ def advice(first, second, same_block=True):
             "bytes, or use atomics / separate kernels")
   other = a.block != b.block  # (two blocks of one cluster, or of a semaphore group)
   if other and a.block is not None and b.block is not None:
-    kind = "plain" if a.agent == "thread" else a.agent.replace("_", " ").replace("tma", "TMA")
+    kind = "plain" if a.agent == "thread" else agent_words(a.agent)
     return (f"nothing orders {a.who}'s {kind} {a.access} "
             f"({a.where}) before {b.who}'s {b.access} ({b.where}): a block's own "
             "barrier waits and fences order its own threads only; it takes a "
@@ -279,10 +284,10 @@ def advice(first, second, same_block=True):
   if a.agent == "thread" and b.agent in ("tma_store", "wgmma", "tma_load"):
     if a.who == b.who:
       return (f"no commit_smem between the plain {a.access} ({a.where}) and the "
-              f"{b.agent.replace('_', ' ')} ({b.where}) that "
+              f"{agent_words(b.agent)} ({b.where}) that "
               f"{'overwrites' if b.access == 'write' else 'reads'} it")
     return (f"{a.who}'s plain {a.access} ({a.where}) is not ordered "
-            f"before the {b.agent.replace('_', ' ')} ({b.where}): commit_smem "
+            f"before the {agent_words(b.agent)} ({b.where}): commit_smem "
             f"in {a.who}, then a barrier to {b.who}")
   if (a.agent == b.agent == "thread" and a.where == b.where
       and " warp " in str(a.thread) and " warp " in str(b.thread)):
