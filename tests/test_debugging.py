@@ -410,7 +410,8 @@ def test_ctrl_c_stops_at_once_with_every_thread_s_place():
   assert where[0].startswith("pallas-sim: interrupted in kernel k (") and where[0].endswith(
       "block () (1 of 1):"), where
   assert re.match(r"  block \(\) thread 0: waiting in barrier_wait on bar \(completion "
-                  rf"#1\) at {re.escape(tests)}:\d+, at cycle \d+", where[1]), where
+                  r"#1; its phase has 0 of its 1 arrival\) "
+                  rf"at {re.escape(tests)}:\d+, at cycle \d+", where[1]), where
   t1 = where.index(next(ln for ln in where if ln.startswith("  block () thread 1:")))
   assert where[t1].startswith("  block () thread 1: running, at cycle "), where
   assert any(re.match(rf"      {re.escape(tests)}:\d+  while \(iteration \d+\)", ln)

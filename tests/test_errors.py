@@ -285,6 +285,25 @@ def test_deadlock_on_a_barrier_nobody_arrives_on():
   assert f"{HERE}:{line_of(test_deadlock_on_a_barrier_nobody_arrives_on, 'never completes')}" in msg
 
 
+def test_a_deadlocked_barrier_wait_says_what_its_phase_still_lacks():
+  """num_arrivals=2, and the TMA load's arrival the only one: the report
+  says the phase has 1 of its 2 arrivals (the copy's bytes have landed)."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.SMEM((128,), jnp.float32),
+                               plgpu.Barrier(num_arrivals=2)])
+  def k(x_ref, o_ref, smem, bar):
+    plgpu.copy_gmem_to_smem(x_ref, smem, bar)
+    plgpu.barrier_wait(bar)
+    o_ref[...] = smem[...]
+
+  with pytest.raises(ps.DeadlockError) as e:
+    ps.run(k, jnp.ones((128,), jnp.float32), backend="sim")
+  assert "barrier_wait on bar (completion #1; its phase has 1 of its 2 arrivals)" in \
+      str(e.value), str(e.value)
+  [(_, what, _)] = e.value.blocked
+  assert what.endswith("1 of its 2 arrivals)"), what
+
+
 def test_deadlock_cycle_between_two_threads_names_both():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
                 scratch_types=[plgpu.Barrier(num_arrivals=1, num_barriers=2)],

@@ -60,8 +60,9 @@ def test_a_wait_no_signal_can_satisfy_is_a_deadlock():
     pl.semaphore_signal(sem)
     pl.semaphore_wait(sem, 3)  # (two signals in all)
     o_ref[...] = jnp.zeros((128,), I32)
-  with pytest.raises(ps.DeadlockError, match="semaphore_wait on global semaphore"):
+  with pytest.raises(ps.DeadlockError, match="semaphore_wait on global semaphore") as e:
     ps.run(k, backend="sim")
+  assert "(for 3; it holds 2)" in str(e.value), str(e.value)  # (what it still lacks)
 
 
 def values_kernel():

@@ -65,6 +65,17 @@ def _nth(k):
   return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
 
+def phase_state(slot):
+  """What a barrier's current phase still waits for, for a wait's deadlock
+  report: "; its phase has 1 of its 2 arrivals", and the bytes of TMA
+  loads it expects that have not landed."""
+  text = (f"; its phase has {slot.arrivals} of its {slot.num_arrivals} "
+          f"arrival{'s' if slot.num_arrivals > 1 else ''}")
+  if slot.tx > 0:
+    text += f", and expects {slot.tx} more bytes of TMA loads"
+  return text
+
+
 def arrive(slot, expect_tx=0, at=None):
   """One warpgroup-wide arrival, optionally announcing `expect_tx` bytes, by
   an agent whose clock reads `at` (its waiters resume no earlier)."""

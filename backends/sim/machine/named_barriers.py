@@ -69,21 +69,6 @@ class NamedBarrier(Resource):
     return text
 
 
-class _Blocked:
-  """A sync's wait, described when a deadlock report asks (by then the
-  barrier's state is final)."""
-  __slots__ = ("nb", "op")
-
-  def __init__(self, nb, op):
-    self.nb, self.op = nb, op
-
-  def __str__(self):
-    return f"{self.op} on {self.nb.name} ({self.nb.state()})"
-
-  def __format__(self, spec):
-    return format(str(self), spec)
-
-
 def barrier(block, bid):
   nb = block.named.get(bid)
   if nb is None:
@@ -182,7 +167,8 @@ def sync(wg, bid, count, where, latency):
   phase = _arrive(wg, nb, op, count, where)
   start = wg.time
   if nb.completions < phase:
-    yield Wait(lambda: nb.completions >= phase, (nb,), _Blocked(nb, op), where)
+    yield Wait(lambda: nb.completions >= phase, (nb,),
+               lambda: f"{op} on {nb.name} ({nb.state()})", where)
   done = nb.completed_at[phase - 1]
   if done > wg.time:
     wg.time = done

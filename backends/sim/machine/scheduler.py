@@ -32,14 +32,20 @@ class Resource:
 
 class Wait:
   """A wait request: blocks until `ready()`; `resources` are notified when
-  their state changes; `what` and `where` describe it for deadlock reports."""
-  __slots__ = ("ready", "resources", "what", "where")
+  their state changes; `what` and `where` describe it for deadlock reports
+  (`what` a string, or a function that gives one from the state of what it
+  waits on when the report is made)."""
+  __slots__ = ("ready", "resources", "_what", "where")
 
   def __init__(self, ready, resources, what, where):
     self.ready = ready
     self.resources = resources
-    self.what = what
+    self._what = what
     self.where = where
+
+  @property
+  def what(self):
+    return self._what() if callable(self._what) else self._what
 
 
 def _always():

@@ -113,7 +113,8 @@ def _barrier_wait(eqn, cx):
     start = wg.time
     if slot.completions < n:
       yield Wait(lambda: slot.completions >= n, (slot,),
-                 f"barrier_wait on {slot.name} (completion #{n})", where)
+                 lambda: f"barrier_wait on {slot.name} (completion #{n}"
+                         f"{barriers.phase_state(slot)})", where)
     if slot.completed_at[n - 1] > wg.time:  # (found it before it happened)
       wg.time = slot.completed_at[n - 1]
     if wg.time > start:

@@ -161,7 +161,8 @@ def _wait(eqn, cx):
     if r.view.reshape(()) < want:
       start = wg.time
       yield Wait(lambda: r.view.reshape(()) >= want, (r.buf.res,),
-                 f"semaphore_wait on {r.buf.name} (for {int(want)})", where)
+                 lambda: f"semaphore_wait on {r.buf.name} (for {int(want)}; it holds "
+                         f"{int(r.view.reshape(()))})", where)
       wg.stalled("barrier", start)
     # (the count it saw was there no sooner than the latest signal)
     wg.time = max(wg.time, r.buf.signalled.get(r.buf.element(r.view), 0.0))
