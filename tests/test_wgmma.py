@@ -60,8 +60,9 @@ def test_f32_with_natural_b_layout_is_rejected_like_the_lowering():
   fn = lambda a, b: matmul_mcs(a, b, tile_n=128, tile_k=32, out_dtype=jnp.float32)
   real = lowering_error(fn, a, a)
   assert real is not None and "Only f16 WGMMA supports transposes" in real
-  with pytest.raises(ps.KernelError, match="Only f16 WGMMA supports transposes"):
+  with pytest.raises(ps.KernelError, match="Only f16 WGMMA supports transposes") as e:
     ps.run(fn, a, a, backend="sim")
+  assert "K as their contiguous axis" in str(e.value)  # (the fix, for who wrote no .T)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])

@@ -85,8 +85,9 @@ def validate(acc, a, b, a_in_smem, swizzle=None):
     raise KernelError(f"K must be a multiple of {k_group}, got: {k}")
   # Only 16-bit operands may be transposed in SMEM: others must be K-minor.
   if a.dtype.itemsize != 2 and (not _k_minor(b, 0) or (a_in_smem and not _k_minor(a, 1))):
-    raise KernelError("Only f16 WGMMA supports transposes (store a 32- or "
-                      "8-bit B as (N, K) and pass its transposed view)")
+    raise KernelError("Only f16 WGMMA supports transposes: 32-bit (tf32) and 8-bit "
+                      "operands must have K as their contiguous axis in SMEM (store B "
+                      "as (N, K) and pass its transposed view, b_smem.T)")
 
 
 def _role(ref, role, words=None):
