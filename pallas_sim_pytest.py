@@ -124,7 +124,7 @@ def pytest_runtest_call(item):
     # (with the test's own frames only: not those of JAX, pallas-sim and
     # the context managers it came out of, where pytest would place it)
     from pallas_sim.backends.sim.base import locations
-    raise e.with_traceback(locations.own_frames(e.__traceback__)) from None
+    raise e.with_traceback(locations.own_frames(e.__traceback__))  # (its cause kept)
   for r in report.races:
     warnings.warn(ps.RaceWarning(str(r)))
   for f in report.uninitialized:
