@@ -66,6 +66,10 @@ def test_estimate_equals_the_full_simulation_from_two_blocks():
   assert k.simulated_blocks == 2 and "2 of 324 blocks simulated" in k.classes
   assert _times(est) == _times(full)
   assert "estimate: control flow is the same in every block" in est.summary()
+  # (it looked for no races: it says so, not "0 race(s)")
+  assert "launch(es), races not checked, uninitialized memory not checked" in \
+      est.summary().splitlines()[0]
+  assert "0 race(s)" in ps.simulate(_wide_matmul, a, b).report.summary().splitlines()[0]
   # (arrays work too, and give the same)
   assert _times(ps.estimate(_wide_matmul, a, b)) == _times(full)
 

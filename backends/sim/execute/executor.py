@@ -89,7 +89,9 @@ class Executor:
     g = gpus.get(opts.gpu)
     self.gpu = gpus.at_clock(g, opts.clock_mhz or g.boost_mhz)
     self.timing = Timing(self.gpu)
-    self.report = Report(self.gpu.name, clock_mhz=opts.clock_mhz)
+    self.report = Report(self.gpu.name, clock_mhz=opts.clock_mhz,
+                         races_checked=opts.check_races,
+                         uninitialized_checked=opts.check_uninitialized)
     self.shapes_only, self.recipe, self.replay = shapes_only, recipe, replay
     self.checking_estimate = checking_estimate  # (estimate_check.py's own Executor)
     self.preparer = Preparer(opts, self.gpu, self.timing, shapes_only)

@@ -138,6 +138,10 @@ class Report:
   uninitialized: list = dataclasses.field(default_factory=list)
   clock_mhz: float | None = None  # the SM clock asked for (Options.clock_mhz; None:
   # each kernel at the clock its power allows, KernelReport.sm_mhz)
+  # Whether races and uninitialized memory were looked for (ps.estimate does
+  # not): the summary says "not checked" rather than count none.
+  races_checked: bool = True
+  uninitialized_checked: bool = True
 
   @property
   def time_s(self):
@@ -146,9 +150,11 @@ class Report:
 
   def summary(self):
     at = f" at {self.clock_mhz:g} MHz" if self.clock_mhz else ""
+    races = f"{len(self.races)} race(s)" if self.races_checked else "races not checked"
+    unset = (f"{len(self.uninitialized)} uninitialized-memory finding(s)"
+             if self.uninitialized_checked else "uninitialized memory not checked")
     lines = [f"pallas-sim report ({self.gpu}{at}): {len(self.kernels)} kernel "
-             f"launch(es), {len(self.races)} race(s), {len(self.uninitialized)} "
-             "uninitialized-memory finding(s)"]
+             f"launch(es), {races}, {unset}"]
     lines += ["  " + k.summary().replace("\n", "\n  ") for k in self.kernels]
     for title, items in (("races:", self.races),
                          ("uninitialized memory:", self.uninitialized)):
