@@ -31,6 +31,9 @@ class Comparison:
   rows: list[Row]
   groups: list[list[Row]]
   resolution: float
+  # Candidates the simulator refused (an SMEM overflow, a kernel the lowering
+  # rejects...), by name: the others are still ranked.
+  failed: dict[str, BaseException] = dataclasses.field(default_factory=dict)
 
   @property
   def ranking(self) -> list[list[str]]:
@@ -62,6 +65,9 @@ class Comparison:
             "at the HBM floor" if r.at_floor and len(g) == 1 else "")
         lines.append(f"| {tie} | {r.name} | {r.time_s * 1e6:.1f} | "
                      f"{r.time_s / fastest:.3f} | {note} |")
+    for name, err in self.failed.items():
+      first = str(err).splitlines()[0] if str(err) else ""
+      lines.append(f"| - | {name} | - | - | refused: {type(err).__name__}: {first} |")
     return "\n".join(lines)
 
   def __str__(self) -> str:
@@ -77,21 +83,32 @@ def compare(candidates: (dict[Any, Callable[..., Any]]
   ps.estimate does, and ranks them: a Comparison whose `groups` hold the
   configurations the model does not tell apart (predicted within
   `resolution` of each other, by default 2%: the H200's run-to-run spread),
-  and whose `table()` says why. Other options as for ps.estimate."""
+  and whose `table()` says why. A candidate the simulator refuses (SMEM
+  overflow, a kernel the lowering rejects) is left out of the ranking and
+  listed in `failed` and the table, with its error; where every one is
+  refused, the first one's error is raised. Other options as for ps.estimate."""
   from pallas_sim.api import estimate
   if resolution < 0:
     raise ValueError(f"ps.compare: resolution={resolution} must be >= 0")
   items = list(candidates.items() if isinstance(candidates, dict) else candidates)
   if not items:
     raise ValueError("ps.compare: no candidates given")
-  rows = []
+  from pallas_sim.errors import SimError
+  rows, failed = [], {}
   for name, fn in items:
     if not callable(fn):
       raise TypeError(f"ps.compare: candidate {name!r} is {type(fn).__name__}, not a "
                       "function")
-    rep = estimate(fn, *args, options=options, **kwargs)
+    try:
+      rep = estimate(fn, *args, options=options, **kwargs)
+    except SimError as e:  # (this candidate cannot run: the others are still ranked)
+      e.add_note(f"(ps.compare's candidate {str(name)!r})")
+      failed[str(name)] = e
+      continue
     rows.append(Row(str(name), rep.time_s, rep,
                     bool(rep.kernels) and all(k.at_floor for k in rep.kernels)))
+  if not rows:  # (every one refused: the first one's reason)
+    raise next(iter(failed.values()))
   rows.sort(key=lambda r: r.time_s)
   groups: list[list[Row]] = []
   for r in rows:
@@ -99,4 +116,4 @@ def compare(candidates: (dict[Any, Callable[..., Any]]
       groups[-1].append(r)
     else:
       groups.append([r])
-  return Comparison(rows, groups, resolution)
+  return Comparison(rows, groups, resolution, failed)

@@ -60,3 +60,20 @@ def test_bad_candidates_are_named():
     ps.compare(_matmuls(), a, a, resolution=-0.1)
   with pytest.raises(ValueError, match="no candidates"):
     ps.compare({}, a, a)
+
+
+def test_a_candidate_the_simulator_refuses_is_listed_and_the_rest_ranked():
+  """256x128 tiles at four slots overflow the SMEM: that candidate is named
+  with its error, the others are still ranked; all refused, the first's
+  error is raised, naming its candidate."""
+  a = S((1024, 1024), jnp.float16)
+  cands = {**{k: v for k, v in _matmuls().items() if k.endswith("mcs=2")},
+           "128x256x128 mcs=4": functools.partial(matmul_mcs, tile_n=256, tile_k=128,
+                                                  max_concurrent_steps=4)}
+  cmp = ps.compare(cands, a, a, gpu="h200")
+  assert [r.name for r in cmp.rows] and "128x256x128 mcs=4" not in [r.name for r in cmp.rows]
+  assert isinstance(cmp.failed["128x256x128 mcs=4"], ps.SmemOverflowError)
+  assert "| - | 128x256x128 mcs=4 | - | - | refused: SmemOverflowError: " in cmp.table()
+  with pytest.raises(ps.SmemOverflowError) as e:
+    ps.compare({"too big": cands["128x256x128 mcs=4"]}, a, a, gpu="h200")
+  assert "(ps.compare's candidate 'too big')" in e.value.__notes__
