@@ -94,7 +94,8 @@ def compare(candidates: (dict[Any, Callable[..., Any]]
   if not items:
     raise ValueError("ps.compare: no candidates given")
   from pallas_sim.errors import SimError
-  rows, failed = [], {}
+  rows: list[Row] = []
+  failed: dict[str, BaseException] = {}
   for name, fn in items:
     if not callable(fn):
       raise TypeError(f"ps.compare: candidate {name!r} is {type(fn).__name__}, not a "
