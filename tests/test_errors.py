@@ -1,5 +1,6 @@
 """Bad kernels get clear, located errors before or while running; never a hang."""
 import os
+import re
 import time
 
 import jax
@@ -47,6 +48,13 @@ def test_smem_overflow_reports_the_lowerings_numbers():
   assert e.value.smem_bytes == 262160 and e.value.max_smem_bytes == 232448
   assert "smem_bytes=262160 > max_smem_bytes=232448" in str(e.value)
   assert "Mosaic GPU kernel exceeds available shared memory" in str(e.value)
+  # and where the bytes go: the pipeline's two slots of its in and out tiles,
+  # at the emit_pipeline call
+  line = line_of(pipeline_copy, "plgpu.emit_pipeline(")
+  at = rf"at \S*{re.escape(HERE)}:{line}"
+  assert re.search(rf"Where it goes, largest first: 128 KiB float32\[2, 64, 256\] {at}; "
+                   rf"128 KiB float32\[2, 64, 256\] {at}\. Fewer pipeline slots",
+                   str(e.value)), str(e.value)
 
 
 def test_smem_just_fitting_runs():

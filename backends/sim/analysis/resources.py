@@ -35,26 +35,33 @@ def _align(x, a=SMEM_ALIGNMENT):
 
 
 class _Need:
-  __slots__ = ("smem", "barriers")
+  """SMEM bytes and barriers a part of the kernel needs, and `parts`: the
+  allocations that make up those bytes ((bytes, what), for an overflow's
+  report), along the path that needs the most."""
+  __slots__ = ("smem", "barriers", "parts")
 
-  def __init__(self, smem=0, barriers=None):
+  def __init__(self, smem=0, barriers=None, parts=()):
     self.smem = _align(smem)
     self.barriers = barriers if barriers is not None else collections.Counter()
+    self.parts = parts
 
   def __add__(self, o):
-    return _Need(self.smem + o.smem, self.barriers + o.barriers)
+    return _Need(self.smem + o.smem, self.barriers + o.barriers, self.parts + o.parts)
 
   def union(self, o):
-    return _Need(max(self.smem, o.smem), self.barriers | o.barriers)
+    big = self if self.smem >= o.smem else o
+    return _Need(big.smem, self.barriers | o.barriers, big.parts)
 
 
-def _alloc_need(aval):
+def _alloc_need(aval, where=None):
   dt = aval.inner_aval.dtype if hasattr(aval, "inner_aval") else aval.dtype
   shape = aval.inner_aval.shape if hasattr(aval, "inner_aval") else aval.shape
   if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
     return _Need(barriers=collections.Counter({(dt, math.prod(shape)): 1}))
   if str(getattr(aval, "memory_space", "")) == "smem":
-    return _Need(smem=math.prod(shape) * dt.itemsize)
+    nbytes = math.prod(shape) * dt.itemsize
+    what = f"{dt}{list(shape)}" + (f" at {where}" if where else "")
+    return _Need(smem=nbytes, parts=((_align(nbytes), what),))
   return _Need()
 
 
@@ -83,11 +90,13 @@ def _eqn_need(eqn, reduction_bytes):
   if name == "run_scoped":
     body = walker.bodies(eqn)[0]
     own = _Need()
+    where = locations.eqn_location(eqn)
     for v in body.invars:
-      own = own + _alloc_need(v.aval)
+      own = own + _alloc_need(v.aval, where)
     return own + _jaxpr_need(body, reduction_bytes)
   if name in ("reduce_sum", "reduce_max", "reduce_min"):
-    return _Need(smem=reduction_bytes)
+    return _Need(smem=reduction_bytes, parts=((_align(reduction_bytes),
+                                               "a reduction's scratch"),))
   need = _Need()
   # Only these are looked into by the real estimator (custom_jvp_call etc.
   # are not: their allocations count for nothing there, and so here).
@@ -123,11 +132,22 @@ def smem_bytes(kernel_jaxpr, reduction_bytes=REDUCTION_SCRATCH_BYTES):
   return size
 
 
-def check_smem(nbytes, gpu, where=None):
+def smem_parts(kernel_jaxpr, reduction_bytes=REDUCTION_SCRATCH_BYTES):
+  """The SMEM allocations smem_bytes counts, largest first: (bytes, what)."""
+  return sorted(_jaxpr_need(kernel_jaxpr, reduction_bytes).parts, key=lambda p: -p[0])
+
+
+def check_smem(nbytes, gpu, where=None, parts=()):
+  """The lowering's SMEM check, in its words; `parts` (smem_parts): where
+  the bytes go, said after them."""
   if nbytes > gpu.max_smem_per_block:
+    said = "; ".join(f"{b // 1024} KiB {what}" for b, what in parts[:4])
+    more = f"; and {len(parts) - 4} more" if len(parts) > 4 else ""
     raise SmemOverflowError(
         "Mosaic GPU kernel exceeds available shared memory: "
-        f"smem_bytes={nbytes} > max_smem_bytes={gpu.max_smem_per_block}",
+        f"smem_bytes={nbytes} > max_smem_bytes={gpu.max_smem_per_block}"
+        + (f". Where it goes, largest first: {said}{more}. Fewer pipeline slots "
+           "(max_concurrent_steps) or smaller tiles need less" if parts else ""),
         smem_bytes=nbytes, max_smem_bytes=gpu.max_smem_per_block, where=where)
 
 
