@@ -474,3 +474,34 @@ def test_a_pass_error_names_the_primitive_of_the_op_it_held():
   assert e.value.primitive == "erf", str(e.value)
   assert "[erf] the Mosaic GPU lowering rejects this kernel" in str(e.value)
   assert e.value.where.endswith(f"{HERE}:{line_of(body, '<- no layout rule')}")
+
+
+def test_layout_inference_that_finds_no_layouts_says_how_to_help_it():
+  """A row sum carried through emit_pipeline from a plain jnp.zeros: the
+  lowering's layout inference finds no layouts, and says only that; the
+  report adds where to give it one. The error names no primitive (the pass
+  held the kernel's op as a whole)."""
+  tm, tn = 64, 256
+
+  def body(x_ref, o_ref, o_smem):
+    i = lax.axis_index("i")
+
+    def step(_, xs, acc):
+      r = acc + jnp.sum(xs[...].astype(jnp.float32), axis=1)
+      plgpu.commit_smem()
+      return r
+    total = plgpu.emit_pipeline(
+        step, grid=(512 // tn,), in_specs=[plgpu.BlockSpec((tm, tn), lambda j: (i, j))],
+        max_concurrent_steps=2, init_carry=jnp.zeros((tm,), jnp.float32))(x_ref)
+    o_smem[...] = total
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_ref.at[pl.ds(i * tm, tm)])
+    plgpu.wait_smem_to_gmem(0)
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                   scratch_types=[plgpu.SMEM((tm,), jnp.float32)],
+                   grid=(2,), grid_names=("i",))
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, jnp.ones((128, 512), jnp.float32), backend="sim")
+  assert "Failed to infer a possible set of layouts" in str(e.value)
+  assert "plgpu.layout_cast(x, plgpu.Layout.WGMMA) on a loop's initial carry" in str(e.value)
+  assert e.value.primitive is None and "[mpmd_map]" not in str(e.value)

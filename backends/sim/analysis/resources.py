@@ -152,6 +152,10 @@ def check_smem(nbytes, gpu, where=None, parts=()):
 
 
 _SMEM_MSG = re.compile(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)")
+# Layout inference's failures, worded two ways across the window
+_NO_LAYOUTS = re.compile(r"Failed to infer a possible set of layouts|Layout inference failed")
+# The ops of the kernel as a whole (a pass that held one names no primitive)
+_KERNEL_OPS = frozenset(("mpmd_map", "pallas_call"))
 _UNIMPLEMENTED = re.compile(r"Unimplemented primitive in Pallas Mosaic GPU lowering: (\w+)")
 
 
@@ -175,11 +179,18 @@ def lowering_error(exc, where=None):
     op = locations.mosaic_op_name(exc)
     lines = [f"an assertion with no message, at {jx.raised_at(exc)}"
              + (f", on the op of a {op}" if op else "")]
+  if _NO_LAYOUTS.search(msg):
+    lines.append("(layout inference could not settle a layout for every value of the "
+                 "kernel: give it one where a value is made, e.g. plgpu.layout_cast("
+                 "x, plgpu.Layout.WGMMA) on a loop's initial carry such as jnp.zeros, "
+                 "or plgpu.load(ref, idx, layout=...))")
   m = _UNIMPLEMENTED.search(msg)
+  op = locations.mosaic_op_name(exc)
   return LoweringError.of(
       exc, f"the Mosaic GPU lowering rejects this kernel "
       f"({type(exc).__name__}): " + "\n".join(lines).strip(),
-      primitive=m.group(1) if m else locations.mosaic_op_name(exc), where=where)
+      primitive=m.group(1) if m else (op if op not in _KERNEL_OPS else None),
+      where=where)
 
 
 def primitive_names(kernel_jaxpr):
