@@ -561,3 +561,55 @@ def test_a_semaphore_signal_that_does_not_cover_the_write_is_named(how):
   else:
     assert names_line(r.advice, "sem-signal-unawaited"), r
     assert "wait_smem_to_gmem(0)" in r.advice and "then signal" in r.advice, r
+
+
+def _released_while_the_wgmma_reads(wait_first):
+  """Thread 0 issues a wgmma reading `b` and arrives on `free` (the slot's
+  release, as a warp-specialized pipeline's consumer does when its body
+  returns); thread 1 waits on `free` and loads the next tile into `b`. With
+  the wgmma still in flight at the arrival (wgmma_wait(1) and nothing after:
+  the bug), the load can overwrite what it reads."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), F32),
+                scratch_types=[plgpu.SMEM((64, 64), F16), plgpu.SMEM((64, 128), F16),
+                               plgpu.Barrier(num_arrivals=2), plgpu.Barrier(),
+                               plgpu.Barrier()],
+                num_threads=2, thread_name="t")
+  def k(a_ref, b_ref, o_ref, a, b, full, free, again):
+    t = lax.axis_index("t")
+
+    def consume(acc):
+      plgpu.barrier_wait(full)
+      plgpu.wgmma(acc, a, b)  # wgmma-reads-b
+      plgpu.wgmma_wait(0 if wait_first else 1)
+      plgpu.barrier_arrive(free)  # releases-b
+      plgpu.barrier_wait(again)
+      plgpu.wgmma_wait(0)
+      o_ref[...] = acc[...]
+
+    @pl.when(t == 0)
+    def _():
+      pl.run_scoped(consume, plgpu.ACC((64, 128), F32))
+
+    @pl.when(t == 1)
+    def _():
+      plgpu.copy_gmem_to_smem(a_ref, a, full)
+      plgpu.copy_gmem_to_smem(b_ref, b, full)
+      plgpu.barrier_wait(full)
+      plgpu.barrier_wait(free)
+      plgpu.copy_gmem_to_smem(b_ref, b, again)  # refills-b
+  return k
+
+
+@pytest.mark.parametrize("wait_first", [False, True])
+def test_a_slot_released_while_its_wgmma_reads_says_to_wait_before_the_arrival(wait_first):
+  a, b = jnp.ones((64, 64), F16), jnp.ones((64, 128), F16)
+  report = check(_released_while_the_wgmma_reads(wait_first), a, b)
+  if wait_first:
+    assert not report.races, report.races
+    return
+  [r] = [r for r in report.races if r.kind == "read-write race"]
+  assert names_line(str(r), "wgmma-reads-b") and names_line(str(r), "refills-b")
+  assert re.search(rf"thread 0's wgmma \(\S*{re.escape(line_of('wgmma-reads-b'))}\) may "
+                   "still be reading when thread 0 arrives on free", r.advice), r.advice
+  assert "wgmma_wait(0) before that arrival" in r.advice
+  assert "a second barrier" not in r.advice  # (not the fix here)

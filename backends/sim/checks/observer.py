@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 INF = np.iinfo(np.int64).max
 
+# An async agent's reads and writes end where its issuing thread waits for it.
+_AWAIT = {"wgmma": "wgmma_wait(0)",
+          "tma_store": "wait_smem_to_gmem(0, wait_read_only=True)"}
+
+
 def block_of(blk):
   """How reports tell a block from the others of its group: its coordinates
   in its cluster, in a cluster (so that reports fold over the clusters of
@@ -934,6 +939,15 @@ class HappensBefore:
       return None
     n, wait = observed
     rh = self.owners.get(c)
+    if rh is not None and rh in self._arrivers(b) and rsite.agent in _AWAIT:
+      # (the arrival may follow the issue: what it does not follow is the
+      # async read's end, which only the thread's own wait observes)
+      return (f"{wait} observed completion #{n} ({self._made_by(b, n)}); {rh.who}'s "
+              f"{races.agent_words(rsite.agent)} ({rsite.where}) may still be "
+              f"{'reading' if rsite.access == 'read' else 'writing'} when {rh.who} "
+              f"arrives on {slot.name}: {_AWAIT[rsite.agent]} before that arrival (in "
+              "a pipeline's body, before the body returns: the pipeline arrives for "
+              "the step's slots then)")
     if rh is not None and rh in self._arrivers(b):
       return (f"{wait} observed completion #{n} ({self._made_by(b, n)}); {rh.who} "
               f"arrives on {slot.name} only before its {rsite.access} "
