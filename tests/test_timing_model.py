@@ -208,7 +208,7 @@ def test_summary_reports_bound_units_and_time():
   k = _est(1024, 1024, 1024)
   text = k.summary()
   assert f"bound: {k.bound} (" in text
-  assert "occupancy: 2 block(s) per SM, 1 wave(s) over 132 SMs" in text
+  assert "occupancy: 2 block(s) per SM, 1 wave(s) over 132 SMs (64 in use, 68 idle)" in text
   assert "units busy: tensor core" in text and "thread time:" in text
   assert sum(k.stalls.values()) == pytest.approx(1.0)
   assert 0 < k.utilisation["tensor core"] < 1 and k.gbps > 0

@@ -101,8 +101,11 @@ class KernelReport:
     lines.append(f"  achieved: {self.tflops:.1f} TFLOP/s, {self.gbps:.0f} GB/s of HBM "
                  f"({self.hbm_bytes / 1e6:.1f} MB)")
     spill = (f", {self.spilled_registers} spilled" if self.spilled_registers else "")
+    # (blocks go one an SM first: a grid of fewer leaves SMs idle, say so)
+    idle = (f" ({self.num_blocks} in use, {self.num_sms - self.num_blocks} idle)"
+            if self.num_blocks < self.num_sms else "")
     lines.append(f"  occupancy: {self.blocks_per_sm} block(s) per SM, {self.waves} wave(s) "
-                 f"over {self.num_sms} SMs, ~{self.registers} registers per thread "
+                 f"over {self.num_sms} SMs{idle}, ~{self.registers} registers per thread "
                  f"(limit {self.register_limit}{spill})")
     if self.utilisation:
       lines.append("  units busy: " + ", ".join(
