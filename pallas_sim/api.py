@@ -86,7 +86,10 @@ def _fresh(err: BaseException) -> BaseException:
   down to the static check that raised it); a new one carries only what it
   is given (the user's own frames of the first) and the frames it passes on
   its way out to the user's call."""
-  new = type(err).__new__(type(err))
+  try:
+    new = type(err).__new__(type(err))
+  except TypeError:  # (a base class whose __new__ wants its arguments: keep it)
+    return err.with_traceback(None)
   new.__dict__.update(err.__dict__)
   new.args = err.args
   if getattr(err, "__notes__", None):
