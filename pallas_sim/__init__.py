@@ -17,7 +17,7 @@ from pallas_sim.errors import (  # noqa: E402
     BackendError, DeadlockError, KernelError, LoweringError, LoweringTimeoutError,
     OutOfBoundsError, RaceError,
     ResourceError, RunawayKernelError, SimError, SmemOverflowError, UninitializedError,
-    UninitializedWarning, RaceWarning, EstimateWarning,
+    UninitializedWarning, RaceWarning, EstimateWarning, OutOfBoundsWarning,
     UnsupportedPrimitiveError)
 
 __version__ = "0.1.0"
@@ -28,7 +28,7 @@ __all__ = [
     "KernelReport", "gpus", "SimError", "UnsupportedPrimitiveError",
     "KernelError", "LoweringError", "LoweringTimeoutError", "OutOfBoundsError", "ResourceError", "SmemOverflowError",
     "DeadlockError", "RaceError", "RaceWarning", "UninitializedError",
-    "UninitializedWarning", "EstimateWarning",
+    "UninitializedWarning", "EstimateWarning", "OutOfBoundsWarning",
     "RunawayKernelError",
     "BackendError",
 ]

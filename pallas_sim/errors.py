@@ -171,6 +171,12 @@ class EstimateWarning(UserWarning):
   as shapes): it names them and the decision's line."""
 
 
+class OutOfBoundsWarning(UserWarning):
+  """A TMA copy whose box lies wholly outside its array: legal (a load reads
+  zeros, a store writes nothing), and almost always a wrong index_map or a
+  grid longer than the array. Once per copy and kernel, at its line."""
+
+
 class UninitializedWarning(UserWarning):
   """An uninitialized-memory finding, where findings are only reported
   (pytest --pallas-sim-uninitialized report)."""

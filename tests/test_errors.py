@@ -505,3 +505,31 @@ def test_layout_inference_that_finds_no_layouts_says_how_to_help_it():
   assert "Failed to infer a possible set of layouts" in str(e.value)
   assert "plgpu.layout_cast(x, plgpu.Layout.WGMMA) on a loop's initial carry" in str(e.value)
   assert e.value.primitive is None and "[mpmd_map]" not in str(e.value)
+
+
+@pytest.mark.parametrize("grid", [2, 3])
+def test_a_tma_box_wholly_outside_its_array_warns_at_the_copy(grid):
+  """A pipeline whose grid runs past the array: its last step's boxes lie
+  wholly outside (the load reads zeros, the store writes nothing, as on the
+  GPU); a warning names the copy's line. Within the array, no warning."""
+  def body(x_ref, o_ref):
+    def step(_, x_smem, o_smem):
+      o_smem[...] = x_smem[...] + 1.0
+    plgpu.emit_pipeline(  # <- the copies
+        step, grid=(grid,),
+        in_specs=[plgpu.BlockSpec((64, 128), lambda i: (i, 0))],
+        out_specs=[plgpu.BlockSpec((64, 128), lambda i: (i, 0))])(x_ref, o_ref)
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128, 128), jnp.float32))
+  x = jnp.ones((128, 128), jnp.float32)
+  import warnings
+  with warnings.catch_warnings(record=True) as got:
+    warnings.simplefilter("always")
+    np.testing.assert_array_equal(ps.run(k, x, backend="sim"), 2.0)
+  outside = [w for w in got if issubclass(w.category, ps.OutOfBoundsWarning)]
+  if grid == 2:
+    assert not outside, [str(w.message) for w in outside]
+    return
+  assert outside and all(w.filename.endswith(HERE) and
+                         w.lineno == line_of(body, "<- the copies") for w in outside)
+  assert "a TMA box lies wholly outside x_ref of shape (128, 128)" in str(outside[0].message)
+  assert "a TMA load reads zeros there" in str(outside[0].message)

@@ -1755,6 +1755,12 @@ MUTANTS = [
            "      raise _fresh(e).with_traceback(locations.own_frames(e.__traceback__)) from None\n",
            "      raise e.with_traceback(None) from None\n",
            ("tests/test_errors.py",)),
+    Mutant("box-outside-unsaid", TMA,
+           "a TMA load whose box lies wholly outside its array warns at the copy's "
+           "line; the mutant lets it read its zeros without a word",
+           "      if _wholly_outside(inb):\n",
+           "      if False:\n",
+           ("tests/test_errors.py",)),
     Mutant("cluster-peer-unbounded", "backends/sim/interpret/refview.py",
            "a cluster peer's index is checked against the cluster's size; the mutant "
            "wraps it round",

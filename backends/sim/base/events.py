@@ -24,6 +24,7 @@ class MergeTarget(Protocol):
   init_log: Any     # initcheck.InitLog
   cross: Any        # cross_block.CrossBlock, or None without race checking
   sem_needs: dict[int, Any]
+  outside: dict[str, str]
 
   def unwritten_of(self, origin: Any, offset: int, estrides: tuple[int, ...],
                    shape: tuple[int, ...], unwritten: Any) -> Any: ...
@@ -190,3 +191,20 @@ def _key(site: Any) -> Any:
 
 def _site(key: Any, log: SiteLog) -> Any:
   return None if key is None else log.site(*key)
+
+
+class BoxOutside(NamedTuple):
+  """A TMA copy whose box lay wholly outside its array (rules/tma.py): the
+  copy's line and what to say of it, the first one a launch met at that
+  line kept (findings.py warns of it)."""
+  where: str
+  text: str
+
+  def merge(self, m: MergeTarget) -> None:
+    m.outside.setdefault(self.where, self.text)
+
+  def portable(self, buf_index: BufIndex) -> Self:
+    return self
+
+  def restored(self, bufs: Sequence[Any], log: SiteLog) -> Self:
+    return self

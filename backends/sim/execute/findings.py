@@ -5,7 +5,7 @@ uninitialized memory into the Report, and the errors they raise
 from pallas_sim import unwritten
 from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.checks import initcheck
-from pallas_sim.errors import (RaceError, RaceWarning, UninitializedError,
+from pallas_sim.errors import (OutOfBoundsWarning, RaceError, RaceWarning, UninitializedError,
                                UninitializedWarning)
 
 
@@ -18,6 +18,8 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
   errors: list[Exception] = []
   found = merge.log.races()
   report.races.extend(found)
+  for where, text in merge.outside.items():
+    locations.warn_at(OutOfBoundsWarning(f"kernel {launch.name}: {text}"), where)
   for i in sorted(prep.sem_inputs):
     if in_bufs[i].data.any():
       # (the callback holds a copy of the Ref's values: a GPU keeps them)

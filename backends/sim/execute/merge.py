@@ -29,6 +29,9 @@ class Merge:
     # group number -> {semaphore acquire: the signals it needs}, where a
     # group's acquires took more (events.SemaphoreNeeds)
     self.sem_needs: dict[int, Any] = {}
+    # copy's line -> what to say of a TMA box wholly outside its array
+    # (events.BoxOutside)
+    self.outside: dict[str, str] = {}
 
   def group(self, result: GroupResult) -> None:
     """Merges a group's result (group.GroupResult)."""

@@ -22,6 +22,7 @@ from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.interpret.rules.atomics import OPS, unsigned
 from pallas_sim.backends.sim.interpret.rules.barriers import peer_slot
 from pallas_sim.backends.sim.interpret.rules.refs import peer_ref
+from pallas_sim.backends.sim.base.events import BoxOutside
 from pallas_sim.errors import KernelError, OutOfBoundsError, not_modelled
 
 
@@ -152,6 +153,21 @@ def _static_check(eqn, cx, what, smem_operand, name, gmem_operand, bulk_possible
   return gmem is not None  # (else each copy checks its GMEM side)
 
 
+def _wholly_outside(inb):
+  """Whether a clipped box's in-bounds part (apply_clipped) is empty."""
+  return any(sl.start >= sl.stop for sl in inb)
+
+
+def _outside(wg, where, ref, what):
+  """Notes a TMA box wholly outside its array (the launch warns of the
+  first at each line: events.BoxOutside)."""
+  shape = tuple(ref.buf.data.shape) if hasattr(ref.buf, "data") else ()
+  wg.block.group.events.append(BoxOutside(where, (
+      f"a TMA box lies wholly outside {ref.buf.name}{' of shape ' + str(shape) if shape else ''} "
+      f"(first in block {wg.block.index}): {what}. Almost always a wrong index_map, "
+      "or a grid longer than the array")))
+
+
 @rule("copy_gmem_to_smem", op=OpClass.TMA_LOAD)
 def _copy_gmem_to_smem(eqn, cx):
   collective = tuple(jx.param(eqn, "collective_axes") or ())
@@ -199,6 +215,8 @@ def _copy_gmem_to_smem(eqn, cx):
     barriers.arrive(slot, expect_tx=nbytes, at=wg.time)  # (tx pending: no completion)
     targets, fill = [(d, slot)], False
     if inb is not None:
+      if _wholly_outside(inb):
+        _outside(wg, where, s, "a TMA load reads zeros there")
       if oob == "PROMISE_IN_BOUNDS" or collective:
         raise OutOfBoundsError(
             f"TMA box of {s.buf.name} reaches past its ends"
@@ -395,6 +413,8 @@ def _copy_smem_to_gmem(eqn, cx):
     if not static:
       _check_box(s, what, op is None and _may_be_bulk(s) and _contiguous(d), d)
     if inb is not None:  # past the array's ends: TMA drops those elements
+      if _wholly_outside(inb) and pred:
+        _outside(wg, where, d, "a TMA store writes nothing there")
       s = refview.Ref(s.buf, s.view[inb])
     if pred:
       wg.open_group.append((s, d, reduce, where))
