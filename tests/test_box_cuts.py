@@ -16,6 +16,11 @@ from pallas_sim.backends.sim.blocks import block_classes
 from pallas_sim.backends.sim.analysis import congruence
 from test_estimate import _full, _times
 
+# (these draw boxes wholly outside their arrays on purpose: what TMA makes of
+# them is what they test)
+pytestmark = pytest.mark.filterwarnings("ignore::pallas_sim.errors.OutOfBoundsWarning")
+
+
 F32 = jnp.float32
 S = jax.ShapeDtypeStruct
 
