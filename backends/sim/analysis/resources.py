@@ -113,33 +113,35 @@ _LOOKED_INTO = frozenset(("cond", "scan", "jit", "pjit", "run_state", "while"))
 class KernelResources:
   """What a kernel body allocates and holds, read once before it runs."""
   smem: int                  # the bytes the lowering requests (smem_bytes)
+  # the SMEM allocations `smem` counts, largest first: (bytes, what)
+  smem_parts: tuple[tuple[int, str], ...]
   barriers: int              # the barriers a block can have (barrier_count)
   primitives: frozenset[str]  # every primitive in it (primitive_names)
 
 
 def of(kernel_jaxpr: Any) -> KernelResources:
   """The kernel body's KernelResources."""
-  return KernelResources(smem_bytes(kernel_jaxpr), barrier_count(kernel_jaxpr),
+  need = _jaxpr_need(kernel_jaxpr, REDUCTION_SCRATCH_BYTES)
+  return KernelResources(_need_bytes(need), tuple(sorted(need.parts, key=lambda p: -p[0])),
+                         barrier_count(kernel_jaxpr),
                          frozenset(primitive_names(kernel_jaxpr)))
 
 
 def smem_bytes(kernel_jaxpr, reduction_bytes=REDUCTION_SCRATCH_BYTES):
   """The `smem_bytes` the real lowering requests for this kernel body."""
-  need = _jaxpr_need(kernel_jaxpr, reduction_bytes)
+  return _need_bytes(_jaxpr_need(kernel_jaxpr, reduction_bytes))
+
+
+def _need_bytes(need):
   size = need.smem
   for (_, count), times in need.barriers.items():
     size += times * count * MBARRIER_BYTES
   return size
 
 
-def smem_parts(kernel_jaxpr, reduction_bytes=REDUCTION_SCRATCH_BYTES):
-  """The SMEM allocations smem_bytes counts, largest first: (bytes, what)."""
-  return sorted(_jaxpr_need(kernel_jaxpr, reduction_bytes).parts, key=lambda p: -p[0])
-
-
 def check_smem(nbytes, gpu, where=None, parts=()):
-  """The lowering's SMEM check, in its words; `parts` (smem_parts): where
-  the bytes go, said after them."""
+  """The lowering's SMEM check, in its words; `parts` (KernelResources.
+  smem_parts): where the bytes go, said after them."""
   if nbytes > gpu.max_smem_per_block:
     said = "; ".join(f"{b // 1024} KiB {what}" for b, what in parts[:4])
     more = f"; and {len(parts) - 4} more" if len(parts) > 4 else ""
@@ -175,8 +177,8 @@ def lowering_error(exc, where=None):
       break
     lines.append(line.replace(" Please file an issue at "
                               "https://github.com/jax-ml/jax/issues/new/choose.", ""))
+  op = locations.mosaic_op_name(exc)
   if not lines:  # (a bare assertion: where JAX raised it is all it says)
-    op = locations.mosaic_op_name(exc)
     lines = [f"an assertion with no message, at {jx.raised_at(exc)}"
              + (f", on the op of a {op}" if op else "")]
   if _NO_LAYOUTS.search(msg):
@@ -185,7 +187,6 @@ def lowering_error(exc, where=None):
                  "x, plgpu.Layout.WGMMA) on a loop's initial carry such as jnp.zeros, "
                  "or plgpu.load(ref, idx, layout=...))")
   m = _UNIMPLEMENTED.search(msg)
-  op = locations.mosaic_op_name(exc)
   return LoweringError.of(
       exc, f"the Mosaic GPU lowering rejects this kernel "
       f"({type(exc).__name__}): " + "\n".join(lines).strip(),

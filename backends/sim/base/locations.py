@@ -11,6 +11,7 @@ import sys
 import sysconfig
 import traceback
 import types
+import warnings
 from typing import Any
 
 import jaxlib
@@ -217,8 +218,6 @@ def _short(path: str) -> str:
   return rel if not rel.startswith("..") else path
 
 
-
-
 _WARNED: dict[str, dict[Any, Any]] = {}  # (per file, as the warnings module keeps a module's)
 
 
@@ -227,7 +226,6 @@ def warn_at(warning: Warning, where: str | None) -> None:
   line a finding names), not at the simulator's frame that found it: a
   simulation runs inside an XLA host callback, whose stack may not hold the
   user's code at all. Shown once per line and text, as warnings are."""
-  import warnings
   m = re.match(r"(.+?):(\d+)(?::|$)", where or "")  # ("path:line", or "path:line: what")
   if m is None:
     warnings.warn(warning, stacklevel=2)

@@ -939,7 +939,9 @@ class HappensBefore:
       return None
     n, wait = observed
     rh = self.owners.get(c)
-    if rh is not None and rh in self._arrivers(b) and rsite.agent in _AWAIT:
+    if rh is None or rh not in self._arrivers(b):
+      return None
+    if rsite.agent in _AWAIT:
       # (the arrival may follow the issue: what it does not follow is the
       # async read's end, which only the thread's own wait observes)
       return (f"{wait} observed completion #{n} ({self._made_by(b, n)}); {rh.who}'s "
@@ -948,14 +950,12 @@ class HappensBefore:
               f"arrives on {slot.name}: {_AWAIT[rsite.agent]} before that arrival (in "
               "a pipeline's body, before the body returns: the pipeline arrives for "
               "the step's slots then)")
-    if rh is not None and rh in self._arrivers(b):
-      return (f"{wait} observed completion #{n} ({self._made_by(b, n)}); {rh.who} "
-              f"arrives on {slot.name} only before its {rsite.access} "
-              f"({rsite.where}), so nothing tells {h.who} that it is done: it takes "
-              f"an arrival after the {rsite.access} that {h.who} waits for before "
-              f"{csite.where} (a second barrier, the buffer's release), or a second "
-              "buffer")
-    return None
+    return (f"{wait} observed completion #{n} ({self._made_by(b, n)}); {rh.who} "
+            f"arrives on {slot.name} only before its {rsite.access} "
+            f"({rsite.where}), so nothing tells {h.who} that it is done: it takes "
+            f"an arrival after the {rsite.access} that {h.who} waits for before "
+            f"{csite.where} (a second barrier, the buffer's release), or a second "
+            "buffer")
 
   @staticmethod
   def _next_arrival_needed(b, h, n):

@@ -82,9 +82,7 @@ class Preparer:
     smem = res.smem
     if launch.profile is not None:  # (the profiler's buffer is in SMEM too)
       smem += launch.profile.smem_bytes(launch.num_threads)
-    if smem > self.gpu.max_smem_per_block:  # (where it goes, for the report)
-      resources.check_smem(smem, self.gpu, where=launch.where,
-                           parts=resources.smem_parts(jaxpr))
+    resources.check_smem(smem, self.gpu, where=launch.where, parts=res.smem_parts)
     # Whether blocks' control flow differs (then estimate runs them all, and
     # the L2 model follows their loads: timing/model.py); per TMA load
     # site, the grid axes its address depends on (L2 reuse).

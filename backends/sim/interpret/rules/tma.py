@@ -161,11 +161,10 @@ def _wholly_outside(inb):
 def _outside(wg, where, ref, what):
   """Notes a TMA box wholly outside its array (the launch warns of the
   first at each line: events.BoxOutside)."""
-  shape = tuple(ref.buf.data.shape) if hasattr(ref.buf, "data") else ()
   wg.block.group.events.append(BoxOutside(where, (
-      f"a TMA box lies wholly outside {ref.buf.name}{' of shape ' + str(shape) if shape else ''} "
-      f"(first in block {wg.block.index}): {what}. Almost always a wrong index_map, "
-      "or a grid longer than the array")))
+      f"a TMA box lies wholly outside {ref.buf.name} of shape "
+      f"{tuple(ref.buf.data.shape)} (first in block {wg.block.index}): {what}. Almost "
+      "always a wrong index_map, or a grid longer than the array")))
 
 
 @rule("copy_gmem_to_smem", op=OpClass.TMA_LOAD)
