@@ -143,9 +143,16 @@ class GPU:
   # issue ends: tma_latency was measured from before the issue.
   tma_issue_cycles: float = 43.0
   # A TMA store's issue, the same way: 94 cycles for 1, 118 for 2 (59 a
-  # store). A third and fourth wait for the first ones' SMEM reads (4 took
-  # 1346, 8 took 4776): a queue of about two bulk stores, not modelled.
+  # store).
   tma_store_issue_cycles: float = 59.0
+  # A third store's issue waits for the first's SMEM read, and so on: 4
+  # took 1346 cycles, 8 took 4776, and what was left to drain after the
+  # last issue stayed about two stores' worth (the same rows): the engine
+  # holds two bulk stores still reading (Timing.store_queue). The model's
+  # stores read at the SM's share of the L2 (l2_bytes_per_s), faster than
+  # these did (4 and 8 in 1033 and 2863 cycles): what rate a store reads
+  # at under load is the copy_own_* micros' question.
+  tma_store_queue: int = 2
   # A TMA load's latency, issue to barrier completion, of a 4 KiB tile:
   # 440 cycles from L2, 968 from HBM (H200, a chain of dependent loads:
   # tma_latency_l2_4k and tma_latency_hbm_4k in lab/data/h200_measured.json

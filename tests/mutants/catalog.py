@@ -1273,6 +1273,11 @@ MUTANTS = [
            "    for most, read, write in self.hbm_runs:\n",
            "    for most, read, write in ():\n",
            ("tests/test_hbm_model.py",)),
+    Mutant("tma-store-queue-unbounded", "pallas_sim/gpus.py",
+           "a third bulk store's issue waits for the first's SMEM read "
+           "(tma_store_queue); the mutant lets the engine take any number",
+           "  tma_store_queue: int = 2\n", "  tma_store_queue: int = 64\n",
+           ("tests/test_timing_model.py",)),
     Mutant("hbm-run-whole-box", TMA,
            "a box's runs are its rows where they are pieces of longer rows; the mutant "
            "takes every box for one run",

@@ -50,7 +50,8 @@ class Engines:
   gave each (cycles of the unit's own time, for utilisation)."""
   __slots__ = ("share", "tma_free", "tc_free", "tma_work", "tc_work", "spill",
                "l2_rate", "latency", "loads", "byte_cycles", "l2_work", "path", "far",
-               "l2_rows", "miss", "hbm_cycles", "hbm_work", "hbm_left", "blocks", "hbm_free")
+               "l2_rows", "miss", "hbm_cycles", "hbm_work", "hbm_left", "blocks", "hbm_free",
+               "store_reads")
 
   def __init__(self, share=1, spill=(0.0, 0.0), l2_rate=None, latency=None, loads=False,
                byte_cycles=None, far=1.0, l2_rows=None, miss=None, hbm_cycles=None, blocks=1):
@@ -86,6 +87,8 @@ class Engines:
     self.loads: list[Any] | None = [] if loads else None  # its Loads (LaunchTiming.hbm_reads_traced)
     self.path = None  # the control decisions it took, where blocks/paths.py follows them
     self.tma_free = 0.0
+    # when the bulk stores it issued finish reading SMEM (Timing.store_queue)
+    self.store_reads: list[float] = []
     self.tc_free = 0.0
     self.tma_work = 0.0
     self.tc_work = 0.0
@@ -447,6 +450,18 @@ class Timing:
       if own and not store:  # (bytes no other block reads: its own to fetch)
         return start, end, max(end + lat, engines.hbm_free)
     return start, end, end + lat
+
+  def store_queue(self, engines, t):
+    """When a bulk store issued at t may start: the TMA engine takes
+    another while fewer than tma_store_queue of its earlier stores are
+    still reading SMEM; past that, the issue waits for the oldest read."""
+    reads = engines.store_reads
+    reads[:] = [r for r in reads if r > t]
+    depth = self.gpu.tma_store_queue
+    if len(reads) < depth:
+      return t
+    reads.sort()
+    return reads[len(reads) - depth]
 
   @staticmethod
   def count_hbm(engines, nbytes, cost, write, source=None):

@@ -443,8 +443,13 @@ def _commit(wg, timing, after=0.0):
     sview, dview = s.view, d.view
     nbytes = sview.nbytes
     cost = timing.gpu.hbm_cost(run_bytes(dview))[1]
+    free = timing.store_queue(blk.engines, wg.time)
+    if free > wg.time:  # (the engine holds as many reading stores as it takes)
+      since, wg.time = wg.time, free
+      wg.stalled("TMA store", since)
     start, read_done, done = timing.tma(blk.engines, wg.time + after, nbytes, store=True,
                                         hbm_cost=cost)
+    blk.engines.store_reads.append(read_done)
     blk.stats.tma_store_bytes += nbytes
     blk.stats.hbm_write_cost += nbytes * cost
     snap: list[np.ndarray] = []
