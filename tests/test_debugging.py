@@ -327,6 +327,31 @@ def test_a_loop_that_gives_back_its_state_never_ends_and_is_said_at_once():
   assert e.value.where == _marked_line(body), e.value.where
 
 
+def test_a_loop_that_cycles_through_states_never_ends_and_is_said_soon():
+  """A loop without effects that comes back to a state it had (here every
+  third iteration) loops for ever as surely as one whose state stays put;
+  one whose states never repeat (a count to 3000) is left to end."""
+  def body(o_ref):
+    n = lax.while_loop(lambda c: c[0] < 10,  # <- cycling
+                       lambda c: ((c[0] + 1) % 3, c[1] + 0.5 * (c[0] == 2) - 0.5 * (c[0] == 0)),
+                       (jnp.int32(0), jnp.float32(0)))
+    o_ref[...] = jnp.full((128,), n[1], F32)
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), F32))
+  with pytest.raises(ps.RunawayKernelError) as e:
+    ps.run(k, backend="sim", check_lowering=False, max_cycles=1e7)
+  msg = str(e.value)
+  assert "this loop never ends: iteration 6 came back to the state it had after " \
+         "iteration 3 (a cycle of 3)" in msg, msg
+  assert e.value.where == _marked_line(body), e.value.where
+
+  def counting(o_ref):
+    n = lax.while_loop(lambda i: i < 3000, lambda i: i + 1, jnp.int32(0))
+    o_ref[...] = jnp.full((128,), n, F32)
+  k = plgpu.kernel(counting, out_type=jax.ShapeDtypeStruct((128,), F32))
+  np.testing.assert_array_equal(ps.run(k, backend="sim", check_lowering=False),
+                                np.full((128,), 3000.0))
+
+
 def test_a_loop_whose_state_is_in_memory_is_not_taken_for_stuck():
   """The same carry, but the loop reads and writes SMEM: what it reads
   decides whether it goes on, so an unchanged carry says nothing."""

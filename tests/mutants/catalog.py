@@ -1740,6 +1740,12 @@ MUTANTS = [
            "  pure = not any(j.effects for j in form.given)\n",
            "  pure = False\n",
            ("tests/test_debugging.py",)),
+    Mutant("stuck-loop-cycle-of-one-only", "backends/sim/interpret/rules/control_flow.py",
+           "a loop without effects that comes back to any state it had never ends; "
+           "the mutant compares each state with the one before only",
+           "    if self.since == self.power:\n",
+           "    if True:\n",
+           ("tests/test_debugging.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -95,20 +95,47 @@ def _scan(eqn, cx):
   return _maybe_gen(body.blocking or sync is not None, plain, gen)
 
 
-def _unchanged(before, after):
-  """Whether an iteration gave back its carry bit for bit."""
-  for x, y in zip(before, after):
-    x, y = np.asarray(x), np.asarray(y)
-    if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
-      return False
-  return True
+def _state(carry):
+  """A carry as bytes: two states compare equal only bit for bit."""
+  parts = []
+  for x in carry:
+    x = np.asarray(x)
+    parts.append((x.dtype.str, x.shape, x.tobytes()))
+  return tuple(parts)
 
 
-def _stuck(iteration):
+class _Repeats:
+  """Brent's cycle finding over a pure loop's states: each iteration's carry
+  is compared with one kept state, which moves on at iterations 1, 2, 4, 8,
+  ... since the last move; a loop that comes back to a state it had is
+  found within about twice its lead-in and cycle, keeping one state."""
+  __slots__ = ("kept", "kept_at", "power", "since")
+
+  def __init__(self, carry):
+    self.kept, self.kept_at, self.power, self.since = _state(carry), 0, 1, 0
+
+  def seen(self, carry, iteration):
+    """The iteration whose state this one's repeats, or None."""
+    now = _state(carry)
+    if now == self.kept:
+      return self.kept_at
+    self.since += 1
+    if self.since == self.power:
+      self.kept, self.kept_at, self.power, self.since = now, iteration, 2 * self.power, 0
+    return None
+
+
+def _stuck(iteration, before):
+  if before == iteration - 1:
+    what = "gave back the state it was given"
+  else:
+    what = (f"came back to the state it had after iteration {before} (a cycle of "
+            f"{iteration - before})" if before else
+            f"came back to the state the loop began with (a cycle of {iteration})")
   return RunawayKernelError(
-      f"this loop never ends: iteration {iteration} gave back the state it was "
-      "given, and nothing else decides whether it goes on (its condition and body "
-      "read no memory and wait on nothing)")
+      f"this loop never ends: iteration {iteration} {what}, and nothing else "
+      "decides whether it goes on (its condition and body read no memory and wait "
+      "on nothing)")
 
 
 @rule("while")
@@ -119,32 +146,35 @@ def _while(eqn, cx):
   limit = cx.max_cycles
   sync = _catch_up(cx, eqn)
   # A loop without effects goes on or stops on its carry and consts alone:
-  # a carry that comes back unchanged loops for ever, which the simulation
-  # would otherwise run to max_cycles (minutes of a tight scalar loop).
+  # a carry that comes back to a state it had loops for ever, which the
+  # simulation would otherwise run to max_cycles (minutes of a tight scalar
+  # loop).
   pure = not any(j.effects for j in form.given)
 
   def plain(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
     iteration = 0
+    states = _Repeats(carry) if pure else None
     while run_plain(cond, cc + carry, wg)[0]:
-      before, carry = carry, run_plain(body, bc + carry, wg)
+      carry = run_plain(body, bc + carry, wg)
       iteration += 1
       if wg.time > limit:
         raise _runaway(wg, iteration, limit)
-      if pure and _unchanged(before, carry):
-        raise _stuck(iteration)
+      if states is not None and (before := states.seen(carry, iteration)) is not None:
+        raise _stuck(iteration, before)
     return carry
 
   def gen(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
     iteration = 0
+    states = _Repeats(carry) if pure else None
     while (yield from run_gen(cond, cc + carry, wg))[0]:
-      before, carry = carry, (yield from run_gen(body, bc + carry, wg))
+      carry = (yield from run_gen(body, bc + carry, wg))
       iteration += 1
       if wg.time > limit:
         raise _runaway(wg, iteration, limit)
-      if pure and _unchanged(before, carry):
-        raise _stuck(iteration)
+      if states is not None and (before := states.seen(carry, iteration)) is not None:
+        raise _stuck(iteration, before)
       if sync is not None and wg.sched.due_before(wg.time):
         yield sync
     return carry
