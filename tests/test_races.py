@@ -596,6 +596,30 @@ def test_each_race_says_whether_the_timing_overlapped_or_left_slack():
   assert f"{late[0].min_slack:.0f} cycles of slack" in str(late[0])
 
 
+def test_a_folded_race_says_in_how_many_occurrences_the_timing_overlapped():
+  """The same race in two blocks, one reading at once (overlapped), one
+  after a long loop (slack): the folded report counts both ways."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 256), jnp.float32), grid=(2,),
+                grid_names=("b",),
+                scratch_types=[plgpu.SMEM((256,), jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, smem, bar):
+    b = jax.lax.axis_index("b")
+    plgpu.copy_gmem_to_smem(x_ref.at[b], smem, bar)
+    acc = jax.lax.fori_loop(0, b * 2000, lambda i, a: a * 1.0001 + 1.0,
+                            jnp.zeros((256,), jnp.float32))
+    o_ref[b] = smem[...] + acc * 0
+    plgpu.barrier_wait(bar)
+
+  x = jnp.arange(512, dtype=jnp.float32).reshape(2, 256)
+  [race] = ps.simulate(k, x, on_race="report", on_uninitialized="report",
+                       check_lowering=False).report.races
+  assert (race.count, race.timed, race.overlapped) == (2, 2, 1)
+  assert race.min_slack > 0
+  assert (f"overlapped in 1 of 2 occurrences in the simulated timing (there the values "
+          f"can be wrong on the GPU now); the others had {race.min_slack:.0f} cycles of "
+          "slack at least") in str(race)
+
+
 def three_readers_kernel():
   """Threads 0, 2 and 1 read a tile, in that order in time; thread 0 then
   refills it once threads 0 and 1 are done (a barrier both arrive on):
