@@ -342,3 +342,38 @@ def test_a_peer_past_the_cluster_is_out_of_bounds_at_its_line():
   msg = str(e.value)
   assert "index 2 along cluster axis 'c' of size 2" in msg and "block (1,)" in msg
   assert "test_clusters.py:" in msg and 'cluster_ref(smem, {"c": c + 1})' in msg
+
+
+def test_a_peer_s_reload_before_its_reader_is_done_is_blamed_on_the_cluster_barrier():
+  """Each block reloads its tile every iteration while its peer may still be
+  reading the last one through cluster_ref: the cluster barrier is passed
+  only before the read. The report says so (an arrival after the read, that
+  the reloading block waits for), and not that a wait was for an earlier
+  phase of the reloading block's own TMA barrier, which the reader never
+  waits on."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3, 2, 64, 32), F32), cluster=(2,),
+                cluster_names=("c",),
+                scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.Barrier(),
+                               plgpu.ClusterBarrier(collective_axes=("c",))])
+  def k(x_ref, o_ref, smem, bar, cbar):
+    c = lax.axis_index("c")
+
+    @pl.loop(0, 3)
+    def _(i):
+      plgpu.copy_gmem_to_smem(x_ref.at[i, c], smem, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.barrier_arrive(cbar)
+      plgpu.barrier_wait(cbar)
+      o_ref[i, c] = plgpu.cluster_ref(smem, {"c": 1 - c})[...]
+    plgpu.barrier_arrive(cbar)
+    plgpu.barrier_wait(cbar)
+
+  x = jnp.arange(3 * 2 * 64 * 32, dtype=F32).reshape(3, 2, 64, 32)
+  races = ps.simulate(k, x, on_race="report", on_uninitialized="report").report.races
+  assert {(r.kind, r.first.agent, r.second.agent) for r in races} == {
+      ("read-write race", "thread", "tma_load")}
+  for r in races:
+    text = str(r)
+    assert "arrives on cbar only before its read" in text, text
+    assert "it takes an arrival after the read" in text, text
+    assert "earlier phase" not in text and "parity" not in text, text

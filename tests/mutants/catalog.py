@@ -651,9 +651,9 @@ MUTANTS = [
            ("tests/test_debugging.py",)),
     Mutant("runaway-loops-unchecked", "backends/sim/interpret/rules/control_flow.py",
            "a while loop ends a block past max_cycles; the mutant never checks",
-           "      before, carry = carry, run_plain(body, bc + carry, wg)\n      iteration += 1\n"
+           "      carry = run_plain(body, bc + carry, wg)\n      iteration += 1\n"
            "      if wg.time > limit:",
-           "      before, carry = carry, run_plain(body, bc + carry, wg)\n      iteration += 1\n"
+           "      carry = run_plain(body, bc + carry, wg)\n      iteration += 1\n"
            "      if False:",
            ("tests/test_debugging.py",)),
     # --- warps, semaphores, atomics, aliasing, timing, scopes ----------------
@@ -1746,6 +1746,12 @@ MUTANTS = [
            "    if self.since == self.power:\n",
            "    if True:\n",
            ("tests/test_debugging.py",)),
+    Mutant("peer-barrier-phase-blamed", "backends/sim/checks/observer.py",
+           "a race is never put down to a missed phase of a peer block's barrier, "
+           "which the thread cannot wait on; the mutant blames it",
+           "    if slot.block is not None and slot.block is not h.wg.block:\n",
+           "    if False:\n",
+           ("tests/test_clusters.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -831,6 +831,10 @@ class HappensBefore:
 
   def _missed_phase(self, slot, b, rsite, c, k, csite, h, vc, avc):
     """explain() for one barrier the current access's agent observed."""
+    if slot.block is not None and slot.block is not h.wg.block:
+      # (a thread waits on its own block's copy only: what it knows of a
+      # peer block's barrier came through another one, which is to blame)
+      return None
     observed = self._observed(slot, b, h, vc)
     if observed is None:
       return None
