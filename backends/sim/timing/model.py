@@ -87,8 +87,9 @@ class Engines:
     self.loads: list[Any] | None = [] if loads else None  # its Loads (LaunchTiming.hbm_reads_traced)
     self.path = None  # the control decisions it took, where blocks/paths.py follows them
     self.tma_free = 0.0
-    # when the bulk stores it issued finish reading SMEM (Timing.store_queue)
-    self.store_reads: list[float] = []
+    # (issue, end of its SMEM read) of the bulk stores it issued
+    # (Timing.store_queue)
+    self.store_reads: list[tuple[float, float]] = []
     self.tc_free = 0.0
     self.tma_work = 0.0
     self.tc_work = 0.0
@@ -454,13 +455,15 @@ class Timing:
   def store_queue(self, engines, t):
     """When a bulk store issued at t may start: the TMA engine takes
     another while fewer than tma_store_queue of its earlier stores are
-    still reading SMEM; past that, the issue waits for the oldest read."""
-    reads = engines.store_reads
-    reads[:] = [r for r in reads if r > t]
+    still reading SMEM; past that, the issue waits for the oldest read.
+    (Stores another warpgroup, simulated ahead, issued after t do not hold
+    this one up.)"""
+    stores = engines.store_reads
+    stores[:] = [(at, end) for at, end in stores if end > t]
+    reads = sorted(end for at, end in stores if at <= t)
     depth = self.gpu.tma_store_queue
     if len(reads) < depth:
       return t
-    reads.sort()
     return reads[len(reads) - depth]
 
   @staticmethod

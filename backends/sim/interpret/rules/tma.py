@@ -449,7 +449,7 @@ def _commit(wg, timing, after=0.0):
       wg.stalled("TMA store", since)
     start, read_done, done = timing.tma(blk.engines, wg.time + after, nbytes, store=True,
                                         hbm_cost=cost)
-    blk.engines.store_reads.append(read_done)
+    blk.engines.store_reads.append((wg.time, read_done))
     blk.stats.tma_store_bytes += nbytes
     blk.stats.hbm_write_cost += nbytes * cost
     snap: list[np.ndarray] = []
