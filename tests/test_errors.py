@@ -357,6 +357,21 @@ def test_bad_backend_and_gpu_names():
     ps.simulate(lambda: None, gpu="a100")
 
 
+def test_bad_options_are_named_with_what_they_take():
+  with pytest.raises(TypeError, match=r"ps.backend: unknown option\(s\) \['max_cycle'\]; "
+                                      r"options are the fields of ps.Options"):
+    with ps.backend("sim", max_cycle=10):
+      pass
+  with pytest.raises(ValueError, match=r"on_race='explode': choose one of"):
+    ps.simulate(lambda: None, on_race="explode")
+  with pytest.raises(ValueError, match=r"library_races='quiet': choose one of"):
+    ps.Options(library_races="quiet")
+  with pytest.raises(ValueError, match=r"max_cycles=0: must be positive"):
+    ps.Options(max_cycles=0)
+  with pytest.raises(ValueError, match=r"workers=0: a positive number of processes"):
+    ps.Options(workers=0)
+
+
 def test_runtime_error_in_backend_block_raises_at_its_end_and_later_runs_work():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
                 scratch_types=[plgpu.Barrier(num_arrivals=1)])

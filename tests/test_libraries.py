@@ -81,11 +81,23 @@ def test_what_a_declaration_does_not_cover_is_still_reported():
   assert "besides the region declared with ps.leave_unwritten" in msg
 
 
-def test_a_bad_declaration_is_named():
-  with ps.leave_unwritten("ragged_rows", lambda x, n: {3: np.s_[:]}):
-    with pytest.raises(ps.KernelError, match=r"output 3 is not one of the kernel's 1 "
-                                             r"outputs \(o_ref\)"):
-      ps.run(ragged_rows, X, N, backend="sim")
+def test_a_bad_declaration_is_named_at_the_line_that_made_it():
+  here = f"{os.path.relpath(__file__)}:"
+  bad = [(lambda x, n: {3: np.s_[:]},
+          r"output 3 is not one of the kernel's 1 outputs \(o_ref\)"),
+         (lambda x, n: {0: np.zeros((3, 128), bool)},
+          r"the mask for output 0 has shape \(3, 128\), the output \(256, 128\)"),
+         (lambda x, n: {0: np.s_[int(n[0]) // 0:]},
+          r"the region function raised ZeroDivisionError: integer division or modulo by "
+          r"zero")]
+  for region, text in bad:
+    line = inspect.currentframe().f_lineno + 1
+    with ps.leave_unwritten("ragged_rows", region):
+      with pytest.raises(ps.KernelError, match=text) as e:
+        ps.run(ragged_rows, X, N, backend="sim")
+    assert e.value.where == f"{here}{line}", (e.value.where, line)
+  with pytest.raises(TypeError, match=r"region must be a function of the kernel's inputs"):
+    ps.leave_unwritten("ragged_rows", {0: np.s_[:]})
 
 
 def test_present_gpu_shows_a_hopper_to_device_queries_and_nothing_else():
