@@ -239,3 +239,37 @@ def test_own_check_rejects_alone_with_our_message_and_line(name, make, kw, cls, 
   with pytest.raises(cls, match=msg) as e2:
     ps.run(fn, *args, backend="sim")
   assert not isinstance(e2.value, ps.LoweringError) and e2.value.where == where
+
+
+def barrier_misuse_kernel(what):
+  """A barrier operation on SMEM that holds no barrier, or on an array of
+  barriers not indexed down to one."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), F32),
+                scratch_types=[plgpu.SMEM((128,), F32), plgpu.Barrier(num_barriers=2)])
+  def k(x_ref, o_ref, smem, bar):
+    if what == "smem":
+      plgpu.barrier_wait(smem)  # <-
+    else:
+      plgpu.barrier_arrive(bar)  # <-
+    o_ref[...] = x_ref[...]
+  return k, (jnp.ones((128,), F32),)
+
+
+@pytest.mark.parametrize("what, msg", [
+    ("smem", r"\[barrier_wait\] barrier_wait: smem is not a barrier ref"),
+    ("array", r"\[barrier_arrive\] barrier_arrive: barrier ref bar of shape \(2,\) must be "
+              r"indexed down to one barrier")])
+def test_a_barrier_operation_on_what_is_not_one_barrier_is_refused_at_its_line(what, msg):
+  """Checked as the kernel runs: with the lowering's check on (the default),
+  the lowering refuses the kernel first, at the same line (for SMEM with
+  "'OpResult' object has no attribute 'wait'")."""
+  fn, args = barrier_misuse_kernel(what)
+  src, start = inspect.getsourcelines(barrier_misuse_kernel)
+  marked = [start + i for i, s in enumerate(src) if "# <-" in s]
+  where = f"{HERE}:{marked[0] if what == 'smem' else marked[1]}"
+  with pytest.raises(ps.KernelError, match=msg) as e:
+    ps.run(fn, *args, backend="sim", check_lowering=False)
+  assert e.value.where == where, (e.value.where, where)
+  with pytest.raises(ps.LoweringError) as e2:
+    ps.run(fn, *args, backend="sim")
+  assert e2.value.where == where, (e2.value.where, where)
