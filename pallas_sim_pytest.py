@@ -98,35 +98,70 @@ def pytest_runtest_call(item):
   if not item.config.getoption("--pallas-sim"):
     return (yield)
   __tracebackhide__ = True
-  import warnings
+  # A hypothesis test runs each example in a simulation of its own: what an
+  # example's kernels get wrong fails that example, which hypothesis then
+  # shrinks, and no example's findings are told with another's.
+  handle = getattr(getattr(item, "obj", None), "hypothesis", None)
+  inner = getattr(handle, "inner_test", None)
+  if inner is not None:
+    import functools
 
-  import pallas_sim as ps
-  # Races, uninitialized memory and deadlocks found in the test's kernels
-  # raise when the block ends, failing the test with the full report.
-  opt = item.config.getoption
-  report_unset = opt("--pallas-sim-uninitialized") == "report"
-  report_races = opt("--pallas-sim-races") == "report"
-  library = "raise" if opt("--pallas-sim-library-races") == "fail" else "report"
-  block = ps.backend("sim", gpu=opt("--pallas-sim-gpu"), library_races=library,
-                     on_race="report" if report_races else "raise",
-                     on_uninitialized="report" if report_unset else "raise")
-  try:
-    with block as report:
-      out = yield
-      # A unittest.TestCase's failure reaches pytest through the item, not as
-      # an exception through here: raised here, it gives way to the error of
-      # a kernel that failed in the test (its outputs were poison), as a
-      # plain test's does.
-      failures = getattr(item, "_excinfo", None)
-      if failures:
-        raise failures.pop(0).value
-  except ps.SimError as e:
-    # (with the test's own frames only: not those of JAX, pallas-sim and
-    # the context managers it came out of, where pytest would place it)
-    from pallas_sim.backends.sim.base import locations
-    raise e.with_traceback(locations.own_frames(e.__traceback__))  # (its cause kept)
-  for r in report.races:
-    warnings.warn(ps.RaceWarning(str(r)))
-  for f in report.uninitialized:
-    warnings.warn(ps.UninitializedWarning(str(f)))
+    @functools.wraps(inner)  # (hypothesis names the failing example by it)
+    def each_example(*args, **kwargs):
+      __tracebackhide__ = True
+      with _simulated(item):
+        return inner(*args, **kwargs)
+    handle.inner_test = each_example
+    try:
+      return (yield)
+    finally:
+      handle.inner_test = inner
+  with _simulated(item):
+    out = yield
+    # A unittest.TestCase's failure reaches pytest through the item, not as
+    # an exception through here: raised here, it gives way to the error of
+    # a kernel that failed in the test (its outputs were poison), as a
+    # plain test's does.
+    failures = getattr(item, "_excinfo", None)
+    if failures:
+      raise failures.pop(0).value
   return out
+
+
+class _simulated:
+  """The kernels launched inside run in the simulator with the session's
+  options. Races, uninitialized memory and deadlocks found raise when the
+  block ends (with the full report); reported ones are warnings."""
+
+  def __init__(self, item):
+    import pallas_sim as ps
+    opt = item.config.getoption
+    report_unset = opt("--pallas-sim-uninitialized") == "report"
+    report_races = opt("--pallas-sim-races") == "report"
+    library = "raise" if opt("--pallas-sim-library-races") == "fail" else "report"
+    self.block = ps.backend("sim", gpu=opt("--pallas-sim-gpu"), library_races=library,
+                            on_race="report" if report_races else "raise",
+                            on_uninitialized="report" if report_unset else "raise")
+
+  def __enter__(self):
+    self.report = self.block.__enter__()
+    return self.report
+
+  def __exit__(self, *exc):
+    __tracebackhide__ = True
+    import warnings
+
+    import pallas_sim as ps
+    try:
+      suppressed = self.block.__exit__(*exc)
+    except ps.SimError as e:
+      # (with the test's own frames only: not those of JAX, pallas-sim and
+      # the context managers it came out of, where pytest would place it)
+      from pallas_sim.backends.sim.base import locations
+      raise e.with_traceback(locations.own_frames(e.__traceback__))  # (its cause kept)
+    if exc[0] is None:
+      for r in self.report.races:
+        warnings.warn(ps.RaceWarning(str(r)))
+      for f in self.report.uninitialized:
+        warnings.warn(ps.UninitializedWarning(str(f)))
+    return suppressed

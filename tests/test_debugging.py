@@ -281,6 +281,50 @@ def test_pytest_plugin_and_check_command_fail_on_unwritten_outputs(tmp_path):
   assert "unwritten output: o_ref[64:72, 0:128]" in c.stdout
 
 
+HYPOTHESIS_TEST = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from hypothesis import given, settings, strategies as st
+
+
+def copy(x, nblocks):
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(nblocks,),
+                grid_names=("i",))
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...]  # (every block writes all of o: a race past one block)
+  return k(x)
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(nblocks=st.integers(1, 6))
+def test_copy(nblocks):
+  x = jnp.arange(128, dtype=jnp.float32)
+  np.testing.assert_array_equal(np.asarray(copy(x, nblocks)), np.arange(128))
+
+
+@settings(max_examples=4, deadline=None, derandomize=True, database=None)
+@given(n=st.sampled_from([128, 256]))
+def test_one_block(n):
+  x = jnp.arange(n, dtype=jnp.float32)
+  np.testing.assert_array_equal(np.asarray(copy(x, 1)), np.arange(n))
+"""
+
+
+def test_under_the_plugin_each_hypothesis_example_is_a_simulation_of_its_own(tmp_path):
+  """A race in some examples fails those examples: hypothesis shrinks to the
+  smallest (two blocks) and the error tells that example's findings only."""
+  (tmp_path / "test_hyp.py").write_text(HYPOTHESIS_TEST)
+  p = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+            "--pallas-sim", "test_hyp.py"], tmp_path)
+  out = p.stdout + p.stderr
+  assert p.returncode == 1 and "1 failed, 1 passed" in out, out
+  # (hypothesis's words for it: "Falsifying example" before 6.1xx, "Failing test case")
+  m = re.search(r"(Falsifying example|Failing test case): test_copy\(", out)
+  assert m and "nblocks=2," in out[m.end():m.end() + 40], out
+  assert "RaceError: test_hyp.py:8: 1 race(s) in kernel k" in out, out
+  assert "more error(s)" not in out, out
+
+
 # --- runaway kernels ---------------------------------------------------------
 
 def _spinning_kernel(steps=2 ** 31 - 1):

@@ -1752,6 +1752,12 @@ MUTANTS = [
            "    if slot.block is not None and slot.block is not h.wg.block:\n",
            "    if False:\n",
            ("tests/test_clusters.py",)),
+    Mutant("race-between-blocks-counted-as-misuse", "backends/sim/execute/findings.py",
+           "a race between blocks is counted a race in a RaceError's heading; the "
+           "mutant counts it a synchronization error",
+           '  races = sum(r.kind.endswith((" race", " race between blocks")) for r in found)\n',
+           '  races = sum(r.kind.endswith(" race") for r in found)\n',
+           ("tests/test_debugging.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -68,7 +68,7 @@ def _counted(found):
   """A RaceError's count of what it lists: races (two accesses unordered),
   and synchronization errors that are not (an unawaited TMA store, a lost
   barrier completion, SMEM touched after its block ended...)."""
-  races = sum(r.kind.endswith(" race") for r in found)
+  races = sum(r.kind.endswith((" race", " race between blocks")) for r in found)
   parts = [f"{races} race(s)"] if races else []
   if len(found) > races:
     parts.append(f"{len(found) - races} synchronization error(s)")
