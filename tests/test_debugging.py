@@ -396,6 +396,60 @@ def test_a_loop_that_cycles_through_states_never_ends_and_is_said_soon():
                                 np.full((128,), 3000.0))
 
 
+def test_a_spin_on_a_flag_nothing_can_set_is_said_at_once():
+  """A loop that only reads memory and whose condition ignores its carry
+  decides on what it reads; with no other thread to run and nothing in
+  flight, nothing can change that: it never ends (its carry counts on, so
+  no state of it repeats)."""
+  def body(x_ref, o_ref, flag):
+    flag[...] = jnp.zeros((128,), jnp.int32)
+    lax.while_loop(lambda c: flag[...][0] == 0, lambda c: c + 1, 0)  # <- spin
+    o_ref[...] = x_ref[...]
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), F32),
+                   scratch_types=[plgpu.SMEM((128,), jnp.int32)])
+  with pytest.raises(ps.RunawayKernelError) as e:
+    ps.run(k, jnp.ones((128,), F32), backend="sim", max_cycles=1e7)
+  assert "this loop never ends: at iteration 1 its condition still holds, and it " \
+         "decides on memory alone (it does not look at the loop's carry), which nothing " \
+         "else in this simulation can change any more" in str(e.value), str(e.value)
+  assert e.value.where == _marked_line(body), e.value.where
+
+
+def test_a_spin_on_a_flag_another_thread_sets_is_said_to_need_a_barrier():
+  """Thread 1 spins on a plain SMEM flag that thread 0 sets after a TMA
+  load: the spin never waits, so in the simulation thread 0 never runs
+  while it spins; on the GPU the read is unordered with the write and may
+  be hoisted out of the loop. Said at once, with what to use instead."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
+                scratch_types=[plgpu.SMEM((128,), jnp.int32), plgpu.SMEM((128,), jnp.int32),
+                               plgpu.Barrier(), plgpu.Barrier()],
+                num_threads=2, thread_name="t")
+  def k(x_ref, o_ref, flag, buf, loaded, zeroed):
+    t = lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      plgpu.barrier_wait(zeroed)
+      plgpu.copy_gmem_to_smem(x_ref, buf, loaded)
+      plgpu.barrier_wait(loaded)
+      flag[...] = buf[...]
+
+    @pl.when(t == 1)
+    def _():
+      flag[...] = jnp.zeros((128,), jnp.int32)
+      plgpu.barrier_arrive(zeroed)
+      n = lax.while_loop(lambda c: flag[...][0] == 0, lambda c: c + 1, 0)
+      o_ref[...] = jnp.full((128,), n, jnp.int32)
+
+  with pytest.raises(ps.RunawayKernelError) as e:
+    ps.run(k, jnp.ones((128,), jnp.int32), backend="sim", max_cycles=1e7,
+           check_lowering=False, on_race="report")
+  text = str(e.value)
+  assert "this loop never ends: at iteration 1" in text, text
+  assert "no other thread runs while it spins" in text, text
+  assert "wait on a barrier or a semaphore instead" in text, text
+
+
 def test_a_loop_whose_state_is_in_memory_is_not_taken_for_stuck():
   """The same carry, but the loop reads and writes SMEM: what it reads
   decides whether it goes on, so an unchanged carry says nothing."""

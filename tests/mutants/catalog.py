@@ -1758,6 +1758,19 @@ MUTANTS = [
            '  races = sum(r.kind.endswith((" race", " race between blocks")) for r in found)\n',
            '  races = sum(r.kind.endswith(" race") for r in found)\n',
            ("tests/test_debugging.py",)),
+    Mutant("spin-on-frozen-memory-runs-on", "backends/sim/interpret/rules/control_flow.py",
+           "a loop that only reads memory nothing can change any more, on a condition "
+           "that ignores its carry, never ends and is said at once; the mutant runs it "
+           "to max_cycles",
+           "      if spins:\n        raise _spinning(iteration, wg.sched.idle())\n    return carry\n",
+           "      pass\n    return carry\n",
+           ("tests/test_debugging.py",)),
+    Mutant("spin-while-others-can-run", "backends/sim/machine/scheduler.py",
+           "a spin that other threads or async work could still end on the GPU is told "
+           "from one nothing can; the mutant takes every spin for the second",
+           "    return not self._heap\n",
+           "    return True\n",
+           ("tests/test_debugging.py", "tests/test_semantics.py", "tests/test_races.py")),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -146,6 +146,12 @@ RENAMED = {
 }
 
 
+def reads_only(effects_of: Any) -> bool:
+  """Whether a jaxpr's effects are all reads of refs (no writes, no other
+  effect: it changes no memory and waits on nothing)."""
+  return all(isinstance(e, state_types.ReadEffect) for e in effects_of)
+
+
 def primitive_name(eqn: Any) -> str:
   """The name of an equation's primitive, as the newest release spells it."""
   name: str = eqn.primitive.name

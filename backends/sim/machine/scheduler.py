@@ -126,6 +126,11 @@ class Scheduler:
     self._seq += 1
     heapq.heappush(self._heap, (time, self._seq, fn))
 
+  def idle(self):
+    """Whether nothing is queued: no task ready, no async work in flight.
+    A running task that changes nothing then leaves everything as it is."""
+    return not self._heap
+
   def due_before(self, time):
     """Whether anything is queued to happen before `time`."""
     heap = self._heap

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
 from pallas_sim.backends.sim.analysis import walker
 from pallas_sim.backends.sim.machine.scheduler import catch_up
@@ -138,6 +139,32 @@ def _stuck(iteration, before):
       "on nothing)")
 
 
+def _uses_carry(cond, nconsts):
+  """Whether a while loop's condition reads its carry (its invars after
+  the consts), directly or through the equations it feeds."""
+  jaxpr = getattr(cond, "jaxpr", cond)
+  carry = {id(v) for v in jaxpr.invars[nconsts:]}
+  if any(id(v) in carry for v in jaxpr.outvars):
+    return True
+  return any(id(v) in carry for e in jaxpr.eqns for v in e.invars)
+
+
+def _spinning(iteration, alone):
+  if alone:
+    why = ("which nothing else in this simulation can change any more: no other thread "
+           "can run and nothing is in flight (a spin on a flag that nothing sets, or "
+           "that another launch or block outside this group would set)")
+  else:
+    why = ("and the loop writes nothing and waits on nothing, so no other thread runs "
+           "while it spins (they run in turns, each until it waits). On the GPU such a "
+           "spin reads with nothing ordering it after the write it waits for, and the "
+           "compiler may read once, before the loop: wait on a barrier or a semaphore "
+           "instead")
+  return RunawayKernelError(
+      f"this loop never ends: at iteration {iteration} its condition still holds, "
+      f"and it decides on memory alone (it does not look at the loop's carry), {why}")
+
+
 @rule("while")
 def _while(eqn, cx):
   form = walker.form_of(eqn, walker.While)
@@ -150,6 +177,14 @@ def _while(eqn, cx):
   # simulation would otherwise run to max_cycles (minutes of a tight scalar
   # loop).
   pure = not any(j.effects for j in form.given)
+  # A loop that only reads memory, whose condition does not look at its
+  # carry, decides on what it reads: where nothing else can change that
+  # while it runs, a condition that held holds for ever (a spin on a flag
+  # nothing sets). A loop that never yields runs alone: nothing else runs
+  # between its iterations; one that yields, only once no other thread is
+  # ready and nothing is in flight.
+  spins = (not pure and all(jx.reads_only(j.effects) for j in form.given)
+           and not _uses_carry(form.cond, cn))
 
   def plain(wg, *args):
     cc, bc, carry = list(args[:cn]), list(args[cn:cn + bn]), list(args[cn + bn:])
@@ -162,6 +197,8 @@ def _while(eqn, cx):
         raise _runaway(wg, iteration, limit)
       if states is not None and (before := states.seen(carry, iteration)) is not None:
         raise _stuck(iteration, before)
+      if spins:
+        raise _spinning(iteration, wg.sched.idle())
     return carry
 
   def gen(wg, *args):
@@ -175,6 +212,8 @@ def _while(eqn, cx):
         raise _runaway(wg, iteration, limit)
       if states is not None and (before := states.seen(carry, iteration)) is not None:
         raise _stuck(iteration, before)
+      if spins and wg.sched.idle():
+        raise _spinning(iteration, True)
       if sync is not None and wg.sched.due_before(wg.time):
         yield sync
     return carry
