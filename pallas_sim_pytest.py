@@ -50,6 +50,9 @@ def pytest_addoption(parser):
                        "the --pallas-sim-gpu model for the whole session, so that "
                        "libraries that choose kernels by the device pick their "
                        "Mosaic GPU ones")
+  group.addoption("--pallas-sim-max-cycles", type=float, default=None,
+                  help="stop a block that runs past this many simulated cycles (a "
+                       "loop that does not end), failing its test (default 2**32)")
   group.addoption("--pallas-sim-uninitialized", default="fail",
                   choices=("fail", "report"),
                   help="uninitialized reads and unwritten outputs fail the test "
@@ -139,9 +142,11 @@ class _simulated:
     report_unset = opt("--pallas-sim-uninitialized") == "report"
     report_races = opt("--pallas-sim-races") == "report"
     library = "raise" if opt("--pallas-sim-library-races") == "fail" else "report"
+    cycles = opt("--pallas-sim-max-cycles")
     self.block = ps.backend("sim", gpu=opt("--pallas-sim-gpu"), library_races=library,
                             on_race="report" if report_races else "raise",
-                            on_uninitialized="report" if report_unset else "raise")
+                            on_uninitialized="report" if report_unset else "raise",
+                            **({} if cycles is None else {"max_cycles": cycles}))
 
   def __enter__(self):
     self.report = self.block.__enter__()

@@ -111,12 +111,14 @@ class _Argv:
     sys.argv = self.saved
 
 
-def check(target, gpu="h100", out=sys.stdout, uninitialized="fail", args=()):
+def check(target, gpu="h100", out=sys.stdout, uninitialized="fail", args=(),
+          max_cycles=None):
   """Runs TARGET's entry points simulated; returns the number that failed.
   uninitialized="report": uninitialized-memory findings are printed, not
   failures. `args`: the file's own arguments (its sys.argv[1:])."""
   import pallas_sim as ps
-  opts = ps.Options(gpu=gpu, on_race="report", on_uninitialized="report")
+  opts = ps.Options(gpu=gpu, on_race="report", on_uninitialized="report",
+                    **_cycles(max_cycles))
   strict = uninitialized == "fail"
   argv = _Argv(os.path.abspath(target) if target.endswith(".py") else target, args)
   path = _source_of(target)
@@ -179,6 +181,16 @@ def _print_findings(name, report, out, strict):
   return fails
 
 
+def _cycles(max_cycles):
+  return {} if max_cycles is None else {"max_cycles": max_cycles}
+
+
+def _add_max_cycles(p):
+  p.add_argument("--max-cycles", type=float, default=None,
+                 help="stop a block that runs past this many simulated cycles (a loop "
+                      "that does not end), with its line (default 2**32)")
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(prog="pallas-sim", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -191,6 +203,7 @@ def main(argv=None):
   r.add_argument("--clock-mhz", type=float, default=None,
                  help="predict times with the SMs at this clock (e.g. what nvidia-smi "
                       "shows at the power limit; default: each unit at its measured one)")
+  _add_max_cycles(r)
   r.add_argument("args", nargs=argparse.REMAINDER)
   c = sub.add_parser("check", help="check a file's or module's entry points for races")
   c.add_argument("target")
@@ -199,17 +212,22 @@ def main(argv=None):
   c.add_argument("--uninitialized", default="fail", choices=("fail", "report"),
                  help="uninitialized reads and unwritten outputs fail the check "
                       "(default) or are only reported")
+  _add_max_cycles(c)
   c.add_argument("args", nargs=argparse.REMAINDER,
                  help="the file's own arguments (its sys.argv[1:])")
   ns = ap.parse_args(argv)
   import pallas_sim as ps
   if ns.cmd == "check":
     return 1 if check(ns.target, ns.gpu, uninitialized=ns.uninitialized,
-                      args=ns.args) else 0
+                      args=ns.args, max_cycles=ns.max_cycles) else 0
+  if not os.path.isfile(ns.file):
+    print(f"pallas-sim run: no such file: {ns.file}", file=sys.stderr)
+    return 2
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status, found = 0, None
   try:
-    with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz) as report, \
+    with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz,
+                    **_cycles(ns.max_cycles)) as report, \
         _Argv(ns.file, ns.args):
       try:
         runpy.run_path(ns.file, run_name="__main__")
@@ -225,7 +243,7 @@ def main(argv=None):
   # launches this backend simulated are ours to report)
   if report.kernels:
     print(report.summary())
-  else:
+  elif found is None:
     print("pallas-sim run: no kernel launch outside the script's own simulations",
           file=sys.stderr)
   if ns.trace and report.kernels:

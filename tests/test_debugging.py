@@ -325,6 +325,24 @@ def test_under_the_plugin_each_hypothesis_example_is_a_simulation_of_its_own(tmp
   assert "more error(s)" not in out, out
 
 
+def test_the_plugin_takes_max_cycles(tmp_path):
+  (tmp_path / "test_long.py").write_text(
+      "import jax, jax.numpy as jnp\n"
+      "from jax import lax\n"
+      "from jax.experimental.pallas import mosaic_gpu as plgpu\n"
+      "@plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32))\n"
+      "def counts(o_ref):\n"
+      "  n = lax.while_loop(lambda n: n < 10 ** 9, lambda n: n + 1, jnp.int32(0))\n"
+      "  o_ref[...] = jnp.full((128,), n, jnp.float32)\n"
+      "def test_counts():\n"
+      "  counts()\n")
+  p = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+            "--pallas-sim", "--pallas-sim-max-cycles", "20000", "test_long.py"], tmp_path)
+  out = p.stdout + p.stderr
+  assert p.returncode == 1, out
+  assert "RunawayKernelError: test_long.py:6: [while] ran past max_cycles=20000" in out, out
+
+
 # --- runaway kernels ---------------------------------------------------------
 
 def _spinning_kernel(steps=2 ** 31 - 1):

@@ -112,6 +112,51 @@ def test_the_cli_runs_a_script_with_its_own_argv_and_reports_only_its_own_launch
   assert p.stdout.splitlines()[-1] == "1 passed, 0 failed", p.stdout
 
 
+SPIN = """
+import jax, jax.numpy as jnp
+from jax import lax
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+
+@plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+def counts(o_ref):
+  n = lax.while_loop(lambda n: n < 10 ** 9, lambda n: n + 1, jnp.int32(0))
+  o_ref[...] = jnp.full((128,), n, jnp.float32)
+
+
+@plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+              scratch_types=[plgpu.Barrier()])
+def stuck(o_ref, bar):
+  plgpu.barrier_wait(bar)
+  o_ref[...] = jnp.zeros((128,), jnp.float32)
+
+
+def check_counts():
+  counts()
+
+
+if __name__ == "__main__":
+  stuck()
+  print("after the kernel")
+"""
+
+
+def test_the_cli_takes_max_cycles_says_a_failed_launch_and_a_missing_file(tmp_path):
+  (tmp_path / "spin.py").write_text(SPIN)
+  p = _cli(["check", "--max-cycles", "20000", "spin.py"], tmp_path)
+  assert p.returncode == 1, p.stdout + p.stderr
+  assert "FAIL check_counts: RunawayKernelError: spin.py:9: [while] ran past " \
+         "max_cycles=20000 simulated cycles" in p.stdout, p.stdout + p.stderr
+  p = _cli(["run", "spin.py"], tmp_path)
+  assert p.returncode == 1 and "after the kernel" in p.stdout, p.stdout + p.stderr
+  assert "pallas-sim run: DeadlockError: spin.py:16:" in p.stderr, p.stderr
+  assert "no kernel launch" not in p.stderr, p.stderr
+  p = _cli(["run", "nonexist.py"], tmp_path)
+  assert p.returncode == 2 and p.stderr.strip() == "pallas-sim run: no such file: " \
+         "nonexist.py", p.stderr
+  assert "Traceback" not in p.stdout + p.stderr
+
+
 def test_report_summary_names_kernels_resources_time_and_races(rng):
   a = jnp.asarray(rng.standard_normal((256, 256)), jnp.float16)
   with ps.backend("sim", gpu="h200", on_race="report") as report:
