@@ -60,6 +60,9 @@ def _simulating(options: Options, **executor_args: Any) -> Iterator[Executor]:
       # The user's code failed after a kernel did (e.g. a test's assertion
       # on its poison outputs): the kernel's error is the cause to show.
       if not ex.errors or ex.interrupted is not None:
+        note = jx.bare_assertion_note(e)
+        if note:
+          e.add_note(note)
         raise
       err = _first_with_the_rest(ex.errors)
       err.add_note(f"(the code around the simulated kernels then raised "

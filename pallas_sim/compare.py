@@ -66,12 +66,20 @@ class Comparison:
         lines.append(f"| {tie} | {r.name} | {r.time_s * 1e6:.1f} | "
                      f"{r.time_s / fastest:.3f} | {note} |")
     for name, err in self.failed.items():
-      first = str(err).splitlines()[0] if str(err) else ""
+      first = str(err).splitlines()[0] if str(err) else _first_note(err)
       lines.append(f"| - | {name} | - | - | refused: {type(err).__name__}: {first} |")
     return "\n".join(lines)
 
   def __str__(self) -> str:
     return self.table()
+
+
+def _first_note(err: BaseException) -> str:
+  """An error without a message: the first of the notes ours added (not
+  JAX's about the frames it removed)."""
+  from pallas_sim.backends.sim.base import jax_internals as jx
+  notes = jx.without_filter_notes(list(getattr(err, "__notes__", ())))
+  return notes[0].splitlines()[0] if notes else ""
 
 
 def compare(candidates: (dict[Any, Callable[..., Any]]
@@ -84,9 +92,10 @@ def compare(candidates: (dict[Any, Callable[..., Any]]
   configurations the model does not tell apart (predicted within
   `resolution` of each other, by default 2%: the H200's run-to-run spread),
   and whose `table()` says why. A candidate the simulator refuses (SMEM
-  overflow, a kernel the lowering rejects) is left out of the ranking and
-  listed in `failed` and the table, with its error; where every one is
-  refused, the first one's error is raised. Other options as for ps.estimate."""
+  overflow, a kernel the lowering rejects, a configuration JAX refuses as
+  it traces it) is left out of the ranking and listed in `failed` and the
+  table, with its error; where every one is refused, the first one's error
+  is raised. Other options as for ps.estimate."""
   from pallas_sim.api import estimate
   if resolution < 0:
     raise ValueError(f"ps.compare: resolution={resolution} must be >= 0")
@@ -102,7 +111,13 @@ def compare(candidates: (dict[Any, Callable[..., Any]]
                       "function")
     try:
       rep = estimate(fn, *args, options=options, **kwargs)
-    except SimError as e:  # (this candidate cannot run: the others are still ranked)
+    except Exception as e:  # (this candidate cannot run: the others are still ranked)
+      # (JAX's own refusal of a configuration while it traces it may be a
+      # bare assertion: said with where JAX raised it)
+      from pallas_sim.backends.sim.base import jax_internals as jx
+      note = None if isinstance(e, SimError) else jx.bare_assertion_note(e)
+      if note and note not in getattr(e, "__notes__", ()):
+        e.add_note(note)
       e.add_note(f"(ps.compare's candidate {str(name)!r})")
       failed[str(name)] = e
       continue

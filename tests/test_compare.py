@@ -77,3 +77,34 @@ def test_a_candidate_the_simulator_refuses_is_listed_and_the_rest_ranked():
   with pytest.raises(ps.SmemOverflowError) as e:
     ps.compare({"too big": cands["128x256x128 mcs=4"]}, a, a, gpu="h200")
   assert "(ps.compare's candidate 'too big')" in e.value.__notes__
+
+
+def test_a_candidate_jax_refuses_as_it_traces_is_listed_with_the_check_that_failed():
+  """A tiling that does not divide the tile (64-wide tiles of a 32-wide
+  block): JAX's own tracing fails with a bare assertion, on a GPU too. The
+  candidate is listed with where JAX raised it and the line that failed,
+  and the others are still ranked."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def copy_through(x, cols):
+    tiled = dict(transforms=(plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)))
+
+    @plgpu.kernel(out_type=S(x.shape, x.dtype),
+                  scratch_types=[plgpu.SMEM((128, cols), x.dtype, **tiled), plgpu.Barrier()])
+    def k(x_ref, o_ref, smem, bar):
+      plgpu.copy_gmem_to_smem(x_ref.at[:, :cols], smem, bar)
+      plgpu.barrier_wait(bar)
+      plgpu.copy_smem_to_gmem(smem, o_ref.at[:, :cols])
+      plgpu.wait_smem_to_gmem(0)
+    return k(x)
+
+  x = S((128, 128), jnp.float16)
+  cmp = ps.compare({"64 wide": functools.partial(copy_through, cols=64),
+                    "32 wide": functools.partial(copy_through, cols=32)}, x, gpu="h200")
+  assert [r.name for r in cmp.rows] == ["64 wide"]
+  err = cmp.failed["32 wide"]
+  assert type(err) is AssertionError
+  row = [line for line in cmp.table().splitlines() if "| 32 wide |" in line]
+  assert row and "refused: AssertionError: (JAX's own check failed with no message, at " \
+                 "jax/_src/pallas/mosaic_gpu/core.py:" in row[0], cmp.table()
+  assert "(transform_type): `assert all(d % t == 0" in row[0], row

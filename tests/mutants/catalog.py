@@ -1771,6 +1771,12 @@ MUTANTS = [
            "    return not self._heap\n",
            "    return True\n",
            ("tests/test_debugging.py", "tests/test_semantics.py", "tests/test_races.py")),
+    Mutant("compare-stops-at-jaxs-refusal", "pallas_sim/compare.py",
+           "a candidate JAX refuses as it traces it is listed and the rest ranked; the "
+           "mutant lets its error end the comparison",
+           "    except Exception as e:  # (this candidate cannot run: the others are still ranked)\n",
+           "    except SimError as e:  # (this candidate cannot run: the others are still ranked)\n",
+           ("tests/test_compare.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -323,6 +323,23 @@ def raised_at(exc: BaseException) -> str:
   return f"{path[cut + 1:] if cut >= 0 else path}:{last.tb_lineno} ({code.co_name})"
 
 
+def bare_assertion_note(exc: BaseException) -> str | None:
+  """For an assertion with no message that JAX raised (a check of its own
+  while it traced a kernel: a tiling that does not divide a block's shape),
+  a note naming where and the line that failed; None for any other."""
+  last = _innermost(exc)
+  if not isinstance(exc, AssertionError) or str(exc) or last is None:
+    return None
+  path = last.tb_frame.f_code.co_filename
+  if os.sep + "jax" + os.sep not in path:
+    return None
+  import linecache
+  line = linecache.getline(path, last.tb_lineno).strip()
+  return (f"(JAX's own check failed with no message, at {raised_at(exc)}"
+          + (f": `{line}`" if line else "")
+          + "; JAX does the same on a GPU)")
+
+
 def interpret_mode() -> Any:
   """The interpret params force_gpu_interpret_mode set for this thread, or
   None (JAX's config holds them under its TPU name)."""
