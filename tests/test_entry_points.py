@@ -175,7 +175,8 @@ def test_report_summary_names_kernels_resources_time_and_races(rng):
   text = report.summary()
   lines = text.splitlines()
   assert lines[0] == ("pallas-sim report (h200): 2 kernel launch(es), 0 race(s), "
-                      "0 uninitialized-memory finding(s)")
+                      "0 uninitialized-memory finding(s); predicted "
+                      f"{report.time_s * 1e6:.1f} us in all")
   k = report.kernels[0]
   assert lines[1].startswith(f"  kernel (examples/quickstart.py:{k.where.split(':')[1]}): "
                              "grid=(2, 2) threads=1 blocks=4 smem=98320B waves=1 predicted ")

@@ -67,3 +67,30 @@ def test_a_raised_race_error_ends_with_its_last_finding_and_notes_the_other_erro
       f"  UninitializedError: {kernel}: 1 uninitialized-memory finding(s) in kernel "
       "read_before_the_wait (.errors[1])"]
   assert [type(x) for x in e.value.errors] == [ps.RaceError, ps.UninitializedError]
+
+
+def test_launches_that_report_alike_read_as_one_and_a_count():
+  """A jitted call in a loop: the first launch's summary, then how many more
+  reported alike and their time together; the heading gives the total."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), F32))
+  def twice(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), F32))
+  def plus_one(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1
+
+  def work(x):
+    for _ in range(5):
+      x = twice(x)
+    return plus_one(x)
+
+  report = ps.simulate(work, jnp.ones((128,), F32)).report
+  text = report.summary()
+  k = report.kernels[0]
+  assert text.splitlines()[0] == (
+      "pallas-sim report (h100): 6 kernel launch(es), 0 race(s), 0 uninitialized-memory "
+      f"finding(s); predicted {report.time_s * 1e6:.1f} us in all")
+  assert text.count("  twice (") == 1 and text.count("  plus_one (") == 1, text
+  assert (f"    and 4 more launch(es) of it, reported alike ({5 * k.time_s * 1e6:.1f} us "
+          "for the 5)") in text, text

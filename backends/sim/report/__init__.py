@@ -3,7 +3,7 @@ what bounds each kernel; races and uninitialized memory. Traces for
 Perfetto, and a plot (matplotlib, the optional extra pallas-sim[plot])."""
 import dataclasses
 import json
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class TimeParts(Protocol):
@@ -131,6 +131,12 @@ class KernelReport:
     return "\n".join(lines)
 
 
+def _alike(k):
+  """A kernel's summary less how long it took to simulate: equal for
+  launches the report tells alike."""
+  return k.summary().replace(f"; simulated in {k.wall_s:.2f} s", "")
+
+
 @dataclasses.dataclass
 class Report:
   gpu: str
@@ -156,9 +162,24 @@ class Report:
     races = f"{len(self.races)} race(s)" if self.races_checked else "races not checked"
     unset = (f"{len(self.uninitialized)} uninitialized-memory finding(s)"
              if self.uninitialized_checked else "uninitialized memory not checked")
+    total = (f"; predicted {self.time_s * 1e6:.1f} us in all" if len(self.kernels) > 1
+             else "")
     lines = [f"pallas-sim report ({self.gpu}{at}): {len(self.kernels)} kernel "
-             f"launch(es), {races}, {unset}"]
-    lines += ["  " + k.summary().replace("\n", "\n  ") for k in self.kernels]
+             f"launch(es), {races}, {unset}{total}"]
+    # (launches that report alike, one after another, as the first and a count:
+    # a loop of calls reads as one)
+    runs: list[list[Any]] = []
+    for k in self.kernels:
+      same = _alike(k)
+      if runs and runs[-1][0] == same:
+        runs[-1][2] += 1
+      else:
+        runs.append([same, k, 1])
+    for _, k, n in runs:
+      lines.append("  " + k.summary().replace("\n", "\n  "))
+      if n > 1:
+        lines.append(f"    and {n - 1} more launch(es) of it, reported alike "
+                     f"({n * k.time_s * 1e6:.1f} us for the {n})")
     for title, items in (("races:", self.races),
                          ("uninitialized memory:", self.uninitialized)):
       if items:
