@@ -1,8 +1,10 @@
 """The timing model's verdicts: registers and occupancy, the bound in words,
 register spills, and the per-unit tallies behind report.summary."""
 import dataclasses
+import functools
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -800,3 +802,19 @@ def test_short_alu_work_beside_a_long_run_takes_an_even_share():
   k = ps.estimate(_long_beside_short(2), x).kernels[0]
   delay = 10_000e-9 * g.clock_hz
   assert delay < k.block_cycles_max < delay + long_alone / 2
+
+
+def test_a_grid_that_leaves_sms_idle_is_named_by_what_bounds_the_sms_in_use():
+  """A 1024^3 matmul in 64 blocks keeps the tensor cores of the 64 SMs it
+  uses busy most of the time, though over the whole chip they are busy
+  under a third of it: the bound is the tensor cores', said of the SMs in
+  use (not the warpgroups' issue, the largest share of their time left)."""
+  a = jax.ShapeDtypeStruct((1024, 1024), F16)
+  [k] = ps.estimate(functools.partial(matmul_mcs, max_concurrent_steps=4), a, a,
+                    gpu="h100").kernels
+  assert k.num_blocks == 64 and k.utilisation["tensor core"] < 0.4
+  assert k.bound == "tensor core", (k.bound, k.bound_reason)
+  assert re.fullmatch(r"tensor cores busy \d+% of the time on the SMs in use",
+                      k.bound_reason), k.bound_reason
+  busy = int(k.bound_reason.split("busy ")[1].split("%")[0])
+  assert busy >= 60

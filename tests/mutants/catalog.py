@@ -1777,6 +1777,12 @@ MUTANTS = [
            "    except Exception as e:  # (this candidate cannot run: the others are still ranked)\n",
            "    except SimError as e:  # (this candidate cannot run: the others are still ranked)\n",
            ("tests/test_compare.py",)),
+    Mutant("bound-over-the-whole-chip", "backends/sim/execute/kernel_report.py",
+           "a unit's busy share that names the bound is over the SMs in use; the mutant "
+           "takes it over the whole chip, idle SMs included",
+           "                         bound.busy_in_use(kt, totals, gpu, len(cycles)))\n",
+           "                         None)\n",
+           ("tests/test_timing_model.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -21,7 +21,8 @@ def kernel_report(gpu, launch, arrays, prep, grid, placement, merge, wall, trace
       totals.hbm_read_cost / totals.tma_load_bytes if totals.tma_load_bytes else 1.0,
       totals.hbm_write_cost / totals.tma_store_bytes if totals.tma_store_bytes else 1.0)
   util = bound.utilisation(kt, totals, gpu)
-  words, why = bound.name(kt, totals, util, prep.regs)
+  words, why = bound.name(kt, totals, util, prep.regs,
+                         bound.busy_in_use(kt, totals, gpu, len(cycles)))
   return KernelReport(
       name=launch.name, where=launch.where, grid=grid, num_threads=launch.num_threads,
       num_blocks=len(cycles), smem_bytes=prep.smem, blocks_per_sm=placement.per_sm,

@@ -52,8 +52,21 @@ def stall_shares(totals):
   return out
 
 
-def name(kt, totals, util, regs):
-  """The bound, in words, with its reason."""
+def busy_in_use(kt, totals, gpu, in_use):
+  """Fractions of the SMs' time (those that ran blocks, `in_use`, over the
+  time their blocks took, launch overhead aside) that their tensor cores and
+  TMA engines were busy: a grid that leaves SMs idle keeps the ones it uses
+  as busy as a full one would."""
+  cycles = min(in_use, gpu.num_sms) * kt.compute_s * gpu.clock_hz
+  if not cycles:
+    return {"tensor core": 0.0, "TMA": 0.0}
+  return {"tensor core": totals.tensor_cycles / cycles, "TMA": totals.tma_cycles / cycles,
+          "idle SMs": in_use < gpu.num_sms}
+
+
+def name(kt, totals, util, regs, busy=None):
+  """The bound, in words, with its reason. `busy`: busy_in_use's shares
+  (default: util's, over the whole chip)."""
   if kt.launch_s >= LAUNCH * kt.seconds:
     return "launch overhead", f"{kt.launch_s * 1e6:.1f} us of launch in {kt.seconds * 1e6:.1f} us"
   if kt.memory_s >= kt.compute_s:
@@ -72,11 +85,13 @@ def name(kt, totals, util, regs):
                                f"({regs.per_thread} needed, {regs.limit} allowed)")
   # (the busier of the two, where both are; a TMA engine saturated is what
   # its SM's share of L2/HBM bandwidth lets through)
-  unit = max(("tensor core", "TMA"), key=lambda u: util[u])
-  if util[unit] >= BUSY:
+  busy = busy or util
+  unit = max(("tensor core", "TMA"), key=lambda u: busy[u])
+  if busy[unit] >= BUSY:
+    where = " of the time on the SMs in use" if busy.get("idle SMs") else ""
     if unit == "TMA":
-      return "TMA bandwidth", f"TMA engines busy {util['TMA']:.0%}"
-    return "tensor core", f"tensor cores busy {util['tensor core']:.0%}"
+      return "TMA bandwidth", f"TMA engines busy {busy['TMA']:.0%}{where}"
+    return "tensor core", f"tensor cores busy {busy['tensor core']:.0%}{where}"
   shares = stall_shares(totals)
   if not shares:
     return "launch overhead", "no work"
