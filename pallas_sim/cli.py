@@ -177,7 +177,9 @@ def _print_findings(name, report, out, strict):
   if parts:
     print(f"{'FAIL' if fails else 'note'} {name}: {', '.join(parts)}", file=out)
   for r in report.races + report.uninitialized:
-    print("  " + str(r).replace("\n", "\n  "), file=out)
+    kernel = getattr(r, "kernel", "")  # (a race names its lines; an output, its kernel)
+    print("  " + (f"in kernel {kernel}: " if kernel else "")
+          + str(r).replace("\n", "\n  "), file=out)
   return fails
 
 

@@ -278,7 +278,8 @@ def test_pytest_plugin_and_check_command_fail_on_unwritten_outputs(tmp_path):
            tmp_path)
   assert c.returncode == 0, c.stdout + c.stderr
   assert "note check_tail: 1 uninitialized-memory finding(s)" in c.stdout
-  assert "unwritten output: o_ref[64:72, 0:128]" in c.stdout
+  assert "  in kernel k (tail.py:7): unwritten output: o_ref[64:72, 0:128]" in c.stdout, \
+      c.stdout
 
 
 HYPOTHESIS_TEST = """

@@ -94,6 +94,7 @@ class Uninitialized:
     self.count = 1
     self.cause = None
     self.call_site = ""  # the user's call of a kernel defined outside their files
+    self.kernel = ""  # the launch's kernel and its file:line (findings.conclude)
     # Whether what it read reaches the outputs, from the launch run again
     # with other bits in that memory: None (not known), () (no: harmless
     # there), or (output, element) that came out different

@@ -38,6 +38,8 @@ def conclude(launch, options, report, merge, prep, in_bufs, out_bufs, grid,
     for f in unset:
       if f.site is not None and f.cause is None:
         f.reaches = garbage
+  for f in unset:  # (which launch: a report lists the findings of several)
+    f.kernel = f"{launch.name} ({launch.where})"
   report.uninitialized.extend(unset)
   if found and options.on_race == "raise":
     # Races inside jax's own code warn unless library_races="raise".
