@@ -54,15 +54,29 @@ class Comparison:
     return (f"predicted within {self.resolution:.0%} of the fastest of them: closer "
             "than the H200's own run-to-run spread")
 
+  def short_writes(self) -> dict[str, float]:
+    """The configurations that store fewer bytes than the most any one
+    stores (by TMA; a grid that misses part of the output, a tile that does
+    not divide it): name -> their share of that. Their time is not the same
+    work's."""
+    stored = {r.name: sum(k.tma_store_bytes for k in r.report.kernels) for r in self.rows}
+    most = max(stored.values(), default=0)
+    return {n: b / most for n, b in stored.items() if most and b < most * 0.999}
+
   def table(self) -> str:
     lines = ["| rank | configuration | predicted (us) | vs fastest | note |",
              "|---:|---|---:|---:|---|"]
     fastest = self.rows[0].time_s if self.rows else 0.0
+    short = self.short_writes()
     for rank, g in enumerate(self.groups, 1):
       tie = f"{rank}=" if len(g) > 1 else f"{rank}"
       for k, r in enumerate(g):
         note = ("not told apart: " + self.why(g)) if len(g) > 1 and k == 0 else (
             "at the HBM floor" if r.at_floor and len(g) == 1 else "")
+        if r.name in short:
+          note = "; ".join(x for x in (note, (
+              f"stores {short[r.name]:.1%} of the bytes the most storing one does: "
+              "does its grid cover the output?")) if x)
         lines.append(f"| {tie} | {r.name} | {r.time_s * 1e6:.1f} | "
                      f"{r.time_s / fastest:.3f} | {note} |")
     for name, err in self.failed.items():

@@ -108,3 +108,17 @@ def test_a_candidate_jax_refuses_as_it_traces_is_listed_with_the_check_that_fail
   assert row and "refused: AssertionError: (JAX's own check failed with no message, at " \
                  "jax/_src/pallas/mosaic_gpu/core.py:" in row[0], cmp.table()
   assert "(transform_type): `assert all(d % t == 0" in row[0], row
+
+
+def test_a_candidate_whose_grid_misses_part_of_the_output_is_said_to():
+  """192-row tiles over 4096 rows: a grid of 21 leaves 64 rows unwritten,
+  less work than the others do; the table says so beside its time."""
+  a = S((4096, 4096), jnp.float16)
+  cmp = ps.compare({"128 rows": matmul_mcs,
+                    "192 rows": functools.partial(matmul_mcs, tile_m=192)}, a, a)
+  assert cmp.short_writes() == {"192 rows": pytest.approx(21 * 192 / 4096)}
+  [row] = [line for line in cmp.table().splitlines() if "| 192 rows |" in line]
+  assert "stores 98.4% of the bytes the most storing one does: does its grid cover " \
+         "the output?" in row, row
+  [row] = [line for line in cmp.table().splitlines() if "| 128 rows |" in line]
+  assert "stores" not in row
