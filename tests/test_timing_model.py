@@ -818,3 +818,25 @@ def test_a_grid_that_leaves_sms_idle_is_named_by_what_bounds_the_sms_in_use():
                       k.bound_reason), k.bound_reason
   busy = int(k.bound_reason.split("busy ")[1].split("%")[0])
   assert busy >= 60
+
+
+def test_spills_the_model_does_not_charge_are_said_to_cost_nothing():
+  """A 1-D block of 65536 f32 a thread holds far past the register limit:
+  the report counts the spilled registers and says the prediction charges
+  them nothing (only a wgmma accumulator's spills are modelled)."""
+  n, block = 1 << 20, 65536
+
+  def scale_add(x, y):
+    @plgpu.kernel(out_type=jax.ShapeDtypeStruct((n,), F32), grid=(n // block,),
+                  grid_names=("i",))
+    def k(x_ref, y_ref, o_ref):
+      s = pl.ds(lax.axis_index("i") * block, block)
+      o_ref[s] = 2 * x_ref[s] + y_ref[s]
+    return k(x, y)
+
+  x = jax.ShapeDtypeStruct((n,), F32)
+  [k] = ps.estimate(scale_add, x, x).kernels
+  assert k.spilled_registers > 0 and not k.stalls.get("spill")
+  assert (f"\n  spills: the {k.spilled_registers} registers a thread spills cost nothing in "
+          "this prediction (the model charges the spills of a wgmma accumulator only)"
+          ) in k.summary(), k.summary()

@@ -107,6 +107,10 @@ class KernelReport:
     lines.append(f"  occupancy: {self.blocks_per_sm} block(s) per SM, {self.waves} wave(s) "
                  f"over {self.num_sms} SMs{idle}, ~{self.registers} registers per thread "
                  f"(limit {self.register_limit}{spill})")
+    if self.spilled_registers and not self.stalls.get("spill"):
+      lines.append(f"  spills: the {self.spilled_registers} registers a thread spills cost "
+                   "nothing in this prediction (the model charges the spills of a wgmma "
+                   "accumulator only): on a GPU they go to local memory, and slower")
     if self.utilisation:
       lines.append("  units busy: " + ", ".join(
           f"{k} {v:.0%}" for k, v in self.utilisation.items()))
