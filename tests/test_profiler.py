@@ -77,8 +77,11 @@ def test_a_full_buffer_truncates_with_bounds_check_and_is_an_error_without(tmp_p
   events = [e for e in _trace(tmp_path / "a") if e["tid"] == 1]
   assert [(e["name"], e["ph"]) for e in events] == [
       ("Init", "B"), ("Init", "E"), ("load", "B"), ("load", "E")]
-  with pytest.raises(ps.KernelError, match="profile_space=3 holds 4"):
+  with pytest.raises(ps.KernelError, match="profile_space=3 holds 4") as e:
     ps.run(scoped_kernel(tmp_path / "b", space=3), _x(), backend="sim")
+  # (at the kernel whose compiler_params asked for the buffer)
+  assert e.value.where and e.value.where.startswith(f"{os.path.relpath(__file__)}:"), \
+      e.value.where
 
 
 def test_the_profile_buffer_counts_against_shared_memory(tmp_path):

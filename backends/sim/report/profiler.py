@@ -119,7 +119,8 @@ class Recorder:
               f"profiler: block {block} trace {trace} records {len(evs)} events, but "
               f"profile_space={spec.space} holds {usable}: on the GPU this overflows "
               "into the SMEM next to the buffer (set profile_bounds_check=True to "
-              "truncate, or raise profile_space)")
+              "truncate, or raise profile_space)",
+              where=getattr(launch, "where", None))
         evs = evs[:usable]
       out, stack, last = [], [], None
       for name, begin, cycle in evs:
