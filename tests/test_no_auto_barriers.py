@@ -440,3 +440,44 @@ def test_a_cluster_barriers_arrival_is_one_lanes(flag, commit):
   text = str(races[0])
   assert "comes before the arrival (" in text and "one lane arrives for each block" in text
   assert "commit_smem in thread 0 of cluster block" in text and "and the arrival" in text
+
+
+def _refills(flag):
+  """Thread 0 refills one slot with TMA loads, waiting before each refill for
+  thread 1 to have consumed the last (a second barrier back); thread 1 waits
+  for each load, copies it out and arrives."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3, 128, 128), jnp.float32),
+                num_threads=2, thread_name="t", compiler_params=_params(flag),
+                scratch_types=[plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier(),
+                               plgpu.Barrier()])
+  def k(x_ref, o_ref, buf, loaded, consumed):
+    t = lax.axis_index("t")
+
+    @pl.when(t == 0)
+    def _():
+      for i in range(3):
+        if i:
+          plgpu.barrier_wait(consumed)
+        plgpu.copy_gmem_to_smem(x_ref.at[i], buf, loaded)
+
+    @pl.when(t == 1)
+    def _():
+      for i in range(3):
+        plgpu.barrier_wait(loaded)
+        o_ref[i] = buf[...]
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(consumed)
+  return k
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_a_wait_before_a_refill_orders_the_next_phase_whatever_the_flag(flag):
+  """The consumer's second arrival on `consumed` comes after the load the
+  producer issued once it had observed the first: no completion is lost. Under
+  the flag the load's phase tells the consumer of the producer's accesses only
+  what every lane had ordered; that the producer's wait came before the
+  load is still told (it bounds no access: it orders the next phase)."""
+  x = jnp.stack([X, X + 1, X + 2])
+  sim, races = _races(_refills(flag), x)
+  assert races == [], [str(r) for r in races]
+  np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x))

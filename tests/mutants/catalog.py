@@ -1783,6 +1783,13 @@ MUTANTS = [
            "                         bound.busy_in_use(kt, totals, gpu, len(cycles)))\n",
            "                         None)\n",
            ("tests/test_timing_model.py",)),
+    Mutant("flag-phase-hides-a-wait-before-a-refill", "backends/sim/checks/observer.py",
+           "under unsafe_no_auto_barriers a TMA load's phase still tells its waiters "
+           "that its issuer's wait came before it (no lost completion); the mutant "
+           "keeps only what every lane had ordered",
+           "      np.maximum(h.sync, b.phases[n - 1][0], out=h.sync)\n",
+           "      pass\n",
+           ("tests/test_no_auto_barriers.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -135,7 +135,7 @@ class _WgClock:
   wait_read_only=True (explain)."""
   __slots__ = ("vc", "avc", "thread", "wgmma", "store_read", "store_write", "pos",
                "warps", "wg", "warp", "read_only_wait", "last_waits", "acquired",
-               "counts", "lanes", "family")
+               "counts", "lanes", "family", "sync")
   vc: np.ndarray              # what it knows
   avc: np.ndarray             # what its async work knows (up to its last commit_smem)
   thread: int                 # its components: its own, its async channels'
@@ -298,6 +298,12 @@ class HappensBefore:
     h.vc, h.avc = self.new_vector(), self.new_vector()
     h.vc[h.thread] = self.base + 1
     h.lanes = self.new_vector() if self.no_auto_barriers else None
+    # Under unsafe_no_auto_barriers: what it knows of other threads' progress
+    # beyond vc, which a TMA load's phase tells its waiters of its issuer only
+    # as far as every lane had ordered (that bounds what their accesses are
+    # ordered after, not whether a wait came before): the phases it arrives
+    # on carry it, for the lost-completion check (unordered_waiter).
+    h.sync = self.new_vector() if self.no_auto_barriers else None
     # A warp's own component; its async channels are the warpgroup's.
     h.warps = []
     family = [h.thread]
@@ -311,6 +317,7 @@ class HappensBefore:
       hw.last_waits, hw.acquired = h.last_waits, h.acquired
       hw.counts = [0, 0]
       hw.lanes = self.new_vector() if self.no_auto_barriers else None
+      hw.sync = self.new_vector() if self.no_auto_barriers else None
       self.owners[hw.thread] = hw
       h.warps.append(hw)
       family.append(hw.thread)
@@ -334,6 +341,7 @@ class HappensBefore:
       hw.vc[hw.thread] += 1  # (above its clocks of an earlier warp_map)
       if h.lanes is not None:  # (without the auto barriers no barrier starts the map)
         np.maximum(hw.lanes, h.lanes, out=hw.lanes)
+        np.maximum(hw.sync, h.sync, out=hw.sync)
     self._tick(h)
 
   def join(self, wg: Any, warps: Sequence[Any]) -> None:
@@ -342,6 +350,8 @@ class HappensBefore:
     for warp in warps:
       np.maximum(h.vc, warp.hb.vc, out=h.vc)
       np.maximum(h.avc, warp.hb.avc, out=h.avc)
+      if h.sync is not None:
+        np.maximum(h.sync, warp.hb.sync, out=h.sync)
     if h.lanes is not None:
       # (no barrier ends the map either: what every lane of every warp has
       # ordered, every lane of the warpgroup has)
@@ -462,8 +472,8 @@ class HappensBefore:
     op = self._op(wg)
     op.comp, op.clock = b.comp, b.base + slot.completions + 1
     op.atomic = atomic
-    self._accumulate(b, op.vc, op.avc)
     h = wg.hb
+    self._accumulate(b, op.vc if h.sync is None else np.maximum(op.vc, h.sync), op.avc)
     if h.lanes is not None:
       # One lane issues the copy and announces its bytes: the phase releases
       # that lane's accesses, so its waiters learn of the thread's own only
@@ -585,7 +595,7 @@ class HappensBefore:
     is what every lane had ordered. A TMA load's arrival is tma_load's."""
     h = wg.hb
     b = self._barrier(slot)
-    self._accumulate(b, h.vc, h.avc)
+    self._accumulate(b, h.vc if h.sync is None else np.maximum(h.vc, h.sync), h.avc)
     if h.lanes is not None and one_lane:
       self._tell(b, self._every_lane(h, h.vc))
       b.one_lane.append((h, int(h.vc[h.thread]), where, "arrival"))
@@ -676,6 +686,7 @@ class HappensBefore:
     np.maximum(h.avc, b.phases[n - 1][1], out=h.avc)
     if h.lanes is not None:
       np.maximum(h.lanes, b.lanes[n - 1], out=h.lanes)
+      np.maximum(h.sync, b.phases[n - 1][0], out=h.sync)
     b.waits[wg] = int(h.vc[h.thread])
     self._tick(h)
 
