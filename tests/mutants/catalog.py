@@ -1205,9 +1205,10 @@ MUTANTS = [
     Mutant("lanes-phase-lowered-for-all-checks", "backends/sim/checks/observer.py",
            "what a TMA load's phase tells its waiters is lowered, the phase itself (which "
            "the lost-completion check reads) is not; the mutant lowers the phase",
-           "    self._accumulate(b, op.vc, op.avc)\n    h = wg.hb\n    if h.lanes is not None:\n",
-           "    h = wg.hb\n    self._accumulate(b, op.vc if h.lanes is None else "
-           "self._every_lane(h, op.vc), op.avc)\n    if h.lanes is not None:\n",
+           "    self._accumulate(b, op.vc if h.sync is None else np.maximum(op.vc, h.sync), "
+           "op.avc)\n",
+           "    self._accumulate(b, op.vc if h.lanes is None else "
+           "self._every_lane(h, op.vc), op.avc)\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("lanes-signal-releases-every-lane", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a semaphore signal (one lane's, no barrier "

@@ -160,6 +160,7 @@ class _WgClock:
   # The components of its warpgroup and of that one's warps: whose accesses
   # its lanes order only through `lanes`
   family: np.ndarray
+  sync: np.ndarray | None     # (beyond vc, for the lost-completion check: HappensBefore)
 
   @property
   def who(self) -> str:
