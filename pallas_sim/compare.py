@@ -116,7 +116,6 @@ def compare(candidates: (dict[Any, Callable[..., Any]]
   items = list(candidates.items() if isinstance(candidates, dict) else candidates)
   if not items:
     raise ValueError("ps.compare: no candidates given")
-  from pallas_sim.errors import SimError
   rows: list[Row] = []
   failed: dict[str, BaseException] = {}
   for name, fn in items:
@@ -125,13 +124,8 @@ def compare(candidates: (dict[Any, Callable[..., Any]]
                       "function")
     try:
       rep = estimate(fn, *args, options=options, **kwargs)
-    except Exception as e:  # (this candidate cannot run: the others are still ranked)
-      # (JAX's own refusal of a configuration while it traces it may be a
-      # bare assertion: said with where JAX raised it)
-      from pallas_sim.backends.sim.base import jax_internals as jx
-      note = None if isinstance(e, SimError) else jx.bare_assertion_note(e)
-      if note and note not in getattr(e, "__notes__", ()):
-        e.add_note(note)
+    except Exception as e:  # (this candidate cannot run: the others are still ranked;
+      # a bare assertion of JAX's comes with api._simulating's note on it)
       e.add_note(f"(ps.compare's candidate {str(name)!r})")
       failed[str(name)] = e
       continue

@@ -1775,14 +1775,15 @@ MUTANTS = [
     Mutant("compare-stops-at-jaxs-refusal", "pallas_sim/compare.py",
            "a candidate JAX refuses as it traces it is listed and the rest ranked; the "
            "mutant lets its error end the comparison",
-           "    except Exception as e:  # (this candidate cannot run: the others are still ranked)\n",
-           "    except SimError as e:  # (this candidate cannot run: the others are still ranked)\n",
+           "    except Exception as e:  # (this candidate cannot run: the others are still ranked;\n",
+           "    except __import__('pallas_sim').errors.SimError as e:  # (this candidate cannot "
+           "run: the others are still ranked;\n",
            ("tests/test_compare.py",)),
     Mutant("bound-over-the-whole-chip", "backends/sim/execute/kernel_report.py",
            "a unit's busy share that names the bound is over the SMs in use; the mutant "
            "takes it over the whole chip, idle SMs included",
-           "                         bound.busy_in_use(kt, totals, gpu, len(cycles)))\n",
-           "                         None)\n",
+           "                         bound.busy_in_use(kt, totals, gpu, len(cycles)),\n",
+           "                         None,\n",
            ("tests/test_timing_model.py",)),
     Mutant("flag-phase-hides-a-wait-before-a-refill", "backends/sim/checks/observer.py",
            "under unsafe_no_auto_barriers a TMA load's phase still tells its waiters "

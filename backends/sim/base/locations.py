@@ -37,7 +37,7 @@ def eqn_location(eqn: Any) -> str | None:
   tb = getattr(eqn.source_info, "traceback", None)
   for fr in jx.source_info_util.user_frames(tb):
     if not fr.file_name.startswith(_OUR_DIRS):
-      return _short(fr.file_name) + f":{fr.start_line}"
+      return place(fr.file_name, fr.start_line)
   return None
 
 
@@ -54,7 +54,7 @@ def lowering_location(exc: BaseException) -> str | None:
               if jx.source_info_util.is_user_filename(f.filename)
               and not f.filename.startswith(_OUR_DIRS + (_JAXLIB_DIR,))]
     if frames:
-      return f"{_short(frames[-1].filename)}:{frames[-1].lineno}"
+      return place(frames[-1].filename, frames[-1].lineno)
   return None
 
 
@@ -96,7 +96,7 @@ def _user_location(text: str) -> str | None:
   """The first user file:line of the MLIR locations in `text`."""
   for path, line in _MLIR_LOCATION.findall(text):
     if _users(path):
-      return f"{_short(path)}:{line}"
+      return place(path, line)
   return None
 
 
@@ -166,7 +166,7 @@ def call_site(jaxpr: Any) -> str:
   f: types.FrameType | None = sys._getframe(1)  # pylint: disable=protected-access
   while f is not None:
     if is_own_file(f.f_code.co_filename):
-      return f"{_short(f.f_code.co_filename)}:{f.f_lineno}"
+      return place(f.f_code.co_filename, f.f_lineno)
     f = f.f_back
   return ""
 
@@ -208,6 +208,12 @@ def _parameter_names(text: str) -> dict[int, tuple[str, ...]]:
       for line in [node.lineno] + [d.lineno for d in node.decorator_list]:
         names.setdefault(line, tuple(a.arg for a in args.posonlyargs + args.args))
   return names
+
+
+def place(path: str, line: int | None) -> str:
+  """`file:line` as reports name a place: the path relative to the working
+  directory where it lies below it."""
+  return f"{_short(path)}:{line}"
 
 
 def _short(path: str) -> str:

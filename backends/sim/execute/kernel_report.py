@@ -22,7 +22,8 @@ def kernel_report(gpu, launch, arrays, prep, grid, placement, merge, wall, trace
       totals.hbm_write_cost / totals.tma_store_bytes if totals.tma_store_bytes else 1.0)
   util = bound.utilisation(kt, totals, gpu)
   words, why = bound.name(kt, totals, util, prep.regs,
-                         bound.busy_in_use(kt, totals, gpu, len(cycles)))
+                         bound.busy_in_use(kt, totals, gpu, len(cycles)),
+                         idle_sms=len(cycles) < gpu.num_sms)
   return KernelReport(
       name=launch.name, where=launch.where, grid=grid, num_threads=launch.num_threads,
       num_blocks=len(cycles), smem_bytes=prep.smem, blocks_per_sm=placement.per_sm,

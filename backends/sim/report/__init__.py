@@ -135,12 +135,6 @@ class KernelReport:
     return "\n".join(lines)
 
 
-def _alike(k):
-  """A kernel's summary less how long it took to simulate: equal for
-  launches the report tells alike."""
-  return k.summary().replace(f"; simulated in {k.wall_s:.2f} s", "")
-
-
 @dataclasses.dataclass
 class Report:
   gpu: str
@@ -172,15 +166,17 @@ class Report:
              f"launch(es), {races}, {unset}{total}"]
     # (launches that report alike, one after another, as the first and a count:
     # a loop of calls reads as one)
+    # (alike: the same summary but for how long it took to simulate)
     runs: list[list[Any]] = []
     for k in self.kernels:
-      same = _alike(k)
+      text = k.summary()
+      same = text.replace(f"; simulated in {k.wall_s:.2f} s", "")
       if runs and runs[-1][0] == same:
-        runs[-1][2] += 1
+        runs[-1][3] += 1
       else:
-        runs.append([same, k, 1])
-    for _, k, n in runs:
-      lines.append("  " + k.summary().replace("\n", "\n  "))
+        runs.append([same, text, k, 1])
+    for _, text, k, n in runs:
+      lines.append("  " + text.replace("\n", "\n  "))
       if n > 1:
         lines.append(f"    and {n - 1} more launch(es) of it, reported alike "
                      f"({n * k.time_s * 1e6:.1f} us for the {n})")

@@ -60,13 +60,13 @@ def busy_in_use(kt, totals, gpu, in_use):
   cycles = min(in_use, gpu.num_sms) * kt.compute_s * gpu.clock_hz
   if not cycles:
     return {"tensor core": 0.0, "TMA": 0.0}
-  return {"tensor core": totals.tensor_cycles / cycles, "TMA": totals.tma_cycles / cycles,
-          "idle SMs": in_use < gpu.num_sms}
+  return {"tensor core": totals.tensor_cycles / cycles, "TMA": totals.tma_cycles / cycles}
 
 
-def name(kt, totals, util, regs, busy=None):
+def name(kt, totals, util, regs, busy=None, idle_sms=False):
   """The bound, in words, with its reason. `busy`: busy_in_use's shares
-  (default: util's, over the whole chip)."""
+  (default: util's, over the whole chip); `idle_sms`: the grid left SMs
+  idle (the reason then says the shares are of the SMs in use)."""
   if kt.launch_s >= LAUNCH * kt.seconds:
     return "launch overhead", f"{kt.launch_s * 1e6:.1f} us of launch in {kt.seconds * 1e6:.1f} us"
   if kt.memory_s >= kt.compute_s:
@@ -88,7 +88,7 @@ def name(kt, totals, util, regs, busy=None):
   busy = busy or util
   unit = max(("tensor core", "TMA"), key=lambda u: busy[u])
   if busy[unit] >= BUSY:
-    where = " of the time on the SMs in use" if busy.get("idle SMs") else ""
+    where = " of the time on the SMs in use" if idle_sms else ""
     if unit == "TMA":
       return "TMA bandwidth", f"TMA engines busy {busy['TMA']:.0%}{where}"
     return "tensor core", f"tensor cores busy {busy['tensor core']:.0%}{where}"
