@@ -20,6 +20,7 @@ declaration the check is as it was. The declaration holds for the process
 (in a conftest.py or a `pytest -p` plugin, for a library's own tests), or
 inside a `with` block when used as a context manager.
 """
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -60,10 +61,13 @@ def leave_unwritten(kernel_name, region):
   if not callable(region):
     raise TypeError(f"leave_unwritten({kernel_name!r}, region): region must be a "
                     "function of the kernel's inputs returning {output: where}")
-  from pallas_sim.backends.sim.base import locations
   caller = sys._getframe(1)  # pylint: disable=protected-access
-  return Declaration(kernel_name, region,
-                     locations.place(caller.f_code.co_filename, caller.f_lineno))
+  return Declaration(kernel_name, region, _place(caller.f_code.co_filename, caller.f_lineno))
+
+
+def _place(path, line):
+  rel = os.path.relpath(path) if os.path.isabs(path) else path
+  return f"{rel if not rel.startswith('..') else path}:{line}"
 
 
 def allowed(name, inputs, outputs, arg_names=()):
