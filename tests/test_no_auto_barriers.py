@@ -481,3 +481,58 @@ def test_a_wait_before_a_refill_orders_the_next_phase_whatever_the_flag(flag):
   sim, races = _races(_refills(flag), x)
   assert races == [], [str(r) for r in races]
   np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x))
+
+
+def _semaphore_refills(flag, commit):
+  """_refills with the hand-back through a semaphore: thread 1 signals it
+  once it has copied a load out; thread 0 waits for it before the next."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3, 128, 128), jnp.float32),
+                num_threads=2, thread_name="t", compiler_params=_params(flag),
+                scratch_types=[plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier()])
+  def k(x_ref, o_ref, buf, loaded):
+    t = lax.axis_index("t")
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+
+    @pl.when(t == 0)
+    def _():
+      for i in range(3):
+        if i:
+          pl.semaphore_wait(sem, 1)
+        plgpu.copy_gmem_to_smem(x_ref.at[i], buf, loaded)
+
+    @pl.when(t == 1)
+    def _():
+      for i in range(3):
+        plgpu.barrier_wait(loaded)
+        o_ref[i] = buf[...] + 0
+        if commit:
+          plgpu.commit_smem()
+        pl.semaphore_signal(sem, 1)
+  return k
+
+
+@pytest.mark.parametrize("flag", [False, True])
+@pytest.mark.parametrize("commit", [False, True])
+def test_a_semaphore_hand_back_orders_the_refill_whatever_the_flag(flag, commit):
+  """The signal comes after thread 1's wait for the load, the refill after
+  the wait for the signal: the next load is ordered after the last, and its
+  phase after thread 1 observed the last (no lost completion), under the
+  flag too, where one lane signals. What the signal releases of thread 1's
+  plain reads is as the flag says: with commit_smem before it, all; without,
+  the TMA load may overwrite SMEM a lane still reads."""
+  x = jnp.stack([X, X + 1, X + 2])
+  sim, races = _races(_semaphore_refills(flag, commit), x)
+  np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x))
+  if commit:
+    assert races == [], [str(r) for r in races]
+    return
+  assert [r.kind for r in races] == ["read-write race"], [str(r) for r in races]
+  (race,) = races
+  assert race.first.where.endswith(f":{_line('o_ref[i] = buf[...] + 0')}")
+  assert race.second.agent == "tma_load"
+  text = str(race)
+  if flag:
+    assert "signals global semaphore 0" in text and "commit_smem in thread 1" in text
+  else:
+    assert ("commit_smem in thread 1, then a barrier arrival or a semaphore signal "
+            "that thread 0 waits for before it issues the TMA load") in text

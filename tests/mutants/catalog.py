@@ -1792,6 +1792,19 @@ MUTANTS = [
            "      np.maximum(h.sync, b.phases[n - 1][0], out=h.sync)\n",
            "      pass\n",
            ("tests/test_no_auto_barriers.py",)),
+    Mutant("semaphore-order-by-what-one-lane-released", "backends/sim/checks/semaphore_order.py",
+           "which signals can come before a wait follows all the signalling thread "
+           "knew; the mutant takes what its one lane released, so under "
+           "unsafe_no_auto_barriers a signal made after a wait seems able to come first",
+           "    self.vc = np.array([s.sync for s in sig]) if sig else np.zeros((0, 0), np.int64)\n",
+           "    self.vc = np.array([s.vc for s in sig]) if sig else np.zeros((0, 0), np.int64)\n",
+           ("tests/test_no_auto_barriers.py",)),
+    Mutant("semaphore-hand-off-hides-a-wait", "backends/sim/checks/observer.py",
+           "a wait on a semaphore learns all the signalling thread knew, for the "
+           "lost-completion check; the mutant learns what its one lane released",
+           "    a.got = semaphore_order.join(log, a.need, h.vc, h.avc, h.sync)\n",
+           "    a.got = semaphore_order.join(log, a.need, h.vc, h.avc)\n",
+           ("tests/test_no_auto_barriers.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -1119,7 +1119,10 @@ class HappensBefore:
     s = semaphore_order.Signal()
     s.key, s.who, s.thread, s.where = (h.thread, h.counts[0]), h, h.thread, where
     s.clock, s.inc, s.order = int(h.vc[h.thread]), inc, len(log.signals)
-    s.vc = h.vc.copy() if h.lanes is None else self._every_lane(h, h.vc)
+    if h.lanes is None:
+      s.vc = s.sync = h.vc.copy()
+    else:
+      s.vc, s.sync = self._every_lane(h, h.vc), np.maximum(h.vc, h.sync)
     s.avc = h.avc.copy()
     h.counts[0] += 1
     log.signals.append(s)
@@ -1127,9 +1130,11 @@ class HappensBefore:
     self.sem_logs[id(log)] = log
     if log.acc is None:
       log.acc = (s.vc.copy(), h.avc.copy())
+      log.sync = s.sync.copy()
     else:
       np.maximum(log.acc[0], s.vc, out=log.acc[0])
       np.maximum(log.acc[1], h.avc, out=log.acc[1])
+      np.maximum(log.sync, s.sync, out=log.sync)
     self._tick(h)
 
   def sem_acquire(self, wg: Any, log: semaphore_order.SemLog, want: int, decrement: bool,
@@ -1143,12 +1148,13 @@ class HappensBefore:
     a.want, a.decrement, a.order, a.read = int(want), bool(decrement), len(log.signals), read
     h.counts[1] += 1
     a.need = None if self.sem_order is None else self.sem_order.get(a.key)
-    a.got = semaphore_order.join(log, a.need, h.vc, h.avc)
+    a.got = semaphore_order.join(log, a.need, h.vc, h.avc, h.sync)
     if h.lanes is not None and not read:  # (the wait ends in a barrier of every lane)
       own = self._own(h)
       h.lanes[own] = h.vc[own]
     self._tick(h)
     a.clock, a.vc = int(h.vc[h.thread]), h.vc.copy()
+    a.sync = a.vc if h.sync is None else np.maximum(a.vc, h.sync)
     log.acquires.append(a)
     self.sem_logs[id(log)] = log
     if not read:

@@ -288,7 +288,8 @@ def advice(first, second, same_block=True):
               f"{'overwrites' if b.access == 'write' else 'reads'} it")
     return (f"{a.who}'s plain {a.access} ({a.where}) is not ordered "
             f"before the {agent_words(b.agent)} ({b.where}): commit_smem "
-            f"in {a.who}, then a barrier to {b.who}")
+            f"in {a.who}, then a barrier arrival or a semaphore signal that "
+            f"{b.who} waits for before it issues the {agent_words(b.agent)}")
   if (a.agent == b.agent == "thread" and a.where == b.where
       and " warp " in str(a.thread) and " warp " in str(b.thread)):
     return (f"every warp runs this {a.access} ({a.where}) on the same elements: in "

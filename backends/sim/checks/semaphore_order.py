@@ -31,9 +31,14 @@ if TYPE_CHECKING:
 class Signal:
   """One signal: its key (thread component, how many signals that thread
   made before it), the thread (observer._WgClock), its clock then, where,
-  by how much, what it releases (vc, avc), how many signals came before it."""
+  by how much, what it releases (vc, avc), how many signals came before it;
+  `sync`: all the thread knew, which is more than vc under
+  unsafe_no_auto_barriers (one lane signals: it releases of the thread's
+  accesses only what every lane had ordered, yet comes after all the thread
+  observed, so which waits it follows and which barrier phases are ordered
+  before it are told by `sync`)."""
   __slots__ = ("key", "who", "thread", "clock", "where", "inc", "vc", "avc", "order",
-               "named")
+               "named", "sync")
   key: tuple[int, int]
   who: _WgClock
   thread: int
@@ -44,6 +49,7 @@ class Signal:
   avc: np.ndarray
   order: int
   named: Before               # (set when a report first names it: _before_of)
+  sync: np.ndarray
 
 
 class Acquire:
@@ -51,9 +57,10 @@ class Acquire:
   thread made before it), the thread, its clock after the acquire, what it
   knew then (vc), what it needed (want), whether it took that away
   (decrement), where, the signals it acquired (keys), how many signals were
-  made before it, and what an earlier run found it needs (Need, or None)."""
+  made before it, and what an earlier run found it needs (Need, or None);
+  `sync`: all it knew then (Signal.sync)."""
   __slots__ = ("key", "who", "thread", "clock", "vc", "want", "decrement", "where",
-               "got", "order", "read", "need")
+               "got", "order", "read", "need", "sync")
   key: tuple[int, int]
   who: _WgClock
   thread: int
@@ -96,8 +103,8 @@ class SemLog:
   """One semaphore of a group (an element of a semaphore array): its value
   at the launch's start, its signals and acquires in simulated order, keys
   to signals, and the join of every signal so far (what a wait acquires
-  before the order is known)."""
-  __slots__ = ("name", "start", "signals", "acquires", "by_key", "acc")
+  before the order is known: acc, and sync's join)."""
+  __slots__ = ("name", "start", "signals", "acquires", "by_key", "acc", "sync")
 
   def __init__(self, name, start):
     self.name, self.start = name, int(start)
@@ -106,6 +113,7 @@ class SemLog:
     self.by_key: dict[tuple[int, int], Signal] = {}
     # (vc, avc): what every signal so far released
     self.acc: tuple[np.ndarray, np.ndarray] | None = None
+    self.sync: np.ndarray | None = None
 
 
 class _Table:
@@ -116,7 +124,8 @@ class _Table:
   def __init__(self, log):
     sig, acq = log.signals, log.acquires
     # (no signal: a read of one nothing signals, a wait on what the launch began with)
-    self.vc = np.array([s.vc for s in sig]) if sig else np.zeros((0, 0), np.int64)
+    # (what each signal follows: all its thread knew, not only what it released)
+    self.vc = np.array([s.sync for s in sig]) if sig else np.zeros((0, 0), np.int64)
     self.thread = np.array([s.thread for s in sig], np.int64)
     self.clock = np.array([s.clock for s in sig], np.int64)
     self.inc = np.array([s.inc for s in sig], np.int64)
@@ -130,8 +139,8 @@ def needed(log, w, table=None):
   """What acquire `w` needs (Need) under the order the run made."""
   t = table or _Table(log)
   before = t.vc[:, w.thread] < w.clock if len(t.inc) else np.zeros(0, bool)
-  ordered = w.vc[t.thread] >= t.clock  # (signals ordered before the wait)
-  taken = w.vc[t.a_thread] >= t.a_clock  # (acquires ordered before it: itself too)
+  ordered = w.sync[t.thread] >= t.clock  # (signals ordered before the wait)
+  taken = w.sync[t.a_thread] >= t.a_clock  # (acquires ordered before it: itself too)
   avail = (log.start + int(t.inc[before & (t.inc > 0)].sum())
            + int(t.inc[ordered & (t.inc < 0)].sum())
            - int(t.a_take[taken].sum()) + (w.want if w.decrement else 0))
@@ -204,18 +213,23 @@ def _same(keys, got):
   return len(keys) == len(got) if isinstance(got, _SoFar) else keys == got
 
 
-def join(log, need, vc, avc):
+def join(log, need, vc, avc, sync=None):
   """Joins into (vc, avc) what the signals `need.keys` released (every
-  signal so far when need is None): the keys joined."""
+  signal so far when need is None), and into `sync` (None: not kept) all
+  their threads knew: the keys joined."""
   if need is None:
     if log.acc is not None:
       np.maximum(vc, log.acc[0], out=vc)
       np.maximum(avc, log.acc[1], out=avc)
+      if sync is not None:
+        np.maximum(sync, log.sync, out=sync)
     return _SoFar(log, len(log.signals))
   for k in need.keys:
     s = log.by_key[k]
     np.maximum(vc, s.vc, out=vc)
     np.maximum(avc, s.avc, out=avc)
+    if sync is not None:
+      np.maximum(sync, s.sync, out=sync)
   return need.keys
 
 
