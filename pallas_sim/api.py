@@ -65,6 +65,11 @@ def _simulating(options: Options, **executor_args: Any) -> Iterator[Executor]:
           e.add_note(note)
         raise
       err = _first_with_the_rest(ex.errors)
+      if ex.stopped:  # (stop_at_error: the runtime raised the launch's failure here)
+        at = locations.innermost_own(e.__traceback__)
+        err.add_note("(the program stopped" + (f" at {at}" if at else "")
+                     + ", where it next waited on JAX after the failed launch)")
+        raise err.with_traceback(None) from None
       err.add_note(f"(the code around the simulated kernels then raised "
                    f"{type(e).__name__}: {str(e).strip()[:200]}; the failed "
                    "kernels' outputs were poison)")

@@ -2,7 +2,10 @@
 
     pallas-sim run FILE [ARGS...]   run a script as `python FILE ARGS...` would,
                                     with every kernel simulated; print the
-                                    report of the launches it simulated
+                                    report of the launches it simulated. A
+                                    launch that fails (a deadlock, a runaway
+                                    loop) stops the script where it next
+                                    waits on JAX; exit 1
     pallas-sim check TARGET [ARGS...]
                                     run TARGET's declared entry points with
                                     race and uninitialized-memory checks;
@@ -228,7 +231,7 @@ def main(argv=None):
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status, found = 0, None
   try:
-    with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz,
+    with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz, stop_at_error=True,
                     **_cycles(ns.max_cycles)) as report, \
         _Argv(ns.file, ns.args):
       try:
@@ -243,7 +246,7 @@ def main(argv=None):
     found, status = e, 1
   # (a script that runs its own ps.simulate reports those itself: only the
   # launches this backend simulated are ours to report)
-  if report.kernels:
+  if report.kernels or report.failed:
     print(report.summary())
   elif found is None:
     print("pallas-sim run: no kernel launch outside the script's own simulations",
@@ -255,7 +258,8 @@ def main(argv=None):
     text = str(found)
     if isinstance(found, (ps.RaceError, ps.UninitializedError)) and report.kernels:
       text = text.splitlines()[0].rstrip(":") + " (in the report above)"  # (listed there)
-    print(f"pallas-sim run: {type(found).__name__}: {text}", file=sys.stderr)
+    notes = "".join("\n" + n for n in getattr(found, "__notes__", ()))
+    print(f"pallas-sim run: {type(found).__name__}: {text}{notes}", file=sys.stderr)
   return status
 
 

@@ -86,7 +86,12 @@ class Options:
   check_estimate: a developer's check: a path to which every launch
     simulated appends a JSON line comparing ps.estimate with the full
     simulation (execute/estimate_check.py). Its default comes from the
-    environment: PALLAS_SIM_CHECK_ESTIMATE=<path>."""
+    environment: PALLAS_SIM_CHECK_ESTIMATE=<path>.
+  stop_at_error: a launch that fails (a deadlock, a runaway loop, an access
+    out of bounds) stops the program where it next uses what JAX computed,
+    with the simulator's error, instead of handing it poison outputs and
+    raising when the simulation ends (`pallas-sim run` sets it: a script
+    would otherwise run on, and simulate on, with NaNs)."""
   gpu: str = "h100"
   check_races: bool = True
   on_race: str = "raise"
@@ -103,6 +108,7 @@ class Options:
   clock_mhz: float | None = None
   progress: bool | None = dataclasses.field(default_factory=_env_progress)
   check_estimate: str | None = dataclasses.field(default_factory=_env_check_estimate)
+  stop_at_error: bool = False
 
   def __post_init__(self) -> None:
     gpus.get(self.gpu, self.clock_mhz)  # raises on an unknown model or clock

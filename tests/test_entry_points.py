@@ -147,10 +147,18 @@ def test_the_cli_takes_max_cycles_says_a_failed_launch_and_a_missing_file(tmp_pa
   assert p.returncode == 1, p.stdout + p.stderr
   assert "FAIL check_counts: RunawayKernelError: spin.py:9: [while] ran past " \
          "max_cycles=20000 simulated cycles" in p.stdout, p.stdout + p.stderr
+  # (the failed launch stops the script where it next waits on JAX: no poison
+  # handed on, the launch listed in the report, the error after it)
   p = _cli(["run", "spin.py"], tmp_path)
-  assert p.returncode == 1 and "after the kernel" in p.stdout, p.stdout + p.stderr
+  assert p.returncode == 1 and "after the kernel" not in p.stdout, p.stdout + p.stderr
+  assert "1 kernel launch(es) (1 failed)" in p.stdout, p.stdout
+  assert "  stuck (spin.py:13): failed, DeadlockError: spin.py:16: no thread can make " \
+         "progress" in p.stdout, p.stdout
   assert "pallas-sim run: DeadlockError: spin.py:16:" in p.stderr, p.stderr
+  assert "(the program stopped at spin.py:25, where it next waited on JAX after the " \
+         "failed launch)" in p.stderr, p.stderr
   assert "no kernel launch" not in p.stderr, p.stderr
+  assert "Traceback" not in p.stdout + p.stderr and "io_callback" not in p.stderr
   p = _cli(["run", "nonexist.py"], tmp_path)
   assert p.returncode == 2 and p.stderr.strip() == "pallas-sim run: no such file: " \
          "nonexist.py", p.stderr
@@ -213,3 +221,40 @@ def test_a_kernel_error_is_raised_even_when_the_code_after_it_fails():
       np.testing.assert_array_equal(out, 0.0)  # poison: fails
   assert isinstance(e.value.__cause__, AssertionError)
   assert any("then raised AssertionError" in n for n in e.value.__notes__)
+
+
+def test_a_failed_launch_is_listed_and_stop_at_error_stops_the_program_there():
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                scratch_types=[plgpu.Barrier()])
+  def stuck(o_ref, bar):
+    plgpu.barrier_wait(bar)
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32))
+  def fill(o_ref):
+    o_ref[...] = jnp.ones((128,), jnp.float32)
+
+  ran = []
+  with pytest.raises(ps.DeadlockError):  # (by default: when the block ends)
+    with ps.backend("sim") as report:
+      fill()
+      stuck()
+      ran.append(np.asarray(fill())[0])
+  assert ran == [1.0]  # (the program ran on, with the poison)
+  (failed,) = report.failed
+  assert (failed.name, type(failed.error)) == ("stuck", ps.DeadlockError)
+  assert len(report.kernels) == 2
+  assert "3 kernel launch(es) (1 failed)" in report.summary()
+  assert "predicted" in report.summary() and "for the 2 that ran" in report.summary()
+  assert f"  stuck ({failed.where}): failed, DeadlockError:" in report.summary()
+
+  ran = []
+  with pytest.raises(ps.DeadlockError) as e:
+    with ps.backend("sim", stop_at_error=True) as report:
+      fill()
+      np.asarray(stuck())
+      ran.append(np.asarray(fill())[0])
+  assert ran == [] and len(report.kernels) == 1 and len(report.failed) == 1
+  assert e.value.__cause__ is None
+  here = os.path.basename(__file__)
+  (note,) = [n for n in e.value.__notes__ if "the program stopped" in n]
+  assert f"the program stopped at tests/{here}:" in note or f"stopped at {here}:" in note

@@ -53,6 +53,9 @@ What each release needs (0.11.2 / 0.12.0.1 / 0.12.1):
   asserts that one is registered for plgpu.CompilerParams (none is; only
   mpmd_map_p, plgpu.kernel's, lowers) (pallas_call_lowering_missing): the
   same in all three.
+- An exception raised in an io_callback is logged with its traceback on
+  the logger of jax._src.callback (CALLBACK_LOGGER) before the runtime
+  raises it in the program as a JaxRuntimeError: the same in all three.
 - pl.pallas_call reads the interpret mode (force_gpu_interpret_mode's
   config, interpret_mode below) when it builds the kernel's function, not
   when that function is called: the same in all three.
@@ -125,6 +128,8 @@ SCRATCH_REFS_UNDO_TILING = not hasattr(gpu_core.GPUMemoryRef, "get_ref_transform
 # a box (8, 1) of a (16, 1) array is then a copy of 8 contiguous elements.
 TMA_DROPS_UNIT_DIMS = JAX_VERSION >= (0, 12, 1)
 JAXLIB_VERSION = jax_window.parse(jaxlib.__version__)
+# Where JAX logs an exception an io_callback raised (callback.io_callback_impl).
+CALLBACK_LOGGER = "jax._src.callback"
 
 # One class for open and closed jaxprs in every release of the window.
 Jaxpr = core.Jaxpr

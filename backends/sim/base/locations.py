@@ -254,3 +254,14 @@ def own_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
   for t in reversed(keep):
     chain = types.TracebackType(chain, t.tb_frame, t.tb_lasti, t.tb_lineno)
   return chain
+
+
+def innermost_own(tb: types.TracebackType | None) -> str | None:
+  """The file:line of the innermost of the user's own frames in `tb` (where
+  their program was when the exception reached it), or None."""
+  at = None
+  while tb is not None:
+    if is_own_file(tb.tb_frame.f_code.co_filename):
+      at = place(tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+    tb = tb.tb_next
+  return at

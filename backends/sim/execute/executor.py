@@ -35,7 +35,7 @@ from pallas_sim.backends.sim.frontend.capture import KernelLaunch
 from pallas_sim.backends.sim.execute.progress import Progress, backtrace
 from pallas_sim.backends.sim.execute.tuning import Tuning
 from pallas_sim.backends.sim.machine import memory
-from pallas_sim.backends.sim.report import Report, profiler
+from pallas_sim.backends.sim.report import FailedLaunch, Report, profiler
 from pallas_sim.backends.sim.timing.model import LaunchTiming, Timing
 from pallas_sim.errors import SimError
 from pallas_sim.options import Options
@@ -97,14 +97,20 @@ class Executor:
     self.preparer = Preparer(opts, self.gpu, self.timing, shapes_only)
     self.classes = Classes(opts, self.timing, shapes_only, paths_cache)
     self.errors: list[BaseException] = []
+    self.stopped = False  # (a failed launch stopped the program: stop_at_error)
     self.interrupted: str | None = None  # Ctrl-C: where every thread was (text)
     # (launch, block number, grid index, group runner), or ("parallel",
     # launch, workers) while workers run its groups
     self._running: tuple[Any, ...] | None = None
     self.launches = 0        # launches received (a Ray task finds its own by it)
 
-  def record_error(self, e: BaseException) -> None:
+  def record_error(self, e: BaseException, launch: KernelLaunch | None = None) -> None:
+    """A launch failed: its error, raised when the simulation ends (or, under
+    Options.stop_at_error, where the program next waits on JAX); the report
+    lists the launch."""
     self.errors.append(e)
+    if launch is not None:
+      self.report.failed.append(FailedLaunch(launch.name, launch.where, e))
 
   def prepare(self, launch: KernelLaunch) -> Prepared:
     return self.preparer.prepare(launch)
@@ -127,7 +133,7 @@ class Executor:
       try:
         self.check_lowering(launch, launch.lower)
       except SimError as e:
-        self.errors.append(e)
+        self.record_error(e, launch)
         return [memory.poison(a.shape, a.dtype) for a in launch.out_avals]
     if self.interrupted is None:
       try:

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
+import logging
 import os
 import threading
 import traceback
@@ -126,26 +127,53 @@ def _active_executor(launch: KernelLaunch) -> Any:
   return _active[-1]
 
 
+class LaunchFailed(Exception):
+  """Raised out of the io_callback of a launch that failed, under
+  Options.stop_at_error: the runtime raises it in the program (as a
+  JaxRuntimeError) where the program next waits on JAX, and the API raises
+  the launch's own error in its place (api._simulating)."""
+
+
+class _QuietStop:
+  """Drops JAX's log of a LaunchFailed (its traceback is ours, not news:
+  the launch's error is raised in the program)."""
+
+  @staticmethod
+  def filter(record: Any) -> bool:
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, LaunchFailed)
+
+
+logging.getLogger(jx.CALLBACK_LOGGER).addFilter(_QuietStop())
+
+
 def execute(launch: KernelLaunch, *arrays: Any) -> tuple[np.ndarray, ...]:
   """Runs in the io_callback (or, for ps.estimate given shapes, straight
-  from frontend/shapes_only.py). Never raises: an exception escaping a callback
-  leaves the runtime's ordered-effects token in error on a GPU, failing every
-  later kernel. Errors are recorded for the API to raise; outputs are poison."""
+  from frontend/shapes_only.py). Errors are recorded for the API to raise;
+  outputs are poison. Raises only under Options.stop_at_error (LaunchFailed),
+  where the program is to stop: otherwise an exception escaping a callback
+  leaves the runtime's ordered-effects token in error on a GPU, failing
+  every later kernel."""
   poisoned = lambda: tuple(memory.poison(a.shape, a.dtype) for a in launch.out_avals)
   try:
     ex = _active_executor(launch)
   except SimError as e:
     warnings.warn(f"{e} Its outputs are poison (NaN / sentinel).", stacklevel=2)
     return poisoned()
+  known = len(ex.errors)
   try:
     with _ieee_subnormals():
-      return tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
+      out = tuple(ex.execute(launch, [np.asarray(a) for a in arrays]))
   except Exception as e:
     if launch.call_site and isinstance(e, SimError):  # (located in a library)
       e.add_note(f"kernel {launch.name} ({launch.where}) was called from "
                  f"{launch.call_site}")
-    ex.record_error(e)
-    return poisoned()
+    ex.record_error(e, launch)
+    out = poisoned()
+  if len(ex.errors) > known and ex.options.stop_at_error and ex.interrupted is None:
+    ex.stopped = True
+    raise LaunchFailed(f"kernel {launch.name} ({launch.where}) failed")
+  return out
 
 
 # XLA:CPU runs host callbacks on threads that flush subnormals to zero (x86's

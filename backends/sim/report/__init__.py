@@ -136,9 +136,26 @@ class KernelReport:
 
 
 @dataclasses.dataclass
+class FailedLaunch:
+  """A launch that did not run to its end: its outputs were poison, and its
+  error is raised when the simulation ends (or where the program stopped)."""
+  name: str
+  where: str | None
+  error: BaseException
+
+  def summary(self) -> str:
+    first = str(self.error).splitlines()[0].rstrip(":") if str(self.error) else ""
+    if len(first) > 160:
+      first = first[:157] + "..."
+    return (f"{self.name} ({self.where}): failed, {type(self.error).__name__}"
+            + (f": {first}" if first else ""))
+
+
+@dataclasses.dataclass
 class Report:
   gpu: str
   kernels: list = dataclasses.field(default_factory=list)
+  failed: list = dataclasses.field(default_factory=list)  # FailedLaunch, in order
   races: list = dataclasses.field(default_factory=list)
   # machine/initcheck.Uninitialized findings: reads of elements nothing
   # wrote, outputs no block wrote in full
@@ -160,10 +177,12 @@ class Report:
     races = f"{len(self.races)} race(s)" if self.races_checked else "races not checked"
     unset = (f"{len(self.uninitialized)} uninitialized-memory finding(s)"
              if self.uninitialized_checked else "uninitialized memory not checked")
-    total = (f"; predicted {self.time_s * 1e6:.1f} us in all" if len(self.kernels) > 1
-             else "")
-    lines = [f"pallas-sim report ({self.gpu}{at}): {len(self.kernels)} kernel "
-             f"launch(es), {races}, {unset}{total}"]
+    total = ("" if len(self.kernels) < 2 else
+             f"; predicted {self.time_s * 1e6:.1f} us in all" if not self.failed else
+             f"; predicted {self.time_s * 1e6:.1f} us for the {len(self.kernels)} that ran")
+    failed = f" ({len(self.failed)} failed)" if self.failed else ""
+    lines = [f"pallas-sim report ({self.gpu}{at}): {len(self.kernels) + len(self.failed)} "
+             f"kernel launch(es){failed}, {races}, {unset}{total}"]
     # (launches that report alike, one after another, as the first and a count:
     # a loop of calls reads as one)
     # (alike: the same summary but for how long it took to simulate)
@@ -180,6 +199,7 @@ class Report:
       if n > 1:
         lines.append(f"    and {n - 1} more launch(es) of it, reported alike "
                      f"({n * k.time_s * 1e6:.1f} us for the {n})")
+    lines += ["  " + f.summary() for f in self.failed]
     for title, items in (("races:", self.races),
                          ("uninitialized memory:", self.uninitialized)):
       if items:
