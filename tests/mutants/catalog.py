@@ -1805,6 +1805,18 @@ MUTANTS = [
            "    a.got = semaphore_order.join(log, a.need, h.vc, h.avc, h.sync)\n",
            "    a.got = semaphore_order.join(log, a.need, h.vc, h.avc)\n",
            ("tests/test_no_auto_barriers.py",)),
+    Mutant("failed-launch-hands-on-poison-under-stop", "backends/sim/frontend/capture.py",
+           "under stop_at_error a failed launch stops the program where it next waits "
+           "on JAX; the mutant hands it poison and lets it run on",
+           "  if len(ex.errors) > known and ex.options.stop_at_error and ex.interrupted is None:\n",
+           "  if False:\n",
+           ("tests/test_entry_points.py",)),
+    Mutant("failed-launch-left-out-of-the-report", "backends/sim/execute/executor.py",
+           "a failed launch is listed in the report (report.failed); the mutant "
+           "lists only those that ran",
+           "      self.report.failed.append(FailedLaunch(launch.name, launch.where, e))\n",
+           "      pass\n",
+           ("tests/test_entry_points.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",
