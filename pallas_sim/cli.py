@@ -6,6 +6,11 @@
                                     launch that fails (a deadlock, a runaway
                                     loop) stops the script where it next
                                     waits on JAX; exit 1
+    pallas-sim estimate FILE [ARGS...]
+                                    the same with every kernel estimated as
+                                    ps.estimate does: times in seconds, not
+                                    minutes, but no values (the tensor cores'
+                                    sums are skipped) and no checks
     pallas-sim check TARGET [ARGS...]
                                     run TARGET's declared entry points with
                                     race and uninitialized-memory checks;
@@ -200,16 +205,19 @@ def main(argv=None):
   ap = argparse.ArgumentParser(prog="pallas-sim", description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = ap.add_subparsers(dest="cmd", required=True)
-  r = sub.add_parser("run", help="run a script with its kernels simulated")
-  r.add_argument("file")
-  r.add_argument("--gpu", default="h100", choices=gpus.NAMES,
-                 help="the GPU model (default h100)")
-  r.add_argument("--trace", help="write a Chrome trace of the kernels here")
-  r.add_argument("--clock-mhz", type=float, default=None,
-                 help="predict times with the SMs at this clock (e.g. what nvidia-smi "
-                      "shows at the power limit; default: each unit at its measured one)")
-  _add_max_cycles(r)
-  r.add_argument("args", nargs=argparse.REMAINDER)
+  for cmd, what in (("run", "run a script with its kernels simulated"),
+                    ("estimate", "run a script with its kernels' times estimated, "
+                                 "not their values")):
+    r = sub.add_parser(cmd, help=what)
+    r.add_argument("file")
+    r.add_argument("--gpu", default="h100", choices=gpus.NAMES,
+                   help="the GPU model (default h100)")
+    r.add_argument("--trace", help="write a Chrome trace of the kernels here")
+    r.add_argument("--clock-mhz", type=float, default=None,
+                   help="predict times with the SMs at this clock (e.g. what nvidia-smi "
+                        "shows at the power limit; default: each unit at its measured one)")
+    _add_max_cycles(r)
+    r.add_argument("args", nargs=argparse.REMAINDER)
   c = sub.add_parser("check", help="check a file's or module's entry points for races")
   c.add_argument("target")
   c.add_argument("--gpu", default="h100", choices=gpus.NAMES,
@@ -221,18 +229,31 @@ def main(argv=None):
   c.add_argument("args", nargs=argparse.REMAINDER,
                  help="the file's own arguments (its sys.argv[1:])")
   ns = ap.parse_args(argv)
-  import pallas_sim as ps
   if ns.cmd == "check":
     return 1 if check(ns.target, ns.gpu, uninitialized=ns.uninitialized,
                       args=ns.args, max_cycles=ns.max_cycles) else 0
+  return run(ns)
+
+
+# What `estimate` changes (as ps.estimate runs a kernel)
+ESTIMATE = dict(numerics=False, block_classes=True, check_races=False,
+                check_uninitialized=False)
+
+
+def run(ns):
+  """`pallas-sim run` and `pallas-sim estimate` (ns.cmd): the script as
+  __main__ under the simulator; the report; what the simulation found."""
+  import pallas_sim as ps
+  me = f"pallas-sim {ns.cmd}"
   if not os.path.isfile(ns.file):
-    print(f"pallas-sim run: no such file: {ns.file}", file=sys.stderr)
+    print(f"{me}: no such file: {ns.file}", file=sys.stderr)
     return 2
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status, found = 0, None
+  estimating = ESTIMATE if ns.cmd == "estimate" else {}
   try:
     with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz, stop_at_error=True,
-                    **_cycles(ns.max_cycles)) as report, \
+                    **estimating, **_cycles(ns.max_cycles)) as report, \
         _Argv(ns.file, ns.args):
       try:
         runpy.run_path(ns.file, run_name="__main__")
@@ -248,8 +269,13 @@ def main(argv=None):
   # launches this backend simulated are ours to report)
   if report.kernels or report.failed:
     print(report.summary())
+    if estimating:
+      print(f"{me}: the kernels' outputs were not computed (one block of each kind "
+            "ran, without the tensor cores' sums): what the script did with them "
+            "means nothing; `pallas-sim run` computes them and checks for races",
+            file=sys.stderr)
   elif found is None:
-    print("pallas-sim run: no kernel launch outside the script's own simulations",
+    print(f"{me}: no kernel launch outside the script's own simulations",
           file=sys.stderr)
   if ns.trace and report.kernels:
     report.save_trace(ns.trace)
@@ -259,7 +285,7 @@ def main(argv=None):
     if isinstance(found, (ps.RaceError, ps.UninitializedError)) and report.kernels:
       text = text.splitlines()[0].rstrip(":") + " (in the report above)"  # (listed there)
     notes = "".join("\n" + n for n in getattr(found, "__notes__", ()))
-    print(f"pallas-sim run: {type(found).__name__}: {text}{notes}", file=sys.stderr)
+    print(f"{me}: {type(found).__name__}: {text}{notes}", file=sys.stderr)
   return status
 
 

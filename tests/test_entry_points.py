@@ -78,6 +78,35 @@ def test_pallas_sim_run_passes_on_the_scripts_exit_status(tmp_path):
   assert "pallas-sim report (h200 at 1400 MHz)" in p.stdout
 
 
+MATMUL = textwrap.dedent('''
+    import sys
+    import jax, jax.numpy as jnp
+    from quickstart import matmul
+    n = int(sys.argv[1])
+    a = jnp.ones((n, n), jnp.float16)
+    print("out", float(matmul(a, a)[0, 0]))
+''')
+
+
+def test_pallas_sim_estimate_times_a_script_as_ps_estimate_does(tmp_path):
+  """A 2048^3 matmul in a script: its time as ps.estimate predicts it,
+  without its values (one block of each kind runs), and said so."""
+  from quickstart import matmul
+  (tmp_path / "mm.py").write_text(MATMUL)
+  p = _cli(["estimate", "--gpu", "h200", "mm.py", "2048"], tmp_path)
+  assert p.returncode == 0, p.stdout + p.stderr
+  spec = jax.ShapeDtypeStruct((2048, 2048), jnp.float16)
+  want = ps.estimate(matmul, spec, spec, gpu="h200").kernels[0]
+  head = ("pallas-sim report (h200): 1 kernel launch(es), races not checked, "
+          "uninitialized memory not checked")
+  assert head in p.stdout, p.stdout
+  assert f"predicted {want.time_s * 1e6:.1f} us" in p.stdout, p.stdout
+  assert "of 256 blocks simulated" in p.stdout, p.stdout
+  assert "out 2048.0" not in p.stdout  # (no values)
+  assert ("pallas-sim estimate: the kernels' outputs were not computed" in p.stderr
+          ), p.stderr
+
+
 # A script that reads its arguments as it is imported, and simulates with
 # ps.simulate itself (on the H200).
 OWN = textwrap.dedent('''
