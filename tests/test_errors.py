@@ -491,6 +491,12 @@ def test_a_pass_error_names_the_primitive_of_the_op_it_held():
   assert e.value.where.endswith(f"{HERE}:{line_of(body, '<- no layout rule')}")
 
 
+def _line(text):
+  """The line of this file that holds `text` alone."""
+  src = open(__file__).read().splitlines()
+  return next(i for i, s in enumerate(src, 1) if s.strip() == text)
+
+
 def test_layout_inference_that_finds_no_layouts_says_how_to_help_it():
   """A row sum carried through emit_pipeline from a plain jnp.zeros: the
   lowering's layout inference finds no layouts, and says only that; the
@@ -518,8 +524,27 @@ def test_layout_inference_that_finds_no_layouts_says_how_to_help_it():
   with pytest.raises(ps.LoweringError) as e:
     ps.run(k, jnp.ones((128, 512), jnp.float32), backend="sim")
   assert "Failed to infer a possible set of layouts" in str(e.value)
-  assert "plgpu.layout_cast(x, plgpu.Layout.WGMMA) on a loop's initial carry" in str(e.value)
+  # (the row sum is of a tile loaded with no layout: the fix goes on the load,
+  # with which the kernel lowers and runs, and the error is placed there)
+  load = _line("r = acc + jnp.sum(xs[...].astype(jnp.float32), axis=1)")
+  assert (f"the reduce_sum at tests/test_errors.py:{load} is of a value loaded with no "
+          f"layout at tests/test_errors.py:{load}") in str(e.value), str(e.value)
+  assert "plgpu.load(ref.at[idx], layout=plgpu.Layout.WGMMA)" in str(e.value)
+  assert e.value.where == f"tests/test_errors.py:{load}"
   assert e.value.primitive is None and "[mpmd_map]" not in str(e.value)
+
+
+def test_layout_inference_with_no_load_to_blame_says_where_layouts_can_be_given():
+  """64 elements, fewer than a warpgroup's lanes, loaded and stored: nothing
+  loaded reaches a reduction, so the error gives the general advice."""
+  def body(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64,), jnp.float32))
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, jnp.ones((64,), jnp.float32), backend="sim")
+  assert "Failed to infer a possible set of layouts" in str(e.value)
+  assert "plgpu.layout_cast(x, plgpu.Layout.WGMMA) on a loop's initial carry" in str(e.value)
+  assert "loaded with no layout" not in str(e.value)
 
 
 @pytest.mark.parametrize("grid", [2, 3])

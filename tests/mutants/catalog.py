@@ -1817,6 +1817,11 @@ MUTANTS = [
            "      self.report.failed.append(FailedLaunch(launch.name, launch.where, e))\n",
            "      pass\n",
            ("tests/test_entry_points.py",)),
+    Mutant("layout-hint-stops-at-elementwise-work", "backends/sim/analysis/layout_hints.py",
+           "a load with no layout is found through the elementwise work between it "
+           "and the reduction (a cast); the mutant looks one step back only",
+           "_DEPTH = 12\n", "_DEPTH = 1\n",
+           ("tests/test_errors.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

@@ -18,7 +18,7 @@ import math
 import re
 from typing import Any
 
-from pallas_sim.backends.sim.analysis import walker
+from pallas_sim.backends.sim.analysis import layout_hints, walker
 from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.base.jax_internals import primitive_name
@@ -161,10 +161,12 @@ _KERNEL_OPS = frozenset(("mpmd_map", "pallas_call"))
 _UNIMPLEMENTED = re.compile(r"Unimplemented primitive in Pallas Mosaic GPU lowering: (\w+)")
 
 
-def lowering_error(exc, where=None):
+def lowering_error(exc, where=None, kernel_jaxpr=None):
   """Our error for an exception from JAX's real Mosaic GPU lowering: an SMEM
   overflow keeps its numbers; anything else is a LoweringError with the
-  lowering's own message (its first lines: the rest is JAX's traceback)."""
+  lowering's own message (its first lines: the rest is JAX's traceback).
+  Where layout inference failed, the kernel's loads with no layout that
+  reach a reduction (layout_hints) are named, and the first is `where`."""
   msg = str(exc).strip()
   m = _SMEM_MSG.search(msg)
   if m:
@@ -182,10 +184,20 @@ def lowering_error(exc, where=None):
     lines = [f"an assertion with no message, at {jx.raised_at(exc)}"
              + (f", on the op of a {op}" if op else "")]
   if _NO_LAYOUTS.search(msg):
-    lines.append("(layout inference could not settle a layout for every value of the "
-                 "kernel: give it one where a value is made, e.g. plgpu.layout_cast("
-                 "x, plgpu.Layout.WGMMA) on a loop's initial carry such as jnp.zeros, "
-                 "or plgpu.load(ref, idx, layout=...))")
+    hints = layout_hints.layoutless_reductions(kernel_jaxpr) if kernel_jaxpr else []
+    if hints:
+      where = hints[0].load
+      lines.append("(layout inference could not settle a layout for every value of the "
+                   "kernel: " + "; ".join(
+                       f"the {h.primitive} at {h.use} is of a value loaded with no "
+                       f"layout at {h.load}" for h in hints[:3])
+                   + ". Give the load one: plgpu.load(ref.at[idx], layout="
+                   "plgpu.Layout.WGMMA), or plgpu.layout_cast the value)")
+    else:
+      lines.append("(layout inference could not settle a layout for every value of the "
+                   "kernel: give it one where a value is made, e.g. plgpu.layout_cast("
+                   "x, plgpu.Layout.WGMMA) on a loop's initial carry such as jnp.zeros, "
+                   "or plgpu.load(ref.at[idx], layout=...))")
   m = _UNIMPLEMENTED.search(msg)
   return LoweringError.of(
       exc, f"the Mosaic GPU lowering rejects this kernel "

@@ -1,0 +1,70 @@
+"""Where a kernel that JAX's layout inference cannot settle most likely needs a
+layout: a reduction (or a broadcast) of a value loaded from GMEM or SMEM with
+no layout given. The lowering's own error names no op ("Failed to infer a
+possible set of layouts"); the value's load is where the fix goes
+(plgpu.load(ref.at[idx], layout=...)), and the reduction is why."""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from pallas_sim.backends.sim.analysis import walker
+from pallas_sim.backends.sim.base.jax_internals import primitive_name
+from pallas_sim.backends.sim.base.locations import eqn_location
+
+# What needs its operand's layout settled: a reduction over some axes, a
+# broadcast to more dimensions.
+_NEEDS = frozenset(("reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
+                    "reduce_and", "reduce_or", "argmax", "argmin", "broadcast_in_dim"))
+_LOADS = frozenset(("get", "load"))
+# How far back through elementwise work a load is looked for.
+_DEPTH = 12
+
+
+class Hint(NamedTuple):
+  load: str       # file:line of the load with no layout
+  use: str        # file:line of the reduction or broadcast
+  primitive: str  # the latter's primitive
+
+
+def layoutless_reductions(kernel_jaxpr: Any) -> list[Hint]:
+  """Each reduction or broadcast whose operand comes, through elementwise
+  work of the same shape only, from a load of GMEM or SMEM with no layout
+  (no layout_cast on the way, no layout= on the load); in kernel order."""
+  hints: list[Hint] = []
+  for j in walker.jaxprs(kernel_jaxpr):
+    made = {id(v): e for e in j.eqns for v in e.outvars}
+    for eqn in j.eqns:
+      name = primitive_name(eqn)
+      if name not in _NEEDS or not eqn.invars:
+        continue
+      load = _layoutless_load(eqn.invars[0], made)
+      if load is None:
+        continue
+      at_load, at_use = eqn_location(load), eqn_location(eqn)
+      if at_load and at_use:
+        hints.append(Hint(at_load, at_use, name))
+  return list(dict.fromkeys(hints))
+
+
+def _layoutless_load(var: Any, made: dict[int, Any]) -> Any:
+  """The load `var` comes from with no layout given, or None."""
+  shape = getattr(getattr(var, "aval", None), "shape", None)
+  for _ in range(_DEPTH):
+    eqn = made.get(id(var))
+    if eqn is None:
+      return None  # (an input of the body: a loop's carry, the kernel's)
+    name = primitive_name(eqn)
+    if name in _LOADS:
+      if eqn.params.get("layout") is not None:  # (0.11.2: the load takes it)
+        return None
+      ref = eqn.invars[0].aval
+      space = str(getattr(ref, "memory_space", "")).lower()
+      return eqn if ("gmem" in space or "smem" in space) else None
+    if name == "layout_cast" or len(eqn.outvars) != 1:
+      return None
+    ins = [v for v in eqn.invars
+           if getattr(getattr(v, "aval", None), "shape", None) == shape]
+    if not ins or getattr(eqn.outvars[0].aval, "shape", None) != shape:
+      return None
+    var = ins[0]
+  return None
