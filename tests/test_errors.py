@@ -522,7 +522,7 @@ def test_layout_inference_that_finds_no_layouts_says_how_to_help_it():
                    scratch_types=[plgpu.SMEM((tm,), jnp.float32)],
                    grid=(2,), grid_names=("i",))
   with pytest.raises(ps.LoweringError) as e:
-    ps.run(k, jnp.ones((128, 512), jnp.float32), backend="sim")
+    ps.run(k, jnp.ones((128, 512), jnp.bfloat16), backend="sim")
   assert "Failed to infer a possible set of layouts" in str(e.value)
   # (the row sum is of a tile loaded with no layout: the fix goes on the load,
   # with which the kernel lowers and runs, and the error is placed there)
