@@ -419,3 +419,38 @@ def test_empty_store_groups_of_a_warp_specialized_pipeline_need_no_wait():
   assert str(sim.report.races[0]).endswith(
       "thread 0 ends with TMA stores still reading SMEM: wait_smem_to_gmem(0) before "
       "the kernel ends"), str(sim.report.races[0])
+
+
+def test_a_race_on_a_pipelines_own_slots_says_whose_they_are():
+  """The consumer reads its slot and releases it with no commit_smem: the
+  next TMA load into that slot races with the read. The slots and barriers
+  are the pipeline's own (JAX's names): the report says whose."""
+  F32 = jnp.float32
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), F32), num_threads=2,
+                thread_name="wg")
+  def k(x_ref, o_ref):
+    def compute(pipeline):
+      o_ref[...] = pipeline(jnp.zeros((64, 128), F32))
+
+    def body(_, x_smem, carry):
+      return carry + x_smem[...]  # (released with no commit_smem)
+
+    plgpu.emit_pipeline_warp_specialized(
+        body, in_specs=[plgpu.BlockSpec((64, 128), lambda i: (i, 0))], grid=(4,),
+        compute_context=compute, max_concurrent_steps=2, num_compute_wgs=1,
+        memory_registers=40, memory_thread_idx=1, wg_axis="wg")(x_ref)
+
+  x = jnp.arange(256 * 128, dtype=F32).reshape(256, 128)
+  sim = ps.simulate(k, x, on_race="report")
+  np.testing.assert_array_equal(sim.outputs, np.asarray(x).reshape(4, 64, 128).sum(0))
+  (race,) = sim.report.races
+  text = str(race)
+  assert text.startswith("read-write race on emit_pipeline_warp_specialized's "
+                         "flat_in_smem_refs[0] elements"), text
+  assert ("arrives on emit_pipeline_warp_specialized's flat_consumed_barrier_refs[0][0]"
+          in text), text
+  src = open(__file__).read().splitlines()
+  line = next(i for i, t in enumerate(src, 1)
+              if t.strip().startswith("return carry + x_smem[...]  # (released"))
+  assert race.first.where.endswith(f":{line}"), race.first.where

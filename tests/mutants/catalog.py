@@ -1822,6 +1822,11 @@ MUTANTS = [
            "and the reduction (a cast); the mutant looks one step back only",
            "_DEPTH = 12\n", "_DEPTH = 1\n",
            ("tests/test_errors.py",)),
+    Mutant("pipeline-slots-unowned", "backends/sim/interpret/rules/refs.py",
+           "a buffer JAX's pipeline allocates is named as its owner's; the mutant "
+           "gives JAX's keyword alone",
+           "      label = f\"{owner}'s {label}\"\n", "      pass\n",
+           ("tests/test_races_jax_scenarios.py",)),
     Mutant("loop-with-effects-taken-for-stuck", "backends/sim/interpret/rules/control_flow.py",
            "a loop whose condition or body touches memory may go on with an "
            "unchanged carry; the mutant calls it stuck",

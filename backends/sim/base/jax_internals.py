@@ -56,6 +56,10 @@ What each release needs (0.11.2 / 0.12.0.1 / 0.12.1):
 - An exception raised in an io_callback is logged with its traceback on
   the logger of jax._src.callback (CALLBACK_LOGGER) before the runtime
   raises it in the program as a JaxRuntimeError: the same in all three.
+- JAX's pipelines (pallas/mosaic_gpu/pipeline.py) allocate their SMEM slots
+  and barriers in a run_scoped of their own, named by its keywords
+  (PIPELINE_ALLOCATIONS, pipeline_allocation), called from a function local
+  to emit_pipeline / emit_pipeline_warp_specialized: the same in all three.
 - pl.pallas_call reads the interpret mode (force_gpu_interpret_mode's
   config, interpret_mode below) when it builds the kernel's function, not
   when that function is called: the same in all three.
@@ -306,6 +310,31 @@ def mosaic_ops_in_frames(tb: Any) -> list[Any]:
 
 
 _MOSAIC_GPU_DIR = os.path.join("jax", "experimental", "mosaic", "gpu") + os.sep
+
+# The keywords of the run_scoped in which JAX's pipelines allocate their SMEM
+# slots and barriers (emit_pipeline's, then emit_pipeline_warp_specialized's).
+PIPELINE_ALLOCATIONS = frozenset((
+    "in_smem_refs", "out_smem_refs", "barrier_ref", "flat_in_smem_refs",
+    "flat_out_smem_refs", "flat_produced_barrier_refs", "flat_consumed_barrier_refs"))
+_PIPELINE_FILE = os.path.join("jax", "_src", "pallas", "mosaic_gpu", "pipeline.py")
+_RUN_SCOPED_FILE = os.path.join("jax", "_src", "pallas", "primitives.py")
+
+
+def pipeline_allocation(eqn: Any, name: str) -> str | None:
+  """For an allocation `name` (a keyword with its pytree path, e.g.
+  "flat_in_smem_refs[0]") of run_scoped `eqn`: whose it is, when JAX's
+  pipeline made the scope ("emit_pipeline_warp_specialized"), else None.
+  Reports name such buffers: the user never wrote them."""
+  tb = getattr(eqn.source_info, "traceback", None)
+  if name.split("[", 1)[0] not in PIPELINE_ALLOCATIONS or tb is None:
+    return None
+  frames = list(tb.frames)
+  for inner, outer in zip(frames, frames[1:]):
+    if inner.file_name.endswith(_RUN_SCOPED_FILE) and inner.function_name == "run_scoped":
+      if not outer.file_name.endswith(_PIPELINE_FILE):
+        return None
+      return outer.function_name.split(".<locals>", 1)[0]
+  return None
 
 
 def _innermost(exc: BaseException) -> Any:

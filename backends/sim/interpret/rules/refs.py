@@ -207,6 +207,9 @@ def _run_scoped(eqn, cx):
   inferred = getattr(cx.launch, "smem_swizzle", None) or {}
   for i, v in enumerate(jaxpr.invars):
     label = labels[i] or f"scratch{i}"
+    owner = jx.pipeline_allocation(eqn, label)
+    if owner:  # (JAX's pipeline's own: the name alone does not say whose)
+      label = f"{owner}'s {label}"
     trs = ref_transforms[i] if i < len(ref_transforms) else ()
     allocs.append(_allocator(v.aval, trs, label, cx.launch, inferred.get(v)))
   key = id(eqn)
