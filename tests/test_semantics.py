@@ -514,6 +514,39 @@ def test_run_state_returns_what_its_body_returns_as_the_lowering_does():
   np.testing.assert_array_equal(out, 5.0)
 
 
+def test_run_state_whose_body_returns_its_ref_gives_its_final_value():
+  """A body may return its own ref (the accumulator a wgmma wrote, a plain
+  ref it updated): the lowering returns the ref's value when the scope ends,
+  after its wgmma are awaited."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32))
+  def plain(o_ref):
+    def body(r):
+      r[...] = r[...] + 1
+      return r
+    o_ref[...] = pl.run_state(body)(jnp.ones((64, 64), jnp.float32))
+  np.testing.assert_array_equal(ps.run(plain, backend="sim"), 2.0)
+
+  tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128))
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 64), jnp.float32),
+                scratch_types=[plgpu.SMEM((64, 64), jnp.float16, transforms=tr)] * 2
+                + [plgpu.Barrier(num_barriers=2)])
+  def acc(a_ref, b_ref, o_ref, sa, sb, bar):
+    plgpu.copy_gmem_to_smem(a_ref, sa, bar.at[0])
+    plgpu.copy_gmem_to_smem(b_ref, sb, bar.at[1])
+    plgpu.barrier_wait(bar.at[0])
+    plgpu.barrier_wait(bar.at[1])
+
+    def body(acc_ref):
+      plgpu.wgmma(acc_ref, sa, sb)
+      return acc_ref
+    o_ref[...] = pl.run_state(body)(plgpu.ACC.init(jnp.zeros((64, 64), jnp.float32)))
+  rng = np.random.default_rng(0)
+  a, b = (jnp.asarray(rng.uniform(-1, 1, (64, 64)), jnp.float16) for _ in range(2))
+  want = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+  np.testing.assert_allclose(ps.run(acc, a, b, backend="sim"), want, rtol=1e-3, atol=1e-3)
+
+
 def shifts_kernel(dtype, max_amount):
   """The three shifts of a linspace over dtype's range, by 0..max_amount-1."""
   @plgpu.kernel(out_type=[jax.ShapeDtypeStruct((256,), dtype)] * 3)

@@ -293,6 +293,8 @@ def _run_state(eqn, cx):
     refs, passed = make_refs(wg, operands)
     outs = yield from run_gen(prog, refs, wg)
     yield from wg.wait_wgmma(0, "end of run_state (awaits its wgmma)", where)
-    vals = iter(list(outs) + [_value(r.view) for r, p in zip(refs, passed) if not p])
+    # (a body that returns a ref returns its final value, as the lowering reads it)
+    outs = [_value(o.view) if isinstance(o, refview.Ref) else o for o in outs]
+    vals = iter(outs + [_value(r.view) for r, p in zip(refs, passed) if not p])
     return [r if p else next(vals) for r, p in zip(refs, passed)]
   return Gen(state)
