@@ -364,6 +364,36 @@ def test_tma_reduction_store_combines_with_gmem(op, dtype, combine):
   np.testing.assert_array_equal(out, combine(x[0], x[1]))
 
 
+def _inc(old, bound):
+  return np.where(old >= bound, 0, old + 1).astype(np.uint32)
+
+
+def _dec(old, bound):
+  return np.where((old == 0) | (old > bound), bound, old - 1).astype(np.uint32)
+
+
+@pytest.mark.parametrize("op,combine", [("inc", _inc), ("dec", _dec)])
+def test_tma_reduction_store_inc_and_dec_wrap_as_ptx_says(op, combine):
+  """cp.reduce.async.bulk .inc/.dec on i32, taken as unsigned (as CUDA's
+  atomicInc/atomicDec): inc counts up to the SMEM value, then wraps to 0;
+  dec counts down, and from 0 or past the bound starts again at it."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
+                scratch_types=[plgpu.SMEM((2, 128), jnp.int32)])
+  def k(x_ref, o_ref, smem):
+    smem[...] = x_ref[...]
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem.at[0], o_ref)
+    plgpu.wait_smem_to_gmem(0)
+    plgpu.copy_smem_to_gmem(smem.at[1], o_ref, reduction_op=op)
+    plgpu.wait_smem_to_gmem(0)
+
+  old = np.array([0, 1, 4, 5, 6, 7, 2 ** 32 - 1, 2 ** 31] * 16, np.uint32)
+  bound = np.array([5] * 64 + [0] * 32 + [2 ** 32 - 1] * 32, np.uint32)
+  x = np.stack([old, bound]).view(np.int32)
+  out = np.asarray(ps.run(k, jnp.asarray(x), backend="sim")).view(np.uint32)
+  np.testing.assert_array_equal(out, combine(old, bound))
+
+
 def test_max_and_min_order_signed_zeros_as_the_gpu():
   # Measured on an H200 (lab/register_numerics_probe.py): max/min take
   # -0 < +0 whichever operand comes first; numpy returns either zero.

@@ -367,8 +367,22 @@ class _StoreGroup:
 
 # reduction op -> (combine, the element types the lowering takes for it: the
 # PTX table of cp.reduce.async.bulk, mosaic/gpu/launch_context.py)
+def _wrapping_inc(old, bound):
+  """PTX's .inc (as CUDA's atomicInc): old + 1, or 0 once old reaches bound."""
+  return np.where(old >= bound, np.zeros_like(old), old + np.ones_like(old))
+
+
+def _wrapping_dec(old, bound):
+  """PTX's .dec (as CUDA's atomicDec): old - 1, or bound where old is 0 or
+  past it."""
+  return np.where((old == 0) | (old > bound), bound, old - np.ones_like(old))
+
+
 _REDUCE = {
     None: (None, None),
+    # (i32 or u32, both taken as unsigned, as the lowering emits them)
+    "inc": (unsigned(_wrapping_inc), {"int32", "uint32"}),
+    "dec": (unsigned(_wrapping_dec), {"int32", "uint32"}),
     "add": (np.add, {"float16", "bfloat16", "float32", "int32", "int64", "uint32",
                      "uint64"}),
     "min": (np.minimum, {"float16", "bfloat16"}),
