@@ -229,8 +229,8 @@ class Compiler:
         builder = RULES["fma"]
       if builder is None:
         raise not_modelled(
-            f"primitive '{eqn.primitive.name}' is not modelled by the simulator "
-            "(see README: supported primitives)", primitive=eqn.primitive.name,
+            f"primitive '{name}' is not modelled by the simulator "
+            "(see README: supported primitives)", primitive=name,
             where=where)
       self._where.append(where)
       try:
@@ -516,14 +516,14 @@ def _located(e: BaseException, eqn: Any, where: str, wg: Any = None) -> BaseExce
   if isinstance(e, SimError):
     if e.where is None:
       e.where = where
-      e.primitive = e.primitive or eqn.primitive.name
+      e.primitive = e.primitive or primitive_name(eqn)
       who = f" (in {wg.name})" if wg is not None else ""
       e.args = (f"{e.where}: [{e.primitive}] {e.args[0]}{who}",)
     e.__suppress_context__ = True
     return e
   err = SimInternalError(
       f"internal error while simulating this equation: {type(e).__name__}: {e}",
-      primitive=eqn.primitive.name, where=where)
+      primitive=primitive_name(eqn), where=where)
   err.__cause__ = e
   return err
 
