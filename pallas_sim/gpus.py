@@ -163,16 +163,19 @@ class GPU:
   tma_latency: int = 361
   hbm_latency_extra: int = 530
   # A plain load of GMEM (a get or plgpu.load of a GMEM ref, no TMA), from
-  # its issue to its value, from the L2; a buffer of more than half the L2
-  # adds hbm_latency_extra (its loads miss). Until the plain_load_* micros
-  # (lab/calibrate.py: a dependent chain of scalar loads, a loop of row loads)
-  # are measured, the TMA chain's figure stands in for it: 440 cycles a load
-  # from the L2, issue included (tma_latency_l2_4k, H200). The warpgroup goes
-  # on issuing and waits where the value is first used. A block's re-read of
-  # a buffer that fits in the L1 beside the largest SMEM carve-out (256 KiB
-  # of L1 and SMEM an SM, at most 228 KiB of it SMEM: datasheet) hits the L1,
-  # whose latency is not charged (plain_load_chain_l1 measures it).
-  gmem_load_latency: float = 440.0
+  # its issue to its value: the warpgroup goes on issuing and waits where the
+  # value is first used. A dependent chain of scalar loads (plain_load_chain_*
+  # in micros_2026_12_07_plain_load of lab/data/h200_measured.json,
+  # lab/calibrate.py, H200) took 134.4 cycles a load from the L1, 266.7 from
+  # the L2 and 687.5 from HBM; the model's loop around each load costs 8.6
+  # (the L1 row with no latency), which leaves 126, 258 and 258 + 421. A
+  # buffer of more than half the L2 misses (its loads pay the HBM part); a
+  # block's re-read of a buffer that fits in the L1 beside the largest SMEM
+  # carve-out (256 KiB of L1 and SMEM an SM, at most 228 KiB of it SMEM:
+  # datasheet) hits the L1.
+  gmem_load_latency: float = 258.0
+  gmem_l1_latency: float = 126.0
+  gmem_hbm_latency_extra: float = 421.0
   gmem_l1_bytes: int = 28 * 1024
   # What a byte costs HBM, read and written, when a TMA box's rows are runs
   # of at most this many bytes in GMEM (pieces of longer rows), against the
@@ -209,6 +212,17 @@ class GPU:
   # Two warpgroups handing a barrier back and forth: 115 cycles a round
   # trip, two hand-offs (H200, barrier_pingpong in "micros").
   barrier_latency: int = 57
+  # Two blocks on two SMs handing a token back and forth through two global
+  # semaphores (pl.semaphore_signal / semaphore_wait: a red.release.sys add,
+  # and a loop of atom.cas polls then fence.acquire.sys, Mosaic GPU's
+  # SemaphoreRef): 3950 cycles a round trip, two hand-offs (H200,
+  # sem_pingpong in micros_2026_12_07_sem of lab/data/h200_measured.json).
+  # The model's loop around them costs 8 cycles a hand-off: a waiter returns
+  # this long after the signal it needed. Where the cost lies (the release
+  # fence, the atomic, the polls) is not measured apart; the signalling thread
+  # is not held (the ping-pong cannot tell). memory_scope="gpu" is charged
+  # the same (not measured).
+  semaphore_latency: float = 1967.0
   # Tiny kernels chained in one jitted program: 1.34-1.64 us a launch, 1.49
   # their mean (H200, launch_1_blocks and launch_132_blocks in "micros";
   # host-bound, so an upper bound on the device's own gap), less the tiny
@@ -395,6 +409,8 @@ def at_clock(gpu, mhz):
       tensor_rate_mhz=tuple((k, mhz) for k, _ in gpu.tensor_rate_mhz),
       tma_latency=gpu.tma_latency * r, hbm_latency_extra=gpu.hbm_latency_extra * r,
       gmem_load_latency=gpu.gmem_load_latency * r,
+      gmem_hbm_latency_extra=gpu.gmem_hbm_latency_extra * r,
+      semaphore_latency=gpu.semaphore_latency * r,
       l2_far_latency_extra=gpu.l2_far_latency_extra * r,
       hbm_queue_cycles=gpu.hbm_queue_cycles * r,
       local_l2_bytes_per_clk=gpu.local_l2_bytes_per_clk / r)

@@ -195,7 +195,34 @@ def _tensor_pin(dt, row):
              0.10 if dt != "tf32" else 0.20)
 
 
+def _chain(where):
+  """calibrate.gmem_chain over its region (as ShapeDtypeStructs)."""
+  x = S((C.GMEM_REGIONS[where] // 4,), jnp.int32)
+  return lambda n: (lambda x: C.gmem_chain(x, n=n), (x,))
+
+
 PINS = [
+    # One block's chain of dependent scalar loads of GMEM (plain_load_chain_*,
+    # micros_2026_12_07_plain_load): 134.4 cycles a load within 16 KiB (the
+    # L1), 266.7 within 1 MiB (the L2), 687.5 over 256 MiB (HBM). Model -3%,
+    # -2%, -1%; gmem_l1_latency x1.3 +26%, gmem_load_latency x1.3 +27%,
+    # gmem_hbm_latency_extra x1.3 +17% (x0.7: -27%, -28%, -19%).
+    *[Pin(f"plain_load_chain_{where}", (fig,),
+          f"h200_measured.json micros_2026_12_07_plain_load plain_load_chain_{where}",
+          _m("micros_2026_12_07_plain_load", f"plain_load_chain_{where}"),
+          (lambda where: lambda g: _per_iteration(g, _chain(where), 20, 60))(where),
+          0.10)
+      for where, fig in (("l1", "gmem_l1_latency"), ("l2", "gmem_load_latency"),
+                         ("hbm", "gmem_hbm_latency_extra"))],
+    # Two blocks handing a token through two global semaphores: 3950 cycles a
+    # round trip (sem_pingpong, micros_2026_12_07_sem). Model +0%;
+    # semaphore_latency x1.3 +30%, x0.7 -30%.
+    Pin("sem_pingpong", ("semaphore_latency",),
+        "h200_measured.json micros_2026_12_07_sem sem_pingpong",
+        _m("micros_2026_12_07_sem", "sem_pingpong"),
+        lambda g: _per_iteration(g, lambda n: (lambda x: C.semaphore_pingpong(x, n=n),
+                                               (S((2, 128), F32),)), 20, 60),
+        0.10),
     # Two warpgroups handing two barriers back and forth: 115 cycles a round
     # trip (figures.barrier_round_trip_cycles). Model +14.2% (its loop's scalar
     # work is not hidden); x1.3 +43.7%, x0.7 -15.4%, x0.5 -36.2%. (Tight: the

@@ -338,9 +338,9 @@ def _timed_load(fn: Callable[..., Any], gpu: Any) -> Callable[..., Any]:
     nbytes = getattr(buf, "nbytes", 0)
     read = wg.block.gmem_read
     if nbytes <= gpu.gmem_l1_bytes and id(buf) in read:
-      return value, wg.time  # (the L1's: not charged)
+      return value, wg.time + gpu.gmem_l1_latency
     read.add(id(buf))
-    lat = gpu.gmem_load_latency + (gpu.hbm_latency_extra if nbytes > hbm_from else 0)
+    lat = gpu.gmem_load_latency + (gpu.gmem_hbm_latency_extra if nbytes > hbm_from else 0)
     return value, wg.time + lat
   return load
 

@@ -150,9 +150,11 @@ def _signal_parallel(eqn, cx):
 def _wait(eqn, cx):
   tree = eqn.params["args_tree"]
   where = cx.where(eqn)
-  # (a semaphore is a word of GMEM: the wait polls it with loads, and sees the
-  # count it waits for a load's round trip after it is there)
-  latency = cx.timing.gpu.gmem_load_latency
+  # (a semaphore is a word of GMEM that the wait polls with atomics: it returns
+  # a poll's round trip after it began, or the hand-off's latency after the
+  # signal it needed, whichever is later: gpus.GPU.semaphore_latency)
+  poll = cx.timing.gpu.gmem_load_latency
+  handoff = cx.timing.gpu.semaphore_latency
 
   def wait(wg, *operands):
     ref, transforms, value, decrement = tree_util.tree_unflatten(tree, operands)
@@ -165,11 +167,11 @@ def _wait(eqn, cx):
                          f"{int(r.view.reshape(()))})", where)
       wg.stalled("barrier", start)
     # (the count it saw was there no sooner than the latest signal)
-    wg.time = max(wg.time, r.buf.signalled.get(r.buf.element(r.view), 0.0))
+    signalled = r.buf.signalled.get(r.buf.element(r.view), 0.0)
     if decrement:
       r.view[...] = r.view - want
     wg.block.hb.sem_acquire(wg, r.buf.log(r.view), int(want), decrement, where)
-    wg.time += latency
+    wg.time = max(wg.time + poll, signalled + handoff)
     return []
   return Gen(wait)
 
