@@ -573,3 +573,29 @@ def test_a_tma_box_wholly_outside_its_array_warns_at_the_copy(grid):
                          w.lineno == line_of(body, "<- the copies") for w in outside)
   assert "a TMA box lies wholly outside x_ref of shape (128, 128)" in str(outside[0].message)
   assert "a TMA load reads zeros there" in str(outside[0].message)
+
+
+def test_an_axis_of_a_jax_mesh_in_a_kernel_is_named_with_what_to_do():
+  """lax.axis_index of a shard_map's axis in a kernel: the real lowering's
+  check runs on the kernel alone (where it cannot resolve the axis) and the
+  simulator runs one GPU; the error names the axis, the kernel's own axes and
+  what to do, at the user's line. (Outside shard_map JAX itself refuses the
+  name as it traces.)"""
+  from jax.sharding import Mesh, PartitionSpec as P
+
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                grid=(1,), grid_names=("g",))
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + lax.axis_index("x").astype(jnp.float32)
+
+  x = jnp.arange(128, dtype=jnp.float32)
+  mesh = Mesh(np.array(jax.devices()[:1]), ("x",))
+  f = jax.shard_map(k, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+  with pytest.raises(ps.UnsupportedPrimitiveError) as e:
+    ps.run(f, x, backend="sim")
+  text = str(e.value)
+  assert e.value.primitive == "axis_index", text
+  assert "lax.axis_index('x'): 'x' is not an axis of this kernel" in text, text
+  assert "axes: g)" in text and "shard_map" in text, text
+  assert e.value.where.endswith(
+      f":{_line('o_ref[...] = x_ref[...] + lax.axis_index(\"x\").astype(jnp.float32)')}")

@@ -23,7 +23,7 @@ from pallas_sim.backends.sim.base import jax_internals as jx
 from pallas_sim.backends.sim.base import locations
 from pallas_sim.backends.sim.base.jax_internals import primitive_name
 from pallas_sim.backends.sim.machine import named_barriers
-from pallas_sim.errors import LoweringError, SmemOverflowError
+from pallas_sim.errors import LoweringError, SmemOverflowError, UnsupportedPrimitiveError
 
 SMEM_ALIGNMENT = 1024
 MBARRIER_BYTES = 8
@@ -158,6 +158,8 @@ _SMEM_MSG = re.compile(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)")
 _NO_LAYOUTS = re.compile(r"Failed to infer a possible set of layouts|Layout inference failed")
 # The ops of the kernel as a whole (a pass that held one names no primitive)
 _KERNEL_OPS = frozenset(("mpmd_map", "pallas_call"))
+_JAX_MESH_AXIS = re.compile(r"Axis '?([\w.-]+)'? does not refer to a GPU mesh axis "
+                            r"\(available axes: \[([^\]]*)\]\)")
 _UNIMPLEMENTED = re.compile(r"Unimplemented primitive in Pallas Mosaic GPU lowering: (\w+)")
 
 
@@ -173,6 +175,15 @@ def lowering_error(exc, where=None, kernel_jaxpr=None):
     return SmemOverflowError(
         f"Mosaic GPU kernel exceeds available shared memory: {m.group(0)}",
         smem_bytes=int(m.group(1)), max_smem_bytes=int(m.group(2)), where=where)
+  m = _JAX_MESH_AXIS.search(msg)
+  if m:  # (the check lowers the kernel alone, outside the shard_map that named it)
+    return UnsupportedPrimitiveError(
+        f"lax.axis_index({m.group(1)!r}): {m.group(1)!r} is not an axis of this kernel "
+        f"(its grid, cluster and thread axes: {m.group(2).replace(chr(39), '') or 'none'}); "
+        "an axis of a "
+        "JAX mesh (shard_map) says which device runs the kernel, and pallas-sim "
+        "simulates one GPU: pass the device's index in as an argument",
+        primitive="axis_index", where=where)
   lines: list[str] = []
   for line in msg.splitlines():
     if line.startswith("-----") or len(lines) == 6:  # JAX's traceback follows
