@@ -10,8 +10,10 @@ their keys: rows, l2, l2half, copyown, smemrw, gmem and sem (micros) ->
 micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw, _plain_load, _sem; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
 _4 and _5, which benchmarks/accuracy.py --families
 scores against its committed predictions; again (every family a second time)
--> families_again_<date>, each row's noise for accuracy.py. A key already
-there is left alone unless --replace.
+-> families_again_<date>, each row's noise for accuracy.py; again5 (the fifth
+blind set a second time) -> families_again_<date>_blind5, and the rows its first
+run missed -> families_study_5_late. A key already there is left alone unless
+--replace.
 """
 import argparse
 import json
@@ -60,7 +62,17 @@ STEPS = {
     "again": ("families_again_{date}", "cases",
               "every family of lab/families.py a second time, sustained: each row's "
               "noise for benchmarks/accuracy.py"),
+    "again5": ("families_again_{date}_blind5", "cases",
+               "the fifth blind set a second time, sustained: its rows' noise for "
+               "benchmarks/accuracy.py (rows its first run did not reach go to "
+               "families_study_5_late)"),
 }
+# A second run's rows that no study holds yet are that study's, late.
+LATE = {"again5": ("families_study_5_late",
+                   "rows of the fifth blind set (lab/timing_suite.py families, names "
+                   "ending '(blind 5)') its first run (families_study_5) did not reach, "
+                   "measured after their blind predictions "
+                   "(lab/data/blind_predictions_own_families_5.json) were committed")}
 
 
 def _command(log_text, step):
@@ -106,6 +118,15 @@ def read_back(plan_dir, date, summaries=(), replace=False, measured=MEASURED):
       entry["micro_raw"] = got["micro_raw"]
     data[key] = entry
     done[key] = len(rows)
+    if step in LATE:
+      late_key, late_what = LATE[step]
+      have = {r["name"] for k, v in data.items() if k.startswith("families_study")
+              for r in v.get("cases", [])}
+      late = [r for r in rows if r["name"] not in have and r.get("median_s")]
+      if late:
+        data[late_key] = {**entry, "note": f"{late_what}; lab/timing_plan.sh at commit "
+                                           f"{commit or '?'}", field: late}
+        done[late_key] = len(late)
   with open(measured, "w") as f:  # (as the file is written: indent 1, no last newline)
     json.dump(data, f, indent=1)
   return done

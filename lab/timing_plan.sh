@@ -3,24 +3,22 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 9 minutes (limits add to 560 s):
-#     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8), 128x128
-#                and 64x256 tiles at two and four slots, each profiled kernel
-#                2 KiB under the SMEM limit (at the limit exactly the H200
-#                refused the launch), each at the clock of its warm-up;
-#     l2half     the in-step L2 streams (l2_half*) beside the out-of-step ones;
-#     wstrace    the warp-specialized matmul's every step at two and three
-#                slots (lab/ws_trace.py): the two-slot steps' tail and mean,
-#                and the clock the traced call held;
-#     copyown    one block an SM reading its own tiles with two slots, and
-#                copying them back (calibrate stream_own_*, copy_own_*);
-#     smemrw     the row kernels' body alone: a warpgroup's tile loaded from
-#                SMEM, negated and stored back, or only loaded or stored
-#                (calibrate smem_rw_*);
-#     blind5     the fifth blind set (families, names ending "(blind 5)");
-#   by name, new:
+#   the next call (default), about 4 minutes (limits add to 230 s):
 #     gmem       plain GMEM loads, one block: a dependent scalar chain and a
-#                loop of row loads, from the L1, the L2 and HBM (calibrate plain_load_*);
+#                loop of row loads, from the L1, the L2 and HBM (calibrate
+#                plain_load_*; the rows' references failed on 2026-12-07);
+#     again5     the fifth blind set a second time (its rows' noise), with the
+#                causal row the first run's deadline left out;
+#   measured on 2026-12-07, kept to run again:
+#     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8), 128x128
+#                and 64x256 tiles at two and four slots;
+#     l2half     the in-step L2 streams (l2_half*);
+#     wstrace    the warp-specialized matmul's every step at two and three
+#                slots (lab/ws_trace.py);
+#     copyown    one block an SM reading its own tiles, and copying them back
+#                (calibrate stream_own_*, copy_own_*);
+#     smemrw     the row kernels' body alone (calibrate smem_rw_*);
+#     blind5     the fifth blind set (families, names ending "(blind 5)");
 #     sem        two blocks handing a token back and forth through global
 #                semaphores (calibrate sem_pingpong);
 #   measured on 2026-12-06, kept to run again:
@@ -38,13 +36,13 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [gmem] [sem] [rowstrace]
+#     bash lab/timing_plan.sh [gmem] [again5] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [sem] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-fp8 l2half wstrace copyown smemrw blind5}"
+STEPS="${*:-gmem again5}"
 export PYTHONUNBUFFERED=1
 # (the steps' folders outside $OUT, packed into $TGZ after each step: what
 # comes back is the summary and one archive, whenever the call stops)
@@ -89,6 +87,10 @@ step blind4 120 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 
 # (33 rows)
 step blind5 115 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 5)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 105
+# (the same 33 rows again, their noise, and the causal row the first run's
+# deadline left out: three chunks of 16, the last starting with 40 s left)
+step again5 160 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 5)" \
+  --sustain-s 1.0 --batch-s 0.1 --deadline 150
 step sass 200 $PY -m lab.sass_study --set families --jobs 8 --timeout 120
 step again 560 $PY -m lab.measure_gpu --only-suite --families --sustain-s 1.0 \
   --batch-s 0.1 --deadline 420

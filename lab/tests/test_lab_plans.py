@@ -35,46 +35,42 @@ def test_a_deadline_that_leaves_no_chunk_room_is_refused(capsys):
   assert "a chunk starts only with 40 s left" in capsys.readouterr().err
 
 
-# Seconds a case took on the H200 in the call of 2026-12-05
-# (../shared/h200/2026-12-05: the plan's summaries), and what a step spends
-# before its first case (imports, the device's start).
-_DEVICE_S = {"fp8": 7.5,         # (fp8k: two traced fp8 cases in 15 s)
-             "l2half": 1.0,      # (l2: 24 l2_lag streams in 11 s)
-             # (the attention trace's 65 us a range written out: 512 blocks of
-             # two consumers' 128 ranges, and the kernel's build and warm-up)
-             "wstrace": 15.0,
-             # (a rowstrace case's 14 s, kept as a wide margin: the rows step's
-             # plain micros took about half a second each)
-             "copyown": 14.0,
-             "smemrw": 1.0,      # (rows: 12 micros, two timings each, in 7 s)
-             "blind5": 1.9}      # (blind3: 14 rows in 26 s)
+# Seconds a case took on the H200 (../shared/h200/2026-12-05 and the call of
+# 2026-12-07, HISTORY.md), and what a step spends before its first case
+# (imports, the device's start).
+_DEVICE_S = {"gmem": 1.0,        # (2026-12-07: 6 plain-load micros in 5 s)
+             "again5": 1.9}      # (2026-12-07: blind5's 32 rows in 56 s)
 _START_S = 20.0
 
 
 def _device_cases(step):
-  from lab import calibrate, pipeline_trace, timing_suite, ws_trace
-  if step == "fp8":
-    return len(pipeline_trace.FP8_CASES)
-  if step == "wstrace":
-    return len(ws_trace.CASES)
-  if step in ("l2half", "copyown", "smemrw"):
-    key = {"l2half": "l2_half", "copyown": "_own_", "smemrw": "smem_rw_"}[step]
-    return len([m for m in calibrate.MICROS if key in m.name])
+  from lab import calibrate, timing_suite
+  if step == "gmem":
+    return len([m for m in calibrate.MICROS if "plain_load_" in m.name])
   return len([c for c in timing_suite.cases("families") if "(blind 5)" in c.name])
 
 
 def test_each_step_of_the_next_call_fits_its_limit_at_the_device_s_speed():
   """The default call's steps, case by case at the speed the H200 showed,
   end inside their limits (and a measure_gpu step's inside its deadline),
-  with room for a slower day: a step stopped at its limit loses cases."""
+  with room for a slower day: a step stopped at its limit loses cases. A
+  measure_gpu step starts a chunk of cases only with CHUNK_RESERVE_S left of
+  its deadline, so its last chunk must start by then (on 2026-12-07 blind5's
+  third chunk, one row, did not)."""
   default, steps = _steps("timing_plan.sh")
   assert set(_DEVICE_S) == set(default)
   for name in default:
     limit, command = steps[name]
-    need = _START_S + _device_cases(name) * _DEVICE_S[name]
+    cases = _device_cases(name)
+    need = _START_S + cases * _DEVICE_S[name]
     deadline = re.findall(r"--deadline (\d+)", command)
     budget = int(deadline[0]) if deadline else limit
     assert 1.25 * need <= budget, (name, need, budget)
+    chunk = 16  # (measure_gpu's --chunk default)
+    if deadline and cases > chunk:
+      last_starts = _START_S + 1.25 * ((cases - 1) // chunk * chunk) * _DEVICE_S[name]
+      assert last_starts + measure_gpu.CHUNK_RESERVE_S <= budget, (
+          name, last_starts, budget)
 
 
 def test_the_library_plan_s_default_fits_one_call():

@@ -46,3 +46,23 @@ def test_every_measure_gpu_step_of_the_timing_plan_is_read_back():
   _, steps = _steps("timing_plan.sh")
   measured = {name for name, (_, command) in steps.items() if "lab.measure_gpu" in command}
   assert measured and measured <= set(read_back.STEPS), measured - set(read_back.STEPS)
+
+
+def test_a_second_run_of_a_blind_set_is_noise_and_its_late_rows_the_set_s(tmp_path):
+  """again5: every row a second time, as the rows' noise; a row the first
+  run did not reach (no study holds it) goes to families_study_5_late, which
+  accuracy.py scores with the set."""
+  measured = tmp_path / "m.json"
+  measured.write_text(json.dumps({"families_study_5": {"cases": [
+      {"name": "a (blind 5)", "median_s": 1e-4}]}}, indent=1))
+  plan = _plan(tmp_path, "again5", "cases", [{"name": "a (blind 5)", "median_s": 1.1e-4},
+                                             {"name": "b (blind 5)", "median_s": 2e-4},
+                                             {"name": "c (blind 5)", "error": "x"}])
+  got = read_back.read_back(str(plan), "2026_12_08", measured=str(measured))
+  assert got == {"families_again_2026_12_08_blind5": 3, "families_study_5_late": 1}
+  data = json.loads(measured.read_text())
+  assert [r["name"] for r in data["families_study_5_late"]["cases"]] == ["b (blind 5)"]
+  assert "did not reach" in data["families_study_5_late"]["note"]
+  from lab import timing_suite
+  rows = timing_suite.study_rows(data, "families")
+  assert sorted(r["name"] for r in rows) == ["a (blind 5)", "b (blind 5)"]
