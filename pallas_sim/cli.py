@@ -37,6 +37,7 @@ import os
 import runpy
 import sys
 import traceback
+from typing import Any
 
 from pallas_sim import gpus
 
@@ -250,7 +251,7 @@ def run(ns):
     return 2
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status, found = 0, None
-  estimating = ESTIMATE if ns.cmd == "estimate" else {}
+  estimating: dict[str, Any] = dict(ESTIMATE) if ns.cmd == "estimate" else {}
   try:
     with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz, stop_at_error=True,
                     **estimating, **_cycles(ns.max_cycles)) as report, \

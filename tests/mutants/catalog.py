@@ -672,8 +672,8 @@ MUTANTS = [
     Mutant("semaphore-wait-acquires-nothing", "backends/sim/interpret/rules/semaphores.py",
            "a semaphore wait orders what its signals released; the mutant forgets",
            "    wg.block.hb.sem_acquire(wg, r.buf.log(r.view), int(want), decrement, where)\n"
-           "    wg.time += latency",
-           "    wg.time += latency",
+           "    wg.time = max(wg.time + poll, signalled + handoff)",
+           "    wg.time = max(wg.time + poll, signalled + handoff)",
            ("tests/test_semaphores.py",)),
     Mutant("semaphore-wait-acquires-every-signal", "backends/sim/checks/observer.py",
            "a semaphore wait is ordered only after the signals it cannot complete "
@@ -1113,14 +1113,14 @@ MUTANTS = [
     Mutant("semaphore-count-seen-before-its-signal", "backends/sim/interpret/rules/semaphores.py",
            "a wait sees a count no sooner than the latest signal made it; the mutant lets a "
            "thread whose clock is behind the signal see it at once",
-           "    wg.time = max(wg.time, r.buf.signalled.get(r.buf.element(r.view), 0.0))\n",
-           "    pass\n",
+           "    signalled = r.buf.signalled.get(r.buf.element(r.view), 0.0)\n",
+           "    signalled = 0.0\n",
            ("tests/test_semaphores.py",)),
     Mutant("semaphore-wait-at-barrier-latency", "backends/sim/interpret/rules/semaphores.py",
-           "a semaphore wait polls GMEM: a load's round trip; the mutant takes an SMEM "
-           "barrier's hand-off",
-           "  latency = cx.timing.gpu.gmem_load_latency\n\n  def wait(",
-           "  latency = cx.timing.barrier_latency\n\n  def wait(",
+           "a semaphore's hand-off is the measured one through GMEM; the mutant takes an "
+           "SMEM barrier's",
+           "  handoff = cx.timing.gpu.semaphore_latency\n",
+           "  handoff = cx.timing.barrier_latency\n",
            ("tests/test_semaphores.py",)),
     Mutant("mlir-error-at-the-traced-line", "backends/sim/execute/prepare.py",
            "an MLIR verifier's error is reported at the line of the op it names; the "
@@ -1214,8 +1214,8 @@ MUTANTS = [
            "under unsafe_no_auto_barriers a semaphore signal (one lane's, no barrier "
            "before it) releases of the thread's own accesses only what every lane had "
            "ordered; the mutant releases them all",
-           "    s.vc = h.vc.copy() if h.lanes is None else self._every_lane(h, h.vc)\n",
-           "    s.vc = h.vc.copy()\n",
+           "      s.vc, s.sync = self._every_lane(h, h.vc), np.maximum(h.vc, h.sync)\n",
+           "      s.vc, s.sync = h.vc.copy(), np.maximum(h.vc, h.sync)\n",
            ("tests/test_no_auto_barriers.py",)),
     Mutant("cause-one-lanes-signal-off", "backends/sim/checks/observer.py",
            "a race behind a semaphore signal under unsafe_no_auto_barriers names the "

@@ -333,7 +333,7 @@ def pipeline_allocation(eqn: Any, name: str) -> str | None:
     if inner.file_name.endswith(_RUN_SCOPED_FILE) and inner.function_name == "run_scoped":
       if not outer.file_name.endswith(_PIPELINE_FILE):
         return None
-      return outer.function_name.split(".<locals>", 1)[0]
+      return str(outer.function_name).split(".<locals>", 1)[0]
   return None
 
 

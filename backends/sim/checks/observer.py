@@ -1119,7 +1119,7 @@ class HappensBefore:
     s = semaphore_order.Signal()
     s.key, s.who, s.thread, s.where = (h.thread, h.counts[0]), h, h.thread, where
     s.clock, s.inc, s.order = int(h.vc[h.thread]), inc, len(log.signals)
-    if h.lanes is None:
+    if h.lanes is None or h.sync is None:
       s.vc = s.sync = h.vc.copy()
     else:
       s.vc, s.sync = self._every_lane(h, h.vc), np.maximum(h.vc, h.sync)
@@ -1130,11 +1130,10 @@ class HappensBefore:
     self.sem_logs[id(log)] = log
     if log.acc is None:
       log.acc = (s.vc.copy(), h.avc.copy())
-      log.sync = s.sync.copy()
     else:
       np.maximum(log.acc[0], s.vc, out=log.acc[0])
       np.maximum(log.acc[1], h.avc, out=log.acc[1])
-      np.maximum(log.sync, s.sync, out=log.sync)
+    log.sync = s.sync.copy() if log.sync is None else np.maximum(log.sync, s.sync)
     self._tick(h)
 
   def sem_acquire(self, wg: Any, log: semaphore_order.SemLog, want: int, decrement: bool,

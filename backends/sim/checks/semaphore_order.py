@@ -73,6 +73,7 @@ class Acquire:
   order: int
   read: bool
   need: Need | None
+  sync: np.ndarray
 
 
 class Before(NamedTuple):
