@@ -123,19 +123,9 @@ def test_store_through_an_all_integer_index_agrees():
 
 @pytest.mark.parametrize("op", ["inc", "dec"])
 def test_tma_reduction_inc_and_dec_agree(op):
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
-                scratch_types=[plgpu.SMEM((2, 128), jnp.int32)])
-  def k(x_ref, o_ref, smem):
-    smem[...] = x_ref[...]
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(smem.at[0], o_ref)
-    plgpu.wait_smem_to_gmem(0)
-    plgpu.copy_smem_to_gmem(smem.at[1], o_ref, reduction_op=op)
-    plgpu.wait_smem_to_gmem(0)
-
-  old = np.array([0, 1, 4, 5, 6, 7, 2 ** 32 - 1, 2 ** 31] * 16, np.uint32)
-  bound = np.array([5] * 64 + [0] * 32 + [2 ** 32 - 1] * 32, np.uint32)
-  sim, real = both(k, jnp.asarray(np.stack([old, bound]).view(np.int32)))
+  from test_semantics import WRAP_BOUND, WRAP_OLD, reduction_store
+  x = jnp.asarray(np.stack([WRAP_OLD, WRAP_BOUND]).view(np.int32))
+  sim, real = both(reduction_store(op, jnp.int32), x)
   assert_bit_equal(sim, real)
 
 

@@ -342,11 +342,9 @@ def test_wgmma_reads_its_operands_when_it_completes():
   assert "wgmma_wait" in race.advice
 
 
-@pytest.mark.parametrize("op,dtype,combine", [
-    ("add", jnp.float32, np.add), ("max", jnp.float16, np.maximum),
-    ("smin", jnp.int32, np.minimum),
-    ("umax", jnp.int32, lambda a, b: np.maximum(a.view(np.uint32), b.view(np.uint32)).view(np.int32))])
-def test_tma_reduction_store_combines_with_gmem(op, dtype, combine):
+def reduction_store(op, dtype):
+  """x (2, 128): row 0 stored to the output by TMA, then row 1 reduced into
+  it with `op`."""
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), dtype),
                 scratch_types=[plgpu.SMEM((2, 128), dtype)])
   def k(x_ref, o_ref, smem):
@@ -356,7 +354,20 @@ def test_tma_reduction_store_combines_with_gmem(op, dtype, combine):
     plgpu.wait_smem_to_gmem(0)
     plgpu.copy_smem_to_gmem(smem.at[1], o_ref, reduction_op=op)
     plgpu.wait_smem_to_gmem(0)
+  return k
 
+
+# Counts about to wrap and bounds at the ends (inc and dec take them unsigned).
+WRAP_OLD = np.array([0, 1, 4, 5, 6, 7, 2 ** 32 - 1, 2 ** 31] * 16, np.uint32)
+WRAP_BOUND = np.array([5] * 64 + [0] * 32 + [2 ** 32 - 1] * 32, np.uint32)
+
+
+@pytest.mark.parametrize("op,dtype,combine", [
+    ("add", jnp.float32, np.add), ("max", jnp.float16, np.maximum),
+    ("smin", jnp.int32, np.minimum),
+    ("umax", jnp.int32, lambda a, b: np.maximum(a.view(np.uint32), b.view(np.uint32)).view(np.int32))])
+def test_tma_reduction_store_combines_with_gmem(op, dtype, combine):
+  k = reduction_store(op, dtype)
   r = np.random.default_rng(0)
   x = (r.integers(-1000, 1000, (2, 128)) if dtype == jnp.int32
        else r.standard_normal((2, 128))).astype(dtype)
@@ -377,21 +388,10 @@ def test_tma_reduction_store_inc_and_dec_wrap_as_ptx_says(op, combine):
   """cp.reduce.async.bulk .inc/.dec on i32, taken as unsigned (as CUDA's
   atomicInc/atomicDec): inc counts up to the SMEM value, then wraps to 0;
   dec counts down, and from 0 or past the bound starts again at it."""
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.int32),
-                scratch_types=[plgpu.SMEM((2, 128), jnp.int32)])
-  def k(x_ref, o_ref, smem):
-    smem[...] = x_ref[...]
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(smem.at[0], o_ref)
-    plgpu.wait_smem_to_gmem(0)
-    plgpu.copy_smem_to_gmem(smem.at[1], o_ref, reduction_op=op)
-    plgpu.wait_smem_to_gmem(0)
-
-  old = np.array([0, 1, 4, 5, 6, 7, 2 ** 32 - 1, 2 ** 31] * 16, np.uint32)
-  bound = np.array([5] * 64 + [0] * 32 + [2 ** 32 - 1] * 32, np.uint32)
-  x = np.stack([old, bound]).view(np.int32)
-  out = np.asarray(ps.run(k, jnp.asarray(x), backend="sim")).view(np.uint32)
-  np.testing.assert_array_equal(out, combine(old, bound))
+  x = np.stack([WRAP_OLD, WRAP_BOUND]).view(np.int32)
+  out = np.asarray(ps.run(reduction_store(op, jnp.int32), jnp.asarray(x),
+                          backend="sim")).view(np.uint32)
+  np.testing.assert_array_equal(out, combine(WRAP_OLD, WRAP_BOUND))
 
 
 def test_max_and_min_order_signed_zeros_as_the_gpu():
