@@ -394,6 +394,17 @@ def test_blackwell_primitives_are_rejected_with_their_reason():
   with pytest.raises(ps.UnsupportedPrimitiveError, match="Blackwell .sm_100. only"):
     ps.run(tmem, backend="sim")
 
+  # (a TMEM load's primitive is named "async_load": the error names the call too)
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128, 128), jnp.float32),
+                scratch_types=[plgpu.TMEM((128, 128), jnp.float32)])
+  def load(o_ref, t):
+    o_ref[...] = plgpu.async_load_tmem(t)
+    plgpu.wait_load_tmem()
+  with pytest.raises(ps.UnsupportedPrimitiveError,
+                     match=r"'async_load' \(plgpu.async_load_tmem\) is not supported: a "
+                           r"Blackwell \(sm_100\) instruction"):
+    ps.run(load, backend="sim", check_lowering=False)
+
 
 def test_griddepcontrol_needs_nothing_between_launches_run_in_order():
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), jnp.float32))

@@ -36,10 +36,15 @@ REASONS = {
 }
 
 
+# The API calls whose primitive's name is not the call's own.
+_CALLED_AS = {"async_load": "plgpu.async_load_tmem"}
+
+
 def _reject(eqn, cx):
+  name = eqn.primitive.name
+  called = f" ({_CALLED_AS[name]})" if name in _CALLED_AS else ""
   raise UnsupportedPrimitiveError(
-      f"primitive '{eqn.primitive.name}' is not supported: "
-      f"{REASONS[eqn.primitive.name]}")
+      f"primitive '{name}'{called} is not supported: {REASONS[name]}")
 
 
 rule(*REASONS)(_reject)
