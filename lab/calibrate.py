@@ -1091,6 +1091,35 @@ def semaphore_pingpong(x, *, n):
                       grid=(2,), grid_names=("b",))(x)
 
 
+def semaphore_signals(x, *, n):
+  """One block signals a global semaphore n times in a row, then waits for
+  all n (one wait, decrementing them): what a signal holds its own thread,
+  apart from the hand-off it starts (sem_pingpong). Writes x + n."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(x_ref, o_ref):
+    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
+
+    def step(i, c):
+      pl.semaphore_signal(sem)
+      return c + 1.0
+    count = lax.fori_loop(0, n, step, jnp.float32(0))
+    pl.semaphore_wait(sem, n)
+    o_ref[...] = x_ref[...] + count
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      grid=(1,), grid_names=("b",))(x)
+
+
+def _build_sem_signals(n, cpu=False):
+  x = _array((128,), seed=32)
+  return Built(functools.partial(semaphore_signals, n=n), (x,), lambda x: x + n, tol=0.0)
+
+
 def _build_sem_pingpong(n, cpu=False):
   x = _array((2, 128), seed=31)
   return Built(functools.partial(semaphore_pingpong, n=n), (x,), lambda x: x + n,
@@ -1710,6 +1739,10 @@ def _micros():
                    _build_sem_pingpong, {}, 200, 1000, work=1, unit="round trip",
                    note="two blocks, signal/wait over two global semaphores: one round "
                         "trip = two hand-offs through the L2"))
+  out.append(Micro("sem_signals", "what a semaphore signal holds its thread",
+                   _build_sem_signals, {}, 200, 1000, work=1, unit="signal",
+                   note="one block, n signals of a global semaphore in a row, then one "
+                        "wait for all of them"))
   out.append(Micro("barrier_pingpong", "barrier_latency", _build_pingpong, {},
                    2000, 10000, work=1, unit="round trip",
                    note="two warpgroups, arrive/wait over two Barriers: one round trip "
