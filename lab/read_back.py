@@ -56,9 +56,11 @@ STEPS = {
              "their predictions (lab/data/blind_predictions_micros_plain_load.json) were "
              "committed"),
     "sem": ("micros_{date}_sem", "micros",
-            "two blocks handing a token back and forth through global semaphores "
-            "(calibrate sem_pingpong), measured after its prediction "
-            "(lab/data/blind_predictions_micros_sem.json) was committed"),
+            "global semaphores: two blocks handing a token back and forth "
+            "(calibrate sem_pingpong) and one block's signals in a row "
+            "(sem_signals), measured after their predictions "
+            "(lab/data/blind_predictions_micros_sem.json, _sem_signals.json) were "
+            "committed"),
     "again": ("families_again_{date}", "cases",
               "every family of lab/families.py a second time, sustained: each row's "
               "noise for benchmarks/accuracy.py"),

@@ -3,12 +3,15 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 4 minutes (limits add to 230 s):
+#   the next call (default), about 5 minutes (limits add to 295 s):
 #     gmem       plain GMEM loads, one block: a dependent scalar chain and a
 #                loop of row loads, from the L1, the L2 and HBM (calibrate
 #                plain_load_*; the rows' references failed on 2026-12-07);
 #     again5     the fifth blind set a second time (its rows' noise), with the
 #                causal row the first run's deadline left out;
+#     sem        global semaphores: two blocks handing a token back and forth
+#                (sem_pingpong, again) and one block's signals in a row
+#                (sem_signals: what a signal holds its own thread);
 #   measured on 2026-12-07, kept to run again:
 #     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8), 128x128
 #                and 64x256 tiles at two and four slots;
@@ -19,8 +22,6 @@
 #                (calibrate stream_own_*, copy_own_*);
 #     smemrw     the row kernels' body alone (calibrate smem_rw_*);
 #     blind5     the fifth blind set (families, names ending "(blind 5)");
-#     sem        two blocks handing a token back and forth through global
-#                semaphores (calibrate sem_pingpong);
 #   measured on 2026-12-06, kept to run again:
 #     rowstrace  RMSnorm's and softmax's pipeline steps part by part, one
 #                block an SM and two (lab/rows_trace.py);
@@ -36,13 +37,13 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [gmem] [again5] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [sem] [rowstrace]
+#     bash lab/timing_plan.sh [gmem] [again5] [sem] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-gmem again5}"
+STEPS="${*:-gmem again5 sem}"
 export PYTHONUNBUFFERED=1
 # (the steps' folders outside $OUT, packed into $TGZ after each step: what
 # comes back is the summary and one archive, whenever the call stops)
@@ -78,7 +79,7 @@ step l2 80 $PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 65
 step l2half 65 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 60
 # (four micros of one block, plain GMEM loads: under a millisecond a call)
 step gmem 70 $PY -m lab.measure_gpu --only-micros --filter plain_load_ --deadline 60
-step sem 65 $PY -m lab.measure_gpu --only-micros --filter sem_pingpong --deadline 60
+step sem 65 $PY -m lab.measure_gpu --only-micros --filter sem_ --deadline 60
 step blind3 170 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 160
 # (28 rows; the third set's 14 took 26 s there)

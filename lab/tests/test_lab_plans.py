@@ -39,14 +39,16 @@ def test_a_deadline_that_leaves_no_chunk_room_is_refused(capsys):
 # 2026-12-07, HISTORY.md), and what a step spends before its first case
 # (imports, the device's start).
 _DEVICE_S = {"gmem": 1.0,        # (2026-12-07: 6 plain-load micros in 5 s)
-             "again5": 1.9}      # (2026-12-07: blind5's 32 rows in 56 s)
+             "again5": 1.9,      # (2026-12-07: blind5's 32 rows in 56 s)
+             "sem": 2.0}         # (2026-12-07: sem_pingpong's two timings in 4 s)
 _START_S = 20.0
 
 
 def _device_cases(step):
   from lab import calibrate, timing_suite
-  if step == "gmem":
-    return len([m for m in calibrate.MICROS if "plain_load_" in m.name])
+  if step in ("gmem", "sem"):
+    key = {"gmem": "plain_load_", "sem": "sem_"}[step]
+    return len([m for m in calibrate.MICROS if key in m.name])
   return len([c for c in timing_suite.cases("families") if "(blind 5)" in c.name])
 
 
