@@ -13,7 +13,7 @@ from pallas_sim.backends.sim.frontend import capture, device, shapes_only
 from pallas_sim.backends.sim.execute.executor import Executor
 from pallas_sim.backends.sim.report import Report
 from pallas_sim.errors import BackendError, SimError, SimInternalError
-from pallas_sim.options import Options, take
+from pallas_sim.options import ESTIMATING, Options, take
 
 BACKENDS = ("sim", "mosaic", "auto")
 
@@ -158,8 +158,7 @@ def estimate(fn: Callable[..., Any], *args: Any, options: Options | None = None,
   arrays were given, the values are computed too, so that blocks take the
   paths they take in ps.simulate. Races and uninitialized reads are not
   looked for; other options as for simulate (gpu="h100"/"h200")."""
-  opts = dataclasses.replace(take(kwargs, options), numerics=False, block_classes=True,
-                             check_races=False, check_uninitialized=False)
+  opts = dataclasses.replace(take(kwargs, options), **ESTIMATING)
   is_shape = lambda a: isinstance(a, jax.ShapeDtypeStruct)
   given_shapes = any(map(is_shape, jax.tree.leaves((args, kwargs))))
   with _simulating(opts, shapes_only=given_shapes) as ex:

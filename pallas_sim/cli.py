@@ -37,9 +37,9 @@ import os
 import runpy
 import sys
 import traceback
-from typing import Any
 
 from pallas_sim import gpus
+from pallas_sim.options import ESTIMATING
 
 
 def _load(target):
@@ -236,11 +236,6 @@ def main(argv=None):
   return run(ns)
 
 
-# What `estimate` changes (as ps.estimate runs a kernel)
-ESTIMATE = dict(numerics=False, block_classes=True, check_races=False,
-                check_uninitialized=False)
-
-
 def run(ns):
   """`pallas-sim run` and `pallas-sim estimate` (ns.cmd): the script as
   __main__ under the simulator; the report; what the simulation found."""
@@ -251,7 +246,7 @@ def run(ns):
     return 2
   sys.path.insert(0, os.path.dirname(os.path.abspath(ns.file)))  # as `python FILE` does
   status, found = 0, None
-  estimating: dict[str, Any] = dict(ESTIMATE) if ns.cmd == "estimate" else {}
+  estimating = ESTIMATING if ns.cmd == "estimate" else {}
   try:
     with ps.backend("sim", gpu=ns.gpu, clock_mhz=ns.clock_mhz, stop_at_error=True,
                     **estimating, **_cycles(ns.max_cycles)) as report, \

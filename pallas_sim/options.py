@@ -134,6 +134,11 @@ class Options:
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Options))
 
+# What an estimate changes (ps.estimate, `pallas-sim estimate`, the executor's
+# estimate of a launch it ran): times only, one block of each kind, no checks.
+ESTIMATING: dict[str, Any] = dict(numerics=False, block_classes=True, check_races=False,
+                                  check_uninitialized=False)
+
 
 def take(kwargs: dict[str, Any], options: Options | None = None) -> Options:
   """Pops Options fields out of `kwargs` (the rest are the user function's)

@@ -442,31 +442,40 @@ def test_a_cluster_barriers_arrival_is_one_lanes(flag, commit):
   assert "commit_smem in thread 0 of cluster block" in text and "and the arrival" in text
 
 
-def _refills(flag):
+def _refills(flag, back="barrier", commit=True):
   """Thread 0 refills one slot with TMA loads, waiting before each refill for
-  thread 1 to have consumed the last (a second barrier back); thread 1 waits
-  for each load, copies it out and arrives."""
+  thread 1 to have consumed the last: on a second barrier (`back`
+  "barrier") or a global semaphore ("semaphore"). Thread 1 waits for each
+  load, copies it out, commits (`commit`) and hands the slot back."""
+  barrier = back == "barrier"
   @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3, 128, 128), jnp.float32),
                 num_threads=2, thread_name="t", compiler_params=_params(flag),
-                scratch_types=[plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier(),
-                               plgpu.Barrier()])
-  def k(x_ref, o_ref, buf, loaded, consumed):
+                scratch_types=[plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier()]
+                + [plgpu.Barrier()] * barrier)
+  def k(x_ref, o_ref, buf, loaded, *consumed):
     t = lax.axis_index("t")
+    sem = None if barrier else pl.get_global(plgpu.SemaphoreType.REGULAR)
 
     @pl.when(t == 0)
     def _():
       for i in range(3):
-        if i:
-          plgpu.barrier_wait(consumed)
+        if i and barrier:
+          plgpu.barrier_wait(consumed[0])
+        elif i:
+          pl.semaphore_wait(sem, 1)
         plgpu.copy_gmem_to_smem(x_ref.at[i], buf, loaded)
 
     @pl.when(t == 1)
     def _():
       for i in range(3):
         plgpu.barrier_wait(loaded)
-        o_ref[i] = buf[...]
-        plgpu.commit_smem()
-        plgpu.barrier_arrive(consumed)
+        o_ref[i] = buf[...] + 0
+        if commit:
+          plgpu.commit_smem()
+        if barrier:
+          plgpu.barrier_arrive(consumed[0])
+        else:
+          pl.semaphore_signal(sem, 1)
   return k
 
 
@@ -483,34 +492,6 @@ def test_a_wait_before_a_refill_orders_the_next_phase_whatever_the_flag(flag):
   np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x))
 
 
-def _semaphore_refills(flag, commit):
-  """_refills with the hand-back through a semaphore: thread 1 signals it
-  once it has copied a load out; thread 0 waits for it before the next."""
-  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((3, 128, 128), jnp.float32),
-                num_threads=2, thread_name="t", compiler_params=_params(flag),
-                scratch_types=[plgpu.SMEM((128, 128), jnp.float32), plgpu.Barrier()])
-  def k(x_ref, o_ref, buf, loaded):
-    t = lax.axis_index("t")
-    sem = pl.get_global(plgpu.SemaphoreType.REGULAR)
-
-    @pl.when(t == 0)
-    def _():
-      for i in range(3):
-        if i:
-          pl.semaphore_wait(sem, 1)
-        plgpu.copy_gmem_to_smem(x_ref.at[i], buf, loaded)
-
-    @pl.when(t == 1)
-    def _():
-      for i in range(3):
-        plgpu.barrier_wait(loaded)
-        o_ref[i] = buf[...] + 0
-        if commit:
-          plgpu.commit_smem()
-        pl.semaphore_signal(sem, 1)
-  return k
-
-
 @pytest.mark.parametrize("flag", [False, True])
 @pytest.mark.parametrize("commit", [False, True])
 def test_a_semaphore_hand_back_orders_the_refill_whatever_the_flag(flag, commit):
@@ -521,7 +502,7 @@ def test_a_semaphore_hand_back_orders_the_refill_whatever_the_flag(flag, commit)
   plain reads is as the flag says: with commit_smem before it, all; without,
   the TMA load may overwrite SMEM a lane still reads."""
   x = jnp.stack([X, X + 1, X + 2])
-  sim, races = _races(_semaphore_refills(flag, commit), x)
+  sim, races = _races(_refills(flag, "semaphore", commit), x)
   np.testing.assert_array_equal(np.asarray(sim.outputs), np.asarray(x))
   if commit:
     assert races == [], [str(r) for r in races]

@@ -38,7 +38,7 @@ from pallas_sim.backends.sim.machine import memory
 from pallas_sim.backends.sim.report import FailedLaunch, Report, profiler
 from pallas_sim.backends.sim.timing.model import LaunchTiming, Timing
 from pallas_sim.errors import SimError
-from pallas_sim.options import Options
+from pallas_sim.options import ESTIMATING, Options
 
 # Runs of one launch at most, refining the signals its semaphore waits
 # acquire (checks/semaphore_order.py).
@@ -155,9 +155,8 @@ class Executor:
     checks, one block per class), with these options changed: the Executor
     that ran it. Nothing the user sees twice: no profile written, no
     debug_print lines."""
-    opts = dataclasses.replace(self.options, numerics=False, block_classes=True,
-                               check_races=False, check_uninitialized=False,
-                               check_lowering=False, **changes)
+    opts = dataclasses.replace(self.options, **ESTIMATING, check_lowering=False,
+                               **changes)
     ex = Executor(opts, self.tuning, shapes_only=self.shapes_only, checking_estimate=True,
                   paths_cache=self.classes.paths)
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), \
