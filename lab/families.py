@@ -721,11 +721,33 @@ def fifth_cases():
           + _attention_cases(ATTENTION_CONFIGS_5, FIFTH))
 
 
+# A block's fixed cost against its steps': the warp-specialized matmul's
+# error grows as its blocks take fewer K steps (-8% to -12% at 32 steps a
+# block, -3% to +4% at 96 and 128), where the fp8 matmul's (one warpgroup,
+# emit_pipeline) does not. The same launches at three K each, 15.5 waves of
+# blocks (8192x8192 outputs), fp8 beside them as the control: a line through
+# each configuration's times gives its cost a block apart from its cost a
+# step, on the H200 and in the model (predicted in
+# lab/data/blind_predictions_own_families_ksweep.json before they were
+# measured). Names end " (K sweep)".
+KSWEEP = " (K sweep)"
+WS_CONFIGS_K = ((2, "N", 128, 128, 64, 2), (2, "N", 128, 128, 64, 3),
+                (1, "N", 128, 128, 64, 3))
+KSWEEP_WS_K = (256, 1024, 4096)
+KSWEEP_FP8_K = (512, 1024, 4096)
+
+
+def ksweep_cases():
+  return ([c for k in KSWEEP_WS_K for c in _ws_cases(((8192, k, 8192),), WS_CONFIGS_K, KSWEEP)]
+          + [c for k in KSWEEP_FP8_K
+             for c in _fp8_cases((8192, k, 8192), ((128, 128, 128, 4),), KSWEEP)])
+
+
 def family_cases():
   """Every case of the families, GPU sizes."""
   return (_ws_cases() + _fp8_cases() + _rows_cases() + _copy_cases() + _fma4_cases()
           + _attention_cases() + second_cases() + third_cases() + fourth_cases()
-          + fifth_cases())
+          + fifth_cases() + ksweep_cases())
 
 
 def sim_params(case):

@@ -40,7 +40,8 @@ def test_a_deadline_that_leaves_no_chunk_room_is_refused(capsys):
 # (imports, the device's start).
 _DEVICE_S = {"gmem": 1.0,        # (2026-12-07: 6 plain-load micros in 5 s)
              "again5": 1.9,      # (2026-12-07: blind5's 32 rows in 56 s)
-             "sem": 2.0}         # (2026-12-07: sem_pingpong's two timings in 4 s)
+             "sem": 2.0,         # (2026-12-07: sem_pingpong's two timings in 4 s)
+             "ksweep": 2.5}      # (blind5's speed, its rows up to 1 ms a call)
 _START_S = 20.0
 
 
@@ -49,7 +50,8 @@ def _device_cases(step):
   if step in ("gmem", "sem"):
     key = {"gmem": "plain_load_", "sem": "sem_"}[step]
     return len([m for m in calibrate.MICROS if key in m.name])
-  return len([c for c in timing_suite.cases("families") if "(blind 5)" in c.name])
+  tag = {"again5": "(blind 5)", "ksweep": "(K sweep)"}[step]
+  return len([c for c in timing_suite.cases("families") if tag in c.name])
 
 
 def test_each_step_of_the_next_call_fits_its_limit_at_the_device_s_speed():
