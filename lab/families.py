@@ -49,7 +49,7 @@ def _mma_transforms(dtype, row_bytes=128):
 # ---------------------------------------------------------------------------
 
 def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
-              split="N", compiler_params=None, scopes=False):
+              split="N", compiler_params=None, scopes=False, mma=True):
   """C = A @ B (f16 in, f32 accumulator, f16 out) with
   plgpu.emit_pipeline_warp_specialized: a memory warpgroup streams
   (block_m, tile_k) tiles of A and (tile_k, block_n) tiles of B by TMA into
@@ -61,7 +61,9 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
   through SMEM by TMA. `scopes`: each step's run_state in a named scope
   "acc" and its wgmma's issue in "issue", the store in "epilogue" and a
   consumer's whole work in "block", for Mosaic GPU's profiler
-  (`compiler_params`; lab/ws_trace.py)."""
+  (`compiler_params`; lab/ws_trace.py). `mma=False`: the same loads,
+  barriers and stores with no wgmma (the tile stored is zeros): what the
+  L2 gives this kernel's loads alone."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -99,16 +101,18 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
           plgpu.wait_smem_to_gmem(0)
 
     def step(_, a_smem, b_smem, carry):
+      if not mma:
+        return carry
       if consumers > 1 and split == "M":
         a_smem = a_smem.at[pl.ds(wg * tile_m, tile_m)]
       elif consumers > 1:
         b_smem = b_smem.at[:, pl.ds(wg * tile_n, tile_n)]
 
-      def mma(acc_ref):
+      def issue(acc_ref):
         with scope("issue"):
           plgpu.wgmma(acc_ref, a_smem, b_smem)
       with scope("acc"):
-        return pl.run_state(mma)(plgpu.ACC.init(carry))
+        return pl.run_state(issue)(plgpu.ACC.init(carry))
 
     plgpu.emit_pipeline_warp_specialized(
         step,
@@ -139,7 +143,17 @@ def _make_ws(m, k, n, seed=10, **kw):
   ts = _ts()
   a = ts._rand(seed, (m, k), jnp.float16)
   b = ts._rand(seed + 100, (k, n), jnp.float16)
-  return ts.Built(functools.partial(ws_matmul, **kw), (a, b), ts._matmul_ref, tol=5e-3)
+  ref = ts._matmul_ref if kw.get("mma", True) else _zeros_ref(jnp.float16)
+  return ts.Built(functools.partial(ws_matmul, **kw), (a, b), ref, tol=5e-3)
+
+
+def _zeros_ref(dtype):
+  """The reference of a matmul run with no wgmma (mma=False): zeros of
+  A @ B's shape (B given as (K, N) or, for fp8, as B^T (N, K))."""
+  def ref(a, b, transposed=False):
+    import jax.numpy as jnp
+    return jnp.zeros((a.shape[0], b.shape[0] if transposed else b.shape[1]), dtype)
+  return ref
 
 
 # (consumers, split, tile_m, tile_n, tile_k, mcs): the block tile 128x256
@@ -177,7 +191,7 @@ def _ws_cases(sizes=WS_SIZES, configs=WS_CONFIGS, tag=""):
 # ---------------------------------------------------------------------------
 
 def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
-               out_dtype="bfloat16", compiler_params=None, step_scopes=False):
+               out_dtype="bfloat16", compiler_params=None, step_scopes=False, mma=True):
   """C = A @ B^T with fp8 (e4m3) A (M, K) and B given as B^T (N, K): the
   tensor core reads 8-bit operands only K-minor, so B's tiles are passed to
   wgmma transposed. One warpgroup per block owns a (tile_m, tile_n) f32
@@ -186,7 +200,8 @@ def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
   result goes out in out_dtype through SMEM by TMA. `step_scopes`: the
   step's wgmma and wgmma_wait in named scopes "issue" and "wait", and the
   epilogue in "epilogue", as the quickstart's for lab/pipeline_trace.py
-  (a profiled run: `compiler_params` with profile_space/profile_dir)."""
+  (a profiled run: `compiler_params` with profile_space/profile_dir).
+  `mma=False`: the same loads and store with no wgmma (zeros stored)."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -205,6 +220,8 @@ def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
     scope = jax.named_scope if step_scopes else lambda _: contextlib.nullcontext()
 
     def step(_, a_smem, b_smem):
+      if not mma:
+        return
       with scope("issue"):
         plgpu.wgmma(acc, a_smem, b_smem.T)
       with scope("wait"):
@@ -219,7 +236,7 @@ def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
         max_concurrent_steps=mcs)(a_gmem, b_gmem)
     with scope("epilogue"):
       plgpu.wgmma_wait(0)
-      o_smem[...] = acc[...].astype(out_dtype)
+      o_smem[...] = (acc[...] if mma else jnp.zeros(acc.shape, jnp.float32)).astype(out_dtype)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(
           o_smem, o_gmem.at[pl.ds(pid_m * tile_m, tile_m), pl.ds(pid_n * tile_n, tile_n)])
@@ -247,7 +264,9 @@ def _make_fp8(m, k, n, seed=20, **kw):
   bt = ts._rand(seed + 100, (n, k), jnp.float8_e4m3fn)
   # The tensor core keeps 13 fraction bits of each fp8 partial sum (and the
   # output is bf16): 2e-3 from an f32 sum at K=4096 in the simulator.
-  return ts.Built(functools.partial(fp8_matmul, **kw), (a, bt), _matmul_nt_ref, tol=1e-2)
+  ref = (_matmul_nt_ref if kw.get("mma", True) else
+         functools.partial(_zeros_ref(jnp.bfloat16), transposed=True))
+  return ts.Built(functools.partial(fp8_matmul, **kw), (a, bt), ref, tol=1e-2)
 
 
 # (tile_m, tile_n, tile_k, mcs)
@@ -721,33 +740,54 @@ def fifth_cases():
           + _attention_cases(ATTENTION_CONFIGS_5, FIFTH))
 
 
-# A block's fixed cost against its steps': the warp-specialized matmul's
-# error grows as its blocks take fewer K steps (-8% to -12% at 32 steps a
-# block, -3% to +4% at 96 and 128), where the fp8 matmul's (one warpgroup,
-# emit_pipeline) does not. The same launches at three K each, 15.5 waves of
-# blocks (8192x8192 outputs), fp8 beside them as the control: a line through
-# each configuration's times gives its cost a block apart from its cost a
-# step, on the H200 and in the model (predicted in
-# lab/data/blind_predictions_own_families_ksweep.json before they were
-# measured). Names end " (K sweep)".
-KSWEEP = " (K sweep)"
+# Where a matmul block's time goes, on the H200 and in the model:
+# * its fixed cost against its steps': the warp-specialized matmul's error
+#   grows as its blocks take fewer K steps (-8% to -12% at 32 steps a block,
+#   -3% to +4% at 96 and 128), where the fp8 matmul's (one warpgroup,
+#   emit_pipeline) does not. The same launches at three K each, 15.5 waves
+#   of blocks (8192x8192 outputs), fp8 beside them as the control: a line
+#   through each configuration's times gives its cost a block apart from
+#   its cost a step;
+# * its loads alone (no wgmma, zeros stored): the rate the L2 gives the
+#   tiles these blocks share, out of step as they run. The model serves the
+#   re-reads of a shared tile at the in-step rate (gpus.l2_shared_bytes_per_s)
+#   and has the warp-specialized two-slot rows 8-11% fast and fp8's 64x256
+#   tiles at four slots 14-19% fast, rows that move the most bytes a FLOP.
+# Predicted in lab/data/blind_predictions_own_families_blocks.json before
+# they were measured. Names end " (block study)".
+BLOCKS = " (block study)"
 WS_CONFIGS_K = ((2, "N", 128, 128, 64, 2), (2, "N", 128, 128, 64, 3),
                 (1, "N", 128, 128, 64, 3))
-KSWEEP_WS_K = (256, 1024, 4096)
-KSWEEP_FP8_K = (512, 1024, 4096)
+BLOCKS_WS_K = (256, 1024, 4096)
+BLOCKS_FP8_K = (512, 1024, 4096)
+WS_CONFIGS_LOADS = ((2, "N", 128, 128, 64, 2), (2, "N", 128, 128, 64, 3))
+FP8_CONFIGS_LOADS = ((128, 128, 128, 4), (64, 256, 128, 2), (64, 256, 128, 4))
 
 
-def ksweep_cases():
-  return ([c for k in KSWEEP_WS_K for c in _ws_cases(((8192, k, 8192),), WS_CONFIGS_K, KSWEEP)]
-          + [c for k in KSWEEP_FP8_K
-             for c in _fp8_cases((8192, k, 8192), ((128, 128, 128, 4),), KSWEEP)])
+def _loads_only(cases):
+  """The cases as their loads alone (mma=False): named "... loads only",
+  in a family of their own, no FLOPs."""
+  out = []
+  for c in cases:
+    head, tag = c.name[:-len(BLOCKS)], BLOCKS
+    out.append(_case(f"{head} loads only{tag}", c.family + " loads only",
+                     dict(c.params, mma=False), flops=0.0, bytes=c.bytes, make=c.make))
+  return out
+
+
+def block_study_cases():
+  return ([c for k in BLOCKS_WS_K for c in _ws_cases(((8192, k, 8192),), WS_CONFIGS_K, BLOCKS)]
+          + [c for k in BLOCKS_FP8_K
+             for c in _fp8_cases((8192, k, 8192), ((128, 128, 128, 4),), BLOCKS)]
+          + _loads_only(_ws_cases(((4096, 4096, 4096),), WS_CONFIGS_LOADS, BLOCKS))
+          + _loads_only(_fp8_cases((8192, 8192, 4096), FP8_CONFIGS_LOADS, BLOCKS)))
 
 
 def family_cases():
   """Every case of the families, GPU sizes."""
   return (_ws_cases() + _fp8_cases() + _rows_cases() + _copy_cases() + _fma4_cases()
           + _attention_cases() + second_cases() + third_cases() + fourth_cases()
-          + fifth_cases() + ksweep_cases())
+          + fifth_cases() + block_study_cases())
 
 
 def sim_params(case):

@@ -8,7 +8,8 @@ provenance (the command, when, on what, at which commit).
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
 their keys: rows, l2, l2half, copyown, smemrw, gmem and sem (micros) ->
 micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw, _plain_load, _sem; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
-_4 and _5, and ksweep (the matmuls at three K each) -> families_study_ksweep,
+_4 and _5, and blocks (the matmuls at three K each, and their loads alone) ->
+families_study_blocks,
 which benchmarks/accuracy.py --families scores against their committed
 predictions; again (every family a second time)
 -> families_again_<date>, each row's noise for accuracy.py; again5 (the fifth
@@ -43,11 +44,11 @@ STEPS = {
                "our own families' fifth set (lab/families.py, names ending "
                "'(blind 5)'), measured after their blind predictions "
                "(lab/data/blind_predictions_own_families_5.json) were committed"),
-    "ksweep": ("families_study_ksweep", "cases",
-               "the warp-specialized and fp8 matmuls at three K each (lab/families.py, "
-               "names ending '(K sweep)'): a block's fixed cost apart from its steps', "
-               "measured after their blind predictions "
-               "(lab/data/blind_predictions_own_families_ksweep.json) were committed"),
+    "blocks": ("families_study_blocks", "cases",
+               "where a matmul block's time goes (lab/families.py, names ending "
+               "'(block study)'): the warp-specialized and fp8 matmuls at three K "
+               "each, and their loads alone, measured after their blind predictions "
+               "(lab/data/blind_predictions_own_families_blocks.json) were committed"),
     "copyown": ("micros_{date}_own_streams", "micros",
                 "one block an SM reading its own tiles with two slots, and copying them "
                 "back by TMA store (calibrate stream_own_*, copy_own_*)"),

@@ -3,7 +3,7 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 6 minutes (limits add to 375 s):
+#   the next call (default), about 6 minutes (limits add to 385 s):
 #     gmem       plain GMEM loads, one block: a dependent scalar chain and a
 #                loop of row loads, from the L1, the L2 and HBM (calibrate
 #                plain_load_*; the rows' references failed on 2026-12-07);
@@ -12,10 +12,12 @@
 #     sem        global semaphores: two blocks handing a token back and forth
 #                (sem_pingpong, again) and one block's signals in a row
 #                (sem_signals: what a signal holds its own thread);
-#     ksweep     the warp-specialized matmul (two slots, three, one
-#                consumer) and the fp8 one at three K each, 8192x8192 outputs:
-#                a block's fixed cost apart from its steps' (families, names
-#                ending "(K sweep)");
+#     blocks     where a matmul block's time goes: the warp-specialized
+#                matmul (two slots, three, one consumer) and the fp8 one at
+#                three K each, 8192x8192 outputs (a block's fixed cost apart
+#                from its steps'), and their loads alone, no wgmma (the L2's
+#                rate for the tiles they share) (families, names ending
+#                "(block study)");
 #   measured on 2026-12-07, kept to run again:
 #     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8), 128x128
 #                and 64x256 tiles at two and four slots;
@@ -41,13 +43,13 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [gmem] [again5] [sem] [ksweep] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
+#     bash lab/timing_plan.sh [gmem] [again5] [sem] [blocks] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-gmem again5 sem ksweep}"
+STEPS="${*:-gmem again5 sem blocks}"
 export PYTHONUNBUFFERED=1
 # (the steps' folders outside $OUT, packed into $TGZ after each step: what
 # comes back is the summary and one archive, whenever the call stops)
@@ -96,9 +98,9 @@ step blind5 115 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 
 # deadline left out: three chunks of 16, the last starting with 40 s left)
 step again5 160 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 5)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 150
-# (12 rows, the largest a 1 ms call)
-step ksweep 80 $PY -m lab.measure_gpu --only-suite --families --filter "(K sweep)" \
-  --sustain-s 1.0 --batch-s 0.1 --deadline 70
+# (17 rows, the largest a 1 ms call)
+step blocks 90 $PY -m lab.measure_gpu --only-suite --families --filter "(block study)" \
+  --sustain-s 1.0 --batch-s 0.1 --deadline 80
 step sass 200 $PY -m lab.sass_study --set families --jobs 8 --timeout 120
 step again 560 $PY -m lab.measure_gpu --only-suite --families --sustain-s 1.0 \
   --batch-s 0.1 --deadline 420
