@@ -98,9 +98,9 @@ step blind5 115 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 
 # deadline left out: three chunks of 16, the last starting with 40 s left)
 step again5 160 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 5)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 150
-# (17 rows, the largest a 1 ms call)
+# (17 rows, the largest a 1 ms call: one chunk)
 step blocks 90 $PY -m lab.measure_gpu --only-suite --families --filter "(block study)" \
-  --sustain-s 1.0 --batch-s 0.1 --deadline 80
+  --sustain-s 1.0 --batch-s 0.1 --chunk 17 --deadline 80
 step sass 200 $PY -m lab.sass_study --set families --jobs 8 --timeout 120
 step again 560 $PY -m lab.measure_gpu --only-suite --families --sustain-s 1.0 \
   --batch-s 0.1 --deadline 420

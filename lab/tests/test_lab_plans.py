@@ -70,7 +70,8 @@ def test_each_step_of_the_next_call_fits_its_limit_at_the_device_s_speed():
     deadline = re.findall(r"--deadline (\d+)", command)
     budget = int(deadline[0]) if deadline else limit
     assert 1.25 * need <= budget, (name, need, budget)
-    chunk = 16  # (measure_gpu's --chunk default)
+    chunks = re.findall(r"--chunk (\d+)", command)
+    chunk = int(chunks[0]) if chunks else 16  # (measure_gpu's --chunk default)
     if deadline and cases > chunk:
       last_starts = _START_S + 1.25 * ((cases - 1) // chunk * chunk) * _DEVICE_S[name]
       assert last_starts + measure_gpu.CHUNK_RESERVE_S <= budget, (
