@@ -1779,6 +1779,17 @@ MUTANTS = [
            "    except __import__('pallas_sim').errors.SimError as e:  # (this candidate cannot "
            "run: the others are still ranked;\n",
            ("tests/test_compare.py",)),
+    Mutant("plain-gmem-stores-free-for-hbm", "backends/sim/execute/kernel_report.py",
+           "what plain GMEM stores write beside a kernel's TMA traffic counts toward "
+           "HBM's floor; the mutant counts only the TMA's",
+           "    writes = max(writes, min(writes + totals.plain_store_bytes, outputs))\n",
+           "    pass\n",
+           ("tests/test_plain_gmem_traffic.py",)),
+    Mutant("plain-gmem-store-bytes-not-counted", "backends/sim/interpret/rules/refs.py",
+           "a plain store to GMEM counts its bytes for the block; the mutant counts none",
+           "      wg.block.stats.plain_store_bytes += view.nbytes\n",
+           "      pass\n",
+           ("tests/test_plain_gmem_traffic.py",)),
     Mutant("bound-over-the-whole-chip", "backends/sim/execute/kernel_report.py",
            "a unit's busy share that names the bound is over the SMs in use; the mutant "
            "takes it over the whole chip, idle SMs included",

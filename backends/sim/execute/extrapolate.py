@@ -34,8 +34,9 @@ from pallas_sim.backends.sim.analysis import walker
 # BlockStats counters a mark takes, then the stalls, the units' work and the
 # thread's clock (BlockStats.finish: tma_cycles, tensor_cycles, thread_cycles)
 _COUNTS = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
-           "hbm_read_cost", "hbm_write_cost")
-_WHOLE = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops")  # (counts, not weights)
+           "hbm_read_cost", "hbm_write_cost", "plain_load_bytes", "plain_store_bytes")
+_WHOLE = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "plain_load_bytes",
+          "plain_store_bytes")  # (counts, not weights)
 
 
 class Mark(typing.NamedTuple):

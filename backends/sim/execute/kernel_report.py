@@ -13,6 +13,11 @@ def kernel_report(gpu, launch, arrays, prep, grid, placement, merge, wall, trace
     reads = (placement.hbm_reads_traced(merge.loads) if placement.trace_loads else
              placement.hbm_reads(totals.load_sites, inputs))
     writes = totals.tma_store_bytes
+    # What plain loads and stores move beside the TMA's: HBM's too, up to the
+    # inputs' and outputs' bytes (past those, the L2 serves re-reads, and
+    # holds what is written again until it writes it back)
+    reads = max(reads, min(reads + totals.plain_load_bytes, inputs))
+    writes = max(writes, min(writes + totals.plain_store_bytes, outputs))
   else:  # (kernels without TMA move their operands with plain loads and stores)
     reads, writes = inputs, outputs
   hbm = reads + writes

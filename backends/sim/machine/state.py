@@ -20,7 +20,7 @@ class BlockStats:
   by what they waited for (`stalls`, cycles summed over warpgroups); the
   cycles its SM's units worked for it (`tma_cycles`, `tensor_cycles`)."""
   __slots__ = ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
-               "hbm_read_cost", "hbm_write_cost",
+               "hbm_read_cost", "hbm_write_cost", "plain_load_bytes", "plain_store_bytes",
                "thread_cycles", "stalls", "tma_cycles", "tensor_cycles", "load_sites", "loads",
                "path")
 
@@ -33,6 +33,10 @@ class BlockStats:
     # long as its box's costs HBM (gpus.GPU.hbm_cost)
     self.hbm_read_cost = 0.0
     self.hbm_write_cost = 0.0
+    # GMEM bytes its threads read and wrote with plain loads and stores (no
+    # TMA): what they move counts toward HBM's floor (execute/kernel_report.py)
+    self.plain_load_bytes = 0
+    self.plain_store_bytes = 0
     self.thread_cycles = 0.0
     self.stalls = dict.fromkeys(STALLS, 0.0)
     self.tma_cycles = 0.0
@@ -44,7 +48,8 @@ class BlockStats:
   def add(self, other, times=1):
     """Adds another block's tallies (`times` blocks like it)."""
     for name in ("tma_load_bytes", "tma_store_bytes", "wgmma_flops", "tensor_f16_flops",
-                 "hbm_read_cost", "hbm_write_cost", "thread_cycles", "tma_cycles",
+                 "hbm_read_cost", "hbm_write_cost", "plain_load_bytes", "plain_store_bytes",
+                 "thread_cycles", "tma_cycles",
                  "tensor_cycles"):
       setattr(self, name, getattr(self, name) + times * getattr(other, name))
     for k, v in other.stalls.items():

@@ -23,17 +23,25 @@ def _value(a):
 
 
 
+def _in_gmem(eqn):
+  return str(getattr(eqn.invars[0].aval, "memory_space", "")) in ("gmem", "any")
+
+
 @rule("get", "load")  # plgpu.load: a get whose result gets a layout_cast
 def _get(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
+  gmem = _in_gmem(eqn)
 
   def get(wg, ref, *idx):
     r = at(ref, idx, wg)
     blk = wg.block
     blk.hb.plain(wg, r, False, "load", where)
     blk.group.read(r, "thread", "load", where, wg.index, blk)
-    return _value(r.view)
+    value = _value(r.view)
+    if gmem:
+      blk.stats.plain_load_bytes += np.asarray(value).nbytes
+    return value
   return get
 
 
@@ -41,6 +49,7 @@ def _get(eqn, cx):
 def _swap(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
+  gmem = _in_gmem(eqn)
 
   def swap(wg, ref, val, *idx):
     r = at(ref, idx, wg)
@@ -49,6 +58,8 @@ def _swap(eqn, cx):
     old = _value(view)
     view[...] = val
     wg.block.group.wrote(r)
+    if gmem:
+      wg.block.stats.plain_store_bytes += view.nbytes
     return old
   return swap
 
@@ -70,6 +81,8 @@ def _addupdate(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
 
+  gmem = _in_gmem(eqn)
+
   def addupdate(wg, ref, val, *idx):
     r = at(ref, idx, wg)
     blk = wg.block
@@ -77,6 +90,9 @@ def _addupdate(eqn, cx):
     blk.group.read(r, "thread", "addupdate", where, wg.index, blk)
     r.view[...] = r.view + val
     wg.block.group.wrote(r)
+    if gmem:
+      blk.stats.plain_load_bytes += r.view.nbytes
+      blk.stats.plain_store_bytes += r.view.nbytes
     return []
   return addupdate
 
