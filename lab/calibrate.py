@@ -1541,7 +1541,10 @@ def _micros():
                                 (512, 1, 2), (512, 4, 2), (1024, 2, 2),
                                 (256, 1, 1), (256, 2, 1), (256, 4, 1),
                                 (256, 1, 4), (256, 2, 4), (256, 4, 4),
-                                (128, 1, 1), (128, 2, 1), (128, 4, 1)):
+                                (128, 1, 1), (128, 2, 1), (128, 4, 1),
+                                # (rows under 64 bytes: a 4- or 8-wide f32 tile of
+                                # a long row, whose cost the model takes as 64's)
+                                (16, 32, 2), (32, 32, 2)):
     out.append(_hbm_rows_micro(row_bytes, slots, bps, copy=False))
   # (c3'') The same, each box stored back to its place in a second array:
   # bytes counted read + written.

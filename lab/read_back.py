@@ -6,8 +6,9 @@ provenance (the command, when, on what, at which commit).
     ./dev python -m lab.read_back PLAN_DIR --date 2026_12_05 [--summary PLAN.txt ...]
 
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
-their keys: rows, l2, l2half, copyown, smemrw, gmem and sem (micros) ->
-micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw, _plain_load, _sem; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
+their keys: rows, l2, l2half, copyown, smemrw, gmem, sem and hbmrows (micros) ->
+micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw, _plain_load, _sem,
+_hbm_rows_narrow; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
 _4 and _5, and blocks (the matmuls at three K each, and their loads alone) ->
 families_study_blocks,
 which benchmarks/accuracy.py --families scores against their committed
@@ -44,6 +45,10 @@ STEPS = {
                "our own families' fifth set (lab/families.py, names ending "
                "'(blind 5)'), measured after their blind predictions "
                "(lab/data/blind_predictions_own_families_5.json) were committed"),
+    "hbmrows": ("micros_{date}_hbm_rows_narrow", "micros",
+                "HBM read in boxes of 16- and 32-byte rows of long rows (calibrate "
+                "hbm_rows_16b_*, _32b_*), measured after their predictions "
+                "(lab/data/blind_predictions_micros_hbm_rows_narrow.json) were committed"),
     "blocks": ("families_study_blocks", "cases",
                "where a matmul block's time goes (lab/families.py, names ending "
                "'(block study)'): the warp-specialized and fp8 matmuls at three K "

@@ -3,7 +3,7 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 6 minutes (limits add to 385 s):
+#   the next call (default), about 7 minutes (limits add to 455 s):
 #     gmem       plain GMEM loads, one block: a dependent scalar chain and a
 #                loop of row loads, from the L1, the L2 and HBM (calibrate
 #                plain_load_*; the rows' references failed on 2026-12-07);
@@ -12,6 +12,9 @@
 #     sem        global semaphores: two blocks handing a token back and forth
 #                (sem_pingpong, again) and one block's signals in a row
 #                (sem_signals: what a signal holds its own thread);
+#     hbmrows    HBM read in boxes of 16- and 32-byte rows of long rows
+#                (calibrate hbm_rows_16b_*, _32b_*: the model takes them at
+#                64-byte rows' cost);
 #     blocks     where a matmul block's time goes: the warp-specialized
 #                matmul (two slots, three, one consumer) and the fp8 one at
 #                three K each, 8192x8192 outputs (a block's fixed cost apart
@@ -43,13 +46,13 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [gmem] [again5] [sem] [blocks] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
+#     bash lab/timing_plan.sh [gmem] [again5] [sem] [blocks] [hbmrows] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-gmem again5 sem blocks}"
+STEPS="${*:-gmem again5 sem blocks hbmrows}"
 export PYTHONUNBUFFERED=1
 # (the steps' folders outside $OUT, packed into $TGZ after each step: what
 # comes back is the summary and one archive, whenever the call stops)
@@ -86,6 +89,8 @@ step l2half 65 $PY -m lab.measure_gpu --only-micros --filter l2_half --deadline 
 # (four micros of one block, plain GMEM loads: under a millisecond a call)
 step gmem 70 $PY -m lab.measure_gpu --only-micros --filter plain_load_ --deadline 60
 step sem 65 $PY -m lab.measure_gpu --only-micros --filter sem_ --deadline 60
+# (two streams of 512 MiB in narrow rows: a few ms a call)
+step hbmrows 70 $PY -m lab.measure_gpu --only-micros --filter b_32slots_2_per_sm --deadline 60
 step blind3 170 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 3)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 160
 # (28 rows; the third set's 14 took 26 s there)
