@@ -29,8 +29,7 @@ NUM_SMS = 132
 def _blocks_and_steps(case):
   p = case.params
   if case.family.startswith("own ws_matmul"):
-    bm = p["tile_m"] * (p["consumers"] if p["split"] == "M" else 1)
-    bn = p["tile_n"] * (p["consumers"] if p["split"] == "N" else 1)
+    bm, bn = families.ws_block(p["tile_m"], p["tile_n"], p["consumers"], p["split"])
     return (p["m"] // bm) * (p["n"] // bn), p["k"] // p["tile_k"], 2 * (bm + bn) * p["tile_k"]
   return ((p["m"] // p["tile_m"]) * (p["n"] // p["tile_n"]), p["k"] // p["tile_k"],
           (p["tile_m"] + p["tile_n"]) * p["tile_k"])
@@ -62,6 +61,32 @@ def line(points):
   return float(intercept), float(slope)
 
 
+def _per_block(t, waves):
+  """A launch's time (s) as a block's (us), or None where not measured."""
+  return t / waves * 1e6 if t else None
+
+
+def _blocks(v):
+  """(steps, a block's us, MHz) points as 'us (cycles)' cells."""
+  return " / ".join(f"{b:.1f}" + (f" ({b * m:.0f})" if m else "") if b else "-"
+                    for _, b, m in v)
+
+
+def _fit(v):
+  """The line through (steps, a block's us, MHz) points: fixed + a step, in
+  us and, where the clocks are known, cycles."""
+  pts = [(s, b) for s, b, _ in v if b]
+  if len(pts) < 2:
+    return "-"
+  i, s = line(pts)
+  cyc = [(st, b * m) for st, b, m in v if b and m]
+  extra = ""
+  if len(cyc) >= 2:
+    ci, cs = line(cyc)
+    extra = f" ({ci:.0f} + {cs:.0f} cycles)"
+  return f"{i:.2f} + {s:.3f}{extra}"
+
+
 def report(measured, predictions):
   rs = rows(measured, predictions)
   lines = {}
@@ -75,32 +100,16 @@ def report(measured, predictions):
   fits = []
   for cfg, pts in lines.items():
     pts.sort()
-    def per_block(t, w):
-      return t / w * 1e6 if t else None
-    h = [(s, per_block(t, w), mhz) for s, t, mhz, _, _, w in pts]
-    mo = [(s, per_block(pt, w), pm) for s, _, _, pt, pm, w in pts]
-    def fmt(v):
-      return " / ".join(f"{b:.1f}" + (f" ({b * m:.0f})" if m else "") if b else "-"
-                        for _, b, m in v)
-    print(f"| {cfg} | {', '.join(str(s) for s, *_ in pts)} | {fmt(h)} | {fmt(mo)} |")
+    h = [(s, _per_block(t, w), mhz) for s, t, mhz, _, _, w in pts]
+    mo = [(s, _per_block(pt, w), pm) for s, _, _, pt, pm, w in pts]
+    print(f"| {cfg} | {', '.join(str(s) for s, *_ in pts)} | {_blocks(h)} | {_blocks(mo)} |")
     fits.append((cfg, h, mo))
   print("\nA line through each configuration's blocks (fixed us + us a step; cycles at "
         "the clock each row held):\n")
   print("| configuration | H200: fixed, a step | model: fixed, a step |")
   print("|---|---:|---:|")
   for cfg, h, mo in fits:
-    def fit(v):
-      pts = [(s, b) for s, b, _ in v if b]
-      if len(pts) < 2:
-        return "-"
-      i, s = line(pts)
-      cyc = [(st, b * m) for st, b, m in v if b and m]
-      extra = ""
-      if len(cyc) >= 2:
-        ci, cs = line(cyc)
-        extra = f" ({ci:.0f} + {cs:.0f} cycles)"
-      return f"{i:.2f} + {s:.3f}{extra}"
-    print(f"| {cfg} | {fit(h)} | {fit(mo)} |")
+    print(f"| {cfg} | {_fit(h)} | {_fit(mo)} |")
   print("\nLoads alone (no wgmma): the TMA bytes over the launch's time, TB/s:\n")
   print("| row | H200 | model |")
   print("|---|---:|---:|")

@@ -48,6 +48,13 @@ def _mma_transforms(dtype, row_bytes=128):
 # a. Warp-specialized f16 matmul.
 # ---------------------------------------------------------------------------
 
+def ws_block(tile_m, tile_n, consumers, split):
+  """A warp-specialized block's tile (block_m, block_n): its consumers'
+  (tile_m, tile_n) accumulators side by side along `split`."""
+  return (tile_m * (consumers if split == "M" else 1),
+          tile_n * (consumers if split == "N" else 1))
+
+
 def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
               split="N", compiler_params=None, scopes=False, mma=True):
   """C = A @ B (f16 in, f32 accumulator, f16 out) with
@@ -71,8 +78,7 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
   from jax.experimental.pallas import mosaic_gpu as plgpu
   m, k = a.shape
   n = b.shape[1]
-  block_m = tile_m * (consumers if split == "M" else 1)
-  block_n = tile_n * (consumers if split == "N" else 1)
+  block_m, block_n = ws_block(tile_m, tile_n, consumers, split)
   assert m % block_m == 0 and n % block_n == 0 and k % tile_k == 0
   dtype = a.dtype
   # (wgmma takes A and B at one swizzle, as wide as A's K rows allow)
@@ -132,8 +138,7 @@ def ws_matmul(a, b, *, tile_m=128, tile_n=128, tile_k=64, mcs=2, consumers=2,
 
 
 def ws_smem(tile_m, tile_n, tile_k, mcs, consumers, split, itemsize=2):
-  block_m = tile_m * (consumers if split == "M" else 1)
-  block_n = tile_n * (consumers if split == "N" else 1)
+  block_m, block_n = ws_block(tile_m, tile_n, consumers, split)
   return (_align(consumers * tile_m * tile_n * itemsize)
           + mcs * (_align(block_m * tile_k * itemsize) + _align(tile_k * block_n * itemsize)))
 
@@ -174,7 +179,7 @@ def _ws_cases(sizes=WS_SIZES, configs=WS_CONFIGS, tag=""):
   for m, k, n in sizes:
     for cons, split, tm, tn, tk, mcs in configs:
       assert ws_smem(tm, tn, tk, mcs, cons, split) <= _ts().SMEM_LIMIT
-      block = (tm * (cons if split == "M" else 1), tn * (cons if split == "N" else 1))
+      block = ws_block(tm, tn, cons, split)
       how = f"{cons}x{tm}x{tn} split {split}" if cons > 1 else f"1x{tm}x{tn}"
       out.append(_case(
           f"own ws_matmul f16 {m}x{k}x{n} block {block[0]}x{block[1]}x{tk} {how} mcs={mcs}"
@@ -769,8 +774,7 @@ def _loads_only(cases):
   in a family of their own, no FLOPs."""
   out = []
   for c in cases:
-    head, tag = c.name[:-len(BLOCKS)], BLOCKS
-    out.append(_case(f"{head} loads only{tag}", c.family + " loads only",
+    out.append(_case(f"{c.name[:-len(BLOCKS)]} loads only{BLOCKS}", c.family + " loads only",
                      dict(c.params, mma=False), flops=0.0, bytes=c.bytes, make=c.make))
   return out
 
@@ -796,8 +800,7 @@ def sim_params(case):
   p = dict(case.params)
   fam = case.family
   if fam.startswith("own ws_matmul"):
-    block_m = p["tile_m"] * (p["consumers"] if p["split"] == "M" else 1)
-    block_n = p["tile_n"] * (p["consumers"] if p["split"] == "N" else 1)
+    block_m, block_n = ws_block(p["tile_m"], p["tile_n"], p["consumers"], p["split"])
     p.update(m=block_m, n=2 * block_n, k=(p["mcs"] + 2) * p["tile_k"])
   elif fam.startswith("own fp8"):
     p.update(m=p["tile_m"], n=2 * p["tile_n"], k=(p["mcs"] + 2) * p["tile_k"])

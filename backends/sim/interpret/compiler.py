@@ -297,9 +297,14 @@ GMEM_LOADS = frozenset({"get", "load"})
 RENAMES = frozenset({"layout_cast", "reshape", "squeeze", "expand_dims"})
 
 
+def in_gmem(eqn: Any) -> bool:
+  """Whether the ref an equation reads or writes (its first operand) is GMEM."""
+  return str(getattr(eqn.invars[0].aval, "memory_space", "")) in ("gmem", "any")
+
+
 def _gmem_load(eqn: Any) -> bool:
   return (eqn is not None and primitive_name(eqn) in GMEM_LOADS and len(eqn.outvars) == 1
-          and str(getattr(eqn.invars[0].aval, "memory_space", "")) in ("gmem", "any"))
+          and in_gmem(eqn))
 
 
 def _await_gmem_loads(prog: Program, template: list[Any], gpu: Any, where: str) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 from pallas_sim.backends.sim.interpret import refview
 from pallas_sim.backends.sim.analysis import given_layouts, resources, walker
 from pallas_sim.backends.sim.base import jax_internals as jx
-from pallas_sim.backends.sim.interpret.compiler import Gen, rule, run_gen, run_plain
+from pallas_sim.backends.sim.interpret.compiler import Gen, in_gmem, rule, run_gen, run_plain
 from pallas_sim.backends.sim.timing.model import OpClass
 from pallas_sim.backends.sim.checks import initcheck
 from pallas_sim.backends.sim.machine import memory
@@ -23,25 +23,20 @@ def _value(a):
 
 
 
-def _in_gmem(eqn):
-  return str(getattr(eqn.invars[0].aval, "memory_space", "")) in ("gmem", "any")
-
-
 @rule("get", "load")  # plgpu.load: a get whose result gets a layout_cast
 def _get(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
-  gmem = _in_gmem(eqn)
+  gmem = in_gmem(eqn)
 
   def get(wg, ref, *idx):
     r = at(ref, idx, wg)
     blk = wg.block
     blk.hb.plain(wg, r, False, "load", where)
     blk.group.read(r, "thread", "load", where, wg.index, blk)
-    value = _value(r.view)
     if gmem:
-      blk.stats.plain_load_bytes += np.asarray(value).nbytes
-    return value
+      blk.stats.plain_load_bytes += r.view.nbytes
+    return _value(r.view)
   return get
 
 
@@ -49,7 +44,7 @@ def _get(eqn, cx):
 def _swap(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
-  gmem = _in_gmem(eqn)
+  gmem = in_gmem(eqn)
 
   def swap(wg, ref, val, *idx):
     r = at(ref, idx, wg)
@@ -80,8 +75,7 @@ def _store(eqn, cx):
 def _addupdate(eqn, cx):
   at = refview.compile_transforms(eqn.params["tree"])
   where = cx.where(eqn)
-
-  gmem = _in_gmem(eqn)
+  gmem = in_gmem(eqn)
 
   def addupdate(wg, ref, val, *idx):
     r = at(ref, idx, wg)
