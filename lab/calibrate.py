@@ -842,17 +842,26 @@ SMEM_RW_MODES = {
     "load": "tile SMEM -> registers (f32), a running max",
     "store": "a register tile negated (f32) and stored to SMEM as bf16",
     "rw": "tile SMEM -> registers (f32), negated, stored back to SMEM as bf16",
+    # RMSnorm's second body itself: beside "rw", the row vector (w's tile,
+    # loaded from SMEM each step) and the column vector (a row statistic)
+    # broadcast into two multiplies; whether the H200's 1.6x is this body's
+    # own work or the pipeline's TMA beside it
+    "scale": "tile and a row vector SMEM -> registers (f32), x * inv[:, None] * "
+             "w[None, :], stored back to SMEM as bf16 (RMSnorm's second body)",
 }
 
 
-def smem_rewrite(x, *, n, blocks, mode):
+def smem_rewrite(x, w=None, *, n, blocks, mode):
   """Each block: x (rows, cols) bf16 into both SMEM slots by TMA, then n
   iterations of `mode` over the two slots (iteration i reads slot i % 2 and
   writes the other, so that no load or store is the same address twice
   running; negation is exact). Each iteration ends in commit_smem, as a row
   kernel's body ends before its pipeline's TMA: the fence also keeps the
   compiler from moving loads or stores out of the loop. Output per block:
-  the slot the last iteration wrote, as f32 ("load": the running max)."""
+  the slot the last iteration wrote, as f32 ("load": the running max).
+  "scale" (`w`, (cols,) bf16 of ones, in SMEM beside x): the statistic is
+  -1 from data (a sum of the tile times 0, less 1), so that each step is
+  an exact negation the compiler cannot see."""
   import jax
   import jax.numpy as jnp
   from jax import lax
@@ -860,7 +869,14 @@ def smem_rewrite(x, *, n, blocks, mode):
   rows, cols = x.shape
   tile = plgpu.Layout.WGMMA
 
-  def body(x_ref, o_ref, buf, bar):
+  scale = mode == "scale"
+
+  def body(x_ref, *refs):
+    if scale:
+      w_ref, o_ref, buf, wbuf, bar = refs
+      plgpu.copy_gmem_to_smem(w_ref, wbuf, bar)
+    else:
+      o_ref, buf, bar = refs
     blk = lax.axis_index("b")
     for slot in range(2):
       plgpu.copy_gmem_to_smem(x_ref, buf.at[slot], bar)
@@ -877,18 +893,27 @@ def smem_rewrite(x, *, n, blocks, mode):
       o_ref[blk] = lax.fori_loop(0, n, look, init)
       return
 
+    if scale:
+      inv = jnp.sum(load(0) * 0.0, axis=1) - 1.0
+
     def step(i, v):
-      w = -(load(i) if mode == "rw" else v)
-      buf[lax.rem(i + 1, 2)] = w.astype(buf.dtype)
+      if scale:
+        g = plgpu.load(wbuf, layout=tile.reduce(0)).astype(jnp.float32)
+        v = load(i) * inv[:, None] * g[None, :]
+      else:
+        v = -(load(i) if mode == "rw" else v)
+      buf[lax.rem(i + 1, 2)] = v.astype(buf.dtype)
       plgpu.commit_smem()
-      return w
+      return v
     lax.fori_loop(0, n, step, load(0))
     o_ref[blk] = buf[lax.rem(n, 2)].astype(jnp.float32)
 
+  scratch = [plgpu.SMEM((2, rows, cols), x.dtype)]
+  scratch += [plgpu.SMEM((cols,), x.dtype)] if scale else []
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((blocks, rows, cols), jnp.float32),
-      scratch_types=[plgpu.SMEM((2, rows, cols), x.dtype), plgpu.Barrier(num_arrivals=2)],
-      grid=(blocks,), grid_names=("b",))(x)
+      scratch_types=scratch + [plgpu.Barrier(num_arrivals=3 if scale else 2)],
+      grid=(blocks,), grid_names=("b",))(x, *(() if w is None else (w,)))
 
 
 def _build_smem_rw(n, *, mode, rows, cols, bps=1, cpu=False):
@@ -896,11 +921,13 @@ def _build_smem_rw(n, *, mode, rows, cols, bps=1, cpu=False):
   blocks = 2 if cpu else bps * NUM_SMS
   x = _array((rows, cols), "bfloat16", seed=60, kind="int")
 
-  def ref(x):
+  args = (x, jnp.ones((cols,), jnp.bfloat16)) if mode == "scale" else (x,)
+
+  def ref(x, *_):
     xf = x.astype(jnp.float32)
     return jnp.broadcast_to(xf if mode == "load" else xf * (-1.0) ** n,
                             (blocks, rows, cols))
-  return Built(functools.partial(smem_rewrite, n=n, blocks=blocks, mode=mode), (x,), ref,
+  return Built(functools.partial(smem_rewrite, n=n, blocks=blocks, mode=mode), args, ref,
                tol=0)
 
 
@@ -1720,16 +1747,20 @@ def _micros():
                             f"blocks: {REGA_MODES[mode]}; 128x128x64"))
   # (e''') the row kernels' body: 128x64 and 64x128 bf16 tiles (16 KiB), one
   # block to an SM, and two for the load, negate and store.
-  for (rows_, cols_), mode, bps in itertools.product(((128, 64), (64, 128)),
-                                                     SMEM_RW_MODES, (1, 2)):
+  # RMSnorm's second body alone at the three tiles the rows trace timed in
+  # the pipeline (8, 16 and 32 KiB: 328, 586 and 1113 cycles on the H200)
+  shapes = {mode: ((128, 64), (64, 128)) for mode in SMEM_RW_MODES}
+  shapes["scale"] = ((64, 64), (128, 64), (128, 128))
+  for mode, bps in itertools.product(SMEM_RW_MODES, (1, 2)):
     if bps == 2 and mode != "rw":
       continue
-    out.append(Micro(f"smem_rw_{mode}_{rows_}x{cols_}_{bps}_per_sm",
-                     "SMEM loads and stores of a warpgroup's registers",
-                     _build_smem_rw, dict(mode=mode, rows=rows_, cols=cols_, bps=bps),
-                     200, 1000, work=1, unit="iteration", cpu_n=(2, 4),
-                     note=f"per iteration, one warpgroup in each of {bps * NUM_SMS} "
-                          f"blocks: {SMEM_RW_MODES[mode]}; {rows_}x{cols_} bf16"))
+    for rows_, cols_ in shapes[mode]:
+      out.append(Micro(f"smem_rw_{mode}_{rows_}x{cols_}_{bps}_per_sm",
+                       "SMEM loads and stores of a warpgroup's registers",
+                       _build_smem_rw, dict(mode=mode, rows=rows_, cols=cols_, bps=bps),
+                       200, 1000, work=1, unit="iteration", cpu_n=(2, 4),
+                       note=f"per iteration, one warpgroup in each of {bps * NUM_SMS} "
+                            f"blocks: {SMEM_RW_MODES[mode]}; {rows_}x{cols_} bf16"))
   for work in BESIDE_WORK:
     for wgmma in ("none", "smem", "bf16"):
       out.append(Micro(f"beside_{wgmma}_{work}", "ALU work beside a wgmma",

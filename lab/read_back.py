@@ -6,9 +6,9 @@ provenance (the command, when, on what, at which commit).
     ./dev python -m lab.read_back PLAN_DIR --date 2026_12_05 [--summary PLAN.txt ...]
 
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
-their keys: rows, l2, l2half, copyown, smemrw, gmem, sem and hbmrows (micros) ->
-micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw, _plain_load, _sem,
-_hbm_rows_narrow; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
+their keys: rows, l2, l2half, copyown, smemrw, smemscale, gmem, sem and hbmrows
+(micros) -> micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw,
+_smem_rw_scale, _plain_load, _sem, _hbm_rows_narrow; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
 _4 and _5, and blocks (the matmuls at three K each, and their loads alone) ->
 families_study_blocks,
 which benchmarks/accuracy.py --families scores against their committed
@@ -62,6 +62,11 @@ STEPS = {
                "loaded or stored: the row kernels' body alone (calibrate smem_rw_*), "
                "measured after their predictions (lab/data/"
                "blind_predictions_micros_smem_rw.json) were committed"),
+    "smemscale": ("micros_{date}_smem_rw_scale", "micros",
+                  "RMSnorm's second body alone, no TMA beside it: a tile and a row "
+                  "vector loaded from SMEM, scaled by both and stored back "
+                  "(calibrate smem_rw_scale_*), measured after their predictions "
+                  "(lab/data/blind_predictions_micros_smem_rw_scale.json) were committed"),
     "gmem": ("micros_{date}_plain_load", "micros",
              "plain GMEM loads, one block: a dependent scalar chain and a loop of row "
              "loads, from the L1, the L2 and HBM (calibrate plain_load_*), measured after "

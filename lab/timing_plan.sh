@@ -3,7 +3,7 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 7 minutes (limits add to 455 s):
+#   the next call (default), about 8 minutes (limits add to 520 s):
 #     gmem       plain GMEM loads, one block: a dependent scalar chain and a
 #                loop of row loads, from the L1, the L2 and HBM (calibrate
 #                plain_load_*; the rows' references failed on 2026-12-07);
@@ -15,6 +15,9 @@
 #     hbmrows    HBM read in boxes of 16- and 32-byte rows of long rows
 #                (calibrate hbm_rows_16b_*, _32b_*: the model takes them at
 #                64-byte rows' cost);
+#     smemscale  RMSnorm's second body alone, no TMA beside it, at 8, 16 and 32
+#                KiB tiles (calibrate smem_rw_scale_*): whether the H200's 1.6x
+#                the model's cycles for it is its own work or the pipeline's;
 #     blocks     where a matmul block's time goes: the warp-specialized
 #                matmul (two slots, three, one consumer) and the fp8 one at
 #                three K each, 8192x8192 outputs (a block's fixed cost apart
@@ -46,13 +49,13 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [gmem] [again5] [sem] [blocks] [hbmrows] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
+#     bash lab/timing_plan.sh [gmem] [again5] [sem] [blocks] [hbmrows] [smemscale] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-gmem again5 sem blocks hbmrows}"
+STEPS="${*:-gmem again5 sem blocks hbmrows smemscale}"
 export PYTHONUNBUFFERED=1
 # (the steps' folders outside $OUT, packed into $TGZ after each step: what
 # comes back is the summary and one archive, whenever the call stops)
@@ -81,6 +84,8 @@ step copyown 140 $PY -m lab.measure_gpu --only-micros --filter _own_ --deadline 
 # (eight micros of a few hundred cycles an iteration; the rows step's 12
 # took 7 s there)
 step smemrw 65 $PY -m lab.measure_gpu --only-micros --filter smem_rw_ --deadline 60
+# (three of those micros: RMSnorm's second body alone)
+step smemscale 65 $PY -m lab.measure_gpu --only-micros --filter smem_rw_scale --deadline 60
 step fp8k 50 $PY -m lab.pipeline_trace --fp8 --k 4096 --case 8192 128 128 2 \
   --case 8192 128 128 4
 step l2 80 $PY -m lab.measure_gpu --only-micros --filter l2_lag --deadline 65

@@ -42,14 +42,16 @@ _DEVICE_S = {"gmem": 1.0,        # (2026-12-07: 6 plain-load micros in 5 s)
              "again5": 1.9,      # (2026-12-07: blind5's 32 rows in 56 s)
              "sem": 2.0,         # (2026-12-07: sem_pingpong's two timings in 4 s)
              "blocks": 2.5,      # (blind5's speed, its rows up to 1 ms a call)
-             "hbmrows": 4.0}     # (2026-12-05: 24 l2_lag micros in 11 s; these read 512 MiB a call)
+             "hbmrows": 4.0,     # (2026-12-05: 24 l2_lag micros in 11 s; these read 512 MiB a call)
+             "smemscale": 1.0}   # (2026-12-07: the 8 smem_rw micros in a few s)
 _START_S = 20.0
 
 
 def _device_cases(step):
   from lab import calibrate, timing_suite
-  if step in ("gmem", "sem", "hbmrows"):
-    key = {"gmem": "plain_load_", "sem": "sem_", "hbmrows": "b_32slots_2_per_sm"}[step]
+  if step in ("gmem", "sem", "hbmrows", "smemscale"):
+    key = {"gmem": "plain_load_", "sem": "sem_", "hbmrows": "b_32slots_2_per_sm",
+           "smemscale": "smem_rw_scale"}[step]
     return len([m for m in calibrate.MICROS if key in m.name])
   tag = {"again5": "(blind 5)", "blocks": "(block study)"}[step]
   return len([c for c in timing_suite.cases("families") if tag in c.name])
