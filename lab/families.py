@@ -11,8 +11,11 @@ Families (every case's name starts with "own "):
   d. a TMA-only tile copy (GMEM -> SMEM -> GMEM, no register work);
   e. out = a*b + c*d through emit_pipeline;
   f. JAX's attention_mgpu at head_dim 128, at shapes the suite lacks;
+  g. column sums of a tall matrix, each block down one strip of columns;
+  h. a bf16 matmul with a fused bias and SiLU epilogue;
 and a second blind set of a-e at other sizes and tiles (second_cases), a
-third of c over longer rows (third_cases).
+third of c over longer rows (third_cases), later ones (fourth_cases, ...),
+and a sixth of g and h, kinds none of the others has (sixth_cases).
 
 Matmul sizes are written M x K x N, as in timing_suite. A library: importing
 it builds nothing; timing_suite is imported inside the functions (it imports
@@ -651,6 +654,172 @@ def _attention_cases(configs=ATTENTION_CONFIGS, tag=""):
 
 
 # ---------------------------------------------------------------------------
+# g. Column sums: a two-stage reduction's first stage over a tall matrix.
+# ---------------------------------------------------------------------------
+
+def col_sums(x, *, tile_m=64, tile_n=128, splits=1, mcs=2):
+  """out[s, c] = sum of x[r, c] over the s-th of `splits` runs of rows (f32
+  out; the caller sums the splits). Block (j, s) owns column strip j
+  (tile_n wide) of row run s and pipelines its (tile_m, tile_n) tiles down
+  the rows, adding each to a (tile_m, tile_n) f32 accumulator in registers;
+  the accumulator's rows are summed once at the end and written by TMA.
+  Few blocks where the strips are wide and the runs long: each streams a
+  long run on its own."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert rows % (splits * tile_m) == 0 and cols % tile_n == 0 and tile_m % 64 == 0
+  steps = rows // splits // tile_m
+  tile = plgpu.Layout.WGMMA
+
+  def body(x_gmem, o_gmem, o_smem):
+    j = lax.axis_index("c")
+    s = lax.axis_index("s")
+
+    def step(_, x_smem, acc):
+      v = plgpu.load(x_smem, layout=tile).astype(jnp.float32)
+      _done_reading()
+      return acc + v
+
+    spec = plgpu.BlockSpec((tile_m, tile_n), lambda i: (s * steps + i, j))
+    acc = plgpu.emit_pipeline(
+        step, grid=(steps,), in_specs=[spec], max_concurrent_steps=mcs,
+        init_carry=plgpu.layout_cast(jnp.zeros((tile_m, tile_n), jnp.float32), tile),
+    )(x_gmem)
+    o_smem[...] = jnp.sum(acc, axis=0)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[s, pl.ds(j * tile_n, tile_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((splits, cols), jnp.float32),
+                      scratch_types=[plgpu.SMEM((tile_n,), jnp.float32)],
+                      grid=(cols // tile_n, splits), grid_names=("c", "s"))(x)
+
+
+def _col_sums_ref(x, *, splits):
+  import jax.numpy as jnp
+  return x.astype(jnp.float32).reshape(splits, -1, x.shape[1]).sum(axis=1)
+
+
+def _make_colsum(rows, cols, seed=70, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  x = ts._rand(seed, (rows, cols), jnp.bfloat16)
+  # (f32 sums of up to 16384 bf16 values in another order than the reference's)
+  return ts.Built(functools.partial(col_sums, **kw), (x,),
+                  functools.partial(_col_sums_ref, splits=kw["splits"]), tol=1e-3)
+
+
+def _colsum_cases(size, configs, tag=""):
+  rows, cols = size
+  out = []
+  for tm, tn, splits, mcs in configs:
+    blocks = cols // tn * splits
+    out.append(_case(
+        f"own colsum bf16 {rows}x{cols} {tm}x{tn} {splits} splits ({blocks} blocks) "
+        f"mcs={mcs}" + tag,
+        f"own colsum bf16 {rows}x{cols}",
+        dict(rows=rows, cols=cols, tile_m=tm, tile_n=tn, splits=splits, mcs=mcs),
+        flops=float(rows * cols), bytes=2.0 * rows * cols + 4.0 * splits * cols,
+        make=_make_colsum))
+  return out
+
+
+# ---------------------------------------------------------------------------
+# h. A bf16 matmul with its epilogue fused: bias, then SiLU.
+# ---------------------------------------------------------------------------
+
+def matmul_bias_act(a, bt, bias, *, tile_m=128, tile_n=128, tile_k=64, mcs=3, act="silu"):
+  """y = act(A @ B^T + bias), bf16 A (M, K) and B^T (N, K), f32 bias (N,),
+  bf16 out; act "silu" (y * sigmoid(y)) or "none". One warpgroup a block:
+  the bias tile comes by TMA while emit_pipeline streams the K tiles through
+  `mcs` slots (a wgmma a step, one left in flight); the epilogue adds the
+  bias to the f32 accumulator, applies act in registers and writes the tile
+  out through SMEM by TMA. A short K leaves the epilogue a large share."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  m, k = a.shape
+  n = bt.shape[0]
+  assert m % tile_m == 0 and n % tile_n == 0 and k % tile_k == 0
+  tf = _mma_transforms(a.dtype, tile_k * a.dtype.itemsize)
+
+  def body(a_gmem, b_gmem, bias_gmem, o_gmem, o_smem, bias_smem, bar, acc):
+    pm = lax.axis_index("m")
+    pn = lax.axis_index("n")
+    plgpu.copy_gmem_to_smem(bias_gmem.at[pl.ds(pn * tile_n, tile_n)], bias_smem, bar)
+
+    def step(_, a_smem, b_smem):
+      plgpu.wgmma(acc, a_smem, b_smem.T)
+      plgpu.wgmma_wait(1)  # (the previous step's: delay_release=1 keeps its slots)
+
+    plgpu.emit_pipeline(
+        step, grid=(k // tile_k,),
+        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda kk: (pm, kk),
+                                  transforms=tf, delay_release=1),
+                  plgpu.BlockSpec((tile_n, tile_k), lambda kk: (pn, kk),
+                                  transforms=tf, delay_release=1)],
+        max_concurrent_steps=mcs)(a_gmem, b_gmem)
+    plgpu.wgmma_wait(0)
+    plgpu.barrier_wait(bar)
+    y = acc[...] + plgpu.load(bias_smem, layout=plgpu.Layout.WGMMA.reduce(0))[None, :]
+    if act == "silu":
+      y = y * jax.nn.sigmoid(y)
+    o_smem[...] = y.astype(o_smem.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(
+        o_smem, o_gmem.at[pl.ds(pm * tile_m, tile_m), pl.ds(pn * tile_n, tile_n)])
+    plgpu.wait_smem_to_gmem(0)
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
+      scratch_types=[plgpu.SMEM((tile_m, tile_n), jnp.bfloat16),
+                     plgpu.SMEM((tile_n,), jnp.float32), plgpu.Barrier(num_arrivals=1),
+                     plgpu.ACC((tile_m, tile_n), jnp.float32)],
+      grid=(m // tile_m, n // tile_n), grid_names=("m", "n"))(a, bt, bias)
+
+
+def _bias_act_ref(a, bt, bias, *, act):
+  import jax
+  y = _matmul_nt_ref(a, bt) + bias
+  return y * jax.nn.sigmoid(y) if act == "silu" else y
+
+
+def _make_bias_act(m, k, n, seed=80, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  a = ts._rand(seed, (m, k), jnp.bfloat16)
+  bt = ts._rand(seed + 100, (n, k), jnp.bfloat16)
+  bias = ts._rand(seed + 200, (n,), jnp.float32)
+  return ts.Built(functools.partial(matmul_bias_act, **kw), (a, bt, bias),
+                  functools.partial(_bias_act_ref, act=kw.get("act", "silu")), tol=1e-2)
+
+
+def bias_act_smem(tile_m, tile_n, tile_k, mcs):
+  return (_align(tile_m * tile_n * 2) + _align(tile_n * 4)
+          + mcs * (_align(tile_m * tile_k * 2) + _align(tile_n * tile_k * 2)))
+
+
+def _bias_act_cases(size, configs, tag=""):
+  m, k, n = size
+  out = []
+  for tm, tn, tk, mcs, act in configs:
+    assert bias_act_smem(tm, tn, tk, mcs) <= _ts().SMEM_LIMIT
+    out.append(_case(
+        f"own matmul+bias+{act} bf16 {m}x{k}x{n} {tm}x{tn}x{tk} mcs={mcs}" + tag,
+        f"own matmul+bias+act bf16 {m}x{k}x{n}",
+        dict(m=m, k=k, n=n, tile_m=tm, tile_n=tn, tile_k=tk, mcs=mcs, act=act),
+        flops=2.0 * m * k * n + (5.0 if act == "silu" else 1.0) * m * n,
+        bytes=2.0 * (m * k + k * n + m * n) + 4.0 * n, make=_make_bias_act))
+  return out
+
+
+# ---------------------------------------------------------------------------
 # Cases.
 # ---------------------------------------------------------------------------
 
@@ -787,11 +956,38 @@ def block_study_cases():
           + _loads_only(_fp8_cases((8192, 8192, 4096), FP8_CONFIGS_LOADS, BLOCKS)))
 
 
+# A sixth blind set: kernels of kinds none of the sets above has, written as
+# a user would: column sums (g: blocks that each stream a long column run on
+# their own, from a quarter of the SMs busy to two blocks an SM) and a matmul
+# with its epilogue fused (h: bias and SiLU on the accumulator, at a short K
+# where the epilogue weighs and a long one), predicted
+# (lab/data/blind_predictions_own_families_6.json) before any was measured.
+# Names end " (blind 6)".
+SIXTH = " (blind 6)"
+# (tile_m, tile_n, splits, mcs)
+COLSUM_CONFIGS_WIDE = ((64, 128, 1, 2), (64, 128, 2, 2), (64, 128, 4, 2), (128, 64, 1, 3),
+                       (128, 128, 2, 3), (64, 64, 2, 4), (128, 128, 4, 2), (64, 256, 2, 2))
+COLSUM_CONFIGS_TALL = ((64, 128, 8, 2), (64, 128, 16, 2), (128, 128, 8, 3), (64, 64, 4, 4),
+                       (64, 64, 8, 2), (128, 64, 8, 2))
+# (tile_m, tile_n, tile_k, mcs, act)
+BIAS_ACT_CONFIGS = ((128, 128, 64, 3, "silu"), (128, 128, 64, 3, "none"),
+                    (128, 128, 64, 4, "silu"), (128, 128, 128, 2, "silu"),
+                    (64, 256, 64, 3, "silu"), (64, 128, 64, 4, "silu"),
+                    (128, 64, 64, 4, "silu"))
+
+
+def sixth_cases():
+  return (_colsum_cases((16384, 8192), COLSUM_CONFIGS_WIDE, SIXTH)
+          + _colsum_cases((65536, 2048), COLSUM_CONFIGS_TALL, SIXTH)
+          + _bias_act_cases((8192, 1024, 8192), BIAS_ACT_CONFIGS, SIXTH)
+          + _bias_act_cases((4096, 4096, 4096), BIAS_ACT_CONFIGS, SIXTH))
+
+
 def family_cases():
   """Every case of the families, GPU sizes."""
   return (_ws_cases() + _fp8_cases() + _rows_cases() + _copy_cases() + _fma4_cases()
           + _attention_cases() + second_cases() + third_cases() + fourth_cases()
-          + fifth_cases() + block_study_cases())
+          + fifth_cases() + block_study_cases() + sixth_cases())
 
 
 def sim_params(case):
@@ -802,8 +998,10 @@ def sim_params(case):
   if fam.startswith("own ws_matmul"):
     block_m, block_n = ws_block(p["tile_m"], p["tile_n"], p["consumers"], p["split"])
     p.update(m=block_m, n=2 * block_n, k=(p["mcs"] + 2) * p["tile_k"])
-  elif fam.startswith("own fp8"):
+  elif fam.startswith(("own fp8", "own matmul+bias")):
     p.update(m=p["tile_m"], n=2 * p["tile_n"], k=(p["mcs"] + 2) * p["tile_k"])
+  elif fam.startswith("own colsum"):
+    p.update(rows=p["splits"] * (p["mcs"] + 1) * p["tile_m"], cols=2 * p["tile_n"])
   elif fam.startswith(("own rmsnorm", "own softmax")):
     p.update(rows=2 * p["block_m"], cols=(p["mcs"] + 1) * p["tile_n"])
   elif fam.startswith("own tma copy"):

@@ -8,8 +8,8 @@ provenance (the command, when, on what, at which commit).
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
 their keys: rows, l2, l2half, copyown, smemrw, smemscale, gmem, sem and hbmrows
 (micros) -> micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw,
-_smem_rw_scale, _plain_load, _sem, _hbm_rows_narrow; blind3, blind4 and blind5 (the third to fifth blind sets) -> families_study_3,
-_4 and _5, and blocks (the matmuls at three K each, and their loads alone) ->
+_smem_rw_scale, _plain_load, _sem, _hbm_rows_narrow; blind3 to blind6 (the third to sixth blind sets) -> families_study_3
+to _6, and blocks (the matmuls at three K each, and their loads alone) ->
 families_study_blocks,
 which benchmarks/accuracy.py --families scores against their committed
 predictions; again (every family a second time)
@@ -45,6 +45,11 @@ STEPS = {
                "our own families' fifth set (lab/families.py, names ending "
                "'(blind 5)'), measured after their blind predictions "
                "(lab/data/blind_predictions_own_families_5.json) were committed"),
+    "blind6": ("families_study_6", "cases",
+               "our own families' sixth set, kinds none of the others has: column "
+               "sums and a matmul with a fused bias and SiLU (lab/families.py, names "
+               "ending '(blind 6)'), measured after their blind predictions "
+               "(lab/data/blind_predictions_own_families_6.json) were committed"),
     "hbmrows": ("micros_{date}_hbm_rows_narrow", "micros",
                 "HBM read in boxes of 16- and 32-byte rows of long rows (calibrate "
                 "hbm_rows_16b_*, _32b_*), measured after their predictions "

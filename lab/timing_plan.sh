@@ -3,27 +3,31 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 8 minutes (limits add to 520 s):
-#     gmem       plain GMEM loads, one block: a dependent scalar chain and a
-#                loop of row loads, from the L1, the L2 and HBM (calibrate
-#                plain_load_*; the rows' references failed on 2026-12-07);
-#     again5     the fifth blind set a second time (its rows' noise), with the
-#                causal row the first run's deadline left out;
-#     sem        global semaphores: two blocks handing a token back and forth
-#                (sem_pingpong, again) and one block's signals in a row
-#                (sem_signals: what a signal holds its own thread);
-#     hbmrows    HBM read in boxes of 16- and 32-byte rows of long rows
-#                (calibrate hbm_rows_16b_*, _32b_*: the model takes them at
-#                64-byte rows' cost);
-#     smemscale  RMSnorm's second body alone, no TMA beside it, at 8, 16 and 32
-#                KiB tiles (calibrate smem_rw_scale_*): whether the H200's 1.6x
-#                the model's cycles for it is its own work or the pipeline's;
+#   the next call (default), about 8 minutes (limits add to 475 s):
 #     blocks     where a matmul block's time goes: the warp-specialized
 #                matmul (two slots, three, one consumer) and the fp8 one at
 #                three K each, 8192x8192 outputs (a block's fixed cost apart
 #                from its steps'), and their loads alone, no wgmma (the L2's
 #                rate for the tiles they share) (families, names ending
 #                "(block study)");
+#     hbmrows    HBM read in boxes of 16- and 32-byte rows of long rows
+#                (calibrate hbm_rows_16b_*, _32b_*: the model takes them at
+#                64-byte rows' cost);
+#     smemscale  RMSnorm's second body alone, no TMA beside it, at 8, 16 and 32
+#                KiB tiles (calibrate smem_rw_scale_*): whether the H200's 1.6x
+#                the model's cycles for it is its own work or the pipeline's;
+#     gmem       plain GMEM loads, one block: a dependent scalar chain and a
+#                loop of row loads, from the L1, the L2 and HBM (calibrate
+#                plain_load_*; the rows' references failed on 2026-12-07);
+#     sem        global semaphores: two blocks handing a token back and forth
+#                (sem_pingpong, again) and one block's signals in a row
+#                (sem_signals: what a signal holds its own thread);
+#     blind6     the sixth blind set: column sums and a matmul with a fused
+#                bias and SiLU, kinds none of the sets before has (families,
+#                names ending "(blind 6)");
+#   then (a second call):
+#     again5     the fifth blind set a second time (its rows' noise), with the
+#                causal row the first run's deadline left out;
 #   measured on 2026-12-07, kept to run again:
 #     fp8        our fp8 matmul's pipeline steps (pipeline_trace --fp8), 128x128
 #                and 64x256 tiles at two and four slots;
@@ -49,13 +53,13 @@
 # Results: $OUT/timing_plan.txt (every step's tail) and $OUT/timing_plan.tgz
 # (each step's files), as the device machine returns at most 8 files. Read
 # back on the CPU as docs/gpu-lab.md, "The timing plan", says.
-#     bash lab/timing_plan.sh [gmem] [again5] [sem] [blocks] [hbmrows] [smemscale] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
+#     bash lab/timing_plan.sh [blocks] [hbmrows] [smemscale] [gmem] [sem] [blind6] [again5] [fp8] [l2half] [wstrace] [copyown] [smemrw] [blind5] [rowstrace]
 #                             [attention] [blind4] [rows] [fp8k] [l2] [blind3] [sass] [again]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu-results}"; mkdir -p "$OUT"
 PY="${PYTHON:-python3}"
-STEPS="${*:-gmem again5 sem blocks hbmrows smemscale}"
+STEPS="${*:-blocks hbmrows smemscale gmem sem blind6}"
 export PYTHONUNBUFFERED=1
 # (the steps' folders outside $OUT, packed into $TGZ after each step: what
 # comes back is the summary and one archive, whenever the call stops)
@@ -106,6 +110,9 @@ step blind5 115 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 
   --sustain-s 1.0 --batch-s 0.1 --deadline 105
 # (the same 33 rows again, their noise, and the causal row the first run's
 # deadline left out: three chunks of 16, the last starting with 40 s left)
+# (28 rows of two new kinds: two chunks, the second starting by 60 s)
+step blind6 115 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 6)" \
+  --sustain-s 1.0 --batch-s 0.1 --deadline 105
 step again5 160 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 5)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 150
 # (17 rows, the largest a 1 ms call: one chunk)

@@ -32,6 +32,11 @@ CHECKED = [
     "own a*b+c*d f32 8192x4096 256 blocks 32x32 mcs=2 (blind 2)",
     # attention at head_dim 64 (the fourth set)
     "own attention_mgpu fwd b2 s4096 h16 d64 bq64 bkv64 mcs=3 (blind 4)",
+    # the sixth set's kinds: column sums over several row runs, and the
+    # matmul's SiLU epilogue and its bias-only one
+    "own colsum bf16 65536x2048 128x128 8 splits (128 blocks) mcs=3 (blind 6)",
+    "own matmul+bias+silu bf16 8192x1024x8192 128x128x64 mcs=4 (blind 6)",
+    "own matmul+bias+none bf16 4096x4096x4096 128x128x64 mcs=3 (blind 6)",
 ]
 
 

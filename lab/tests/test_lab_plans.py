@@ -39,7 +39,7 @@ def test_a_deadline_that_leaves_no_chunk_room_is_refused(capsys):
 # 2026-12-07, HISTORY.md), and what a step spends before its first case
 # (imports, the device's start).
 _DEVICE_S = {"gmem": 1.0,        # (2026-12-07: 6 plain-load micros in 5 s)
-             "again5": 1.9,      # (2026-12-07: blind5's 32 rows in 56 s)
+             "blind6": 2.0,      # (2026-12-07: blind5, matmuls and row kernels, 1.9 s a row)
              "sem": 2.0,         # (2026-12-07: sem_pingpong's two timings in 4 s)
              "blocks": 2.5,      # (blind5's speed, its rows up to 1 ms a call)
              "hbmrows": 4.0,     # (2026-12-05: 24 l2_lag micros in 11 s; these read 512 MiB a call)
@@ -53,7 +53,7 @@ def _device_cases(step):
     key = {"gmem": "plain_load_", "sem": "sem_", "hbmrows": "b_32slots_2_per_sm",
            "smemscale": "smem_rw_scale"}[step]
     return len([m for m in calibrate.MICROS if key in m.name])
-  tag = {"again5": "(blind 5)", "blocks": "(block study)"}[step]
+  tag = {"again5": "(blind 5)", "blocks": "(block study)", "blind6": "(blind 6)"}[step]
   return len([c for c in timing_suite.cases("families") if tag in c.name])
 
 
