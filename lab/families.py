@@ -13,9 +13,10 @@ Families (every case's name starts with "own "):
   f. JAX's attention_mgpu at head_dim 128, at shapes the suite lacks;
   g. column sums of a tall matrix, each block down one strip of columns;
   h. a bf16 matmul with a fused bias and SiLU epilogue;
+  i. GELU by plain GMEM loads and stores, no TMA;
 and a second blind set of a-e at other sizes and tiles (second_cases), a
 third of c over longer rows (third_cases), later ones (fourth_cases, ...),
-and a sixth of g and h, kinds none of the others has (sixth_cases).
+and a sixth of g, h and i, kinds none of the others has (sixth_cases).
 
 Matmul sizes are written M x K x N, as in timing_suite. A library: importing
 it builds nothing; timing_suite is imported inside the functions (it imports
@@ -820,6 +821,70 @@ def _bias_act_cases(size, configs, tag=""):
 
 
 # ---------------------------------------------------------------------------
+# i. GELU with plain GMEM loads and stores (no TMA, no SMEM).
+# ---------------------------------------------------------------------------
+
+def gelu_plain(x, *, blocks=512, tile_m=8, tile_n=256, unroll=1):
+  """out = x * sigmoid(1.702 x) (the sigmoid GELU), bf16, read and written
+  with plain loads and stores of GMEM: each of `blocks` one-warpgroup blocks
+  owns a run of rows and walks its (tile_m, tile_n) tiles in a fori_loop
+  (`unroll` iterations a trip), a tile loaded into registers, computed in
+  f32 and stored back. What hides HBM's latency is the blocks an SM holds
+  (no SMEM: as many as threads and registers allow) and the unrolling."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  rows, cols = x.shape
+  assert rows % (blocks * tile_m) == 0 and cols % tile_n == 0
+  per_row = cols // tile_n
+  tiles = rows // blocks // tile_m * per_row
+
+  def body(x_ref, o_ref):
+    first = lax.axis_index("b") * (rows // blocks)
+
+    def step(i, carry):
+      r = pl.ds(first + i // per_row * tile_m, tile_m)
+      c = pl.ds(i % per_row * tile_n, tile_n)
+      v = x_ref[r, c].astype(jnp.float32)
+      o_ref[r, c] = (v * jax.nn.sigmoid(1.702 * v)).astype(o_ref.dtype)
+      return carry
+
+    lax.fori_loop(0, tiles, step, None, unroll=unroll)
+
+  return plgpu.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                      grid=(blocks,), grid_names=("b",))(x)
+
+
+def _gelu_ref(x):
+  import jax
+  import jax.numpy as jnp
+  v = x.astype(jnp.float32)
+  return v * jax.nn.sigmoid(1.702 * v)
+
+
+def _make_gelu_plain(rows, cols, seed=90, **kw):
+  import jax.numpy as jnp
+  ts = _ts()
+  x = ts._rand(seed, (rows, cols), jnp.bfloat16, scale=2.0)
+  return ts.Built(functools.partial(gelu_plain, **kw), (x,), _gelu_ref, tol=1e-2)
+
+
+def _gelu_plain_cases(size, configs, tag=""):
+  rows, cols = size
+  n = rows * cols
+  out = []
+  for blocks, tm, tn, unroll in configs:
+    out.append(_case(
+        f"own gelu plain bf16 {rows}x{cols} {blocks} blocks {tm}x{tn} unroll={unroll}" + tag,
+        f"own gelu plain bf16 {rows}x{cols}",
+        dict(rows=rows, cols=cols, blocks=blocks, tile_m=tm, tile_n=tn, unroll=unroll),
+        flops=5.0 * n, bytes=4.0 * n, make=_make_gelu_plain))
+  return out
+
+
+# ---------------------------------------------------------------------------
 # Cases.
 # ---------------------------------------------------------------------------
 
@@ -958,9 +1023,10 @@ def block_study_cases():
 
 # A sixth blind set: kernels of kinds none of the sets above has, written as
 # a user would: column sums (g: blocks that each stream a long column run on
-# their own, from a quarter of the SMs busy to two blocks an SM) and a matmul
+# their own, from a quarter of the SMs busy to two blocks an SM), a matmul
 # with its epilogue fused (h: bias and SiLU on the accumulator, at a short K
-# where the epilogue weighs and a long one), predicted
+# where the epilogue weighs and a long one) and an elementwise kernel of
+# plain GMEM loads and stores (i: no TMA; latency hidden by blocks), predicted
 # (lab/data/blind_predictions_own_families_6.json) before any was measured.
 # Names end " (blind 6)".
 SIXTH = " (blind 6)"
@@ -969,6 +1035,10 @@ COLSUM_CONFIGS_WIDE = ((64, 128, 1, 2), (64, 128, 2, 2), (64, 128, 4, 2), (128, 
                        (128, 128, 2, 3), (64, 64, 2, 4), (128, 128, 4, 2), (64, 256, 2, 2))
 COLSUM_CONFIGS_TALL = ((64, 128, 8, 2), (64, 128, 16, 2), (128, 128, 8, 3), (64, 64, 4, 4),
                        (64, 64, 8, 2), (128, 64, 8, 2))
+# (blocks, tile_m, tile_n, unroll)
+GELU_PLAIN_CONFIGS = ((256, 8, 256, 1), (512, 8, 256, 1), (1024, 8, 256, 1),
+                      (2048, 8, 256, 1), (512, 8, 256, 2), (512, 16, 256, 1),
+                      (1024, 4, 512, 1))
 # (tile_m, tile_n, tile_k, mcs, act)
 BIAS_ACT_CONFIGS = ((128, 128, 64, 3, "silu"), (128, 128, 64, 3, "none"),
                     (128, 128, 64, 4, "silu"), (128, 128, 128, 2, "silu"),
@@ -980,7 +1050,8 @@ def sixth_cases():
   return (_colsum_cases((16384, 8192), COLSUM_CONFIGS_WIDE, SIXTH)
           + _colsum_cases((65536, 2048), COLSUM_CONFIGS_TALL, SIXTH)
           + _bias_act_cases((8192, 1024, 8192), BIAS_ACT_CONFIGS, SIXTH)
-          + _bias_act_cases((4096, 4096, 4096), BIAS_ACT_CONFIGS, SIXTH))
+          + _bias_act_cases((4096, 4096, 4096), BIAS_ACT_CONFIGS, SIXTH)
+          + _gelu_plain_cases((16384, 4096), GELU_PLAIN_CONFIGS, SIXTH))
 
 
 def family_cases():
@@ -1000,6 +1071,8 @@ def sim_params(case):
     p.update(m=block_m, n=2 * block_n, k=(p["mcs"] + 2) * p["tile_k"])
   elif fam.startswith(("own fp8", "own matmul+bias")):
     p.update(m=p["tile_m"], n=2 * p["tile_n"], k=(p["mcs"] + 2) * p["tile_k"])
+  elif fam.startswith("own gelu plain"):
+    p.update(blocks=2, rows=2 * p["tile_m"], cols=2 * p["tile_n"])
   elif fam.startswith("own colsum"):
     p.update(rows=p["splits"] * (p["mcs"] + 1) * p["tile_m"], cols=2 * p["tile_n"])
   elif fam.startswith(("own rmsnorm", "own softmax")):

@@ -3,7 +3,7 @@
 # machine with jax[cuda]==0.11.2 and no network: each step has its own time
 # limit (one device call runs at most 10 minutes), so a step that overruns
 # costs only itself. Installs this checkout without fetching anything.
-#   the next call (default), about 8 minutes (limits add to 475 s):
+#   the next call (default), about 8 minutes (limits add to 485 s):
 #     blocks     where a matmul block's time goes: the warp-specialized
 #                matmul (two slots, three, one consumer) and the fp8 one at
 #                three K each, 8192x8192 outputs (a block's fixed cost apart
@@ -22,9 +22,9 @@
 #     sem        global semaphores: two blocks handing a token back and forth
 #                (sem_pingpong, again) and one block's signals in a row
 #                (sem_signals: what a signal holds its own thread);
-#     blind6     the sixth blind set: column sums and a matmul with a fused
-#                bias and SiLU, kinds none of the sets before has (families,
-#                names ending "(blind 6)");
+#     blind6     the sixth blind set: column sums, a matmul with a fused bias
+#                and SiLU, and GELU by plain GMEM loads and stores, kinds none
+#                of the sets before has (families, names ending "(blind 6)");
 #   then (a second call):
 #     again5     the fifth blind set a second time (its rows' noise), with the
 #                causal row the first run's deadline left out;
@@ -110,9 +110,9 @@ step blind5 115 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 
   --sustain-s 1.0 --batch-s 0.1 --deadline 105
 # (the same 33 rows again, their noise, and the causal row the first run's
 # deadline left out: three chunks of 16, the last starting with 40 s left)
-# (28 rows of two new kinds: two chunks, the second starting by 60 s)
-step blind6 115 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 6)" \
-  --sustain-s 1.0 --batch-s 0.1 --deadline 105
+# (35 rows of three new kinds: two chunks, the second starting by 65 s)
+step blind6 125 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 6)" \
+  --sustain-s 1.0 --batch-s 0.1 --chunk 18 --deadline 115
 step again5 160 $PY -m lab.measure_gpu --only-suite --families --filter "(blind 5)" \
   --sustain-s 1.0 --batch-s 0.1 --deadline 150
 # (17 rows, the largest a 1 ms call: one chunk)

@@ -37,6 +37,7 @@ CHECKED = [
     "own colsum bf16 65536x2048 128x128 8 splits (128 blocks) mcs=3 (blind 6)",
     "own matmul+bias+silu bf16 8192x1024x8192 128x128x64 mcs=4 (blind 6)",
     "own matmul+bias+none bf16 4096x4096x4096 128x128x64 mcs=3 (blind 6)",
+    "own gelu plain bf16 16384x4096 512 blocks 8x256 unroll=2 (blind 6)",
 ]
 
 
