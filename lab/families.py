@@ -199,6 +199,17 @@ def _ws_cases(sizes=WS_SIZES, configs=WS_CONFIGS, tag=""):
 # b. fp8 matmul.
 # ---------------------------------------------------------------------------
 
+def _nt_specs(tile_m, tile_n, tile_k, pid_m, pid_n, transforms):
+  """emit_pipeline's in_specs for A (M, K) and B^T (N, K) along K, each
+  slot held one step past its own (delay_release=1) for the wgmma left in
+  flight."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  return [plgpu.BlockSpec((tile_m, tile_k), lambda kk: (pid_m, kk), transforms=transforms,
+                          delay_release=1),
+          plgpu.BlockSpec((tile_n, tile_k), lambda kk: (pid_n, kk), transforms=transforms,
+                          delay_release=1)]
+
+
 def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
                out_dtype="bfloat16", compiler_params=None, step_scopes=False, mma=True):
   """C = A @ B^T with fp8 (e4m3) A (M, K) and B given as B^T (N, K): the
@@ -238,10 +249,7 @@ def fp8_matmul(a, bt, *, tile_m=128, tile_n=128, tile_k=128, mcs=2,
 
     plgpu.emit_pipeline(
         step, grid=(k // tile_k,),
-        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda kk: (pid_m, kk),
-                                  transforms=tf, delay_release=1),
-                  plgpu.BlockSpec((tile_n, tile_k), lambda kk: (pid_n, kk),
-                                  transforms=tf, delay_release=1)],
+        in_specs=_nt_specs(tile_m, tile_n, tile_k, pid_m, pid_n, tf),
         max_concurrent_steps=mcs)(a_gmem, b_gmem)
     with scope("epilogue"):
       plgpu.wgmma_wait(0)
@@ -761,10 +769,7 @@ def matmul_bias_act(a, bt, bias, *, tile_m=128, tile_n=128, tile_k=64, mcs=3, ac
 
     plgpu.emit_pipeline(
         step, grid=(k // tile_k,),
-        in_specs=[plgpu.BlockSpec((tile_m, tile_k), lambda kk: (pm, kk),
-                                  transforms=tf, delay_release=1),
-                  plgpu.BlockSpec((tile_n, tile_k), lambda kk: (pn, kk),
-                                  transforms=tf, delay_release=1)],
+        in_specs=_nt_specs(tile_m, tile_n, tile_k, pm, pn, tf),
         max_concurrent_steps=mcs)(a_gmem, b_gmem)
     plgpu.wgmma_wait(0)
     plgpu.barrier_wait(bar)
