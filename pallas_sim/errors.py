@@ -21,7 +21,10 @@ class SimError(Exception):
     if primitive:
       parts.append(f"[{primitive}] ")
     parts.append(message)
-    super().__init__("".join(parts))
+    # (Exception's own: a LoweringError.of mixes in the lowering's class,
+    # whose __init__ may rewrite the message, as JAX's VerificationError
+    # prefixes its bug-report line)
+    Exception.__init__(self, "".join(parts))
 
   def __str__(self) -> str:
     """The message, then the user's line of code it points at (as a

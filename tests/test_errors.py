@@ -152,6 +152,35 @@ def test_an_mlir_verifier_error_is_placed_at_the_op_it_names():
   assert "vector types must have positive constant sizes" in msg
 
 
+def test_a_verifier_error_of_jaxs_own_lowering_is_told_once_at_the_users_line():
+  # A load from a transposed SMEM ref: JAX's lowering makes a vector.load
+  # that MLIR's verifier rejects, and raises its VerificationError, whose
+  # constructor prefixes a request for a bug report. Our error is still one
+  # (code that catches JAX's class catches it), says what the verifier said
+  # first, and the request once, at the end.
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32))
+  def k(x_gmem, o_gmem):
+    def body(_, x_smem, o_smem):
+      o_smem[...] = x_smem.T[...]
+
+    plgpu.emit_pipeline(
+        body, grid=(2,),
+        in_specs=[plgpu.BlockSpec((64, 64), lambda j: (j, 0))],
+        out_specs=[plgpu.BlockSpec((64, 64), lambda j: (0, j))],
+        max_concurrent_steps=2)(x_gmem, o_gmem)
+
+  fn = test_a_verifier_error_of_jaxs_own_lowering_is_told_once_at_the_users_line
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, jnp.ones((128, 64), jnp.float32), backend="sim")
+  assert "VerificationError" in {c.__name__ for c in type(e.value).__mro__}
+  msg = str(e.value)
+  where, _, rest = msg.partition(": ")
+  assert where.endswith(f"{HERE}:{line_of(fn, 'x_smem.T[...]')}"), msg
+  assert rest.startswith("the Mosaic GPU lowering rejects this kernel (VerificationError): "
+                         "'vector.load' op"), msg
+  assert msg.count("bug report") == 1 and "Pallas encountered" not in msg, msg
+
+
 def test_a_dialect_lowering_error_is_placed_at_the_op_it_lowers():
   # A reduction across warps needs reduction_scratch_bytes of SMEM to pass
   # partial results between them; too few, and Mosaic GPU's dialect

@@ -155,6 +155,9 @@ def check_smem(nbytes, gpu, where=None, parts=()):
 
 _SMEM_MSG = re.compile(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)")
 # Layout inference's failures, worded two ways across the window
+_JAX_VERIFIER_PREFIX = ("Pallas encountered an internal verification error. Please file "
+                        "a bug at https://github.com/jax-ml/jax/issues/new/choose. "
+                        "Error details: ")
 _NO_LAYOUTS = re.compile(r"Failed to infer a possible set of layouts|Layout inference failed")
 # The ops of the kernel as a whole (a pass that held one names no primitive)
 _KERNEL_OPS = frozenset(("mpmd_map", "pallas_call"))
@@ -190,6 +193,12 @@ def lowering_error(exc, where=None, kernel_jaxpr=None):
       break
     lines.append(line.replace(" Please file an issue at "
                               "https://github.com/jax-ml/jax/issues/new/choose.", ""))
+  if lines and lines[0].startswith(_JAX_VERIFIER_PREFIX):
+    # (JAX's VerificationError: the IR its lowering made does not verify. Its
+    # own line asks for a bug report; what the verifier says is the news.)
+    lines[0] = lines[0][len(_JAX_VERIFIER_PREFIX):]
+    lines.append("(the IR JAX's lowering made fails MLIR's verifier: JAX asks for a "
+                 "bug report, https://github.com/jax-ml/jax/issues)")
   op = locations.mosaic_op_name(exc)
   if not lines:  # (a bare assertion: where JAX raised it is all it says)
     lines = [f"an assertion with no message, at {jx.raised_at(exc)}"
