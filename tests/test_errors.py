@@ -152,6 +152,28 @@ def test_an_mlir_verifier_error_is_placed_at_the_op_it_names():
   assert "vector types must have positive constant sizes" in msg
 
 
+def test_an_unimplemented_primitive_under_a_jit_of_jaxs_own_names_the_users_line():
+  # jnp.cumsum traces its cumsum under a jit of JAX's own: that equation's
+  # traceback holds no frame of the user's, the jit's equation does. (It
+  # was placed at the kernel's decorator.)
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128, 64), jnp.float32))
+  def k(x_gmem, o_gmem):
+    def body(_, x_smem, o_smem):
+      o_smem[...] = jnp.cumsum(x_smem[...], axis=1)
+
+    plgpu.emit_pipeline(
+        body, grid=(2,), in_specs=[plgpu.BlockSpec((64, 64), lambda i: (i, 0))],
+        out_specs=[plgpu.BlockSpec((64, 64), lambda i: (i, 0))],
+        max_concurrent_steps=2)(x_gmem, o_gmem)
+
+  fn = test_an_unimplemented_primitive_under_a_jit_of_jaxs_own_names_the_users_line
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, jnp.ones((128, 64), jnp.float32), backend="sim")
+  msg = str(e.value)
+  assert e.value.primitive == "cumsum", msg
+  assert msg.partition(": ")[0].endswith(f"{HERE}:{line_of(fn, 'jnp.cumsum(x_smem')}"), msg
+
+
 def test_a_verifier_error_of_jaxs_own_lowering_is_told_once_at_the_users_line():
   # A load from a transposed SMEM ref: JAX's lowering makes a vector.load
   # that MLIR's verifier rejects, and raises its VerificationError, whose

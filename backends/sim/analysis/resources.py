@@ -166,12 +166,30 @@ _JAX_MESH_AXIS = re.compile(r"Axis '?([\w.-]+)'? does not refer to a GPU mesh ax
 _UNIMPLEMENTED = re.compile(r"Unimplemented primitive in Pallas Mosaic GPU lowering: (\w+)")
 
 
-def lowering_error(exc, where=None, kernel_jaxpr=None):
+def first_use(jaxpr, name, where=None):
+  """The user's file:line of the first equation of primitive `name` in
+  `jaxpr` (nested bodies included), or of the equation that holds it where
+  its own traceback stops inside JAX (jnp.cumsum's, traced under a jit of
+  JAX's own: the user's line is the jit's); None where there is none."""
+  for eqn in jaxpr.eqns:
+    at = locations.eqn_location(eqn) or where
+    if primitive_name(eqn) == name:
+      return at
+    for body in walker.bodies(eqn):
+      found = first_use(body, name, at)
+      if found is not None:
+        return found
+  return None
+
+
+def lowering_error(exc, where=None, kernel_jaxpr=None, kernel_where=None):
   """Our error for an exception from JAX's real Mosaic GPU lowering: an SMEM
   overflow keeps its numbers; anything else is a LoweringError with the
   lowering's own message (its first lines: the rest is JAX's traceback).
   Where layout inference failed, the kernel's loads with no layout that
-  reach a reduction (layout_hints) are named, and the first is `where`."""
+  reach a reduction (layout_hints) are named, and the first is `where`.
+  An unimplemented primitive whose error says no better place than the
+  kernel's own line (`kernel_where`) is placed at its first use."""
   msg = str(exc).strip()
   m = _SMEM_MSG.search(msg)
   if m:
@@ -219,6 +237,8 @@ def lowering_error(exc, where=None, kernel_jaxpr=None):
                    "x, plgpu.Layout.WGMMA) on a loop's initial carry such as jnp.zeros, "
                    "or plgpu.load(ref.at[idx], layout=...))")
   m = _UNIMPLEMENTED.search(msg)
+  if m and kernel_jaxpr is not None and where in (None, kernel_where):
+    where = first_use(walker.inner(kernel_jaxpr), m.group(1)) or where
   return LoweringError.of(
       exc, f"the Mosaic GPU lowering rejects this kernel "
       f"({type(exc).__name__}): " + "\n".join(lines).strip(),

@@ -159,7 +159,7 @@ class Preparer:
       # it rejected came from: keep those frames last, as on the GPU. An MLIR
       # verifier's error names that op's own line: it comes first.)
       where = locations.mlir_location(err[0]) or where or err[1] or launch.where
-      raise resources.lowering_error(err[0], where=where,
-                                     kernel_jaxpr=launch.jaxpr).with_traceback(
+      raise resources.lowering_error(err[0], where=where, kernel_jaxpr=launch.jaxpr,
+                                     kernel_where=launch.where).with_traceback(
           locations.user_tail(err[0].__traceback__))
     self._lowered[key] = launch.jaxpr
