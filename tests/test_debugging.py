@@ -138,6 +138,26 @@ def test_a_read_of_smem_nothing_wrote_names_buffer_elements_primitive_and_line()
       "wrote, o_ref[64, 0] came out different"]
 
 
+def test_a_reduction_store_into_an_output_nothing_wrote_says_it_adds_to_leftovers():
+  """A TMA store that adds (reduction_op="add") reads its destination: into
+  an output nothing wrote it adds to whatever the memory held, and the
+  finding says how to give the output its starting values."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), F32), grid=(2,), grid_names=("i",),
+                scratch_types=[plgpu.SMEM((128,), F32)])
+  def k(x_ref, o_ref, smem):
+    smem[...] = x_ref[...]
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref, reduction_op="add")  # <-
+    plgpu.wait_smem_to_gmem(0)
+  line = _marked_line(test_a_reduction_store_into_an_output_nothing_wrote_says_it_adds_to_leftovers)
+  with pytest.raises(ps.UninitializedError) as e:
+    ps.run(k, jnp.ones((128,), F32), backend="sim")
+  [f] = e.value.findings
+  assert f.buffer == "o_ref" and f.site.agent == "tma_store" and line in str(f), str(f)
+  assert ("it adds to what is there: an output starts with whatever the memory held; "
+          "pass its starting values in") in str(f), str(f)
+
+
 def _marked_line(fn):
   import inspect
   src, start = inspect.getsourcelines(fn)

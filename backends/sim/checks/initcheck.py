@@ -22,6 +22,11 @@ from pallas_sim.backends.sim.checks.races import Site, element_range, element_vi
 from pallas_sim.backends.sim.machine.aliasing import element_map
 
 
+# Writes that read their destination first: a TMA store with a reduction,
+# and `ref[...] += v`.
+_ADDS_TO_WHAT_IS_THERE = frozenset({"copy_smem_to_gmem", "addupdate"})
+
+
 def track(buf):
   """From now on, `buf`'s elements count as unwritten until written."""
   if buf.data.dtype == object:  # barriers
@@ -208,10 +213,16 @@ class InitLog:
     if f is not None:
       f.count += 1
       return
+    why = ("nothing wrote these elements before this read in this launch (the "
+           "hardware would read leftover bytes)")
+    if site.prim in _ADDS_TO_WHAT_IS_THERE:
+      why += ("; it adds to what is there: "
+              + ("write the buffer first" if smem else
+                 "an output starts with whatever the memory held; pass its starting "
+                 "values in (a jax.new_ref on jax 0.12.1, or pl.pallas_call's "
+                 "input_output_aliases), or zero it in an earlier kernel"))
     f = self.found[site.id] = Uninitialized(
-        "uninitialized read", site.buffer,
-        "nothing wrote these elements before this read in this launch (the "
-        "hardware would read leftover bytes)", site, (block, rng))
+        "uninitialized read", site.buffer, why, site, (block, rng))
     f.call_site = self.call_site
     f.smem = smem
 
