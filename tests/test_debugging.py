@@ -157,6 +157,18 @@ def test_a_reduction_store_into_an_output_nothing_wrote_says_it_adds_to_leftover
   assert ("it adds to what is there: an output starts with whatever the memory held; "
           "pass its starting values in") in str(f), str(f)
 
+  # (a plain TMA store reads only its SMEM source)
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((128,), F32),
+                scratch_types=[plgpu.SMEM((128,), F32)])
+  def plain(o_ref, smem):
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(smem, o_ref)
+    plgpu.wait_smem_to_gmem(0)
+  with pytest.raises(ps.UninitializedError) as e:
+    ps.run(plain, backend="sim")
+  [f] = e.value.findings
+  assert f.buffer == "smem" and "adds to what is there" not in str(f), str(f)
+
 
 def _marked_line(fn):
   import inspect

@@ -22,11 +22,6 @@ from pallas_sim.backends.sim.checks.races import Site, element_range, element_vi
 from pallas_sim.backends.sim.machine.aliasing import element_map
 
 
-# Writes that read their destination first: a TMA store with a reduction,
-# and `ref[...] += v`.
-_ADDS_TO_WHAT_IS_THERE = frozenset({"copy_smem_to_gmem", "addupdate"})
-
-
 def track(buf):
   """From now on, `buf`'s elements count as unwritten until written."""
   if buf.data.dtype == object:  # barriers
@@ -215,7 +210,8 @@ class InitLog:
       return
     why = ("nothing wrote these elements before this read in this launch (the "
            "hardware would read leftover bytes)")
-    if site.prim in _ADDS_TO_WHAT_IS_THERE:
+    # (a TMA store reads GMEM only to add to it; its SMEM source is a plain read)
+    if site.prim == "addupdate" or (site.prim == "copy_smem_to_gmem" and not smem):
       why += ("; it adds to what is there: "
               + ("write the buffer first" if smem else
                  "an output starts with whatever the memory held; pass its starting "
