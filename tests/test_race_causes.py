@@ -511,6 +511,47 @@ def test_a_multicast_read_before_its_wait_names_the_reading_block_s_own_barrier(
     assert names_line(r.advice, "mc-read") and names_line(r.advice, "mc-load"), r
 
 
+def multicast_refill(fence):
+  """JAX's guide's reuse of SMEM for collective copies: each block of a
+  2-block cluster reads the multicast tile, the cluster meets at a
+  ClusterBarrier, and the next multicast overwrites the tile, half of it
+  issued by the peer. BUG: no commit_smem between the read and the arrival,
+  so the read is not ordered before the peer's TMA write. Twin: with it."""
+  @plgpu.kernel(out_type=jax.ShapeDtypeStruct((2, 2, 64, 32), F32), cluster=(2,),
+                cluster_names=("c",),
+                scratch_types=[plgpu.SMEM((64, 32), F32), plgpu.Barrier(),
+                               plgpu.ClusterBarrier(collective_axes=("c",))])
+  def k(x_ref, o_ref, smem, bar, cbar):
+    c = lax.axis_index("c")
+    plgpu.copy_gmem_to_smem(x_ref.at[0], smem, bar, collective_axes="c")
+    plgpu.barrier_wait(bar)
+    o_ref[c, 0] = smem[...]  # refill-read
+    if fence:
+      plgpu.commit_smem()
+    plgpu.barrier_arrive(cbar)  # refill-arrive
+    plgpu.barrier_wait(cbar)
+    plgpu.copy_gmem_to_smem(x_ref.at[1], smem, bar, collective_axes="c")  # refill-load
+    plgpu.barrier_wait(bar)
+    o_ref[c, 1] = smem[...]
+  return k
+
+
+def test_a_peer_s_multicast_over_a_tile_read_unfenced_asks_for_commit_smem_not_a_wait():
+  """The peer's copy overwrites what this block read: the read must reach
+  the async proxy before the arrival that lets the peer issue it (a
+  commit_smem); a barrier_wait before the read, the advice for a read of a
+  multicast, would not order it."""
+  x = _x(2, 64, 32)
+  assert_clean(multicast_refill(True), x)
+  report = check(multicast_refill(False), x)
+  peer = [r for r in report.races if r.first.block != r.second.block]
+  assert peer, text(report)
+  for r in peer:
+    assert "own copy of its barrier" not in r.advice, r
+    assert "no commit_smem comes between the read and the arrival" in r.advice, r
+    assert names_line(r.advice, "refill-read") and names_line(r.advice, "refill-load"), r
+
+
 # --- 11. a global-semaphore hand-off whose signal does not cover the write ---
 
 def early_signal(how):

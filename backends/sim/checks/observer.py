@@ -718,9 +718,17 @@ class HappensBefore:
               or self._one_lanes_signal(rsite, rh, k, csite, h))
       if text:
         return text
+    by_own = sorted(self.barriers, key=lambda sb: sb[1].comp != c)
+    if not swapped:
+      for slot, b in by_own:
+        text = self._missed_phase(slot, b, rsite, c, k, csite, h, vc, avc)
+        if text:
+          return text
     # A TMA load another block issued into this block's SMEM (a multicast,
     # async_store_smem to a peer) completes on this block's copy of its
-    # barrier: this block waits on that, not on a cluster barrier.
+    # barrier: this block waits on that, not on a cluster barrier. (After
+    # the phases: a plain read that such a load overwrites, released through
+    # an arrival with no commit_smem, is told so there.)
     key = getattr(buf, "alloc_key", None)
     owner = key[3] if key and len(key) > 3 else None
     for load, plain, ph in ((rsite, csite, h), (csite, rsite, rh)):
@@ -731,12 +739,6 @@ class HappensBefore:
                 f"of {plain.block_name} too, and completes on that block's "
                 f"own copy of its barrier: barrier_wait on it in {plain.who} before "
                 f"the {plain.access} ({plain.where})")
-    by_own = sorted(self.barriers, key=lambda sb: sb[1].comp != c)
-    if not swapped:
-      for slot, b in by_own:
-        text = self._missed_phase(slot, b, rsite, c, k, csite, h, vc, avc)
-        if text:
-          return text
     # The current access is a TMA load (stamped with the completion it
     # makes): did the recorded thread wait on that barrier, for an earlier one?
     if (csite.agent == "tma_load" and rsite.agent == "thread" and rh is not None
