@@ -49,11 +49,12 @@ def test_smem_overflow_reports_the_lowerings_numbers():
   assert "smem_bytes=262160 > max_smem_bytes=232448" in str(e.value)
   assert "Mosaic GPU kernel exceeds available shared memory" in str(e.value)
   # and where the bytes go: the pipeline's two slots of its in and out tiles,
-  # at the emit_pipeline call
+  # at the emit_pipeline call, each named as the pipeline names it
   line = line_of(pipeline_copy, "plgpu.emit_pipeline(")
   at = rf"at \S*{re.escape(HERE)}:{line}"
-  assert re.search(rf"Where it goes, largest first: 128 KiB float32\[2, 64, 256\] {at}; "
-                   rf"128 KiB float32\[2, 64, 256\] {at}\. Fewer pipeline slots",
+  assert re.search(rf"Where it goes, largest first: 128 KiB emit_pipeline's in_smem_refs\[0\] "
+                   rf"float32\[2, 64, 256\] {at}; 128 KiB emit_pipeline's out_smem_refs\[0\] "
+                   rf"float32\[2, 64, 256\] {at}\. Fewer pipeline slots",
                    str(e.value)), str(e.value)
 
 

@@ -53,16 +53,26 @@ class _Need:
     return _Need(big.smem, self.barriers | o.barriers, big.parts)
 
 
-def _alloc_need(aval, where=None):
+def _alloc_need(aval, where=None, name=None):
   dt = aval.inner_aval.dtype if hasattr(aval, "inner_aval") else aval.dtype
   shape = aval.inner_aval.shape if hasattr(aval, "inner_aval") else aval.shape
   if type(dt).__name__ in ("BarrierType", "ClusterBarrierType"):
     return _Need(barriers=collections.Counter({(dt, math.prod(shape)): 1}))
   if str(getattr(aval, "memory_space", "")) == "smem":
     nbytes = math.prod(shape) * dt.itemsize
-    what = f"{dt}{list(shape)}" + (f" at {where}" if where else "")
+    what = ((f"{name} " if name else "") + f"{dt}{list(shape)}"
+            + (f" at {where}" if where else ""))
     return _Need(smem=nbytes, parts=((_align(nbytes), what),))
   return _Need()
+
+
+def scope_names(body):
+  """The names a run_scoped's body gives its allocations (None where it
+  gives none), from its debug info."""
+  info = getattr(body, "debug_info", None)
+  names = list(getattr(info, "arg_names", None) or ())
+  n = len(body.invars)
+  return names[-n:] if len(names) >= n else [None] * n
 
 
 def scope_layout(avals, base):
@@ -91,8 +101,11 @@ def _eqn_need(eqn, reduction_bytes):
     body = walker.bodies(eqn)[0]
     own = _Need()
     where = locations.eqn_location(eqn)
-    for v in body.invars:
-      own = own + _alloc_need(v.aval, where)
+    for v, label in zip(body.invars, scope_names(body)):
+      # (JAX's pipelines allocate their slots in one scope at the user's call:
+      # their names tell the in_specs' from the out_specs')
+      owner = label and jx.pipeline_allocation(eqn, label)
+      own = own + _alloc_need(v.aval, where, f"{owner}'s {label}" if owner else label)
     return own + _jaxpr_need(body, reduction_bytes)
   if name in ("reduce_sum", "reduce_max", "reduce_min"):
     return _Need(smem=reduction_bytes, parts=((_align(reduction_bytes),

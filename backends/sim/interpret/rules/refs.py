@@ -169,13 +169,6 @@ def _allocator(aval, transforms, label, launch, inferred_swizzle=None):
                     "in run_scoped / scratch_types)")
 
 
-def _names(jaxpr, n):
-  info = getattr(jaxpr, "debug_info", None)
-  names = list(getattr(info, "arg_names", None) or ())
-  names = names[-n:] if len(names) >= n else [None] * n
-  return [nm for nm in names]
-
-
 def _shared(blk, key, count, allocs):
   """The block's SMEM allocations of the count-th entry to scope `key`
   (made on first use, by whichever of its threads or cluster peers asks)."""
@@ -211,8 +204,7 @@ def _run_scoped(eqn, cx):
     prog = cx.compile_open(jaxpr)
   finally:
     cx.smem_base = base
-  n = len(jaxpr.invars)
-  labels = _names(jaxpr, n)
+  labels = resources.scope_names(jaxpr)
   allocs = []
   inferred = getattr(cx.launch, "smem_swizzle", None) or {}
   for i, v in enumerate(jaxpr.invars):
