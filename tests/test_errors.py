@@ -233,6 +233,24 @@ def test_a_dialect_lowering_error_is_placed_at_the_op_it_lowers():
   assert "available scratch size (256 bytes)" in rest, msg
 
 
+def test_a_pallas_call_with_index_maps_says_no_release_lowers_it_for_mosaic_gpu():
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+  f = pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct((256,), jnp.float32), grid=(2,),
+                     in_specs=[pl.BlockSpec((128,), lambda i: (i,))],
+                     out_specs=pl.BlockSpec((128,), lambda i: (i,)),
+                     compiler_params=plgpu.CompilerParams())
+  with pytest.raises(ps.UnsupportedPrimitiveError) as e:
+    with ps.backend("sim"):
+      f(jnp.arange(256, dtype=jnp.float32))
+  msg = str(e.value)
+  fn = test_a_pallas_call_with_index_maps_says_no_release_lowers_it_for_mosaic_gpu
+  assert f"{HERE}:{line_of(fn, 'def k(')}" in msg, msg
+  assert f"pl.pallas_call has no Mosaic GPU lowering in jax {jax.__version__}" in msg, msg
+  assert "plgpu.kernel" in msg and "emit_pipeline" in msg, msg
+
+
 def test_a_pallas_call_built_before_the_backend_is_simulated_in_it():
   # pl.pallas_call takes its interpret mode when it builds the kernel's
   # function: one built before ps.backend("sim") is entered is simulated
