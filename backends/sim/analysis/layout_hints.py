@@ -68,3 +68,30 @@ def _layoutless_load(var: Any, made: dict[int, Any]) -> Any:
       return None
     var = ins[0]
   return None
+
+
+# A warpgroup's threads: the layouts a plain load can take (strided, WGMMA
+# tiles) spread a value over all of them.
+WARPGROUP_THREADS = 128
+
+
+def narrow_loads(kernel_jaxpr: Any) -> list[tuple[str, int]]:
+  """(file:line, elements) of each plain read of GMEM or SMEM (ref[...], no
+  layout given) whose value has elements but not a multiple of a
+  warpgroup's 128 threads: no layout that layout inference can choose for
+  it spreads it over the warpgroup; in kernel order."""
+  found: list[tuple[str, int]] = []
+  for eqn in walker.equations(kernel_jaxpr):
+    if primitive_name(eqn) != "get" or eqn.params.get("layout") is not None:
+      continue
+    aval = eqn.outvars[0].aval
+    size = 1
+    for d in getattr(aval, "shape", ()):
+      size *= d
+    space = str(getattr(eqn.invars[0].aval, "memory_space", "")).lower()
+    if (getattr(aval, "shape", ()) and size % WARPGROUP_THREADS
+            and ("gmem" in space or "smem" in space)):
+      at = eqn_location(eqn)
+      if at:
+        found.append((at, size))
+  return list(dict.fromkeys(found))

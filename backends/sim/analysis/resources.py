@@ -244,7 +244,17 @@ def lowering_error(exc, where=None, kernel_jaxpr=None, kernel_where=None):
                        f"layout at {h.load}" for h in hints[:3])
                    + ". Give the load one: plgpu.load(ref.at[idx], layout="
                    "plgpu.Layout.WGMMA), or plgpu.layout_cast the value)")
-    else:
+    narrow = layout_hints.narrow_loads(kernel_jaxpr) if kernel_jaxpr and not hints else []
+    if narrow:
+      where = narrow[0][0]
+      lines.append("(layout inference could not settle a layout for every value of the "
+                   "kernel: " + "; ".join(
+                       f"the read at {at} gives {n} elements" for at, n in narrow[:3])
+                   + f", not a multiple of a warpgroup's {layout_hints.WARPGROUP_THREADS} "
+                   "threads, and the layouts a read can take spread a value over all of "
+                   "them: read and compute in pieces of 128 elements or more, or hold "
+                   "such a value in SMEM)")
+    elif not hints:
       lines.append("(layout inference could not settle a layout for every value of the "
                    "kernel: give it one where a value is made, e.g. plgpu.layout_cast("
                    "x, plgpu.Layout.WGMMA) on a loop's initial carry such as jnp.zeros, "
