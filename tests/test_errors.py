@@ -633,6 +633,22 @@ def test_layout_inference_over_a_read_narrower_than_a_warpgroup_names_the_read()
   assert "layout_cast" not in msg and "loaded with no layout" not in msg, msg
 
 
+def test_layout_inference_with_no_load_to_blame_says_where_layouts_can_be_given():
+  """A loop's carry made by jnp.zeros, with no layout, summed over its rows:
+  no load is to blame and no read is too narrow, so the error gives the
+  general advice, which names the carry."""
+  def body(x_ref, o_ref):
+    acc = lax.fori_loop(0, 2, lambda i, a: a + x_ref[...], jnp.zeros((64, 128), jnp.float32))
+    o_ref[...] = jnp.sum(acc, axis=0)[None, :] + acc
+  k = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32))
+  with pytest.raises(ps.LoweringError) as e:
+    ps.run(k, jnp.ones((64, 128), jnp.float32), backend="sim")
+  msg = str(e.value)
+  assert "Failed to infer a possible set of layouts" in msg
+  assert "plgpu.layout_cast(x, plgpu.Layout.WGMMA) on a loop's initial carry" in msg, msg
+  assert "loaded with no layout" not in msg and "elements, not a multiple" not in msg, msg
+
+
 @pytest.mark.parametrize("grid", [2, 3])
 def test_a_tma_box_wholly_outside_its_array_warns_at_the_copy(grid):
   """A pipeline whose grid runs past the array: its last step's boxes lie
