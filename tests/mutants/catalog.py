@@ -833,6 +833,19 @@ MUTANTS = [
            "          and ph.wg.block.member == owner):",
            "          and False):",
            ("tests/test_race_causes.py",)),
+    Mutant("initcheck-adds-note-on-smem-source", "backends/sim/checks/initcheck.py",
+           "a store's uninitialized read says it adds to leftovers only where it reads "
+           "its GMEM destination (a reduction); the mutant says it of a TMA store's "
+           "SMEM source too",
+           '    if site.prim == "addupdate" or (site.prim == "copy_smem_to_gmem" and not smem):',
+           '    if site.prim in ("addupdate", "copy_smem_to_gmem"):',
+           ("tests/test_debugging.py",)),
+    Mutant("layout-narrow-reads-unnamed", "backends/sim/analysis/layout_hints.py",
+           "layout inference over a read narrower than a warpgroup names the read; the "
+           "mutant finds none (the general advice, at the kernel's line)",
+           "    if (getattr(aval, \"shape\", ()) and size % WARPGROUP_THREADS",
+           "    if (False and size % WARPGROUP_THREADS",
+           ("tests/test_errors.py",)),
     Mutant("cause-early-signal-off", "backends/sim/checks/observer.py",
            "a semaphore signal that does not cover the write (made before it, or "
            "before its TMA store was awaited) is named; the mutant gives generic advice",
