@@ -8,10 +8,9 @@ provenance (the command, when, on what, at which commit).
 PLAN_DIR holds `timing_plan/<step>/` as the plan's .tgz unpacks. Steps and
 their keys: rows, l2, l2half, copyown, smemrw, smemscale, gmem, sem and hbmrows
 (micros) -> micros_<date>_rows, _l2_lag, _l2_half, _own_streams, _smem_rw,
-_smem_rw_scale, _plain_load, _sem, _hbm_rows_narrow; blind3 to blind6 (the third to sixth blind sets) -> families_study_3
-to _6, and blocks (the matmuls at three K each, and their loads alone) ->
-families_study_blocks,
-which benchmarks/accuracy.py --families scores against their committed
+_smem_rw_scale, _plain_load, _sem, _hbm_rows_narrow; blind3 to blind6 (the third
+to sixth blind sets) -> families_study_3 to _6, and blocks (the matmuls at three K
+each, and their loads alone) -> families_study_blocks, which benchmarks/accuracy.py --families scores against their committed
 predictions; again (every family a second time)
 -> families_again_<date>, each row's noise for accuracy.py; again5 (the fifth
 blind set a second time) -> families_again_<date>_blind5, and the rows its first
@@ -47,7 +46,8 @@ STEPS = {
                "(lab/data/blind_predictions_own_families_5.json) were committed"),
     "blind6": ("families_study_6", "cases",
                "our own families' sixth set, kinds none of the others has: column "
-               "sums and a matmul with a fused bias and SiLU (lab/families.py, names "
+               "sums, a matmul with a fused bias and SiLU, and GELU by plain GMEM "
+               "loads and stores (lab/families.py, names "
                "ending '(blind 6)'), measured after their blind predictions "
                "(lab/data/blind_predictions_own_families_6.json) were committed"),
     "hbmrows": ("micros_{date}_hbm_rows_narrow", "micros",

@@ -843,8 +843,8 @@ MUTANTS = [
     Mutant("layout-narrow-reads-unnamed", "backends/sim/analysis/layout_hints.py",
            "layout inference over a read narrower than a warpgroup names the read; the "
            "mutant finds none (the general advice, at the kernel's line)",
-           "    if (getattr(aval, \"shape\", ()) and size % WARPGROUP_THREADS",
-           "    if (False and size % WARPGROUP_THREADS",
+           "    if shape and size % WARPGROUP_THREADS and _reads_memory(eqn):",
+           "    if False and shape and size % WARPGROUP_THREADS and _reads_memory(eqn):",
            ("tests/test_errors.py",)),
     Mutant("cause-early-signal-off", "backends/sim/checks/observer.py",
            "a semaphore signal that does not cover the write (made before it, or "

@@ -5,6 +5,7 @@ possible set of layouts"); the value's load is where the fix goes
 (plgpu.load(ref.at[idx], layout=...)), and the reduction is why."""
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple
 
 from pallas_sim.backends.sim.analysis import walker
@@ -46,6 +47,12 @@ def layoutless_reductions(kernel_jaxpr: Any) -> list[Hint]:
   return list(dict.fromkeys(hints))
 
 
+def _reads_memory(load: Any) -> bool:
+  """Whether a load's ref (its first operand) is of GMEM or SMEM."""
+  space = str(getattr(load.invars[0].aval, "memory_space", "")).lower()
+  return "gmem" in space or "smem" in space
+
+
 def _layoutless_load(var: Any, made: dict[int, Any]) -> Any:
   """The load `var` comes from with no layout given, or None."""
   shape = getattr(getattr(var, "aval", None), "shape", None)
@@ -57,9 +64,7 @@ def _layoutless_load(var: Any, made: dict[int, Any]) -> Any:
     if name in _LOADS:
       if eqn.params.get("layout") is not None:  # (0.11.2: the load takes it)
         return None
-      ref = eqn.invars[0].aval
-      space = str(getattr(ref, "memory_space", "")).lower()
-      return eqn if ("gmem" in space or "smem" in space) else None
+      return eqn if _reads_memory(eqn) else None
     if name == "layout_cast" or len(eqn.outvars) != 1:
       return None
     ins = [v for v in eqn.invars
@@ -84,13 +89,9 @@ def narrow_loads(kernel_jaxpr: Any) -> list[tuple[str, int]]:
   for eqn in walker.equations(kernel_jaxpr):
     if primitive_name(eqn) != "get" or eqn.params.get("layout") is not None:
       continue
-    aval = eqn.outvars[0].aval
-    size = 1
-    for d in getattr(aval, "shape", ()):
-      size *= d
-    space = str(getattr(eqn.invars[0].aval, "memory_space", "")).lower()
-    if (getattr(aval, "shape", ()) and size % WARPGROUP_THREADS
-            and ("gmem" in space or "smem" in space)):
+    shape = getattr(eqn.outvars[0].aval, "shape", ())
+    size = math.prod(shape)
+    if shape and size % WARPGROUP_THREADS and _reads_memory(eqn):
       at = eqn_location(eqn)
       if at:
         found.append((at, size))

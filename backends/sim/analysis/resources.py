@@ -167,10 +167,11 @@ def check_smem(nbytes, gpu, where=None, parts=()):
 
 
 _SMEM_MSG = re.compile(r"smem_bytes=(\d+) > max_smem_bytes=(\d+)")
-# Layout inference's failures, worded two ways across the window
+# JAX's VerificationError puts this before the verifier's own words
 _JAX_VERIFIER_PREFIX = ("Pallas encountered an internal verification error. Please file "
                         "a bug at https://github.com/jax-ml/jax/issues/new/choose. "
                         "Error details: ")
+# Layout inference's failures, worded two ways across the window
 _NO_LAYOUTS = re.compile(r"Failed to infer a possible set of layouts|Layout inference failed")
 # The ops of the kernel as a whole (a pass that held one names no primitive)
 _KERNEL_OPS = frozenset(("mpmd_map", "pallas_call"))
@@ -236,29 +237,26 @@ def lowering_error(exc, where=None, kernel_jaxpr=None, kernel_where=None):
              + (f", on the op of a {op}" if op else "")]
   if _NO_LAYOUTS.search(msg):
     hints = layout_hints.layoutless_reductions(kernel_jaxpr) if kernel_jaxpr else []
+    narrow = layout_hints.narrow_loads(kernel_jaxpr) if kernel_jaxpr and not hints else []
     if hints:
       where = hints[0].load
-      lines.append("(layout inference could not settle a layout for every value of the "
-                   "kernel: " + "; ".join(
-                       f"the {h.primitive} at {h.use} is of a value loaded with no "
-                       f"layout at {h.load}" for h in hints[:3])
-                   + ". Give the load one: plgpu.load(ref.at[idx], layout="
-                   "plgpu.Layout.WGMMA), or plgpu.layout_cast the value)")
-    narrow = layout_hints.narrow_loads(kernel_jaxpr) if kernel_jaxpr and not hints else []
-    if narrow:
+      advice = ("; ".join(f"the {h.primitive} at {h.use} is of a value loaded with no "
+                          f"layout at {h.load}" for h in hints[:3])
+                + ". Give the load one: plgpu.load(ref.at[idx], layout="
+                "plgpu.Layout.WGMMA), or plgpu.layout_cast the value")
+    elif narrow:
       where = narrow[0][0]
-      lines.append("(layout inference could not settle a layout for every value of the "
-                   "kernel: " + "; ".join(
-                       f"the read at {at} gives {n} elements" for at, n in narrow[:3])
-                   + f", not a multiple of a warpgroup's {layout_hints.WARPGROUP_THREADS} "
-                   "threads, and the layouts a read can take spread a value over all of "
-                   "them: read and compute in pieces of 128 elements or more, or hold "
-                   "such a value in SMEM)")
-    elif not hints:
-      lines.append("(layout inference could not settle a layout for every value of the "
-                   "kernel: give it one where a value is made, e.g. plgpu.layout_cast("
-                   "x, plgpu.Layout.WGMMA) on a loop's initial carry such as jnp.zeros, "
-                   "or plgpu.load(ref.at[idx], layout=...))")
+      advice = ("; ".join(f"the read at {at} gives {n} elements" for at, n in narrow[:3])
+                + f", not a multiple of a warpgroup's {layout_hints.WARPGROUP_THREADS} "
+                "threads, and the layouts a read can take spread a value over all of "
+                "them: read and compute in pieces of 128 elements or more, or hold "
+                "such a value in SMEM")
+    else:
+      advice = ("give it one where a value is made, e.g. plgpu.layout_cast(x, "
+                "plgpu.Layout.WGMMA) on a loop's initial carry such as jnp.zeros, or "
+                "plgpu.load(ref.at[idx], layout=...)")
+    lines.append("(layout inference could not settle a layout for every value of the "
+                 f"kernel: {advice})")
   m = _UNIMPLEMENTED.search(msg)
   if m and kernel_jaxpr is not None and where in (None, kernel_where):
     where = first_use(walker.inner(kernel_jaxpr), m.group(1)) or where

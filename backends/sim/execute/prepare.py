@@ -5,8 +5,6 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-import jax
-
 from pallas_sim.backends.sim.blocks import block_classes
 from pallas_sim.backends.sim.analysis import resources
 from pallas_sim.backends.sim.base import locations
@@ -72,10 +70,7 @@ class Preparer:
     if any(not bm.has_trivial_window() for bm in launch.block_mappings):
       raise UnsupportedPrimitiveError(
           f"kernel {launch.name}: pallas_call BlockSpecs with index maps are not "
-          f"modelled, and pl.pallas_call has no Mosaic GPU lowering in jax "
-          f"{jax.__version__} (on a GPU it stops at an assertion): write the kernel "
-          "with plgpu.kernel (grid= and grid_names= for its blocks, "
-          "plgpu.emit_pipeline for what BlockSpecs did)", where=launch.where)
+          f"modelled, and {capture.NO_PALLAS_CALL_LOWERING}", where=launch.where)
     jaxpr = launch.jaxpr
     extra = len(jaxpr.invars) - launch.num_inputs - launch.num_outputs
     if extra:

@@ -410,13 +410,19 @@ def real_lowering_error(args: Sequence[Any], *, jaxpr: Any, grid_mapping: Any, m
   except Exception as e:  # the lowering raises ValueError, NotImplementedError...
     if mesh is None and jx.pallas_call_lowering_missing(e):
       return NotImplementedError(
-          f"pl.pallas_call has no Mosaic GPU lowering in jax {jax.__version__} (on a "
-          "GPU it stops at a bare assertion in pallas_call.py's gpu_lowering): write "
-          "the kernel with plgpu.kernel (grid= and grid_names= for its blocks, "
-          "plgpu.emit_pipeline for what BlockSpecs did), or pass check_lowering=False "
-          "to simulate it anyway"), None
+          f"{NO_PALLAS_CALL_LOWERING}, or pass check_lowering=False to simulate it "
+          "anyway"), None
     return e, lowering_location(e)
   return None
+
+
+# What a GPU would say of pl.pallas_call, in words: no release of the window
+# registers a Mosaic GPU lowering for it.
+NO_PALLAS_CALL_LOWERING = (
+    f"pl.pallas_call has no Mosaic GPU lowering in jax {jax.__version__} (on a GPU it "
+    "stops at a bare assertion in pallas_call.py's gpu_lowering): write the kernel with "
+    "plgpu.kernel (grid= and grid_names= for its blocks, plgpu.emit_pipeline for what "
+    "BlockSpecs did)")
 
 
 class LoweringTimedOut(BaseException):
